@@ -1,0 +1,84 @@
+#pragma once
+// Bounded, sorted candidate pool for best-first graph search (the "L" pool of beam search).
+// Sorted array + binary-search insertion beats a pair of heaps for the pool sizes used here
+// (tens to a few thousand): memmove is cheap and the "closest unexpanded" cursor is O(1)
+// amortised.
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/ids.hpp"
+
+namespace kvsift {
+
+/// A scored candidate; `key` is a rank key (larger is better, see `to_key`).
+struct candidate {
+  float key;
+  id_t id;
+  bool expanded;
+};
+
+/// Keeps the `capacity` best candidates by key (ties: lower id first), with a cursor to the
+/// best not-yet-expanded one. Not thread-safe; one per search workspace.
+class candidate_pool {
+ public:
+  candidate_pool() = default;
+  explicit candidate_pool(std::size_t capacity) { reset(capacity); }
+
+  /// Empties the pool and sets its capacity. O(1) amortised.
+  /// @throw invalid_argument if capacity == 0.
+  void reset(std::size_t capacity) {
+    detail::require(capacity > 0, "candidate_pool: capacity must be > 0, got 0");
+    capacity_ = capacity;
+    data_.clear();
+    data_.reserve(capacity + 1);
+    cursor_ = 0;
+  }
+
+  /// Inserts unless the pool is full and `key` is not better than the worst. O(capacity).
+  /// The caller guarantees `id` is not already present (a visited set does that).
+  /// @return true if inserted.
+  bool insert(float key, id_t id) {
+    if (data_.size() == capacity_ && !better(key, id, data_.back())) return false;
+    auto it = std::upper_bound(
+        data_.begin(), data_.end(), candidate{key, id, false},
+        [](const candidate& a, const candidate& b) { return better(a.key, a.id, b); });
+    const auto pos = static_cast<std::size_t>(it - data_.begin());
+    data_.insert(it, candidate{key, id, false});
+    if (data_.size() > capacity_) data_.pop_back();
+    if (pos < cursor_) cursor_ = pos;
+    return true;
+  }
+
+  [[nodiscard]] bool has_unexpanded() const noexcept { return cursor_ < data_.size(); }
+
+  /// Marks the best unexpanded candidate expanded and returns it. Precondition:
+  /// has_unexpanded().
+  candidate pop_unexpanded() noexcept {
+    candidate& c = data_[cursor_];
+    c.expanded = true;
+    const candidate out = c;
+    while (cursor_ < data_.size() && data_[cursor_].expanded) ++cursor_;
+    return out;
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return data_.size(); }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] bool full() const noexcept { return data_.size() == capacity_; }
+  [[nodiscard]] const candidate& operator[](std::size_t i) const noexcept { return data_[i]; }
+  /// Worst key held (only meaningful when non-empty).
+  [[nodiscard]] float worst_key() const noexcept { return data_.back().key; }
+
+ private:
+  static bool better(float key, id_t id, const candidate& b) noexcept {
+    return key > b.key || (key == b.key && id < b.id);
+  }
+
+  std::vector<candidate> data_;
+  std::size_t capacity_ = 0;
+  std::size_t cursor_ = 0;
+};
+
+}  // namespace kvsift

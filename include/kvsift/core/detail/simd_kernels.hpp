@@ -1,0 +1,117 @@
+#pragma once
+// SIMD kernels behind the metrics. xsimd picks the widest instruction set the translation
+// unit is compiled for (SSE2 on any x86-64; AVX2 / AVX-512 with -march flags, see the
+// KVSIFT_NATIVE build option). 16-bit keys are widened to f32 in small stack chunks so the
+// inner loop stays a pure f32 FMA loop.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+#include "kvsift/core/element.hpp"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace kvsift::detail {
+
+#if !defined(XSIMD_NO_SUPPORTED_ARCHITECTURE)
+#define KVSIFT_HAS_SIMD 1
+using fbatch = xsimd::batch<float>;
+#else
+#define KVSIFT_HAS_SIMD 0
+#endif
+
+inline float dot_f32(const float* a, const float* b, std::size_t d) noexcept {
+  std::size_t i = 0;
+  float acc = 0.0f;
+#if KVSIFT_HAS_SIMD
+  constexpr std::size_t w = fbatch::size;
+  fbatch s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);  // four chains hide FMA latency
+  for (; i + 4 * w <= d; i += 4 * w) {
+    s0 = xsimd::fma(fbatch::load_unaligned(a + i), fbatch::load_unaligned(b + i), s0);
+    s1 = xsimd::fma(fbatch::load_unaligned(a + i + w), fbatch::load_unaligned(b + i + w), s1);
+    s2 = xsimd::fma(fbatch::load_unaligned(a + i + 2 * w), fbatch::load_unaligned(b + i + 2 * w),
+                    s2);
+    s3 = xsimd::fma(fbatch::load_unaligned(a + i + 3 * w), fbatch::load_unaligned(b + i + 3 * w),
+                    s3);
+  }
+  for (; i + w <= d; i += w) {
+    s0 = xsimd::fma(fbatch::load_unaligned(a + i), fbatch::load_unaligned(b + i), s0);
+  }
+  acc = xsimd::hadd((s0 + s1) + (s2 + s3));
+#endif
+  for (; i < d; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+inline float l2sq_f32(const float* a, const float* b, std::size_t d) noexcept {
+  std::size_t i = 0;
+  float acc = 0.0f;
+#if KVSIFT_HAS_SIMD
+  constexpr std::size_t w = fbatch::size;
+  fbatch s0(0.0f), s1(0.0f);
+  for (; i + 2 * w <= d; i += 2 * w) {
+    const fbatch t0 = fbatch::load_unaligned(a + i) - fbatch::load_unaligned(b + i);
+    const fbatch t1 = fbatch::load_unaligned(a + i + w) - fbatch::load_unaligned(b + i + w);
+    s0 = xsimd::fma(t0, t0, s0);
+    s1 = xsimd::fma(t1, t1, s1);
+  }
+  for (; i + w <= d; i += w) {
+    const fbatch t = fbatch::load_unaligned(a + i) - fbatch::load_unaligned(b + i);
+    s0 = xsimd::fma(t, t, s0);
+  }
+  acc = xsimd::hadd(s0 + s1);
+#endif
+  for (; i < d; ++i) {
+    const float t = a[i] - b[i];
+    acc += t * t;
+  }
+  return acc;
+}
+
+/// Widens `n` 16-bit elements to f32. bf16 is a shift (the compiler vectorises it); f16 uses
+/// F16C when the translation unit is compiled with it, else the exact scalar conversion.
+template <Element T>
+inline void widen(const T* src, float* dst, std::size_t n) noexcept {
+  using U = std::remove_const_t<T>;
+  if constexpr (std::is_same_v<U, float>) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else if constexpr (std::is_same_v<U, bfloat16>) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bfloat16::to_float(src[i].bits);
+  } else {
+    std::size_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = half::to_float(src[i].bits);
+  }
+}
+
+inline constexpr std::size_t widen_chunk = 256;
+
+/// Applies a f32 kernel to (f32 query, T key) by widening the key chunk by chunk.
+template <Element T, class Kernel>
+inline float mixed(const float* q, const T* x, std::size_t d, Kernel kernel) noexcept {
+  if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
+    return kernel(q, x, d);
+  } else {
+    alignas(64) float buf[widen_chunk];
+    float acc = 0.0f;
+    for (std::size_t i = 0; i < d; i += widen_chunk) {
+      const std::size_t n = std::min(widen_chunk, d - i);
+      widen(x + i, buf, n);
+      acc += kernel(q + i, buf, n);
+    }
+    return acc;
+  }
+}
+
+}  // namespace kvsift::detail

@@ -1,0 +1,69 @@
+#pragma once
+// Bounded top-k selection by rank key (larger is better; ties: lower id wins). Used by exact
+// scans and the kNN engine; a binary heap whose top is the current worst keeps each rejected
+// candidate at one comparison.
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kvsift/core/ids.hpp"
+
+namespace kvsift {
+
+struct scored_id {
+  float key;
+  id_t id;
+};
+
+/// Strict "a ranks before b": higher key, then lower id.
+inline bool ranks_before(const scored_id& a, const scored_id& b) noexcept {
+  return a.key > b.key || (a.key == b.key && a.id < b.id);
+}
+
+/// Keeps the k best of a stream. Not thread-safe. O(log k) per accepted push.
+class topk_selector {
+ public:
+  topk_selector() = default;
+  explicit topk_selector(std::size_t k) { reset(k); }
+
+  void reset(std::size_t k) {
+    k_ = k;
+    heap_.clear();
+    heap_.reserve(k);
+  }
+
+  /// True if (key, id) would be kept now; cheap pre-filter for hot loops.
+  [[nodiscard]] bool accepts(float key, id_t id) const noexcept {
+    return heap_.size() < k_ || ranks_before(scored_id{key, id}, heap_.front());
+  }
+
+  void push(float key, id_t id) {
+    if (k_ == 0) return;
+    const scored_id s{key, id};
+    if (heap_.size() < k_) {
+      heap_.push_back(s);
+      std::push_heap(heap_.begin(), heap_.end(), ranks_before);
+    } else if (ranks_before(s, heap_.front())) {
+      std::pop_heap(heap_.begin(), heap_.end(), ranks_before);
+      heap_.back() = s;
+      std::push_heap(heap_.begin(), heap_.end(), ranks_before);
+    }
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return heap_.size(); }
+  /// Worst key kept (valid when size() == k).
+  [[nodiscard]] float threshold() const noexcept { return heap_.front().key; }
+
+  /// Sorted best-first; empties the selector. O(k log k).
+  std::vector<scored_id>& sorted() {
+    std::sort_heap(heap_.begin(), heap_.end(), ranks_before);
+    return heap_;
+  }
+
+ private:
+  std::size_t k_ = 0;
+  std::vector<scored_id> heap_;
+};
+
+}  // namespace kvsift

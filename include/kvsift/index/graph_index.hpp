@@ -1,0 +1,112 @@
+#pragma once
+// Proximity graph over stored vectors with a fixed maximum out-degree, in one flat adjacency
+// array (n x max_degree, padded with invalid_id): one allocation, cache-friendly, and a file
+// format that is a straight dump.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/ids.hpp"
+#include "kvsift/core/metric.hpp"
+#include "kvsift/core/vector_store.hpp"
+
+namespace kvsift {
+
+/// Out-degree summary of a graph.
+struct degree_stats {
+  std::size_t min = 0;
+  std::size_t max = 0;
+  double mean = 0.0;
+  std::size_t zero_degree = 0;  ///< nodes without out-edges
+};
+
+/// A graph index over a vector store. Does not own the vectors (the store may borrow them).
+/// Thread safety: const members are safe to call concurrently; nothing mutates after
+/// construction except assignment.
+template <VectorStore Store, Metric M = inner_product>
+class graph_index {
+ public:
+  using store_type = Store;
+  using metric_type = M;
+
+  graph_index() = default;
+
+  /// Takes an adjacency of store.size() x max_degree ids; each row is its neighbours followed
+  /// by invalid_id padding. O(n * max_degree) validation.
+  /// @throw invalid_argument if max_degree == 0, the adjacency size is not n * max_degree, a
+  ///        neighbour id >= n, a valid id follows padding, or entry >= n (for n > 0).
+  graph_index(Store store, std::size_t max_degree, std::vector<id_t> adjacency, id_t entry)
+      : store_(std::move(store)), max_degree_(max_degree), adjacency_(std::move(adjacency)) {
+    const std::size_t n = store_.size();
+    detail::require(max_degree_ > 0, "graph_index: max_degree must be > 0, got 0");
+    detail::require<dimension_mismatch>(
+        adjacency_.size() == n * max_degree_, "graph_index: expected adjacency of ", n, " x ",
+        max_degree_, " = ", n * max_degree_, " ids, got ", adjacency_.size());
+    detail::require<out_of_range>(n == 0 || entry < n, "graph_index: expected entry < ", n,
+                                  ", got ", entry);
+    degrees_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const id_t* row = adjacency_.data() + i * max_degree_;
+      std::size_t deg = 0;
+      while (deg < max_degree_ && row[deg] != invalid_id) ++deg;
+      for (std::size_t j = 0; j < max_degree_; ++j) {
+        detail::require<out_of_range>(
+            j >= deg ? row[j] == invalid_id : row[j] < n, "graph_index: node ", i, " slot ", j,
+            j >= deg ? ": expected padding after degree " : ": expected id < ", j >= deg ? deg : n,
+            ", got ", row[j]);
+      }
+      degrees_[i] = static_cast<std::uint32_t>(deg);
+    }
+    entry_ = n == 0 ? invalid_id : entry;
+  }
+
+  [[nodiscard]] const Store& store() const noexcept { return store_; }
+  [[nodiscard]] std::size_t size() const noexcept { return store_.size(); }
+  [[nodiscard]] std::size_t dim() const noexcept { return store_.dim(); }
+  [[nodiscard]] std::size_t max_degree() const noexcept { return max_degree_; }
+  [[nodiscard]] id_t entry_point() const noexcept { return entry_; }
+
+  /// Out-neighbours of node i (no bounds check: hot path). O(1).
+  [[nodiscard]] std::span<const id_t> neighbors(id_t i) const noexcept {
+    return {adjacency_.data() + static_cast<std::size_t>(i) * max_degree_, degrees_[i]};
+  }
+
+  /// The padded flat adjacency (n x max_degree).
+  [[nodiscard]] std::span<const id_t> adjacency() const noexcept { return adjacency_; }
+
+  /// O(n).
+  [[nodiscard]] degree_stats degrees() const noexcept {
+    degree_stats s;
+    if (degrees_.empty()) return s;
+    s.min = std::numeric_limits<std::size_t>::max();
+    std::size_t total = 0;
+    for (std::uint32_t d : degrees_) {
+      s.min = std::min<std::size_t>(s.min, d);
+      s.max = std::max<std::size_t>(s.max, d);
+      s.zero_degree += d == 0 ? 1 : 0;
+      total += d;
+    }
+    s.mean = static_cast<double>(total) / static_cast<double>(degrees_.size());
+    return s;
+  }
+
+  /// Raw metric score of a f32 query against stored vector i. O(d).
+  [[nodiscard]] float score(const float* query, id_t i) const noexcept {
+    return M::score(query, store_.row(i), store_.dim());
+  }
+
+ private:
+  Store store_{};
+  std::size_t max_degree_ = 0;
+  std::vector<id_t> adjacency_;
+  std::vector<std::uint32_t> degrees_;
+  id_t entry_ = invalid_id;
+};
+
+}  // namespace kvsift

@@ -1,0 +1,132 @@
+#pragma once
+// Exact maximum-inner-product kNN on the CPU: blocked GEMM with Eigen (query block x key
+// block) followed by a per-row bounded top-k merge. This is step 1 of the RoarGraph build and
+// the training-time oracle; a CUDA engine models the same `KnnEngine` concept.
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "kvsift/core/detail/simd_kernels.hpp"
+#include "kvsift/core/element.hpp"
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/matrix_view.hpp"
+#include "kvsift/core/parallel_for.hpp"
+#include "kvsift/core/topk.hpp"
+#include "kvsift/index/knn_result.hpp"
+
+namespace kvsift {
+
+/// Exact query -> key top-k by inner product. Engines receive f32 queries and keys of any
+/// element type and return best-first rows (ties: lower id wins), padded when k > n.
+template <class E>
+concept KnnEngine = requires(const E& e, matrix_view<const float> q, matrix_view<const float> kf,
+                             matrix_view<const half> kh, std::size_t k) {
+  { e.search(q, kf, k) } -> std::same_as<knn_result>;
+  { e.search(q, kh, k) } -> std::same_as<knn_result>;
+};
+
+/// Tuning of the CPU engine. Defaults suit d in [64, 256] on a few-MB L2 cache.
+struct cpu_knn_params {
+  std::size_t threads = 0;        ///< 0 = hardware concurrency
+  std::size_t query_block = 256;  ///< queries per GEMM block
+  std::size_t key_block = 2048;   ///< keys per GEMM block
+};
+
+namespace detail {
+inline void validate_knn(matrix_view<const float> q, std::size_t n, std::size_t d, std::size_t k) {
+  detail::require(k > 0, "knn: k must be > 0, got 0");
+  detail::require(n > 0, "knn: expected a non-empty key set, got 0 keys");
+  detail::require(q.rows() > 0, "knn: expected at least one query, got 0");
+  require_dim(d, q.cols(), "knn: query dimension vs key dimension");
+}
+}  // namespace detail
+
+/// CPU exact kNN engine. Thread safety: `search` is const and safe to call concurrently
+/// (each call uses its own threads and buffers).
+class cpu_knn_engine {
+ public:
+  cpu_knn_engine() = default;
+  explicit cpu_knn_engine(cpu_knn_params p) : params_(p) {}
+
+  [[nodiscard]] const cpu_knn_params& params() const noexcept { return params_; }
+
+  /// k best keys per query by inner product. O(m * n * d) flops + O(m * n log k) selection.
+  /// NaN products rank last.
+  /// @throw invalid_argument if k == 0, there are no keys or no queries;
+  ///        dimension_mismatch if query and key dims differ.
+  template <Element T>
+  [[nodiscard]] knn_result search(matrix_view<const float> queries, matrix_view<const T> keys,
+                                  std::size_t k) const {
+    detail::validate_knn(queries, keys.rows(), keys.cols(), k);
+    const std::size_t m = queries.rows(), n = keys.rows(), d = keys.cols();
+    const std::size_t kk = std::min(k, n);
+    knn_result out;
+    out.rows = m;
+    out.k = k;
+    out.ids.assign(m * k, invalid_id);
+    out.scores.assign(m * k, -std::numeric_limits<float>::infinity());
+
+    using row_mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using cmap = Eigen::Map<const row_mat, 0, Eigen::OuterStride<>>;
+    const std::size_t qb = std::max<std::size_t>(1, params_.query_block);
+    const std::size_t kb = std::max<std::size_t>(1, params_.key_block);
+    const std::size_t nblocks = (m + qb - 1) / qb;
+
+    parallel_for(nblocks, params_.threads, [&](std::size_t b, std::size_t) {
+      const std::size_t q0 = b * qb, qn = std::min(qb, m - q0);
+      cmap qmat(queries.row(q0), static_cast<Eigen::Index>(qn), static_cast<Eigen::Index>(d),
+                Eigen::OuterStride<>(static_cast<Eigen::Index>(queries.stride())));
+      row_mat scores(static_cast<Eigen::Index>(qn), static_cast<Eigen::Index>(kb));
+      std::vector<float> widened;  // only for 16-bit keys
+      std::vector<topk_selector> sel(qn, topk_selector(kk));
+      for (std::size_t k0 = 0; k0 < n; k0 += kb) {
+        const std::size_t kn = std::min(kb, n - k0);
+        const float* kptr;
+        std::size_t kstride;
+        if constexpr (std::is_same_v<T, float>) {
+          kptr = keys.row(k0);
+          kstride = keys.stride();
+        } else {
+          widened.resize(kn * d);
+          for (std::size_t r = 0; r < kn; ++r) detail::widen(keys.row(k0 + r), &widened[r * d], d);
+          kptr = widened.data();
+          kstride = d;
+        }
+        cmap kmat(kptr, static_cast<Eigen::Index>(kn), static_cast<Eigen::Index>(d),
+                  Eigen::OuterStride<>(static_cast<Eigen::Index>(kstride)));
+        auto s = scores.leftCols(static_cast<Eigen::Index>(kn));
+        s.noalias() = qmat * kmat.transpose();
+        for (std::size_t i = 0; i < qn; ++i) {
+          const float* srow = scores.data() + i * kb;
+          topk_selector& t = sel[i];
+          for (std::size_t j = 0; j < kn; ++j) {
+            const float v = std::isnan(srow[j]) ? -std::numeric_limits<float>::infinity() : srow[j];
+            const auto id = static_cast<id_t>(k0 + j);
+            if (t.accepts(v, id)) t.push(v, id);
+          }
+        }
+      }
+      for (std::size_t i = 0; i < qn; ++i) {
+        const auto& best = sel[i].sorted();
+        for (std::size_t j = 0; j < best.size(); ++j) {
+          out.ids[(q0 + i) * k + j] = best[j].id;
+          out.scores[(q0 + i) * k + j] = best[j].key;
+        }
+      }
+    });
+    return out;
+  }
+
+ private:
+  cpu_knn_params params_{};
+};
+
+static_assert(KnnEngine<cpu_knn_engine>);
+
+}  // namespace kvsift

@@ -1,0 +1,391 @@
+#pragma once
+// RoarGraph construction (Chen et al., VLDB'24), the index RetrievalAttention builds over
+// attention keys. Attention queries are out-of-distribution for the keys: a graph built from
+// key-key proximity routes a query poorly. RoarGraph instead links keys that the *queries*
+// consider close:
+//   1. exact kNN of every training query over the keys (Nq neighbours);
+//   2. projection: each query's nearest key (the pivot) links to the query's other kNN keys,
+//      RNG-pruned around the pivot and filled up to M; reverse edges, re-pruned when full;
+//   3. connectivity enhancement: every key searches the projection graph (pool L) for its own
+//      neighbours; RNG-pruned results become extra edges plus reverse edges, degree <= 2M;
+//   4. entry point: the key nearest the key centroid.
+// Unlike the reference implementation the result does not depend on thread scheduling: every
+// parallel phase reads a frozen graph and writes only its own rows, and the merging steps run
+// in id order.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <limits>
+#include <random>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "kvsift/core/detail/simd_kernels.hpp"
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/matrix_view.hpp"
+#include "kvsift/core/metric.hpp"
+#include "kvsift/core/parallel_for.hpp"
+#include "kvsift/core/topk.hpp"
+#include "kvsift/core/vector_store.hpp"
+#include "kvsift/index/graph_index.hpp"
+#include "kvsift/index/knn.hpp"
+#include "kvsift/search/beam_search.hpp"
+#include "kvsift/search/search_workspace.hpp"
+
+namespace kvsift {
+
+/// RoarGraph build parameters (defaults as in the paper's reference settings).
+struct roargraph_params {
+  std::size_t nq = 100;      ///< kNN per training query (step 1), >= 2
+  std::size_t M = 35;        ///< projection degree; final max degree is 2 * M
+  std::size_t L = 500;       ///< beam pool of the connectivity searches (step 3), >= M
+  std::size_t threads = 0;   ///< 0 = hardware concurrency
+  bool connectivity = true;  ///< run step 3 (off only for ablations)
+  std::size_t batch = 1024;  ///< keys per connectivity round (results depend on it, not on threads)
+  std::uint64_t seed = 2024;  ///< order of the connectivity rounds
+};
+
+/// Wall-clock seconds per phase of the last build.
+struct roargraph_build_stats {
+  double knn_seconds = 0;
+  double projection_seconds = 0;
+  double connectivity_seconds = 0;
+  double total_seconds = 0;
+};
+
+namespace detail {
+
+/// Keys of candidates relative to a pivot, widened once per pivot.
+template <VectorStore S, Metric M>
+class pair_scorer {
+ public:
+  explicit pair_scorer(const S& s) : s_(s), buf_(s.dim()) {}
+  void set_pivot(id_t p) { widen(s_.row(p), buf_.data(), s_.dim()); }
+  /// Rank key of (pivot, x).
+  float key(id_t x) const { return to_key<M>(M::score(buf_.data(), s_.row(x), s_.dim())); }
+  const float* pivot_vector() const { return buf_.data(); }
+
+ private:
+  const S& s_;
+  std::vector<float> buf_;
+};
+
+/// RNG pruning around `pivot`: candidates sorted best-first by key to the pivot; keep c unless
+/// an already-kept r is closer to c than the pivot is. If fewer than `degree` survive and
+/// `fill` is set, pruned candidates are appended in rank order (RoarGraph's fill rule).
+template <VectorStore S, Metric M>
+void rng_prune(const S& s, std::vector<scored_id>& cands, std::size_t degree, bool fill,
+               std::vector<float>& scratch, std::vector<id_t>& kept) {
+  std::sort(cands.begin(), cands.end(), ranks_before);
+  kept.clear();
+  std::vector<id_t> pruned;
+  scratch.resize(s.dim());
+  for (const scored_id& c : cands) {
+    if (kept.size() >= degree) break;
+    widen(s.row(c.id), scratch.data(), s.dim());
+    bool keep = true;
+    for (id_t r : kept) {
+      if (to_key<M>(M::score(scratch.data(), s.row(r), s.dim())) > c.key) {
+        keep = false;
+        break;
+      }
+    }
+    if (keep) {
+      kept.push_back(c.id);
+    } else if (fill) {
+      pruned.push_back(c.id);
+    }
+  }
+  for (std::size_t i = 0; fill && i < pruned.size() && kept.size() < degree; ++i) {
+    kept.push_back(pruned[i]);
+  }
+}
+
+/// Adjacency under construction: n rows of at most `cap` ids.
+struct adjacency_lists {
+  std::vector<std::vector<id_t>> rows;
+  std::span<const id_t> neighbors(id_t i) const { return rows[i]; }
+};
+
+/// Minimal graph view over adjacency lists, so beam_search runs on the projection graph.
+template <VectorStore S, Metric M>
+struct building_graph {
+  using metric_type = M;
+  const S& store;
+  const adjacency_lists& adj;
+  id_t entry;
+  std::size_t size() const { return store.size(); }
+  std::size_t dim() const { return store.dim(); }
+  id_t entry_point() const { return entry; }
+  std::span<const id_t> neighbors(id_t i) const { return adj.neighbors(i); }
+  float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
+};
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace detail
+
+/// Builds a RoarGraph index over the keys of a `MatrixStore` from training queries, using any
+/// `KnnEngine` for step 1. The metric used for pruning and search is `M`; step 1 ranks by
+/// inner product for `inner_product` and by (augmented) inner product equivalent to l2 for l2.
+/// Thread safety: `build` is const; concurrent builds need separate builders only if the
+/// engine is not thread-safe (the CPU engine is).
+template <Metric M = inner_product, KnnEngine Engine = cpu_knn_engine>
+class roargraph_builder {
+  using KM = l2;
+
+ public:
+  explicit roargraph_builder(roargraph_params params = {}, Engine engine = {})
+      : params_(params), engine_(std::move(engine)) {}
+
+  [[nodiscard]] const roargraph_params& params() const noexcept { return params_; }
+
+  /// Builds the index. All validation happens before any work.
+  /// Complexity: O(m n d) for kNN, O(m nq M d) projection, O(n L M d) connectivity.
+  /// @throw invalid_argument for an empty key set, no training queries, nq < 2, M == 0,
+  ///        L < M; dimension_mismatch if query and key dims differ; non_finite_value for
+  ///        NaN/Inf in keys or queries.
+  template <MatrixStore Store>
+  [[nodiscard]] graph_index<Store, M> build(Store store, matrix_view<const float> train_queries,
+                                            roargraph_build_stats* stats = nullptr) const {
+    const auto keys = store.view();
+    detail::require(keys.rows() > 0, "roargraph_builder: expected a non-empty key set, got 0 keys");
+    detail::require(keys.rows() < invalid_id, "roargraph_builder: at most ", invalid_id - 1,
+                    " keys supported, got ", keys.rows());
+    detail::require(train_queries.rows() > 0,
+                    "roargraph_builder: expected at least one training query, got 0");
+    require_dim(keys.cols(), train_queries.cols(), "roargraph_builder: training query dimension");
+    detail::require(params_.nq >= 2, "roargraph_builder: nq must be >= 2, got ", params_.nq);
+    detail::require(params_.M > 0, "roargraph_builder: M must be > 0, got 0");
+    detail::require(params_.L >= params_.M, "roargraph_builder: expected L >= M = ", params_.M,
+                    ", got L = ", params_.L);
+    require_finite(keys, "roargraph_builder: keys");
+    require_finite(train_queries, "roargraph_builder: training queries");
+
+    const auto t0 = std::chrono::steady_clock::now();
+    roargraph_build_stats st;
+    const std::size_t n = keys.rows();
+    const knn_result knn = query_knn(keys, train_queries);
+    st.knn_seconds = detail::seconds_since(t0);
+
+    auto t1 = std::chrono::steady_clock::now();
+    detail::adjacency_lists adj = project(store, knn);
+    st.projection_seconds = detail::seconds_since(t1);
+
+    const id_t entry = centroid_entry(keys);
+    t1 = std::chrono::steady_clock::now();
+    if (params_.connectivity) enhance(store, adj, entry);
+    st.connectivity_seconds = detail::seconds_since(t1);
+
+    const std::size_t R = 2 * params_.M;
+    std::vector<id_t> flat(n * R, invalid_id);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::copy_n(adj.rows[i].begin(), std::min(R, adj.rows[i].size()), flat.begin() + i * R);
+    }
+    st.total_seconds = detail::seconds_since(t0);
+    if (stats != nullptr) *stats = st;
+    return graph_index<Store, M>(std::move(store), R, std::move(flat), entry);
+  }
+
+ private:
+  template <Element T>
+  knn_result query_knn(matrix_view<const T> keys, matrix_view<const float> q) const {
+    const std::size_t k = std::min(params_.nq, keys.rows());
+    if constexpr (std::is_same_v<M, inner_product>) {
+      return engine_.search(q, keys, k);
+    } else {
+      // argmin |q - x|^2 = argmax (q, 1) . (2x, -|x|^2): l2 through any inner-product engine.
+      const std::size_t d = keys.cols();
+      std::vector<float> qa(q.rows() * (d + 1)), xa(keys.rows() * (d + 1));
+      for (std::size_t i = 0; i < q.rows(); ++i) {
+        std::copy_n(q.row(i), d, &qa[i * (d + 1)]);
+        qa[i * (d + 1) + d] = 1.0f;
+      }
+      for (std::size_t i = 0; i < keys.rows(); ++i) {
+        float* r = &xa[i * (d + 1)];
+        detail::widen(keys.row(i), r, d);
+        r[d] = -detail::dot_f32(r, r, d);
+        for (std::size_t j = 0; j < d; ++j) r[j] *= 2.0f;
+      }
+      return engine_.search(matrix_view<const float>(qa.data(), q.rows(), d + 1),
+                            matrix_view<const float>(xa.data(), keys.rows(), d + 1), k);
+    }
+  }
+
+  // Step 2: pivot lists from each query's kNN, then reverse edges.
+  template <MatrixStore Store>
+  detail::adjacency_lists project(const Store& store, const knn_result& knn) const {
+    const std::size_t n = store.size(), M_ = params_.M;
+    std::vector<std::vector<id_t>> pooled(n);  // candidates gathered per pivot, query order
+    for (std::size_t qi = 0; qi < knn.rows; ++qi) {
+      const auto ids = knn.row_ids(qi);
+      const id_t pivot = ids[0];
+      for (std::size_t j = 1; j < ids.size() && ids[j] != invalid_id; ++j) {
+        pooled[pivot].push_back(ids[j]);
+      }
+    }
+    detail::adjacency_lists adj;
+    adj.rows.resize(n);
+    std::vector<std::vector<float>> scratch(thread_count());
+    parallel_for(
+        n, scratch.size(),
+        [&](std::size_t p, std::size_t t) {
+          auto& c = pooled[p];
+          if (c.empty()) return;
+          std::sort(c.begin(), c.end());
+          c.erase(std::unique(c.begin(), c.end()), c.end());
+          std::erase(c, static_cast<id_t>(p));
+          adj.rows[p] = prune_around(store, static_cast<id_t>(p), c, M_, true, scratch[t]);
+        },
+        64);
+    // Reverse edges: requests collected in pivot order, then each target merges its own.
+    std::vector<std::vector<id_t>> reverse(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      for (id_t c : adj.rows[p]) reverse[c].push_back(static_cast<id_t>(p));
+    }
+    detail::adjacency_lists out;
+    out.rows.resize(n);
+    parallel_for(
+        n, scratch.size(),
+        [&](std::size_t x, std::size_t t) {
+          std::vector<id_t> merged = adj.rows[x];
+          for (id_t r : reverse[x]) {
+            if (std::find(merged.begin(), merged.end(), r) == merged.end()) merged.push_back(r);
+          }
+          out.rows[x] = merged.size() <= M_ ? std::move(merged)
+                                            : prune_around(store, static_cast<id_t>(x), merged, M_,
+                                                           true, scratch[t]);
+        },
+        64);
+    return out;
+  }
+
+  // Step 3: keys, in a seeded random order and in batches, search the graph as it stands
+  // after the previous batch; RNG-pruned results become edges both ways (lists re-pruned to
+  // 2M when they overflow). Batches let the reachable part of the graph grow, as in the
+  // reference's incremental insertion, while every phase either reads a frozen graph or
+  // writes rows in a fixed order, so the result is independent of the thread count.
+  template <MatrixStore Store>
+  void enhance(const Store& store, detail::adjacency_lists& adj, id_t entry) const {
+    const std::size_t n = store.size(), R = 2 * params_.M;
+    const std::size_t L = std::min(params_.L, n);
+    const detail::building_graph<Store, KM> g{store, adj, entry};
+    const std::size_t threads = thread_count();
+    std::vector<search_workspace> ws(threads);
+    std::vector<std::vector<float>> scratch(threads);
+    struct buffers {
+      std::vector<id_t> ids;
+      std::vector<float> scores;
+      std::vector<scored_id> cands;
+    };
+    std::vector<buffers> buf(threads);
+
+    std::vector<id_t> order(n);
+    for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<id_t>(i);
+    std::mt19937_64 rng(params_.seed);
+    for (std::size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+
+    const std::size_t batch = std::max<std::size_t>(1, params_.batch);
+    std::vector<std::vector<id_t>> supply(std::min(batch, n));
+    std::vector<std::vector<id_t>> pending(n);
+    std::vector<id_t> touched;
+    for (std::size_t b0 = 0; b0 < n; b0 += batch) {
+      const std::size_t bn = std::min(batch, n - b0);
+      parallel_for(
+          bn, threads,
+          [&](std::size_t i, std::size_t t) {
+            const id_t x = order[b0 + i];
+            auto& b = buf[t];
+            b.ids.resize(L);
+            b.scores.resize(L);
+            ws[t].query.resize(store.dim());
+            detail::widen(store.row(x), ws[t].query.data(), store.dim());
+            const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L}, ws[t],
+                                       std::span<id_t>(b.ids), std::span<float>(b.scores));
+            b.cands.clear();
+            for (std::size_t j = 0; j < s.count; ++j) {
+              if (b.ids[j] != x) b.cands.push_back({to_key<KM>(b.scores[j]), b.ids[j]});
+            }
+            detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i]);
+          },
+          8);
+      touched.clear();
+      auto add = [&](id_t from, id_t to) {
+        if (pending[from].empty()) touched.push_back(from);
+        pending[from].push_back(to);
+      };
+      for (std::size_t i = 0; i < bn; ++i) {
+        const id_t x = order[b0 + i];
+        for (id_t s : supply[i]) {
+          add(x, s);
+          add(s, x);
+        }
+      }
+      std::sort(touched.begin(), touched.end());
+      parallel_for(
+          touched.size(), threads,
+          [&](std::size_t i, std::size_t t) {
+            const id_t x = touched[i];
+            auto& row = adj.rows[x];
+            for (id_t y : pending[x]) {
+              if (y != x && std::find(row.begin(), row.end(), y) == row.end()) row.push_back(y);
+            }
+            pending[x].clear();
+            if (row.size() > R) row = prune_around(store, x, row, R, true, scratch[t]);
+          },
+          16);
+    }
+  }
+
+  template <MatrixStore Store>
+  std::vector<id_t> prune_around(const Store& store, id_t pivot, const std::vector<id_t>& ids,
+                                 std::size_t degree, bool fill, std::vector<float>& scratch) const {
+    detail::pair_scorer<Store, KM> ps(store);
+    ps.set_pivot(pivot);
+    std::vector<scored_id> cands;
+    cands.reserve(ids.size());
+    for (id_t c : ids) cands.push_back({ps.key(c), c});
+    std::vector<id_t> kept;
+    detail::rng_prune<Store, KM>(store, cands, degree, fill, scratch, kept);
+    return kept;
+  }
+
+  // Step 4: the key nearest (Euclidean) to the key centroid.
+  template <Element T>
+  static id_t centroid_entry(matrix_view<const T> keys) {
+    const std::size_t n = keys.rows(), d = keys.cols();
+    std::vector<double> acc(d, 0.0);
+    std::vector<float> row(d);
+    for (std::size_t i = 0; i < n; ++i) {
+      detail::widen(keys.row(i), row.data(), d);
+      for (std::size_t j = 0; j < d; ++j) acc[j] += row[j];
+    }
+    std::vector<float> centroid(d);
+    for (std::size_t j = 0; j < d; ++j) centroid[j] = static_cast<float>(acc[j] / n);
+    id_t best = 0;
+    float best_dist = std::numeric_limits<float>::infinity();
+    for (std::size_t i = 0; i < n; ++i) {
+      const float dist = l2::score(centroid.data(), keys.row(i), d);
+      if (dist < best_dist) {
+        best_dist = dist;
+        best = static_cast<id_t>(i);
+      }
+    }
+    return best;
+  }
+
+  std::size_t thread_count() const {
+    return params_.threads == 0 ? default_thread_count() : params_.threads;
+  }
+
+  roargraph_params params_;
+  Engine engine_;
+};
+
+}  // namespace kvsift

@@ -1,0 +1,27 @@
+#pragma once
+// Umbrella header: everything in kvsift that compiles with a plain C++20 compiler.
+// (The CUDA layer lives under cuda/include/kvsift/cuda and needs nvcc.)
+
+#include "kvsift/core/candidate_pool.hpp"
+#include "kvsift/core/dense_matrix.hpp"
+#include "kvsift/core/element.hpp"
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/ids.hpp"
+#include "kvsift/core/matrix_view.hpp"
+#include "kvsift/core/metric.hpp"
+#include "kvsift/core/parallel_for.hpp"
+#include "kvsift/core/topk.hpp"
+#include "kvsift/core/vector_store.hpp"
+#include "kvsift/core/visited_set.hpp"
+#include "kvsift/index/flat_index.hpp"
+#include "kvsift/index/gqa_sampling.hpp"
+#include "kvsift/index/graph_index.hpp"
+#include "kvsift/index/graph_io.hpp"
+#include "kvsift/index/knn.hpp"
+#include "kvsift/index/knn_result.hpp"
+#include "kvsift/index/roargraph_builder.hpp"
+#include "kvsift/index/vector_io.hpp"
+#include "kvsift/search/beam_search.hpp"
+#include "kvsift/search/dipr_search.hpp"
+#include "kvsift/search/predicate.hpp"
+#include "kvsift/search/search_workspace.hpp"

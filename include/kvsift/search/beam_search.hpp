@@ -1,0 +1,75 @@
+#pragma once
+// Top-k best-first (beam) search over a graph index with a bounded pool of L candidates.
+// Parameters are per call and scratch lives in the caller's workspace, so one index serves
+// any number of threads with different settings.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/metric.hpp"
+#include "kvsift/search/detail/graph_walk.hpp"
+#include "kvsift/search/predicate.hpp"
+#include "kvsift/search/search_workspace.hpp"
+
+namespace kvsift {
+
+/// Per-call parameters of beam search.
+struct beam_search_params {
+  std::size_t k = 10;   ///< results wanted (> 0)
+  std::size_t L = 100;  ///< pool size (>= k): larger is slower and more accurate
+};
+
+/// Finds the (approximately) k best keys for `query`. Writes up to k results best-first into
+/// out_ids / out_scores (raw metric scores); the rest is padded with invalid_id and the
+/// metric's worst score. With a predicate only passing ids are returned (ACORN 2-hop walk).
+/// `extra_entries` seed the search next to the graph's entry point.
+/// Complexity: O(hops * max_degree * d) (O(hops * max_degree^2 * d) filtered worst case).
+/// Thread safety: safe concurrently on one index with one workspace per thread.
+/// A NaN query scores NaN everywhere, which ranks last: results are valid ids in walk order.
+/// @throw invalid_argument if k == 0, L < k, or the outputs are shorter than k;
+///        dimension_mismatch for a wrong query length; out_of_range for bad entry ids or a
+///        predicate referring to ids beyond the index.
+template <class Graph, Predicate P = no_filter>
+search_stats beam_search(const Graph& g, std::span<const float> query,
+                         const beam_search_params& params, search_workspace& ws,
+                         std::span<id_t> out_ids, std::span<float> out_scores, const P& pred = {},
+                         std::span<const id_t> extra_entries = {}) {
+  using M = typename Graph::metric_type;
+  detail::require(params.k > 0, "beam_search: k must be > 0, got 0");
+  detail::require(params.L >= params.k, "beam_search: expected L >= k = ", params.k,
+                  ", got L = ", params.L);
+  detail::require(out_ids.size() >= params.k && out_scores.size() >= params.k,
+                  "beam_search: expected outputs of at least k = ", params.k, " entries, got ",
+                  out_ids.size(), " ids and ", out_scores.size(), " scores");
+  detail::validate_query(query, g.dim(), "beam_search");
+  detail::validate_entries(extra_entries, g.size(), "beam_search");
+  validate_predicate(pred, g.size());
+
+  search_stats stats;
+  std::fill_n(out_ids.begin(), params.k, invalid_id);
+  std::fill_n(out_scores.begin(), params.k, worst_score<M>());
+  if (g.size() == 0) return stats;
+
+  ws.visited.reset(g.size());
+  ws.pool.reset(params.L);
+  auto visit = [&](id_t id) {
+    ++stats.distance_computations;
+    ws.pool.insert(to_key<M>(g.score(query.data(), id)), id);
+  };
+  detail::seed(g, extra_entries, pred, params.L, ws, visit);
+  while (ws.pool.has_unexpanded()) {
+    const candidate c = ws.pool.pop_unexpanded();
+    ++stats.hops;
+    detail::expand(g, c.id, pred, ws, visit);
+  }
+  stats.count = std::min(params.k, ws.pool.size());
+  for (std::size_t i = 0; i < stats.count; ++i) {
+    out_ids[i] = ws.pool[i].id;
+    out_scores[i] = from_key<M>(ws.pool[i].key);
+  }
+  return stats;
+}
+
+}  // namespace kvsift

@@ -1,0 +1,139 @@
+#pragma once
+// DIPR: dynamic inner-product range query (AlayaDB). Instead of a fixed k, return every key
+// whose score is within beta of the best score of the whole context: how many tokens a query
+// needs varies by head and step, and DIPR lets the data decide.
+//
+// DIPRS (the graph search, AlayaDB Algorithm 1): an unordered candidate list; while it holds
+// fewer than l0 entries every visited neighbour is appended (exploration), afterwards only
+// neighbours within beta of the best score seen so far. The search expands the best
+// unexpanded candidate and stops once the list holds at least l0 entries and no unexpanded
+// candidate is within beta of the best. `max_candidates` bounds the list so a pathological
+// query (a flat score landscape) cannot run away.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/metric.hpp"
+#include "kvsift/core/topk.hpp"
+#include "kvsift/search/detail/graph_walk.hpp"
+#include "kvsift/search/predicate.hpp"
+#include "kvsift/search/search_workspace.hpp"
+
+namespace kvsift {
+
+/// Per-call parameters of DIPR search. Scores are raw metric scores (for inner product: the
+/// unscaled logit q.k), so beta is in the same units.
+struct dipr_params {
+  float beta = 1.0f;    ///< range width (>= 0, finite)
+  std::size_t l0 = 64;  ///< capacity threshold of the exploration phase (> 0)
+  /// Hard cap on the candidate list (0 = 64 * l0). A capped search sets `capped`.
+  std::size_t max_candidates = 0;
+  /// Window seeding: the best raw score the caller has already seen elsewhere (e.g. in the
+  /// static window on the GPU). NaN = none. Tightens pruning from the first hop.
+  float seed_score = std::numeric_limits<float>::quiet_NaN();
+};
+
+/// Output of a DIPR search; reuse one object across calls to avoid allocation.
+struct dipr_result {
+  std::vector<id_t> ids;      ///< best-first
+  std::vector<float> scores;  ///< raw metric scores, best-first
+  search_stats stats;
+  float best_score = 0;  ///< best raw score seen (including seed_score)
+  bool capped = false;   ///< the list hit max_candidates: the answer may be incomplete
+};
+
+namespace detail {
+inline void validate_dipr(const dipr_params& p, const char* who) {
+  require(std::isfinite(p.beta) && p.beta >= 0.0f, who, ": expected finite beta >= 0, got ",
+          p.beta);
+  require(p.l0 > 0, who, ": l0 must be > 0, got 0");
+  require(p.max_candidates == 0 || p.max_candidates >= p.l0, who,
+          ": expected max_candidates >= l0 = ", p.l0, " (or 0 for auto), got ", p.max_candidates);
+  require(!std::isinf(p.seed_score), who, ": expected a finite seed_score or NaN, got ",
+          p.seed_score);
+}
+
+/// Keeps list entries within beta of best, sorted best-first, into `out` as raw scores.
+template <Metric M>
+void emit_dipr(std::vector<scored_id>& list, float best_key, float beta, bool seeded,
+               dipr_result& out) {
+  const float threshold = best_key - beta;
+  if (best_key == -std::numeric_limits<float>::infinity()) list.clear();  // only NaN scores
+  std::erase_if(list, [&](const scored_id& s) { return !(s.key >= threshold); });
+  std::sort(list.begin(), list.end(), ranks_before);
+  out.ids.resize(list.size());
+  out.scores.resize(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    out.ids[i] = list[i].id;
+    out.scores[i] = from_key<M>(list[i].key);
+  }
+  out.stats.count = list.size();
+  out.best_score = (std::isinf(best_key) && !seeded) ? worst_score<M>() : from_key<M>(best_key);
+}
+}  // namespace detail
+
+/// DIPRS over a graph index: every key with score within beta of the best (of the index and
+/// `seed_score`), as found by the graph walk. With a predicate only passing ids are
+/// considered. Complexity: O(hops * max_degree * d + r log r) for r results.
+/// Thread safety: safe concurrently on one index with one workspace per thread.
+/// A NaN query yields an empty result (every score is NaN and ranks last).
+/// @throw invalid_argument for beta < 0 or non-finite, l0 == 0, max_candidates < l0, an
+///        infinite seed_score; dimension_mismatch for a wrong query length; out_of_range for
+///        bad entry ids or predicate ids.
+template <class Graph, Predicate P = no_filter>
+void dipr_search(const Graph& g, std::span<const float> query, const dipr_params& params,
+                 search_workspace& ws, dipr_result& out, const P& pred = {},
+                 std::span<const id_t> extra_entries = {}) {
+  using M = typename Graph::metric_type;
+  detail::validate_dipr(params, "dipr_search");
+  detail::validate_query(query, g.dim(), "dipr_search");
+  detail::validate_entries(extra_entries, g.size(), "dipr_search");
+  validate_predicate(pred, g.size());
+
+  out.stats = {};
+  out.capped = false;
+  const bool seeded = !std::isnan(params.seed_score);
+  float best = seeded ? to_key<M>(params.seed_score) : -std::numeric_limits<float>::infinity();
+  const std::size_t cap = params.max_candidates == 0 ? 64 * params.l0 : params.max_candidates;
+  auto& list = ws.list;
+  auto& frontier = ws.frontier;
+  list.clear();
+  frontier.clear();
+  // frontier is a max-heap by rank; ranks_before as "less" would make a min-heap.
+  auto heap_less = [](const scored_id& a, const scored_id& b) { return ranks_before(b, a); };
+
+  if (g.size() != 0) {
+    ws.visited.reset(g.size());
+    auto visit = [&](id_t id) {
+      ++out.stats.distance_computations;
+      const float key = to_key<M>(g.score(query.data(), id));
+      best = std::max(best, key);
+      if (list.size() < params.l0 || key >= best - params.beta) {
+        if (list.size() >= cap) {
+          out.capped = true;
+          return;
+        }
+        list.push_back({key, id});
+        frontier.push_back({key, id});
+        std::push_heap(frontier.begin(), frontier.end(), heap_less);
+      }
+    };
+    detail::seed(g, extra_entries, pred, params.l0, ws, visit);
+    while (!frontier.empty()) {
+      const scored_id top = frontier.front();
+      if (list.size() >= params.l0 && top.key < best - params.beta) break;
+      std::pop_heap(frontier.begin(), frontier.end(), heap_less);
+      frontier.pop_back();
+      ++out.stats.hops;
+      detail::expand(g, top.id, pred, ws, visit);
+    }
+  }
+  detail::emit_dipr<M>(list, best, params.beta, seeded, out);
+}
+
+}  // namespace kvsift

@@ -1,0 +1,34 @@
+#pragma once
+// Per-thread scratch for graph and flat searches. Keeping it outside the index is what makes
+// `const` searches safe to run concurrently: one workspace per thread, reused across calls so
+// the hot path does not allocate.
+
+#include <cstddef>
+#include <vector>
+
+#include "kvsift/core/candidate_pool.hpp"
+#include "kvsift/core/topk.hpp"
+#include "kvsift/core/visited_set.hpp"
+
+namespace kvsift {
+
+/// Counters reported by every search.
+struct search_stats {
+  std::size_t count = 0;                  ///< results written
+  std::size_t distance_computations = 0;  ///< vectors scored
+  std::size_t hops = 0;                   ///< nodes expanded
+};
+
+/// Scratch memory for one thread's searches. Not thread-safe; cheap to keep one per thread.
+/// Sized lazily by the searches that use it.
+class search_workspace {
+ public:
+  visited_set visited;
+  candidate_pool pool;
+  topk_selector topk;
+  std::vector<scored_id> list;      ///< DIPR candidate list
+  std::vector<scored_id> frontier;  ///< DIPR max-heap of unexpanded candidates
+  std::vector<float> query;         ///< a widened vector (builders search with stored keys)
+};
+
+}  // namespace kvsift
