@@ -54,6 +54,9 @@ class candidate_pool {
 
   [[nodiscard]] bool has_unexpanded() const noexcept { return cursor_ < data_.size(); }
 
+  /// The best unexpanded candidate, left in place. Precondition: has_unexpanded().
+  [[nodiscard]] const candidate& peek_unexpanded() const noexcept { return data_[cursor_]; }
+
   /// Marks the best unexpanded candidate expanded and returns it. Precondition:
   /// has_unexpanded().
   candidate pop_unexpanded() noexcept {

@@ -3,12 +3,15 @@
 // whose score is within beta of the best score of the whole context: how many tokens a query
 // needs varies by head and step, and DIPR lets the data decide.
 //
-// DIPRS (the graph search, AlayaDB Algorithm 1): an unordered candidate list; while it holds
-// fewer than l0 entries every visited neighbour is appended (exploration), afterwards only
-// neighbours within beta of the best score seen so far. The search expands the best
-// unexpanded candidate and stops once the list holds at least l0 entries and no unexpanded
-// candidate is within beta of the best. `max_candidates` bounds the list so a pathological
-// query (a flat score landscape) cannot run away.
+// DIPRS (the graph search, AlayaDB Algorithm 1) keeps a candidate list with a capacity
+// threshold l0: below it every visited neighbour is kept (exploration), above it only
+// neighbours within beta of the best score seen so far. Here the exploration part is a
+// bounded beam of the l0 best candidates (so a DIPR search explores at least as well as a
+// top-l0 beam search), and the in-range part is an unbounded max-heap. The walk expands the
+// best unexpanded candidate of either part and stops when the beam is exhausted and no
+// unexpanded candidate is within beta of the best. Every scored key within beta of the final
+// best is returned. `max_candidates` bounds the in-range part so a pathological query (a flat
+// score landscape) cannot run away.
 
 #include <algorithm>
 #include <cmath>
@@ -31,7 +34,7 @@ namespace kvsift {
 struct dipr_params {
   float beta = 1.0f;    ///< range width (>= 0, finite)
   std::size_t l0 = 64;  ///< capacity threshold of the exploration phase (> 0)
-  /// Hard cap on the candidate list (0 = 64 * l0). A capped search sets `capped`.
+  /// Hard cap on the in-range candidates (0 = 64 * l0). A capped search sets `capped`.
   std::size_t max_candidates = 0;
   /// Window seeding: the best raw score the caller has already seen elsewhere (e.g. in the
   /// static window on the GPU). NaN = none. Tightens pruning from the first hop.
@@ -44,7 +47,7 @@ struct dipr_result {
   std::vector<float> scores;  ///< raw metric scores, best-first
   search_stats stats;
   float best_score = 0;  ///< best raw score seen (including seed_score)
-  bool capped = false;   ///< the list hit max_candidates: the answer may be incomplete
+  bool capped = false;   ///< hit max_candidates: the answer may be incomplete
 };
 
 namespace detail {
@@ -100,40 +103,54 @@ void dipr_search(const Graph& g, std::span<const float> query, const dipr_params
   const bool seeded = !std::isnan(params.seed_score);
   float best = seeded ? to_key<M>(params.seed_score) : -std::numeric_limits<float>::infinity();
   const std::size_t cap = params.max_candidates == 0 ? 64 * params.l0 : params.max_candidates;
-  auto& list = ws.list;
-  auto& frontier = ws.frontier;
-  list.clear();
-  frontier.clear();
-  // frontier is a max-heap by rank; ranks_before as "less" would make a min-heap.
+  auto& scored = ws.list;        // every scored key: the answer is filtered from it
+  auto& in_range = ws.frontier;  // max-heap of keys that were within beta when scored
+  scored.clear();
+  in_range.clear();
+  std::size_t in_range_total = 0;
+  // ranks_before as "less" would make a min-heap; swap the arguments for a max-heap.
   auto heap_less = [](const scored_id& a, const scored_id& b) { return ranks_before(b, a); };
 
   if (g.size() != 0) {
     ws.visited.reset(g.size());
+    ws.expanded.reset(g.size());
+    ws.pool.reset(params.l0);
     auto visit = [&](id_t id) {
       ++out.stats.distance_computations;
       const float key = to_key<M>(g.score(query.data(), id));
       best = std::max(best, key);
-      if (list.size() < params.l0 || key >= best - params.beta) {
-        if (list.size() >= cap) {
+      scored.push_back({key, id});
+      ws.pool.insert(key, id);
+      if (key >= best - params.beta) {
+        if (in_range_total >= cap) {
           out.capped = true;
           return;
         }
-        list.push_back({key, id});
-        frontier.push_back({key, id});
-        std::push_heap(frontier.begin(), frontier.end(), heap_less);
+        ++in_range_total;
+        in_range.push_back({key, id});
+        std::push_heap(in_range.begin(), in_range.end(), heap_less);
       }
     };
     detail::seed(g, extra_entries, pred, params.l0, ws, visit);
-    while (!frontier.empty()) {
-      const scored_id top = frontier.front();
-      if (list.size() >= params.l0 && top.key < best - params.beta) break;
-      std::pop_heap(frontier.begin(), frontier.end(), heap_less);
-      frontier.pop_back();
+    for (;;) {
+      const bool beam = ws.pool.has_unexpanded();
+      const bool range = !in_range.empty() && in_range.front().key >= best - params.beta;
+      id_t next;
+      if (beam && (!range || ws.pool.peek_unexpanded().key >= in_range.front().key)) {
+        next = ws.pool.pop_unexpanded().id;
+      } else if (range) {
+        next = in_range.front().id;
+        std::pop_heap(in_range.begin(), in_range.end(), heap_less);
+        in_range.pop_back();
+      } else {
+        break;
+      }
+      if (!ws.expanded.try_insert(next)) continue;  // reached through both parts
       ++out.stats.hops;
-      detail::expand(g, top.id, pred, ws, visit);
+      detail::expand(g, next, pred, ws, visit);
     }
   }
-  detail::emit_dipr<M>(list, best, params.beta, seeded, out);
+  detail::emit_dipr<M>(scored, best, params.beta, seeded, out);
 }
 
 }  // namespace kvsift

@@ -24,10 +24,11 @@ struct search_stats {
 class search_workspace {
  public:
   visited_set visited;
+  visited_set expanded;  ///< DIPR: nodes already expanded
   candidate_pool pool;
   topk_selector topk;
-  std::vector<scored_id> list;      ///< DIPR candidate list
-  std::vector<scored_id> frontier;  ///< DIPR max-heap of unexpanded candidates
+  std::vector<scored_id> list;      ///< DIPR: scored candidates
+  std::vector<scored_id> frontier;  ///< DIPR: max-heap of in-range candidates
   std::vector<float> query;         ///< a widened vector (builders search with stored keys)
 };
 

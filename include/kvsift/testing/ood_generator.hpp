@@ -26,6 +26,9 @@ struct ood_params {
   float query_offset = 4.0f;  ///< norm of the common query mean, orthogonal to the key mean
   float topic_scale = 2.0f;   ///< how strongly a query prefers its topic
   float noise = 0.6f;         ///< isotropic noise per coordinate (times 1/sqrt(dim))
+  /// Key norms vary uniformly in [1 - spread, 1 + spread]. Larger spreads make a few
+  /// large-norm keys win most inner products (hubs, like attention sinks) and are harder.
+  float norm_spread = 0.2f;
   std::uint64_t seed = 42;
 };
 
@@ -70,11 +73,13 @@ class normal_rng {
 }  // namespace detail
 
 /// Generates the workload. O((keys + queries) * dim).
-/// @throw invalid_argument if dim < 2, topics == 0 or keys == 0.
+/// @throw invalid_argument if dim < 2, topics == 0, keys == 0 or norm_spread not in [0, 1).
 inline ood_data make_ood(const ood_params& p) {
   kvsift::detail::require(p.dim >= 2, "make_ood: dim must be >= 2, got ", p.dim);
   kvsift::detail::require(p.topics > 0, "make_ood: topics must be > 0, got 0");
   kvsift::detail::require(p.keys > 0, "make_ood: keys must be > 0, got 0");
+  kvsift::detail::require(p.norm_spread >= 0.0f && p.norm_spread < 1.0f,
+                          "make_ood: expected norm_spread in [0, 1), got ", p.norm_spread);
   detail::normal_rng rng(p.seed);
   const std::size_t d = p.dim;
   const float inv = 1.0f / std::sqrt(static_cast<float>(d));
@@ -108,7 +113,7 @@ inline ood_data make_ood(const ood_params& p) {
   out.keys.resize(p.keys * d);
   for (std::size_t i = 0; i < p.keys; ++i) {
     const auto& t = topics[rng.below(p.topics)];
-    const float s = 0.6f + 0.8f * static_cast<float>(rng.uniform());  // varying key norms
+    const float s = 1.0f - p.norm_spread + 2.0f * p.norm_spread * static_cast<float>(rng.uniform());
     for (std::size_t j = 0; j < d; ++j) {
       out.keys[i * d + j] = p.key_offset * mu_k[j] + s * (t[j] + p.noise * inv * rng.normal());
     }
