@@ -30,11 +30,11 @@ class matrix_view {
                     rows_, " x ", cols_, " view");
   }
 
-  /// Implicit conversion to a view of const elements.
-  template <class U = T>
-  requires(!std::is_const_v<U>) operator matrix_view<const U>()
-      const noexcept {  // NOLINT(google-explicit-constructor)
-    return matrix_view<const U>(data_, rows_, cols_, stride_);
+  /// Implicit conversion to the view of const elements of the same type (never to another
+  /// element type: a f16 view must not pass where f32 rows are expected).
+  // NOLINTNEXTLINE(google-explicit-constructor)
+  operator matrix_view<const value_type>() const noexcept requires(!std::is_const_v<T>) {
+    return matrix_view<const value_type>(data_, rows_, cols_, stride_);
   }
 
   [[nodiscard]] constexpr std::size_t rows() const noexcept { return rows_; }

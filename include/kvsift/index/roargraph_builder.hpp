@@ -45,7 +45,10 @@ struct roargraph_params {
   std::size_t L = 500;       ///< beam pool of the connectivity searches (step 3), >= M
   std::size_t threads = 0;   ///< 0 = hardware concurrency
   bool connectivity = true;  ///< run step 3 (off only for ablations)
-  std::size_t batch = 1024;  ///< keys per connectivity round (results depend on it, not on threads)
+  /// Largest connectivity round. Rounds start at 32 keys and double up to this size, so the
+  /// graph grows from few keys as incremental insertion does. The graph depends on this
+  /// value and on `seed`, never on the thread count.
+  std::size_t batch = 1024;
   std::uint64_t seed = 2024;  ///< order of the connectivity rounds
 };
 
@@ -180,7 +183,10 @@ class roargraph_builder {
 
     const id_t entry = centroid_entry(keys);
     t1 = std::chrono::steady_clock::now();
-    if (params_.connectivity) enhance(store, adj, entry);
+    if (params_.connectivity) {
+      enhance(store, adj, entry);
+      repair_reachability(store, adj, entry);
+    }
     st.connectivity_seconds = detail::seconds_since(t1);
 
     const std::size_t R = 2 * params_.M;
@@ -291,11 +297,12 @@ class roargraph_builder {
     std::mt19937_64 rng(params_.seed);
     for (std::size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
 
-    const std::size_t batch = std::max<std::size_t>(1, params_.batch);
-    std::vector<std::vector<id_t>> supply(std::min(batch, n));
+    const std::size_t max_batch = std::max<std::size_t>(1, params_.batch);
+    std::vector<std::vector<id_t>> supply(std::min(max_batch, n));
     std::vector<std::vector<id_t>> pending(n);
     std::vector<id_t> touched;
-    for (std::size_t b0 = 0; b0 < n; b0 += batch) {
+    std::size_t batch = std::min<std::size_t>(32, max_batch);
+    for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, max_batch)) {
       const std::size_t bn = std::min(batch, n - b0);
       parallel_for(
           bn, threads,
@@ -340,6 +347,65 @@ class roargraph_builder {
             if (row.size() > R) row = prune_around(store, x, row, R, true, scratch[t]);
           },
           16);
+    }
+  }
+
+  // Re-pruning full lists can drop a key's last in-edge. Every key must be reachable from
+  // the entry point (else no query ever finds it), so attach each unreachable key, in id
+  // order, to a reachable key found by searching for it: one with a free slot if the search
+  // finds one, else the best found, whose lowest-ranked edge gives way. A replaced edge can
+  // cut off another key, so repeat until nothing is unreachable (bounded; each pass is BFS).
+  template <MatrixStore Store>
+  void repair_reachability(const Store& store, detail::adjacency_lists& adj, id_t entry) const {
+    const std::size_t n = store.size(), R = 2 * params_.M;
+    const std::size_t L = std::min(params_.L, n);
+    const detail::building_graph<Store, KM> g{store, adj, entry};
+    search_workspace ws;
+    std::vector<id_t> ids(L);
+    std::vector<float> scores(L);
+    std::vector<char> reached(n);
+    std::vector<id_t> stack;
+    auto mark_from = [&](id_t start) {
+      stack.assign(1, start);
+      reached[start] = 1;
+      while (!stack.empty()) {
+        const id_t u = stack.back();
+        stack.pop_back();
+        for (id_t v : adj.rows[u]) {
+          if (!reached[v]) {
+            reached[v] = 1;
+            stack.push_back(v);
+          }
+        }
+      }
+    };
+    for (int pass = 0; pass < 8; ++pass) {
+      std::fill(reached.begin(), reached.end(), 0);
+      mark_from(entry);
+      bool changed = false;
+      for (std::size_t x = 0; x < n; ++x) {
+        if (reached[x]) continue;
+        ws.query.resize(store.dim());
+        detail::widen(store.row(x), ws.query.data(), store.dim());
+        const auto s = beam_search(g, std::span<const float>(ws.query), {L, L}, ws,
+                                   std::span<id_t>(ids), std::span<float>(scores));
+        id_t host = invalid_id;
+        for (std::size_t j = 0; j < s.count && host == invalid_id; ++j) {
+          if (reached[ids[j]] && adj.rows[ids[j]].size() < R) host = ids[j];
+        }
+        for (std::size_t j = 0; j < s.count && host == invalid_id; ++j) {
+          if (reached[ids[j]]) host = ids[j];
+        }
+        if (host == invalid_id) host = entry;
+        auto& row = adj.rows[host];
+        if (row.size() >= R)
+          row.back() = static_cast<id_t>(x);
+        else
+          row.push_back(static_cast<id_t>(x));
+        mark_from(static_cast<id_t>(x));
+        changed = true;
+      }
+      if (!changed) return;
     }
   }
 

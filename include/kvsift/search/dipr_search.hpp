@@ -34,7 +34,8 @@ namespace kvsift {
 struct dipr_params {
   float beta = 1.0f;    ///< range width (>= 0, finite)
   std::size_t l0 = 64;  ///< capacity threshold of the exploration phase (> 0)
-  /// Hard cap on the in-range candidates (0 = 64 * l0). A capped search sets `capped`.
+  /// Hard cap on in-range candidates and on the answer (0 = 64 * l0). A search that reaches
+  /// it stops, returns the best `max_candidates` found and sets `capped`.
   std::size_t max_candidates = 0;
   /// Window seeding: the best raw score the caller has already seen elsewhere (e.g. in the
   /// static window on the GPU). NaN = none. Tightens pruning from the first hop.
@@ -116,23 +117,21 @@ void dipr_search(const Graph& g, std::span<const float> query, const dipr_params
     ws.expanded.reset(g.size());
     ws.pool.reset(params.l0);
     auto visit = [&](id_t id) {
+      if (out.capped) return;
       ++out.stats.distance_computations;
       const float key = to_key<M>(g.score(query.data(), id));
       best = std::max(best, key);
       scored.push_back({key, id});
       ws.pool.insert(key, id);
       if (key >= best - params.beta) {
-        if (in_range_total >= cap) {
-          out.capped = true;
-          return;
-        }
-        ++in_range_total;
         in_range.push_back({key, id});
         std::push_heap(in_range.begin(), in_range.end(), heap_less);
+        // A flat score landscape puts everything in range: stop rather than scan the index.
+        out.capped = ++in_range_total >= cap;
       }
     };
     detail::seed(g, extra_entries, pred, params.l0, ws, visit);
-    for (;;) {
+    while (!out.capped) {
       const bool beam = ws.pool.has_unexpanded();
       const bool range = !in_range.empty() && in_range.front().key >= best - params.beta;
       id_t next;
@@ -151,6 +150,11 @@ void dipr_search(const Graph& g, std::span<const float> query, const dipr_params
     }
   }
   detail::emit_dipr<M>(scored, best, params.beta, seeded, out);
+  if (out.ids.size() > cap) {  // capped: keep the best max_candidates
+    out.ids.resize(cap);
+    out.scores.resize(cap);
+    out.stats.count = cap;
+  }
 }
 
 }  // namespace kvsift

@@ -1,0 +1,141 @@
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvsift/index/flat_index.hpp"
+#include "kvsift/index/roargraph_builder.hpp"
+#include "kvsift/search/beam_search.hpp"
+#include "kvsift/search/dipr_search.hpp"
+#include "kvsift/testing/ood_generator.hpp"
+
+namespace {
+
+using Catch::Matchers::Contains;
+using kvsift::id_t;
+using store_t = kvsift::view_store<float>;
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("the expected exception was not thrown");
+  return {};
+}
+
+struct fixture {
+  kvsift::testing::ood_data data;
+  store_t store;
+  kvsift::graph_index<store_t> graph;
+  kvsift::flat_index<store_t> flat;
+  kvsift::matrix_view<const float> eval;
+};
+
+const fixture& fx() {
+  static const fixture f = [] {
+    fixture out;
+    out.data = kvsift::testing::make_ood({.keys = 2000, .queries = 400, .dim = 32, .seed = 7});
+    out.store = store_t(out.data.key_view());
+    kvsift::roargraph_params p;
+    p.nq = 50;
+    p.M = 16;
+    p.L = 100;
+    p.threads = 2;
+    p.batch = 16;
+    out.graph =
+        kvsift::roargraph_builder<>(p).build(out.store, out.data.query_view().row_range(0, 300));
+    out.flat = kvsift::flat_index<store_t>(out.store);
+    out.eval = out.data.query_view().row_range(300, 100);
+    return out;
+  }();
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("beam_search recall against exact_topk", "[search][beam]") {
+  const auto& f = fx();
+  const auto truth = kvsift::exact_topk(f.flat, f.eval, 10, 2);
+  kvsift::search_workspace ws;
+  std::vector<id_t> ids(10);
+  std::vector<float> sc(10);
+  std::size_t hit = 0;
+  for (std::size_t i = 0; i < f.eval.rows(); ++i) {
+    const auto st = kvsift::beam_search(f.graph, f.eval.row_span(i), {10, 100}, ws, ids, sc);
+    CHECK(st.count == 10);
+    CHECK(std::is_sorted(sc.rbegin(), sc.rend()));
+    for (std::size_t j = 0; j < 10; ++j) {
+      REQUIRE(sc[j] == kvsift::inner_product::score(f.eval.row(i), f.store.row(ids[j]), 32));
+      const auto t = truth.row_ids(i);
+      hit += std::find(t.begin(), t.end(), ids[j]) != t.end();
+    }
+  }
+  const double recall = static_cast<double>(hit) / 1000.0;
+  WARN("beam_search recall@10 L=100: " << recall);
+  CHECK(recall >= 0.97);  // measured 0.994
+}
+
+TEST_CASE("beam_search pads, handles NaN and extra entries", "[search][beam]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  std::vector<float> dup = {1, 0, 0, 1};
+  const kvsift::graph_index<store_t> tiny(store_t({dup.data(), 2, 2}), 1, {1, 0}, 0);
+  std::vector<float> q = {1, 0};
+  std::vector<id_t> ids(4);
+  std::vector<float> sc(4);
+  const auto st = kvsift::beam_search(tiny, q, {4, 4}, ws, ids, sc);
+  CHECK(st.count == 2);
+  CHECK(ids[0] == 0);
+  CHECK(ids[1] == 1);
+  CHECK(ids[2] == kvsift::invalid_id);
+  CHECK(sc[3] == -std::numeric_limits<float>::infinity());
+
+  std::vector<float> nanq(32, std::numeric_limits<float>::quiet_NaN());
+  std::vector<id_t> ni(10);
+  std::vector<float> ns(10);
+  CHECK_NOTHROW(kvsift::beam_search(f.graph, nanq, {10, 20}, ws, ni, ns));
+  for (std::size_t j = 0; j < 10; ++j) {
+    CHECK((ni[j] == kvsift::invalid_id || ns[j] == -std::numeric_limits<float>::infinity()));
+  }
+  const std::vector<id_t> extra = {5, 1999};
+  CHECK_NOTHROW(kvsift::beam_search(f.graph, f.eval.row_span(0), {10, 50}, ws, ni, ns,
+                                    kvsift::no_filter{}, extra));
+}
+
+TEST_CASE("beam_search rejects bad input", "[search][beam]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  std::vector<float> q(32, 0.5f);
+  std::vector<id_t> ids(10);
+  std::vector<float> sc(10);
+  auto msg = message_of<kvsift::invalid_argument>([&] {
+    kvsift::beam_search(f.graph, q, {0, 10}, ws, ids, sc);
+  });
+  CHECK_THAT(msg, Contains("got 0"));
+  msg = message_of<kvsift::invalid_argument>([&] {
+    kvsift::beam_search(f.graph, q, {10, 7}, ws, ids, sc);
+  });
+  CHECK_THAT(msg, Contains("k = 10") && Contains("L = 7"));
+  msg = message_of<kvsift::invalid_argument>([&] {
+    kvsift::beam_search(f.graph, q, {10, 20}, ws, std::span<id_t>(ids).first(9), sc);
+  });
+  CHECK_THAT(msg, Contains("9 ids"));
+  msg = message_of<kvsift::dimension_mismatch>([&] {
+    kvsift::beam_search(f.graph, std::span<const float>(q).first(30), {10, 20}, ws, ids, sc);
+  });
+  CHECK_THAT(msg, Contains("32") && Contains("30"));
+  const std::vector<id_t> bad = {3, 2000};
+  msg = message_of<kvsift::out_of_range>([&] {
+    kvsift::beam_search(f.graph, q, {10, 20}, ws, ids, sc, kvsift::no_filter{}, bad);
+  });
+  CHECK_THAT(msg, Contains("2000"));
+}

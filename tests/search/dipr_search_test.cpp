@@ -1,0 +1,138 @@
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvsift/index/flat_index.hpp"
+#include "kvsift/index/roargraph_builder.hpp"
+#include "kvsift/search/beam_search.hpp"
+#include "kvsift/search/dipr_search.hpp"
+#include "kvsift/testing/ood_generator.hpp"
+
+namespace {
+
+using Catch::Matchers::Contains;
+using kvsift::id_t;
+using store_t = kvsift::view_store<float>;
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("the expected exception was not thrown");
+  return {};
+}
+
+struct fixture {
+  kvsift::testing::ood_data data;
+  store_t store;
+  kvsift::graph_index<store_t> graph;
+  kvsift::flat_index<store_t> flat;
+  kvsift::matrix_view<const float> eval;
+};
+
+const fixture& fx() {
+  static const fixture f = [] {
+    fixture out;
+    out.data = kvsift::testing::make_ood({.keys = 2000, .queries = 400, .dim = 32, .seed = 7});
+    out.store = store_t(out.data.key_view());
+    kvsift::roargraph_params p;
+    p.nq = 50;
+    p.M = 16;
+    p.L = 100;
+    p.threads = 2;
+    p.batch = 16;
+    out.graph =
+        kvsift::roargraph_builder<>(p).build(out.store, out.data.query_view().row_range(0, 300));
+    out.flat = kvsift::flat_index<store_t>(out.store);
+    out.eval = out.data.query_view().row_range(300, 100);
+    return out;
+  }();
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("dipr_search: range property and recall of the exact DIPR set", "[search][dipr]") {
+  const auto& f = fx();
+  const kvsift::dipr_params p{.beta = 2.0f, .l0 = 64};
+  const auto exact = kvsift::exact_dipr(f.flat, f.eval, p, 2);
+  kvsift::search_workspace ws;
+  kvsift::dipr_result r;
+  std::size_t hit = 0, total = 0;
+  for (std::size_t i = 0; i < f.eval.rows(); ++i) {
+    kvsift::dipr_search(f.graph, f.eval.row_span(i), p, ws, r);
+    REQUIRE(r.ids.size() == r.scores.size());
+    CHECK(r.stats.count == r.ids.size());
+    CHECK(r.best_score <= exact[i].best_score);
+    std::set<id_t> uniq(r.ids.begin(), r.ids.end());
+    CHECK(uniq.size() == r.ids.size());
+    for (std::size_t j = 0; j < r.ids.size(); ++j) {
+      REQUIRE(r.scores[j] >= r.best_score - p.beta);
+      REQUIRE(r.scores[j] ==
+              kvsift::inner_product::score(f.eval.row(i), f.store.row(r.ids[j]), 32));
+    }
+    for (id_t id : exact[i].ids) hit += uniq.count(id);
+    total += exact[i].ids.size();
+  }
+  const double recall = static_cast<double>(hit) / static_cast<double>(total);
+  WARN("dipr recall (beta 2, l0 64): " << recall << " over " << total << " exact ids");
+  CHECK(recall >= 0.97);  // measured 0.992
+}
+
+TEST_CASE("dipr_search: window seeding and capping", "[search][dipr]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  kvsift::dipr_result plain, seeded, above, capped, ex;
+  for (std::size_t i = 0; i < 10; ++i) {
+    const auto q = f.eval.row_span(i);
+    f.flat.dipr(q, {.beta = 2.0f}, ws, ex);
+    kvsift::dipr_search(f.graph, q, {.beta = 2.0f, .l0 = 64}, ws, plain);
+    kvsift::dipr_search(f.graph, q, {.beta = 2.0f, .l0 = 64, .seed_score = ex.best_score}, ws,
+                        seeded);
+    const std::set<id_t> ps(plain.ids.begin(), plain.ids.end());
+    for (id_t id : seeded.ids) CHECK(ps.count(id) == 1);
+    kvsift::dipr_search(f.graph, q, {.beta = 2.0f, .l0 = 64, .seed_score = ex.best_score + 100}, ws,
+                        above);
+    CHECK(above.ids.empty());
+    CHECK(above.best_score == ex.best_score + 100);
+    kvsift::dipr_search(f.graph, q, {.beta = 1000.0f, .l0 = 4, .max_candidates = 8}, ws, capped);
+    CHECK(capped.capped);
+    CHECK(capped.ids.size() <= 8);
+  }
+  std::vector<float> nanq(32, std::numeric_limits<float>::quiet_NaN());
+  CHECK_NOTHROW(kvsift::dipr_search(f.graph, nanq, {}, ws, plain));
+  CHECK(plain.ids.empty());
+}
+
+TEST_CASE("dipr_search rejects bad input", "[search][dipr]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  kvsift::dipr_result r;
+  std::vector<float> q(32, 0.5f);
+  auto run = [&](kvsift::dipr_params p) { kvsift::dipr_search(f.graph, q, p, ws, r); };
+  CHECK_THAT(message_of<kvsift::invalid_argument>([&] { run({.beta = -0.5f}); }), Contains("-0.5"));
+  CHECK_THAT(message_of<kvsift::invalid_argument>(
+                 [&] { run({.beta = std::numeric_limits<float>::quiet_NaN()}); }),
+             Contains("nan"));
+  CHECK_THAT(message_of<kvsift::invalid_argument>([&] { run({.l0 = 0}); }), Contains("got 0"));
+  CHECK_THAT(message_of<kvsift::invalid_argument>([&] { run({.l0 = 16, .max_candidates = 8}); }),
+             Contains("16") && Contains("got 8"));
+  CHECK_THAT(message_of<kvsift::dimension_mismatch>([&] {
+               kvsift::dipr_search(f.graph, std::span<const float>(q).first(3), {}, ws, r);
+             }),
+             Contains("32") && Contains("got 3"));
+  const std::vector<id_t> bad = {4000};
+  CHECK_THAT(message_of<kvsift::out_of_range>(
+                 [&] { kvsift::dipr_search(f.graph, q, {}, ws, r, kvsift::no_filter{}, bad); }),
+             Contains("4000"));
+}

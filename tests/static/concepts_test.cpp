@@ -1,0 +1,156 @@
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+
+#include "kvsift/core/element.hpp"
+#include "kvsift/core/metric.hpp"
+#include "kvsift/core/vector_store.hpp"
+#include "kvsift/index/knn.hpp"
+#include "kvsift/search/predicate.hpp"
+
+namespace {
+
+struct no_score_metric {
+  static constexpr std::string_view name = "x";
+  static constexpr bool higher_is_better = true;
+};
+struct f32_only_metric {
+  static constexpr std::string_view name = "x";
+  static constexpr bool higher_is_better = true;
+  static float score(const float*, const float*, std::size_t) { return 0; }
+};
+struct double_metric {
+  static constexpr std::string_view name = "x";
+  static constexpr bool higher_is_better = true;
+  template <class T>
+  static double score(const float*, const T*, std::size_t) {
+    return 0;
+  }
+};
+
+struct mutable_row_store {
+  using value_type = float;
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  float* row(std::size_t) const { return nullptr; }
+};
+struct int_store {
+  using value_type = int;
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  const int* row(std::size_t) const { return nullptr; }
+};
+struct good_store {
+  using value_type = kvsift::half;
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  const kvsift::half* row(std::size_t) const { return nullptr; }
+};
+struct good_matrix_store : good_store {
+  kvsift::matrix_view<const kvsift::half> view() const { return {}; }
+};
+struct wrong_view_store : good_store {
+  kvsift::matrix_view<const float> view() const { return {}; }
+};
+
+struct f32_only_engine {
+  kvsift::knn_result search(kvsift::matrix_view<const float>, kvsift::matrix_view<const float>,
+                            std::size_t) const {
+    return {};
+  }
+};
+struct any_engine {
+  template <class T>
+  kvsift::knn_result search(kvsift::matrix_view<const float>, kvsift::matrix_view<const T>,
+                            std::size_t) const {
+    return {};
+  }
+};
+
+struct lambda_like_pred {
+  bool operator()(kvsift::id_t id) const { return id % 2 == 0; }
+};
+struct non_const_pred {
+  bool operator()(kvsift::id_t) { return true; }
+};
+struct non_copyable_pred {
+  non_copyable_pred() = default;
+  non_copyable_pred(const non_copyable_pred&) = delete;
+  bool operator()(kvsift::id_t) const { return true; }
+};
+struct void_pred {
+  void operator()(kvsift::id_t) const {}
+};
+
+}  // namespace
+
+// Element
+static_assert(kvsift::Element<float>);
+static_assert(kvsift::Element<const float>);
+static_assert(kvsift::Element<kvsift::half>);
+static_assert(kvsift::Element<const kvsift::bfloat16>);
+static_assert(!kvsift::Element<int>);
+static_assert(!kvsift::Element<double>);
+static_assert(!kvsift::Element<std::uint16_t>);
+
+// Metric
+static_assert(kvsift::Metric<kvsift::inner_product>);
+static_assert(kvsift::Metric<kvsift::l2>);
+static_assert(!kvsift::Metric<no_score_metric>);
+static_assert(!kvsift::Metric<f32_only_metric>);
+static_assert(!kvsift::Metric<double_metric>);
+static_assert(!kvsift::Metric<int>);
+
+// VectorStore / MatrixStore
+static_assert(kvsift::VectorStore<kvsift::view_store<float>>);
+static_assert(kvsift::VectorStore<kvsift::owning_store<kvsift::half>>);
+static_assert(kvsift::VectorStore<good_store>);
+static_assert(!kvsift::VectorStore<mutable_row_store>);
+static_assert(!kvsift::VectorStore<int_store>);
+static_assert(!kvsift::VectorStore<int>);
+static_assert(kvsift::MatrixStore<kvsift::view_store<kvsift::bfloat16>>);
+static_assert(kvsift::MatrixStore<kvsift::owning_store<float>>);
+static_assert(kvsift::MatrixStore<good_matrix_store>);
+static_assert(!kvsift::MatrixStore<good_store>);
+static_assert(!kvsift::MatrixStore<wrong_view_store>);
+
+// KnnEngine
+static_assert(kvsift::KnnEngine<kvsift::cpu_knn_engine>);
+static_assert(kvsift::KnnEngine<any_engine>);
+static_assert(!kvsift::KnnEngine<int>);
+
+// Predicate
+static_assert(kvsift::Predicate<kvsift::no_filter>);
+static_assert(kvsift::Predicate<kvsift::id_below>);
+static_assert(kvsift::Predicate<kvsift::id_allow_list>);
+static_assert(kvsift::Predicate<lambda_like_pred>);
+static_assert(!kvsift::Predicate<non_const_pred>);
+static_assert(!kvsift::Predicate<non_copyable_pred>);
+static_assert(!kvsift::Predicate<void_pred>);
+static_assert(!kvsift::Predicate<int>);
+
+TEST_CASE("concept checks compile", "[static]") {
+  CHECK(lambda_like_pred{}(2));
+  CHECK_FALSE(lambda_like_pred{}(3));
+}
+
+// matrix_view converts to its own const view only; an engine that accepts only f32 keys must
+// not model KnnEngine through an accidental f16 -> f32 view conversion.
+static_assert(std::is_convertible_v<kvsift::matrix_view<float>, kvsift::matrix_view<const float>>);
+static_assert(!std::is_convertible_v<kvsift::matrix_view<const kvsift::half>,
+                                     kvsift::matrix_view<const float>>);
+static_assert(
+    !std::is_convertible_v<kvsift::matrix_view<kvsift::half>, kvsift::matrix_view<const float>>);
+static_assert(!kvsift::KnnEngine<f32_only_engine>);
+
+TEST_CASE("matrix_view converts only to its own const view; f32-only engines are not KnnEngine",
+          "[static]") {
+  CHECK(std::is_convertible_v<kvsift::matrix_view<float>, kvsift::matrix_view<const float>>);
+  CHECK_FALSE(std::is_convertible_v<kvsift::matrix_view<const kvsift::half>,
+                                    kvsift::matrix_view<const float>>);
+  CHECK_FALSE(
+      std::is_convertible_v<kvsift::matrix_view<kvsift::half>, kvsift::matrix_view<const float>>);
+  CHECK_FALSE(kvsift::KnnEngine<f32_only_engine>);
+}
