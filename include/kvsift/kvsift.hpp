@@ -2,6 +2,9 @@
 // Umbrella header: everything in kvsift that compiles with a plain C++20 compiler.
 // (The CUDA layer lives under cuda/include/kvsift/cuda and needs nvcc.)
 
+#include "kvsift/attention/merge.hpp"
+#include "kvsift/attention/partial_state.hpp"
+#include "kvsift/attention/sparse_attention.hpp"
 #include "kvsift/core/candidate_pool.hpp"
 #include "kvsift/core/dense_matrix.hpp"
 #include "kvsift/core/element.hpp"
