@@ -1,0 +1,494 @@
+// kvsift-bench: measure an index/query combination on a Q/K dump (or a synthetic
+// out-of-distribution workload) against the exact answer, with the flat scan measured in the
+// same run as the baseline. See `kvsift-bench --help`.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kvsift/kvsift.hpp"
+#include "kvsift/testing/ood_generator.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+const char* const usage =
+    R"(usage: kvsift-bench (--demo | --keys F --queries F [--train F | --train-fraction X]) [options]
+
+data (.fbin: uint32 n, uint32 d, f32 data; or .npy f4/f2):
+  --keys F            keys (n x d)
+  --queries F         evaluation queries (m x d)
+  --train F           training queries for the RoarGraph build
+  --train-fraction X  use the first X of --queries for training, the rest for evaluation
+  --demo              synthetic out-of-distribution workload instead of files
+  --n N --dim D       demo size (default 32768 x 128); training = 10% of n
+  --spread X          demo key norm spread (default 0.2; 0.4 is harder, see ood_generator.hpp)
+  --eval N            use at most N evaluation queries (default 200 for --demo, all for files)
+index:
+  --index flat|roargraph   (default roargraph)     --metric ip|l2 (default ip)
+  --nq N (100)  --M N (35)  --L-build N (500)  --threads N (0 = all cores; build and oracle)
+  --save-index F / --load-index F   store / reuse the built graph
+query (latency is always measured on one thread):
+  --query topk|dipr|both   (default: topk for files, both for --demo)
+  --k LIST       top-k sizes (default 100)          --L LIST   pool sizes (default 100,200,300,500)
+  --beta X       DIPR range; default: chosen so the exact answer averages --dipr-target tokens
+  --dipr-target N (default 100)                     --l0 LIST  DIPR capacities (default 50,100,200,400)
+  --filter-prefix P   only ids < P are valid (partial prefix reuse, 2-hop filtered search)
+output:
+  --json FILE    also write the results as JSON
+)";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "kvsift-bench: %s\n(see kvsift-bench --help)\n", msg.c_str());
+  std::exit(2);
+}
+
+struct options {
+  bool demo = false;
+  std::string keys, queries, train, json, save_index, load_index;
+  double train_fraction = 0;
+  std::size_t n = 32768, dim = 128, eval = 0;
+  float spread = 0.2f;
+  std::string index = "roargraph", metric = "ip", query;
+  kvsift::roargraph_params build;
+  std::vector<std::size_t> k{100}, L{100, 200, 300, 500}, l0{50, 100, 200, 400};
+  std::optional<float> beta;
+  std::size_t dipr_target = 100;
+  std::optional<std::size_t> filter_prefix;
+};
+
+std::size_t parse_size(const std::string& opt, const std::string& v) {
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || v[0] == '-')
+    usage_error(opt + ": expected a count, got '" + v + "'");
+  return static_cast<std::size_t>(x);
+}
+
+double parse_real(const std::string& opt, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !std::isfinite(x)) {
+    usage_error(opt + ": expected a number, got '" + v + "'");
+  }
+  return x;
+}
+
+std::vector<std::size_t> parse_list(const std::string& opt, const std::string& v) {
+  std::vector<std::size_t> out;
+  std::stringstream ss(v);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(parse_size(opt, item));
+  if (out.empty()) usage_error(opt + ": expected a comma-separated list, got '" + v + "'");
+  return out;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (a == "--demo") {
+      o.demo = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage_error("unknown option or missing value: '" + a + "'");
+    const std::string v = argv[++i];
+    if (a == "--keys")
+      o.keys = v;
+    else if (a == "--queries")
+      o.queries = v;
+    else if (a == "--train")
+      o.train = v;
+    else if (a == "--train-fraction")
+      o.train_fraction = parse_real(a, v);
+    else if (a == "--n")
+      o.n = parse_size(a, v);
+    else if (a == "--dim")
+      o.dim = parse_size(a, v);
+    else if (a == "--spread")
+      o.spread = static_cast<float>(parse_real(a, v));
+    else if (a == "--eval")
+      o.eval = parse_size(a, v);
+    else if (a == "--index")
+      o.index = v;
+    else if (a == "--metric")
+      o.metric = v;
+    else if (a == "--nq")
+      o.build.nq = parse_size(a, v);
+    else if (a == "--M")
+      o.build.M = parse_size(a, v);
+    else if (a == "--L-build")
+      o.build.L = parse_size(a, v);
+    else if (a == "--threads")
+      o.build.threads = parse_size(a, v);
+    else if (a == "--query")
+      o.query = v;
+    else if (a == "--k")
+      o.k = parse_list(a, v);
+    else if (a == "--L")
+      o.L = parse_list(a, v);
+    else if (a == "--l0")
+      o.l0 = parse_list(a, v);
+    else if (a == "--beta")
+      o.beta = static_cast<float>(parse_real(a, v));
+    else if (a == "--dipr-target")
+      o.dipr_target = parse_size(a, v);
+    else if (a == "--filter-prefix")
+      o.filter_prefix = parse_size(a, v);
+    else if (a == "--json")
+      o.json = v;
+    else if (a == "--save-index")
+      o.save_index = v;
+    else if (a == "--load-index")
+      o.load_index = v;
+    else
+      usage_error("unknown option '" + a + "'");
+  }
+  if (o.index != "flat" && o.index != "roargraph") {
+    usage_error("--index: expected flat or roargraph, got '" + o.index + "'");
+  }
+  if (o.metric != "ip" && o.metric != "l2")
+    usage_error("--metric: expected ip or l2, got '" + o.metric + "'");
+  if (o.query.empty()) o.query = o.demo ? "both" : "topk";
+  if (o.query != "topk" && o.query != "dipr" && o.query != "both") {
+    usage_error("--query: expected topk, dipr or both, got '" + o.query + "'");
+  }
+  if (!o.demo && (o.keys.empty() || o.queries.empty())) {
+    usage_error("expected --demo, or --keys and --queries");
+  }
+  if (o.train_fraction < 0 || o.train_fraction >= 1) {
+    usage_error("--train-fraction: expected a value in [0, 1), got " +
+                std::to_string(o.train_fraction));
+  }
+  return o;
+}
+
+/// Keys, training queries and evaluation queries, all owned here.
+struct workload {
+  kvsift::dense_matrix<float> keys, train, eval;
+  std::string source;
+};
+
+kvsift::dense_matrix<float> copy_rows(kvsift::matrix_view<const float> m, std::size_t first,
+                                      std::size_t count) {
+  return kvsift::convert<float>(m.row_range(first, count));
+}
+
+workload load(const options& o) {
+  workload w;
+  if (o.demo) {
+    kvsift::testing::ood_params p;
+    p.keys = o.n;
+    p.dim = o.dim;
+    p.norm_spread = o.spread;
+    const std::size_t train = std::max<std::size_t>(1, o.n / 10), eval = o.eval ? o.eval : 200;
+    p.queries = train + eval;
+    const auto d = kvsift::testing::make_ood(p);
+    w.keys = copy_rows(d.key_view(), 0, o.n);
+    w.train = copy_rows(d.query_view(), 0, train);
+    w.eval = copy_rows(d.query_view(), train, eval);
+    std::ostringstream src;
+    src << "synthetic OOD (key norm spread " << o.spread << ")";
+    w.source = src.str();
+    return w;
+  }
+  w.keys = kvsift::read_vectors(o.keys);
+  auto q = kvsift::read_vectors(o.queries);
+  kvsift::require_dim(w.keys.cols(), q.cols(), "kvsift-bench: --queries dimension vs --keys");
+  std::size_t first_eval = 0;
+  if (!o.train.empty()) {
+    w.train = kvsift::read_vectors(o.train);
+    kvsift::require_dim(w.keys.cols(), w.train.cols(), "kvsift-bench: --train dimension vs --keys");
+  } else if (o.train_fraction > 0) {
+    first_eval = static_cast<std::size_t>(o.train_fraction * static_cast<double>(q.rows()));
+    w.train = copy_rows(q.cview(), 0, first_eval);
+  }
+  const std::size_t eval = std::min(q.rows() - first_eval, o.eval ? o.eval : q.rows());
+  w.eval = copy_rows(q.cview(), first_eval, eval);
+  w.source = o.keys + " / " + o.queries;
+  return w;
+}
+
+/// One result row of the table.
+struct row {
+  std::string index, query, param;
+  double recall = 0, scanned = 0, mean_us = 0, p99_us = 0, size = 0, exact_size = 0;
+};
+
+struct timing {
+  std::vector<double> us;
+  void add(clock_type::time_point t0) {
+    us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+  }
+  void into(row& r) {
+    r.mean_us = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
+    std::sort(us.begin(), us.end());
+    r.p99_us = us[std::min(us.size() - 1,
+                           static_cast<std::size_t>(0.99 * static_cast<double>(us.size())))];
+  }
+};
+
+/// Exact answers per evaluation query: every passing key's score, best first (ties: lower id).
+template <class M, class P>
+std::vector<std::vector<kvsift::scored_id>> exact_rankings(const kvsift::dense_matrix<float>& keys,
+                                                           const kvsift::dense_matrix<float>& eval,
+                                                           const P& pred, std::size_t threads) {
+  std::vector<std::vector<kvsift::scored_id>> out(eval.rows());
+  kvsift::parallel_for(eval.rows(), threads, [&](std::size_t i, std::size_t) {
+    auto& r = out[i];
+    for (std::size_t j = 0; j < keys.rows(); ++j) {
+      const auto id = static_cast<kvsift::id_t>(j);
+      if (!pred(id)) continue;
+      r.push_back({kvsift::to_key<M>(M::score(eval.row(i), keys.row(j), keys.cols())), id});
+    }
+    std::sort(r.begin(), r.end(), kvsift::ranks_before);
+  });
+  return out;
+}
+
+std::size_t range_size(const std::vector<kvsift::scored_id>& r, float beta) {
+  if (r.empty()) return 0;
+  const float t = r.front().key - beta;
+  return static_cast<std::size_t>(
+      std::partition_point(r.begin(), r.end(),
+                           [&](const kvsift::scored_id& s) { return s.key >= t; }) -
+      r.begin());
+}
+
+/// Beta whose exact DIPR answer averages `target` keys over the evaluation queries.
+float choose_beta(const std::vector<std::vector<kvsift::scored_id>>& ex, std::size_t target) {
+  auto mean = [&](float b) {
+    double s = 0;
+    for (const auto& r : ex) s += static_cast<double>(range_size(r, b));
+    return s / static_cast<double>(ex.size());
+  };
+  float lo = 0, hi = 1;
+  while (mean(hi) < static_cast<double>(target) && hi < 1e6f) hi *= 2;
+  for (int it = 0; it < 40; ++it) {
+    const float mid = 0.5f * (lo + hi);
+    (mean(mid) < static_cast<double>(target) ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+double overlap(const std::vector<kvsift::id_t>& found, const std::vector<kvsift::scored_id>& truth,
+               std::size_t count) {
+  if (count == 0) return 1.0;
+  std::vector<kvsift::id_t> t;
+  for (std::size_t i = 0; i < count; ++i) t.push_back(truth[i].id);
+  std::sort(t.begin(), t.end());
+  std::size_t hits = 0;
+  for (auto id : found)
+    hits += (id != kvsift::invalid_id && std::binary_search(t.begin(), t.end(), id)) ? 1 : 0;
+  return static_cast<double>(hits) / static_cast<double>(count);
+}
+
+template <class M, class P>
+std::vector<row> run(const options& o, const workload& w, const P& pred, std::ostream& info) {
+  using store_t = kvsift::view_store<float>;
+  const store_t store(w.keys.cview());
+  const double n = static_cast<double>(w.keys.rows());
+  const auto& E = w.eval;
+  std::vector<row> rows;
+
+  std::fprintf(stderr, "computing exact answers for %zu queries...\n", E.rows());
+  const auto exact = exact_rankings<M>(w.keys, E, pred, o.build.threads);
+  const bool topk = o.query != "dipr", dipr = o.query != "topk";
+  const float beta = dipr ? (o.beta ? *o.beta : choose_beta(exact, o.dipr_target)) : 0.0f;
+
+  kvsift::search_workspace ws;
+  const kvsift::flat_index<store_t, M> flat(store);
+  for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
+    row r{"flat", "top-" + std::to_string(k), "-"};
+    timing t;
+    std::vector<kvsift::id_t> ids(k);
+    std::vector<float> scores(k);
+    for (std::size_t i = 0; i < E.rows(); ++i) {
+      const auto t0 = clock_type::now();
+      const auto s =
+          flat.topk(E.cview().row_span(i), k, ws, std::span(ids), std::span(scores), pred);
+      t.add(t0);
+      r.recall += overlap(ids, exact[i], std::min(k, exact[i].size()));
+      r.scanned += static_cast<double>(s.distance_computations) / n;
+    }
+    t.into(r);
+    rows.push_back(r);
+  }
+  if (dipr) {
+    row r{"flat", "dipr", "beta=" + std::to_string(beta)};
+    timing t;
+    kvsift::dipr_result res;
+    for (std::size_t i = 0; i < E.rows(); ++i) {
+      const auto t0 = clock_type::now();
+      flat.dipr(E.cview().row_span(i), {.beta = beta}, ws, res, pred);
+      t.add(t0);
+      r.recall += overlap(res.ids, exact[i], range_size(exact[i], beta));
+      r.scanned += static_cast<double>(res.stats.distance_computations) / n;
+      r.size += static_cast<double>(res.ids.size());
+      r.exact_size += static_cast<double>(range_size(exact[i], beta));
+    }
+    t.into(r);
+    rows.push_back(r);
+  }
+
+  if (o.index == "roargraph") {
+    kvsift::graph_index<store_t, M> g;
+    if (!o.load_index.empty()) {
+      g = kvsift::load_graph<M>(o.load_index, store);
+      info << "index: loaded from " << o.load_index << "\n";
+    } else {
+      std::fprintf(stderr, "building RoarGraph over %zu keys from %zu training queries...\n",
+                   w.keys.rows(), w.train.rows());
+      kvsift::roargraph_build_stats bs;
+      g = kvsift::roargraph_builder<M>(o.build).build(store, w.train.cview(), &bs);
+      info << "build: " << bs.total_seconds << " s (kNN " << bs.knn_seconds << " s, projection "
+           << bs.projection_seconds << " s, connectivity " << bs.connectivity_seconds << " s), nq "
+           << o.build.nq << ", M " << o.build.M << ", L " << o.build.L << ", threads "
+           << (o.build.threads ? o.build.threads : kvsift::default_thread_count()) << "\n";
+      if (!o.save_index.empty()) kvsift::save_graph(g, o.save_index);
+    }
+    const auto deg = g.degrees();
+    info << "degree: min " << deg.min << ", mean " << deg.mean << ", max " << deg.max << "\n";
+    for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
+      for (std::size_t L : o.L) {
+        if (L < k) continue;
+        row r{"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)};
+        timing t;
+        std::vector<kvsift::id_t> ids(k);
+        std::vector<float> scores(k);
+        for (std::size_t i = 0; i < E.rows(); ++i) {
+          const auto t0 = clock_type::now();
+          const auto s = kvsift::beam_search(g, E.cview().row_span(i), {k, L}, ws, std::span(ids),
+                                             std::span(scores), pred);
+          t.add(t0);
+          r.recall += overlap(ids, exact[i], std::min(k, exact[i].size()));
+          r.scanned += static_cast<double>(s.distance_computations) / n;
+        }
+        t.into(r);
+        rows.push_back(r);
+      }
+    }
+    for (std::size_t l0 : dipr ? o.l0 : std::vector<std::size_t>{}) {
+      row r{"roargraph", "dipr", "l0=" + std::to_string(l0)};
+      timing t;
+      kvsift::dipr_result res;
+      for (std::size_t i = 0; i < E.rows(); ++i) {
+        const auto t0 = clock_type::now();
+        kvsift::dipr_search(g, E.cview().row_span(i), {.beta = beta, .l0 = l0}, ws, res, pred);
+        t.add(t0);
+        r.recall += overlap(res.ids, exact[i], range_size(exact[i], beta));
+        r.scanned += static_cast<double>(res.stats.distance_computations) / n;
+        r.size += static_cast<double>(res.ids.size());
+        r.exact_size += static_cast<double>(range_size(exact[i], beta));
+      }
+      t.into(r);
+      rows.push_back(r);
+    }
+  }
+  const double m = static_cast<double>(E.rows());
+  for (auto& r : rows) {
+    r.recall /= m;
+    r.scanned /= m;
+    r.size /= m;
+    r.exact_size /= m;
+  }
+  if (dipr)
+    info << "dipr: beta " << beta << (o.beta ? " (given)" : " (chosen for the target size)")
+         << "\n";
+  return rows;
+}
+
+void print_table(const std::vector<row>& rows) {
+  std::printf("%-10s %-9s %-16s %8s %9s %10s %10s %9s %9s\n", "index", "query", "param", "recall",
+              "scanned", "mean_us", "p99_us", "size", "exact");
+  for (const auto& r : rows) {
+    const bool d = r.query == "dipr";
+    std::printf("%-10s %-9s %-16s %8.4f %9.5f %10.1f %10.1f ", r.index.c_str(), r.query.c_str(),
+                r.param.c_str(), r.recall, r.scanned, r.mean_us, r.p99_us);
+    if (d)
+      std::printf("%9.1f %9.1f\n", r.size, r.exact_size);
+    else
+      std::printf("%9s %9s\n", "-", "-");
+  }
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c == '\n' ? ' ' : c;
+  }
+  return out;
+}
+
+void write_json(const std::string& path, const options& o, const workload& w,
+                const std::string& info, const std::vector<row>& rows) {
+  std::ofstream f(path);
+  if (!f) throw kvsift::io_error("cannot write --json file '" + path + "'");
+  f << "{\n  \"source\": \"" << json_escape(w.source) << "\",\n  \"keys\": " << w.keys.rows()
+    << ",\n  \"dim\": " << w.keys.cols() << ",\n  \"train_queries\": " << w.train.rows()
+    << ",\n  \"eval_queries\": " << w.eval.rows() << ",\n  \"metric\": \"" << o.metric
+    << "\",\n  \"info\": \"" << json_escape(info) << "\",\n  \"rows\": [\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    f << "    {\"index\": \"" << r.index << "\", \"query\": \"" << r.query << "\", \"param\": \""
+      << r.param << "\", \"recall\": " << r.recall << ", \"scanned\": " << r.scanned
+      << ", \"mean_us\": " << r.mean_us << ", \"p99_us\": " << r.p99_us << ", \"size\": " << r.size
+      << ", \"exact_size\": " << r.exact_size << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  try {
+    const workload w = load(o);
+    if (o.index == "roargraph" && o.load_index.empty() && w.train.rows() == 0) {
+      usage_error("--index roargraph needs training queries: --train or --train-fraction");
+    }
+    std::printf(
+        "kvsift-bench: %s\n  keys %zu x %zu (f32), training queries %zu, evaluation queries %zu, "
+        "metric %s%s\n",
+        w.source.c_str(), w.keys.rows(), w.keys.cols(), w.train.rows(), w.eval.rows(),
+        o.metric.c_str(),
+        o.filter_prefix ? (", filter id < " + std::to_string(*o.filter_prefix)).c_str() : "");
+    std::ostringstream info;
+    std::vector<row> rows;
+    auto go = [&](auto metric) {
+      using M = decltype(metric);
+      if (o.filter_prefix) {
+        rows = run<M>(o, w, kvsift::id_below{*o.filter_prefix}, info);
+      } else {
+        rows = run<M>(o, w, kvsift::no_filter{}, info);
+      }
+    };
+    if (o.metric == "ip")
+      go(kvsift::inner_product{});
+    else
+      go(kvsift::l2{});
+    std::istringstream lines(info.str());
+    for (std::string line; std::getline(lines, line);) std::printf("  %s\n", line.c_str());
+    std::printf(
+        "  recall vs exact answer; scanned = keys scored / keys; latency on one thread\n\n");
+    print_table(rows);
+    if (!o.json.empty()) write_json(o.json, o, w, info.str(), rows);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvsift-bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
