@@ -139,3 +139,45 @@ TEST_CASE("filtered search rejects bad predicates", "[search][filtered]") {
              }),
              Contains("1999"));
 }
+
+TEST_CASE("filtered walk scores at most max_degree nodes per expansion (ACORN cap)",
+          "[search][filter]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  std::vector<id_t> ids(10);
+  std::vector<float> scores(10);
+  kvsift::dipr_result r;
+  const std::size_t R = f.graph.max_degree();
+  for (std::size_t prefix : {200u, 1000u}) {
+    for (std::size_t i = 0; i < f.eval.rows(); ++i) {
+      const auto s = kvsift::beam_search(f.graph, f.eval.row_span(i), {10, 64}, ws, std::span(ids),
+                                         std::span(scores), kvsift::id_below{prefix});
+      // Seeds contribute at most the entry's fan-out; every hop at most R more.
+      CHECK(s.distance_computations <= R + s.hops * R);
+      kvsift::dipr_search(f.graph, f.eval.row_span(i), {.beta = 1.0f, .l0 = 32}, ws, r,
+                          kvsift::id_below{prefix});
+      CHECK(r.stats.distance_computations <= R + r.stats.hops * R);
+    }
+  }
+}
+
+TEST_CASE("exact oracles take a predicate", "[search][filter]") {
+  const auto& f = fx();
+  const kvsift::id_below pred{700};
+  const auto topk = kvsift::exact_topk(f.flat, f.eval, 10, 2, pred);
+  const auto dipr = kvsift::exact_dipr(f.flat, f.eval, {.beta = 1.0f}, 2, pred);
+  kvsift::search_workspace ws;
+  std::vector<id_t> ids(10);
+  std::vector<float> scores(10);
+  kvsift::dipr_result r;
+  for (std::size_t i = 0; i < f.eval.rows(); ++i) {
+    f.flat.topk(f.eval.row_span(i), 10, ws, std::span(ids), std::span(scores), pred);
+    CHECK(std::equal(ids.begin(), ids.end(), topk.row_ids(i).begin()));
+    f.flat.dipr(f.eval.row_span(i), {.beta = 1.0f}, ws, r, pred);
+    CHECK(r.ids == dipr[i].ids);
+    for (id_t id : dipr[i].ids) CHECK(id < 700);
+  }
+  CHECK_THROWS_AS(kvsift::exact_topk(f.flat, f.eval, 10, 2, kvsift::id_below{5000}),
+                  kvsift::out_of_range);
+  CHECK_THROWS_AS(kvsift::exact_dipr(f.flat, f.eval, {.beta = -1.0f}), kvsift::invalid_argument);
+}

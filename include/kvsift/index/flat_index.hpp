@@ -102,13 +102,15 @@ class flat_index {
 };
 
 /// Exact top-k for a batch of queries (row-major), multithreaded over queries: the oracle for
-/// recall. O(m * n * d). Thread safety: const, safe concurrently.
+/// recall; with a predicate, among passing ids only. O(m * n * d). Thread safety: const, safe
+/// concurrently.
 /// @throw as flat_index::topk, plus dimension_mismatch for query rows of the wrong length.
-template <VectorStore Store, Metric M>
+template <VectorStore Store, Metric M, Predicate P = no_filter>
 knn_result exact_topk(const flat_index<Store, M>& index, matrix_view<const float> queries,
-                      std::size_t k, std::size_t threads = 0) {
+                      std::size_t k, std::size_t threads = 0, const P& pred = {}) {
   detail::require(k > 0, "exact_topk: k must be > 0, got 0");
   require_dim(index.dim(), queries.cols(), "exact_topk: query dimension");
+  validate_predicate(pred, index.size());
   knn_result out;
   out.rows = queries.rows();
   out.k = k;
@@ -117,21 +119,23 @@ knn_result exact_topk(const flat_index<Store, M>& index, matrix_view<const float
   std::vector<search_workspace> ws(threads == 0 ? default_thread_count() : threads);
   parallel_for(queries.rows(), ws.size(), [&](std::size_t i, std::size_t t) {
     index.topk(queries.row_span(i), k, ws[t], std::span<id_t>(out.ids).subspan(i * k, k),
-               std::span<float>(out.scores).subspan(i * k, k));
+               std::span<float>(out.scores).subspan(i * k, k), pred);
   });
   return out;
 }
 
-/// Exact DIPR for a batch of queries, multithreaded. O(m * n * d).
-template <VectorStore Store, Metric M>
+/// Exact DIPR for a batch of queries (among ids passing `pred`), multithreaded. O(m * n * d).
+template <VectorStore Store, Metric M, Predicate P = no_filter>
 std::vector<dipr_result> exact_dipr(const flat_index<Store, M>& index,
                                     matrix_view<const float> queries, const dipr_params& params,
-                                    std::size_t threads = 0) {
+                                    std::size_t threads = 0, const P& pred = {}) {
   require_dim(index.dim(), queries.cols(), "exact_dipr: query dimension");
+  detail::validate_dipr(params, "exact_dipr");
+  validate_predicate(pred, index.size());
   std::vector<dipr_result> out(queries.rows());
   std::vector<search_workspace> ws(threads == 0 ? default_thread_count() : threads);
   parallel_for(queries.rows(), ws.size(), [&](std::size_t i, std::size_t t) {
-    index.dipr(queries.row_span(i), params, ws[t], out[i]);
+    index.dipr(queries.row_span(i), params, ws[t], out[i], pred);
   });
   return out;
 }

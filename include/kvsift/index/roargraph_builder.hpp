@@ -144,7 +144,10 @@ class roargraph_builder {
   using KM = l2;
 
  public:
-  explicit roargraph_builder(roargraph_params params = {}, Engine engine = {})
+  /// Uses a default-constructed engine; the CPU engine gets `params.threads`.
+  explicit roargraph_builder(roargraph_params params = {})
+      : params_(params), engine_(default_engine(params)) {}
+  roargraph_builder(roargraph_params params, Engine engine)
       : params_(params), engine_(std::move(engine)) {}
 
   [[nodiscard]] const roargraph_params& params() const noexcept { return params_; }
@@ -444,6 +447,16 @@ class roargraph_builder {
       }
     }
     return best;
+  }
+
+  static Engine default_engine(const roargraph_params& p) {
+    if constexpr (std::is_same_v<Engine, cpu_knn_engine>) {
+      cpu_knn_params kp;
+      kp.threads = p.threads;
+      return cpu_knn_engine(kp);
+    } else {
+      return Engine{};
+    }
   }
 
   std::size_t thread_count() const {

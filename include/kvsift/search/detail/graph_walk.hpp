@@ -27,27 +27,37 @@ inline void validate_entries(std::span<const id_t> entries, std::size_t n, const
   }
 }
 
-/// Calls `visit(id)` for every not-yet-visited neighbour of `u` that passes `pred`; with a
-/// real filter, failing neighbours are walked through to their own neighbours (2 hops).
+/// Calls `visit(id)` for every not-yet-visited neighbour of `u` that passes `pred`. With a
+/// real filter, failing neighbours are walked through to their own neighbours (2 hops), and,
+/// as in ACORN, the passing nodes gathered per expansion are truncated to u's degree: without
+/// the cap a selective filter makes every expansion score up to degree^2 nodes, and the walk
+/// degenerates into scoring nearly every passing key.
 template <class Graph, Predicate P, class Visit>
 void expand(const Graph& g, id_t u, const P& pred, search_workspace& ws, Visit&& visit) {
-  for (id_t v : g.neighbors(u)) {
-    if constexpr (std::is_same_v<P, no_filter>) {
+  const auto nbrs = g.neighbors(u);
+  if constexpr (std::is_same_v<P, no_filter>) {
+    for (id_t v : nbrs) {
       if (ws.visited.try_insert(v)) visit(v);
-    } else {
+    }
+  } else {
+    const std::size_t cap = nbrs.size();
+    std::size_t gathered = 0;
+    for (std::size_t i = 0; i < nbrs.size() && gathered < cap; ++i) {
+      const id_t v = nbrs[i];
       if (ws.visited.contains(v)) continue;
+      ws.visited.insert(v);
       if (pred(v)) {
-        ws.visited.insert(v);
+        ++gathered;
         visit(v);
         continue;
       }
-      // Failing node: mark it so its 2-hop fan-out happens once, then score passing
-      // neighbours-of-neighbour. Failing second-hop nodes stay unmarked: they may still be
-      // reached as a direct neighbour later and be walked through then.
-      ws.visited.insert(v);
+      // Failing node: marked, so its fan-out happens once. Failing second-hop nodes stay
+      // unmarked: they may still be reached as a direct neighbour and be walked through then.
       for (id_t w : g.neighbors(v)) {
+        if (gathered >= cap) break;
         if (!ws.visited.contains(w) && pred(w)) {
           ws.visited.insert(w);
+          ++gathered;
           visit(w);
         }
       }
