@@ -52,39 +52,6 @@ inline void axpby_f32(float a, const float* x, float b, float* y, std::size_t n)
   for (; i < n; ++i) y[i] = a * x[i] + b * y[i];
 }
 
-/// Branch-free exact f16 -> f32 (Giesen's method). Without F16C, `detail::widen` falls back to
-/// `half::to_float`, whose data-dependent branches cost ~3 ns per element in the attention
-/// loop; this version lets the compiler keep the loop branch-free. Subnormals are renormalised
-/// with a subtraction of normal floats, so the result stays exact under DAZ/FTZ too.
-inline float half_to_float_branchless(std::uint16_t h) noexcept {
-  constexpr std::uint32_t shifted_exp = 0x7c00u << 13;
-  std::uint32_t o = (h & 0x7fffu) << 13;
-  const std::uint32_t exp = o & shifted_exp;
-  o += (127u - 15u) << 23;
-  const bool inf_nan = exp == shifted_exp;
-  const bool sub = exp == 0;
-  o += inf_nan ? (128u - 16u) << 23 : 0u;
-  o += sub ? 1u << 23 : 0u;
-  float f = std::bit_cast<float>(o);
-  f -= sub ? std::bit_cast<float>(113u << 23) : 0.0f;
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) |
-                              (static_cast<std::uint32_t>(h & 0x8000u) << 16));
-}
-
-/// Widens n elements to f32: F16C / the shared widen where it is fast, else branch-free f16.
-template <Element T>
-inline void widen_fast(const T* src, float* dst, std::size_t n) noexcept {
-#if defined(__F16C__)
-  widen(src, dst, n);
-#else
-  if constexpr (std::is_same_v<std::remove_const_t<T>, half>) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = half_to_float_branchless(src[i].bits);
-  } else {
-    widen(src, dst, n);
-  }
-#endif
-}
-
 /// y = a * x + y for a row `x` of any element type, widened chunk by chunk on the stack so
 /// the inner loop stays a pure f32 FMA loop.
 template <Element T>
@@ -95,7 +62,7 @@ inline void axpy_mixed(float a, const T* x, float* y, std::size_t n) noexcept {
     alignas(64) float buf[widen_chunk];
     for (std::size_t i = 0; i < n; i += widen_chunk) {
       const std::size_t m = std::min(widen_chunk, n - i);
-      widen_fast(x + i, buf, m);
+      widen(x + i, buf, m);
       axpy_f32(a, buf, y + i, m);
     }
   }
@@ -111,7 +78,7 @@ inline float dot_mixed(const float* q, const T* x, std::size_t n) noexcept {
     float acc = 0.0f;
     for (std::size_t i = 0; i < n; i += widen_chunk) {
       const std::size_t m = std::min(widen_chunk, n - i);
-      widen_fast(x + i, buf, m);
+      widen(x + i, buf, m);
       acc += dot_f32(q + i, buf, m);
     }
     return acc;
