@@ -1,4 +1,5 @@
 #include "kvsift/core/dense_matrix.hpp"
+#include "../test_support.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -20,16 +21,7 @@ float sum_of(kvsift::matrix_view<const float> m) {
   return s;
 }
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the expected exception was not thrown");
-  return {};
-}
+using kvsift_test::message_of;
 
 }  // namespace
 

@@ -1,4 +1,5 @@
 #include "kvsift/core/matrix_view.hpp"
+#include "../test_support.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -9,16 +10,7 @@
 
 namespace {
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the expected exception was not thrown");
-  return {};
-}
+using kvsift_test::message_of;
 
 }  // namespace
 

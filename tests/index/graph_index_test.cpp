@@ -5,6 +5,7 @@
 #endif
 
 #include "kvsift/index/graph_index.hpp"
+#include "../test_support.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -17,16 +18,7 @@ using kvsift::invalid_id;
 using store = kvsift::view_store<float>;
 using graph = kvsift::graph_index<store>;
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the expected exception was not thrown");
-  return {};
-}
+using kvsift_test::message_of;
 
 }  // namespace
 

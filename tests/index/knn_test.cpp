@@ -1,4 +1,5 @@
 #include "kvsift/index/knn.hpp"
+#include "../test_support.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -13,16 +14,7 @@ namespace {
 
 using kvsift::id_t;
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the expected exception was not thrown");
-  return {};
-}
+using kvsift_test::message_of;
 
 // Brute force in double over the widened keys; ties broken by lower id.
 template <class T>

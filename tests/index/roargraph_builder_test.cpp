@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.hpp"
 #include "kvsift/core/dense_matrix.hpp"
 #include "kvsift/index/flat_index.hpp"
 #include "kvsift/search/beam_search.hpp"
@@ -20,16 +21,7 @@ namespace {
 using Catch::Matchers::Contains;
 using kvsift::id_t;
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the expected exception was not thrown");
-  return {};
-}
+using kvsift_test::message_of;
 
 const kvsift::testing::ood_data& data() {
   static const auto d = kvsift::testing::make_ood({.keys = 3000, .queries = 400, .dim = 32});

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.hpp"
 #include "kvsift/index/detail/binary_io.hpp"
 
 namespace fs = std::filesystem;
@@ -92,16 +93,7 @@ std::string f4_dict(const std::string& shape) {
   return "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
 }
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the expected exception was not thrown");
-  return {};
-}
+using kvsift_test::message_of;
 
 kvsift::dense_matrix<float> sample(std::size_t rows, std::size_t cols) {
   kvsift::dense_matrix<float> m(rows, cols);

@@ -14,51 +14,11 @@
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
 #include "kvsift/testing/ood_generator.hpp"
+#include "search_fixture.hpp"
 
 namespace {
 
-using Catch::Matchers::Contains;
-using kvsift::id_t;
-using store_t = kvsift::view_store<float>;
-
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the expected exception was not thrown");
-  return {};
-}
-
-struct fixture {
-  kvsift::testing::ood_data data;
-  store_t store;
-  kvsift::graph_index<store_t> graph;
-  kvsift::flat_index<store_t> flat;
-  kvsift::matrix_view<const float> eval;
-};
-
-const fixture& fx() {
-  static const fixture f = [] {
-    fixture out;
-    out.data = kvsift::testing::make_ood({.keys = 2000, .queries = 400, .dim = 32, .seed = 7});
-    out.store = store_t(out.data.key_view());
-    kvsift::roargraph_params p;
-    p.nq = 50;
-    p.M = 16;
-    p.L = 100;
-    p.threads = 2;
-    p.batch = 16;
-    out.graph =
-        kvsift::roargraph_builder<>(p).build(out.store, out.data.query_view().row_range(0, 300));
-    out.flat = kvsift::flat_index<store_t>(out.store);
-    out.eval = out.data.query_view().row_range(300, 100);
-    return out;
-  }();
-  return f;
-}
+using namespace kvsift_test;  // NOLINT(google-build-using-namespace): fixture, fx, message_of
 
 }  // namespace
 

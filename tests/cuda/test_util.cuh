@@ -1,0 +1,126 @@
+#pragma once
+// Helpers shared by the CUDA tests: an owning device buffer, element conversions, an RNG.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#include <kvsift/cuda/error.cuh>
+
+namespace kvsift::cuda_test {
+
+/// Owning device allocation of n elements (cudaMalloc: 256-byte aligned).
+template <class T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  explicit device_buffer(std::size_t n) : n_(n) {
+    if (n > 0) KVSIFT_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
+  }
+  explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) {
+    upload(host);
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  device_buffer(device_buffer&& other) noexcept : p_(other.p_), n_(other.n_) {
+    other.p_ = nullptr;
+    other.n_ = 0;
+  }
+  device_buffer& operator=(device_buffer&& other) noexcept {
+    if (this != &other) {
+      if (p_ != nullptr) cudaFree(p_);
+      p_ = other.p_;
+      n_ = other.n_;
+      other.p_ = nullptr;
+      other.n_ = 0;
+    }
+    return *this;
+  }
+  ~device_buffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  void upload(const std::vector<T>& host) {
+    if (!host.empty()) {
+      KVSIFT_CUDA_CHECK(
+          cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+  }
+  [[nodiscard]] std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_ > 0) {
+      KVSIFT_CUDA_CHECK(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    }
+    return host;
+  }
+  [[nodiscard]] T* get() const { return p_; }
+  [[nodiscard]] std::size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+template <class T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(x);
+  } else {
+    return __float2bfloat16_rn(x);
+  }
+}
+
+template <class T>
+float to_float(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(x);
+  } else {
+    return __bfloat162float(x);
+  }
+}
+
+template <class T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, float>) {
+    return "f32";
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return "f16";
+  } else {
+    return "bf16";
+  }
+}
+
+/// Tolerance for one output element stored as T (values of magnitude <= 1).
+template <class T>
+double output_tolerance() {
+  if constexpr (std::is_same_v<T, float>) {
+    return 1e-5;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return 1e-3;
+  } else {
+    return 8e-3;
+  }
+}
+
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 gen(20261123);
+  return gen;
+}
+
+inline float uniform(float lo, float hi) {
+  return std::uniform_real_distribution<float>(lo, hi)(rng());
+}
+
+inline int uniform_int(int lo, int hi) {  // inclusive
+  return std::uniform_int_distribution<int>(lo, hi)(rng());
+}
+
+}  // namespace kvsift::cuda_test
