@@ -49,36 +49,35 @@ inline void report_failure(const char* file, int line, const std::string& msg) {
       ::kvsift::cuda_test::add(#name, &name);                           \
   static void name()
 
-#define CHECK(cond)                                                               \
-  do {                                                                            \
+#define CHECK(cond)                                                              \
+  do {                                                                           \
     if (!(cond)) ::kvsift::cuda_test::report_failure(__FILE__, __LINE__, #cond); \
   } while (0)
 
-/// |actual - expected| <= tol; NaN never passes. Extra printf-style context in `...`.
-#define CHECK_NEAR(actual, expected, tol)                                                    \
-  do {                                                                                       \
-    const double kvsift_ct_a = static_cast<double>(actual);                                  \
-    const double kvsift_ct_e = static_cast<double>(expected);                                \
-    if (!(std::fabs(kvsift_ct_a - kvsift_ct_e) <= static_cast<double>(tol)) &&              \
-        !(kvsift_ct_a == kvsift_ct_e)) {                                                     \
-      ::kvsift::cuda_test::report_failure(                                                   \
-          __FILE__, __LINE__,                                                                \
-          std::string(#actual " = ") + std::to_string(kvsift_ct_a) + ", expected " +         \
+/// |actual - expected| <= tol, or exactly equal (so inf == inf passes); NaN never passes.
+#define CHECK_NEAR(actual, expected, tol)                                                  \
+  do {                                                                                     \
+    const double kvsift_ct_a = static_cast<double>(actual);                                \
+    const double kvsift_ct_e = static_cast<double>(expected);                              \
+    if (!(std::fabs(kvsift_ct_a - kvsift_ct_e) <= static_cast<double>(tol)) &&             \
+        !(kvsift_ct_a == kvsift_ct_e)) {                                                   \
+      ::kvsift::cuda_test::report_failure(                                                 \
+          __FILE__, __LINE__,                                                              \
+          std::string(#actual " = ") + std::to_string(kvsift_ct_a) + ", expected " +       \
               std::to_string(kvsift_ct_e) + " (tol " + std::to_string(double(tol)) + ")"); \
-    }                                                                                        \
+    }                                                                                      \
   } while (0)
 
-#define CHECK_THROWS_AS(expr, type)                                                     \
-  do {                                                                                  \
-    bool kvsift_ct_caught = false;                                                      \
-    try {                                                                               \
-      (void)(expr);                                                                     \
-    } catch (const type&) {                                                             \
-      kvsift_ct_caught = true;                                                          \
-    } catch (...) {                                                                     \
-    }                                                                                   \
-    if (!kvsift_ct_caught) {                                                            \
-      ::kvsift::cuda_test::report_failure(__FILE__, __LINE__,                           \
-                                          "expected " #type " from " #expr);            \
-    }                                                                                   \
+#define CHECK_THROWS_AS(expr, type)                                                              \
+  do {                                                                                           \
+    bool kvsift_ct_caught = false;                                                               \
+    try {                                                                                        \
+      (void)(expr);                                                                              \
+    } catch (const type&) {                                                                      \
+      kvsift_ct_caught = true;                                                                   \
+    } catch (...) {                                                                              \
+    }                                                                                            \
+    if (!kvsift_ct_caught) {                                                                     \
+      ::kvsift::cuda_test::report_failure(__FILE__, __LINE__, "expected " #type " from " #expr); \
+    }                                                                                            \
   } while (0)

@@ -22,7 +22,7 @@ constexpr float inf = std::numeric_limits<float>::infinity();
 /// Random lse of one state: mostly moderate, sometimes empty, sometimes extreme.
 float random_lse(int regime) {
   const int r = uniform_int(0, 9);
-  if (r == 0) return -inf;                  // empty state
+  if (r == 0) return -inf;                               // empty state
   if (regime == 1) return 1e4f + uniform(-4.0f, 4.0f);   // all huge, close together
   if (regime == 2) return -1e4f + uniform(-4.0f, 4.0f);  // all tiny, close together
   if (r == 1) return uniform_int(0, 1) ? 1e4f : -1e4f;   // extreme next to moderate ones
@@ -35,8 +35,8 @@ struct reference_state {
 };
 
 /// Double-precision merge of states given as (o as float, lse).
-reference_state reference_merge(const std::vector<const float*>& os,
-                                const std::vector<float>& lses, int d) {
+reference_state reference_merge(const std::vector<const float*>& os, const std::vector<float>& lses,
+                                int d) {
   reference_state r{std::vector<double>(d, 0.0), -std::numeric_limits<double>::infinity()};
   double m = -std::numeric_limits<double>::infinity();
   for (float l : lses) m = std::max(m, static_cast<double>(l));
@@ -68,8 +68,8 @@ int compare_state(const reference_state& ref, const T* o, float lse, int d, cons
     bad += !(std::fabs(x - ref.o[i]) <= output_tolerance<T>());
   }
   if (bad > 0) {
-    std::printf("  %s: lse %.9g vs %.9g, o[0] %.7g vs %.7g\n", ctx, lse, ref.lse,
-                to_float(o[0]), ref.o[0]);
+    std::printf("  %s: lse %.9g vs %.9g, o[0] %.7g vs %.7g\n", ctx, lse, ref.lse, to_float(o[0]),
+                ref.o[0]);
   }
   return bad;
 }
@@ -112,8 +112,8 @@ void check_merge_states(int num_pos, int num_heads, int d, int regime) {
       const auto ref = reference_merge(os, ls, d);
       const std::size_t row = static_cast<std::size_t>(p) * num_heads + h;
       char ctx[128];
-      std::snprintf(ctx, sizeof ctx, "%s d=%d regime=%d pos=%d head=%d n=%zu", type_name<T>(),
-                    d, regime, p, h, ls.size());
+      std::snprintf(ctx, sizeof ctx, "%s d=%d regime=%d pos=%d head=%d n=%zu", type_name<T>(), d,
+                    regime, p, h, ls.size());
       if (bad < 5) bad += compare_state(ref, &out[row * d], out_lse[row], d, ctx);
     }
   }
@@ -153,8 +153,8 @@ void check_merge_pair(int num_rows, int num_heads, int d, bool in_place) {
   for (std::size_t r = 0; r < n && bad < 5; ++r) {
     const auto ref = reference_merge({&a_f[r * d], &b_f[r * d]}, {la[r], lb[r]}, d);
     char ctx[128];
-    std::snprintf(ctx, sizeof ctx, "%s d=%d in_place=%d row=%zu", type_name<T>(), d,
-                  int(in_place), r);
+    std::snprintf(ctx, sizeof ctx, "%s d=%d in_place=%d row=%zu", type_name<T>(), d, int(in_place),
+                  r);
     bad += compare_state(ref, &out[r * d], out_lse[r], d, ctx);
   }
   CHECK(bad == 0);
@@ -168,6 +168,7 @@ void merge_states_suite() {
   }
   check_merge_states<T>(1, 1, 128, 0);
   check_merge_states<T>(2000, 8, 128, 0);  // many blocks
+  check_merge_states<T>(10000, 4, 64, 0);  // more row tiles than resident blocks: grid stride
 }
 
 template <class T>
@@ -177,6 +178,8 @@ void merge_pair_suite() {
     check_merge_pair<T>(129, 5, d, false);
     check_merge_pair<T>(129, 5, d, true);
   }
+  check_merge_pair<T>(40000, 1, 64, false);  // many blocks
+  check_merge_pair<T>(40000, 1, 64, true);
 }
 
 }  // namespace
@@ -213,8 +216,8 @@ TEST_CASE_CUDA(merge_nan_lse_propagates) {
   std::vector<std::int64_t> indptr = {0, 2};
   device_buffer<float> d_o(o), d_out(d), d_lse(lse), d_out_lse(1);
   device_buffer<std::int64_t> d_indptr(indptr);
-  kvsift::cuda::merge_states<float>(d_o.get(), d_lse.get(), 2, d_indptr.get(), 1, 1, d,
-                                    d_out.get(), d_out_lse.get(), nullptr);
+  kvsift::cuda::merge_states<float>(d_o.get(), d_lse.get(), 2, d_indptr.get(), 1, 1, d, d_out.get(),
+                                    d_out_lse.get(), nullptr);
   CHECK(std::isnan(d_out_lse.download()[0]));
 }
 
@@ -225,28 +228,28 @@ TEST_CASE_CUDA(merge_bad_input_throws) {
   device_buffer<float> l(8);
   device_buffer<std::int64_t> ip(2);
   // head_dim not a multiple of 8 for a 16-bit type
-  CHECK_THROWS_AS(merge_states<__half>(o.get(), l.get(), 1, ip.get(), 1, 1, 12, o.get(), l.get(),
-                                       nullptr),
-                  kvsift::dimension_mismatch);
-  CHECK_THROWS_AS(merge_states<float>(nullptr, nullptr, 1, nullptr, 1, 1, 0, nullptr, nullptr,
-                                      nullptr),
-                  kvsift::invalid_argument);
+  CHECK_THROWS_AS(
+      merge_states<__half>(o.get(), l.get(), 1, ip.get(), 1, 1, 12, o.get(), l.get(), nullptr),
+      kvsift::dimension_mismatch);
+  CHECK_THROWS_AS(
+      merge_states<float>(nullptr, nullptr, 1, nullptr, 1, 1, 0, nullptr, nullptr, nullptr),
+      kvsift::invalid_argument);
   // null pointers with nonzero sizes
-  CHECK_THROWS_AS(merge_states<__half>(nullptr, l.get(), 1, ip.get(), 1, 1, 64, o.get(), l.get(),
-                                       nullptr),
-                  kvsift::invalid_argument);
-  CHECK_THROWS_AS(merge_states<__half>(o.get(), l.get(), 1, nullptr, 1, 1, 64, o.get(), l.get(),
-                                       nullptr),
-                  kvsift::invalid_argument);
-  CHECK_THROWS_AS(merge_state<__half>(o.get(), l.get(), nullptr, l.get(), o.get(), l.get(), 1, 1,
-                                      64, nullptr),
-                  kvsift::invalid_argument);
-  CHECK_THROWS_AS(merge_states<__half>(o.get(), l.get(), 1, ip.get(), -1, 1, 64, o.get(),
-                                       l.get(), nullptr),
-                  kvsift::invalid_argument);
+  CHECK_THROWS_AS(
+      merge_states<__half>(nullptr, l.get(), 1, ip.get(), 1, 1, 64, o.get(), l.get(), nullptr),
+      kvsift::invalid_argument);
+  CHECK_THROWS_AS(
+      merge_states<__half>(o.get(), l.get(), 1, nullptr, 1, 1, 64, o.get(), l.get(), nullptr),
+      kvsift::invalid_argument);
+  CHECK_THROWS_AS(
+      merge_state<__half>(o.get(), l.get(), nullptr, l.get(), o.get(), l.get(), 1, 1, 64, nullptr),
+      kvsift::invalid_argument);
+  CHECK_THROWS_AS(
+      merge_states<__half>(o.get(), l.get(), 1, ip.get(), -1, 1, 64, o.get(), l.get(), nullptr),
+      kvsift::invalid_argument);
   // misaligned
-  CHECK_THROWS_AS(merge_state<__half>(o.get() + 1, l.get(), o.get(), l.get(), o.get(), l.get(),
-                                      1, 1, 8, nullptr),
+  CHECK_THROWS_AS(merge_state<__half>(o.get() + 1, l.get(), o.get(), l.get(), o.get(), l.get(), 1,
+                                      1, 8, nullptr),
                   kvsift::invalid_argument);
   // num_pos == 0: nothing to do, nulls fine
   merge_states<float>(nullptr, nullptr, 0, nullptr, 0, 4, 128, nullptr, nullptr, nullptr);

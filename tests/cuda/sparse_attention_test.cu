@@ -59,8 +59,7 @@ struct paged_fixture {
   }
 
   [[nodiscard]] paged_kv_view<T> view() const {
-    return {d_k.get(), d_v.get(), num_pages, page_size, d, d_table.get(), num_kv_heads,
-            max_pages};
+    return {d_k.get(), d_v.get(), num_pages, page_size, d, d_table.get(), num_kv_heads, max_pages};
   }
   [[nodiscard]] std::size_t row(int kv_head, int token) const {
     const int phys = table[static_cast<std::size_t>(kv_head) * max_pages + token / page_size];
@@ -112,10 +111,18 @@ void check_sparse_attention(int num_qo_heads, int num_kv_heads, int d, int ctx, 
   for (int h = 0; h < num_qo_heads; ++h) {
     int n = 0;
     switch (h % 5) {
-      case 0: n = 0; break;                        // empty list
-      case 1: n = 1; break;                        // single token
-      case 2: n = ctx; break;                      // every token
-      default: n = uniform_int(2, ctx); break;
+      case 0:
+        n = 0;
+        break;  // empty list
+      case 1:
+        n = 1;
+        break;  // single token
+      case 2:
+        n = ctx;
+        break;  // every token
+      default:
+        n = uniform_int(2, ctx);
+        break;
     }
     std::vector<std::int32_t> all(ctx);
     std::iota(all.begin(), all.end(), 0);
@@ -154,11 +161,12 @@ void check_sparse_attention(int num_qo_heads, int num_kv_heads, int d, int ctx, 
       bad += !(std::fabs(o[static_cast<std::size_t>(h) * d + i] - ref.o[i]) <= 2e-5);
     }
     if (bad > 0) {
-      std::printf("  %s qo=%d kv=%d d=%d ctx=%d page=%d splits=%d head=%d n=%lld: lse %.8g vs "
-                  "%.8g, o[0] %.7g vs %.7g\n",
-                  type_name<T>(), num_qo_heads, num_kv_heads, d, ctx, page_size, num_splits, h,
-                  static_cast<long long>(indptr[h + 1] - indptr[h]), lse[h], ref.lse,
-                  o[static_cast<std::size_t>(h) * d], ref.o[0]);
+      std::printf(
+          "  %s qo=%d kv=%d d=%d ctx=%d page=%d splits=%d head=%d n=%lld: lse %.8g vs "
+          "%.8g, o[0] %.7g vs %.7g\n",
+          type_name<T>(), num_qo_heads, num_kv_heads, d, ctx, page_size, num_splits, h,
+          static_cast<long long>(indptr[h + 1] - indptr[h]), lse[h], ref.lse,
+          o[static_cast<std::size_t>(h) * d], ref.o[0]);
     }
   }
   CHECK(bad == 0);
@@ -264,8 +272,7 @@ TEST_CASE_CUDA(sparse_attention_bad_input_throws) {
   CHECK_THROWS_AS(call(4, 128, kv0, one, nullptr, 0, q.get()), kvsift::invalid_argument);
   sparse_attention_params nan_scale = one;
   nan_scale.scale = std::numeric_limits<float>::quiet_NaN();
-  CHECK_THROWS_AS(call(4, 128, f.view(), nan_scale, nullptr, 0, q.get()),
-                  kvsift::invalid_argument);
+  CHECK_THROWS_AS(call(4, 128, f.view(), nan_scale, nullptr, 0, q.get()), kvsift::invalid_argument);
   sparse_attention_params negative;
   negative.num_splits = -1;
   CHECK_THROWS_AS(kvsift::cuda::sparse_attention_workspace_size(4, 128, negative),

@@ -22,9 +22,7 @@ class device_buffer {
   explicit device_buffer(std::size_t n) : n_(n) {
     if (n > 0) KVSIFT_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
   }
-  explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) {
-    upload(host);
-  }
+  explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) { upload(host); }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   device_buffer(device_buffer&& other) noexcept : p_(other.p_), n_(other.n_) {

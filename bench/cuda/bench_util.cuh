@@ -1,0 +1,68 @@
+#pragma once
+// Timing helpers shared by the CUDA benchmarks (plain mains, CUDA events).
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include <kvsift/cuda/error.cuh>
+
+namespace kvsift::cuda_bench {
+
+/// Median milliseconds of `runs` timed calls of f(stream) after `warmup` untimed ones. When
+/// `flush` is non-null, `flush_bytes` of it are overwritten before each timed call (outside the
+/// events) so that the call starts with a cold L2.
+template <class F>
+float median_ms(F&& f, cudaStream_t stream, int warmup = 5, int runs = 30, void* flush = nullptr,
+                std::size_t flush_bytes = 0) {
+  cudaEvent_t start, stop;
+  KVSIFT_CUDA_CHECK(cudaEventCreate(&start));
+  KVSIFT_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i) f(stream);
+  std::vector<float> ms(runs);
+  for (int i = 0; i < runs; ++i) {
+    if (flush != nullptr) KVSIFT_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
+    KVSIFT_CUDA_CHECK(cudaEventRecord(start, stream));
+    f(stream);
+    KVSIFT_CUDA_CHECK(cudaEventRecord(stop, stream));
+    KVSIFT_CUDA_CHECK(cudaEventSynchronize(stop));
+    KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
+  }
+  KVSIFT_CUDA_CHECK(cudaEventDestroy(start));
+  KVSIFT_CUDA_CHECK(cudaEventDestroy(stop));
+  std::nth_element(ms.begin(), ms.begin() + runs / 2, ms.end());
+  return ms[runs / 2];
+}
+
+/// Mean milliseconds per call over `calls` back-to-back calls (launch overhead amortised, as in
+/// a stream of kernels or a CUDA graph); median of 20 such batches.
+template <class F>
+float back_to_back_ms(F&& f, cudaStream_t stream, int calls = 100) {
+  return median_ms(
+             [&](cudaStream_t s) {
+               for (int i = 0; i < calls; ++i) f(s);
+             },
+             stream, 2, 20) /
+         static_cast<float>(calls);
+}
+
+/// Device-to-device cudaMemcpy bandwidth in GB/s, counting bytes read + written (2 x size).
+inline double copy_bandwidth_gbps(std::size_t bytes, cudaStream_t stream) {
+  void* a = nullptr;
+  void* b = nullptr;
+  KVSIFT_CUDA_CHECK(cudaMalloc(&a, bytes));
+  KVSIFT_CUDA_CHECK(cudaMalloc(&b, bytes));
+  KVSIFT_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  const float ms = median_ms(
+      [&](cudaStream_t s) {
+        KVSIFT_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+      },
+      stream);
+  KVSIFT_CUDA_CHECK(cudaFree(a));
+  KVSIFT_CUDA_CHECK(cudaFree(b));
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+}  // namespace kvsift::cuda_bench

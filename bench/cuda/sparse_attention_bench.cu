@@ -1,0 +1,141 @@
+// Benchmark of sparse decode attention (kvsift/cuda/sparse_attention.cuh), CUDA events, H100.
+//
+// Build and run from the repository root:
+// clang-format off
+//   nvcc -arch=sm_90 -std=c++20 -O3 -I include -I cuda/include bench/cuda/sparse_attention_bench.cu -o sparse_attention_bench
+//   ./sparse_attention_bench
+// clang-format on
+//
+// 32 query heads (32 and 8 KV heads), head dim 128, 2048 random distinct tokens selected per
+// head out of a 32768-token context in 16-token head-wise pages scattered over the pool.
+// Reports GB/s of K/V read (selected tokens x head_dim x 2 x element size) next to cudaMemcpy
+// device-to-device bandwidth (read + written) from the same run. L2 is flushed before every
+// timed call (a 256 MiB memset outside the events); a warm-L2 number is printed as well.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <kvsift/cuda/sparse_attention.cuh>
+
+#include "bench_util.cuh"
+
+namespace {
+
+using kvsift::cuda_bench::median_ms;
+
+constexpr int kQoHeads = 32;
+constexpr int kDim = 128;
+constexpr int kContext = 32768;
+constexpr int kSelected = 2048;
+constexpr int kPageSize = 16;
+
+template <class T>
+void run_case(const char* type, int kv_heads, double copy_gbps, void* flush,
+              std::size_t flush_bytes, cudaStream_t s) {
+  std::mt19937_64 rng(7);
+  const int max_pages = kContext / kPageSize;
+  const std::int64_t num_pages = static_cast<std::int64_t>(kv_heads) * max_pages;
+  const std::size_t pool = static_cast<std::size_t>(num_pages) * kPageSize * kDim;
+  T* k = nullptr;
+  T* v = nullptr;
+  KVSIFT_CUDA_CHECK(cudaMalloc(&k, pool * sizeof(T)));
+  KVSIFT_CUDA_CHECK(cudaMalloc(&v, pool * sizeof(T)));
+  KVSIFT_CUDA_CHECK(cudaMemset(k, 0, pool * sizeof(T)));
+  KVSIFT_CUDA_CHECK(cudaMemset(v, 0, pool * sizeof(T)));
+  std::vector<std::int32_t> table(num_pages);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<std::int64_t> indptr(kQoHeads + 1);
+  std::vector<std::int32_t> ids;
+  std::vector<std::int32_t> all(kContext);
+  for (int h = 0; h < kQoHeads; ++h) {
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + kSelected);
+    ids.insert(ids.end(), all.begin(), all.begin() + kSelected);
+    indptr[h + 1] = static_cast<std::int64_t>(ids.size());
+  }
+  std::vector<float> q(kQoHeads * kDim, 0.01f);
+  float *d_q, *d_o, *d_lse;
+  std::int32_t *d_table, *d_ids;
+  std::int64_t* d_indptr;
+  KVSIFT_CUDA_CHECK(cudaMalloc(&d_q, q.size() * sizeof(float)));
+  KVSIFT_CUDA_CHECK(cudaMalloc(&d_o, q.size() * sizeof(float)));
+  KVSIFT_CUDA_CHECK(cudaMalloc(&d_lse, kQoHeads * sizeof(float)));
+  KVSIFT_CUDA_CHECK(cudaMalloc(&d_table, table.size() * sizeof(std::int32_t)));
+  KVSIFT_CUDA_CHECK(cudaMalloc(&d_ids, ids.size() * sizeof(std::int32_t)));
+  KVSIFT_CUDA_CHECK(cudaMalloc(&d_indptr, indptr.size() * sizeof(std::int64_t)));
+  KVSIFT_CUDA_CHECK(cudaMemcpy(d_q, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+  KVSIFT_CUDA_CHECK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  KVSIFT_CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  KVSIFT_CUDA_CHECK(cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 8, cudaMemcpyHostToDevice));
+  const kvsift::cuda::paged_kv_view<T> kv{k,    v,       num_pages, kPageSize,
+                                          kDim, d_table, kv_heads,  max_pages};
+  const double kv_bytes = 2.0 * kQoHeads * kSelected * kDim * sizeof(T);
+  for (int splits : {0, 4, 8, 16, 32}) {
+    kvsift::cuda::sparse_attention_params params;
+    params.num_splits = splits;
+    const std::size_t ws = kvsift::cuda::sparse_attention_workspace_size(kQoHeads, kDim, params);
+    void* d_ws = nullptr;
+    if (ws > 0) KVSIFT_CUDA_CHECK(cudaMalloc(&d_ws, ws));
+    auto call = [&](cudaStream_t st) {
+      kvsift::cuda::sparse_attention<T>(d_q, kQoHeads, kDim, kv, d_indptr, d_ids, d_o, d_lse, d_ws,
+                                        ws, st, params);
+    };
+    const float cold = median_ms(call, s, 5, 30, flush, flush_bytes);
+    const float warm = median_ms(call, s, 5, 30);
+    const double gb = kv_bytes / (cold * 1e-3) / 1e9;
+    const int resolved = kvsift::cuda::detail::resolve_num_splits(kQoHeads, params, {}, "bench");
+    std::printf(
+        "sparse_attention %-4s qo=%d kv=%d d=%d sel=%d splits=%-4s(~%2d): cold %7.2f us "
+        "%7.1f GB/s (%5.1f%% of copy) | warm L2 %7.2f us %7.1f GB/s\n",
+        type, kQoHeads, kv_heads, kDim, kSelected, splits == 0 ? "auto" : "set",
+        splits == 0 ? resolved : splits, cold * 1e3, gb, 100.0 * gb / copy_gbps, warm * 1e3,
+        kv_bytes / (warm * 1e-3) / 1e9);
+    if (d_ws != nullptr) KVSIFT_CUDA_CHECK(cudaFree(d_ws));
+  }
+  KVSIFT_CUDA_CHECK(cudaFree(k));
+  KVSIFT_CUDA_CHECK(cudaFree(v));
+  KVSIFT_CUDA_CHECK(cudaFree(d_q));
+  KVSIFT_CUDA_CHECK(cudaFree(d_o));
+  KVSIFT_CUDA_CHECK(cudaFree(d_lse));
+  KVSIFT_CUDA_CHECK(cudaFree(d_table));
+  KVSIFT_CUDA_CHECK(cudaFree(d_ids));
+  KVSIFT_CUDA_CHECK(cudaFree(d_indptr));
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  KVSIFT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  cudaStream_t s;
+  KVSIFT_CUDA_CHECK(cudaStreamCreate(&s));
+  const double copy_gbps = kvsift::cuda_bench::copy_bandwidth_gbps(std::size_t{512} << 20, s);
+  std::printf("cudaMemcpy D2D 512 MiB: %.1f GB/s (read + written)\n", copy_gbps);
+  const std::size_t flush_bytes = std::size_t{256} << 20;
+  void* flush = nullptr;
+  KVSIFT_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+  run_case<__half>("f16", 32, copy_gbps, flush, flush_bytes, s);
+  run_case<__half>("f16", 8, copy_gbps, flush, flush_bytes, s);
+  run_case<__nv_bfloat16>("bf16", 32, copy_gbps, flush, flush_bytes, s);
+  run_case<float>("f32", 32, copy_gbps, flush, flush_bytes, s);
+  KVSIFT_CUDA_CHECK(cudaFree(flush));
+  KVSIFT_CUDA_CHECK(cudaStreamDestroy(s));
+  return 0;
+}
