@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
 #include <vector>
 
 #include <kvsift/cuda/error.cuh>
@@ -63,6 +64,31 @@ inline double copy_bandwidth_gbps(std::size_t bytes, cudaStream_t stream) {
   KVSIFT_CUDA_CHECK(cudaFree(a));
   KVSIFT_CUDA_CHECK(cudaFree(b));
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+/// What every CUDA benchmark starts from: the device it runs on, a stream, and the
+/// device-to-device copy bandwidth measured now, the baseline its figures are compared with.
+struct bench_setup {
+  cudaStream_t stream = nullptr;
+  double copy_gbps = 0;
+};
+
+/// Prints the device and the copy baseline (512 MiB, bytes read + written). Returns false when
+/// there is no CUDA device.
+inline bool start_bench(bench_setup& out) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device\n");
+    return false;
+  }
+  cudaDeviceProp prop{};
+  KVSIFT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  KVSIFT_CUDA_CHECK(cudaStreamCreate(&out.stream));
+  out.copy_gbps = copy_bandwidth_gbps(std::size_t{512} << 20, out.stream);
+  std::printf("cudaMemcpy D2D 512 MiB: %.1f GB/s (read + written)\n", out.copy_gbps);
+  return true;
 }
 
 }  // namespace kvsift::cuda_bench

@@ -109,20 +109,10 @@ void latency_case(const char* type, cudaStream_t s) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device\n");
-    return 1;
-  }
-  cudaDeviceProp prop{};
-  KVSIFT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
-  cudaStream_t s;
-  KVSIFT_CUDA_CHECK(cudaStreamCreate(&s));
-  const std::size_t copy_bytes = std::size_t{512} << 20;
-  const double copy_gbps = kvsift::cuda_bench::copy_bandwidth_gbps(copy_bytes, s);
-  std::printf("cudaMemcpy D2D 512 MiB: %.1f GB/s (read + written)\n", copy_gbps);
+  kvsift::cuda_bench::bench_setup b;
+  if (!kvsift::cuda_bench::start_bench(b)) return 1;
+  const cudaStream_t s = b.stream;
+  const double copy_gbps = b.copy_gbps;
   bandwidth_case<__half>("f16", copy_gbps, s);
   bandwidth_case<__nv_bfloat16>("bf16", copy_gbps, s);
   bandwidth_case<float>("f32", copy_gbps, s);

@@ -115,19 +115,10 @@ void run_case(const char* type, int kv_heads, double copy_gbps, void* flush,
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device\n");
-    return 1;
-  }
-  cudaDeviceProp prop{};
-  KVSIFT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
-  cudaStream_t s;
-  KVSIFT_CUDA_CHECK(cudaStreamCreate(&s));
-  const double copy_gbps = kvsift::cuda_bench::copy_bandwidth_gbps(std::size_t{512} << 20, s);
-  std::printf("cudaMemcpy D2D 512 MiB: %.1f GB/s (read + written)\n", copy_gbps);
+  kvsift::cuda_bench::bench_setup b;
+  if (!kvsift::cuda_bench::start_bench(b)) return 1;
+  const cudaStream_t s = b.stream;
+  const double copy_gbps = b.copy_gbps;
   const std::size_t flush_bytes = std::size_t{256} << 20;
   void* flush = nullptr;
   KVSIFT_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
