@@ -295,6 +295,46 @@ double overlap(const std::vector<kvsift::id_t>& found, const std::vector<kvsift:
   return static_cast<double>(hits) / static_cast<double>(count);
 }
 
+/// One top-k row: `search(query, ids, scores)` returns search_stats; timed per query.
+template <class Search>
+row measure_topk(row r, std::size_t k, const kvsift::dense_matrix<float>& eval,
+                 const std::vector<std::vector<kvsift::scored_id>>& exact, double n,
+                 Search&& search) {
+  timing t;
+  std::vector<kvsift::id_t> ids(k);
+  std::vector<float> scores(k);
+  for (std::size_t i = 0; i < eval.rows(); ++i) {
+    const auto t0 = clock_type::now();
+    const auto s = search(eval.cview().row_span(i), std::span(ids), std::span(scores));
+    t.add(t0);
+    r.recall += overlap(ids, exact[i], std::min(k, exact[i].size()));
+    r.scanned += static_cast<double>(s.distance_computations) / n;
+  }
+  t.into(r);
+  return r;
+}
+
+/// One DIPR row: `search(query, result)` fills a dipr_result; timed per query.
+template <class Search>
+row measure_dipr(row r, float beta, const kvsift::dense_matrix<float>& eval,
+                 const std::vector<std::vector<kvsift::scored_id>>& exact, double n,
+                 Search&& search) {
+  timing t;
+  kvsift::dipr_result res;
+  for (std::size_t i = 0; i < eval.rows(); ++i) {
+    const auto t0 = clock_type::now();
+    search(eval.cview().row_span(i), res);
+    t.add(t0);
+    const std::size_t want = range_size(exact[i], beta);
+    r.recall += overlap(res.ids, exact[i], want);
+    r.scanned += static_cast<double>(res.stats.distance_computations) / n;
+    r.size += static_cast<double>(res.ids.size());
+    r.exact_size += static_cast<double>(want);
+  }
+  t.into(r);
+  return r;
+}
+
 template <class M, class P>
 std::vector<row> run(const options& o, const workload& w, const P& pred, std::ostream& info) {
   using store_t = kvsift::view_store<float>;
@@ -311,36 +351,14 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
   kvsift::search_workspace ws;
   const kvsift::flat_index<store_t, M> flat(store);
   for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
-    row r{"flat", "top-" + std::to_string(k), "-"};
-    timing t;
-    std::vector<kvsift::id_t> ids(k);
-    std::vector<float> scores(k);
-    for (std::size_t i = 0; i < E.rows(); ++i) {
-      const auto t0 = clock_type::now();
-      const auto s =
-          flat.topk(E.cview().row_span(i), k, ws, std::span(ids), std::span(scores), pred);
-      t.add(t0);
-      r.recall += overlap(ids, exact[i], std::min(k, exact[i].size()));
-      r.scanned += static_cast<double>(s.distance_computations) / n;
-    }
-    t.into(r);
-    rows.push_back(r);
+    rows.push_back(measure_topk(
+        {"flat", "top-" + std::to_string(k), "-"}, k, E, exact, n,
+        [&](auto q, auto ids, auto scores) { return flat.topk(q, k, ws, ids, scores, pred); }));
   }
   if (dipr) {
-    row r{"flat", "dipr", "beta=" + std::to_string(beta)};
-    timing t;
-    kvsift::dipr_result res;
-    for (std::size_t i = 0; i < E.rows(); ++i) {
-      const auto t0 = clock_type::now();
-      flat.dipr(E.cview().row_span(i), {.beta = beta}, ws, res, pred);
-      t.add(t0);
-      r.recall += overlap(res.ids, exact[i], range_size(exact[i], beta));
-      r.scanned += static_cast<double>(res.stats.distance_computations) / n;
-      r.size += static_cast<double>(res.ids.size());
-      r.exact_size += static_cast<double>(range_size(exact[i], beta));
-    }
-    t.into(r);
-    rows.push_back(r);
+    rows.push_back(measure_dipr(
+        {"flat", "dipr", "beta=" + std::to_string(beta)}, beta, E, exact, n,
+        [&](auto q, kvsift::dipr_result& res) { flat.dipr(q, {.beta = beta}, ws, res, pred); }));
   }
 
   if (o.index == "roargraph") {
@@ -364,37 +382,19 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
     for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
       for (std::size_t L : o.L) {
         if (L < k) continue;
-        row r{"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)};
-        timing t;
-        std::vector<kvsift::id_t> ids(k);
-        std::vector<float> scores(k);
-        for (std::size_t i = 0; i < E.rows(); ++i) {
-          const auto t0 = clock_type::now();
-          const auto s = kvsift::beam_search(g, E.cview().row_span(i), {k, L}, ws, std::span(ids),
-                                             std::span(scores), pred);
-          t.add(t0);
-          r.recall += overlap(ids, exact[i], std::min(k, exact[i].size()));
-          r.scanned += static_cast<double>(s.distance_computations) / n;
-        }
-        t.into(r);
-        rows.push_back(r);
+        rows.push_back(
+            measure_topk({"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E,
+                         exact, n, [&](auto q, auto ids, auto scores) {
+                           return kvsift::beam_search(g, q, {k, L}, ws, ids, scores, pred);
+                         }));
       }
     }
     for (std::size_t l0 : dipr ? o.l0 : std::vector<std::size_t>{}) {
-      row r{"roargraph", "dipr", "l0=" + std::to_string(l0)};
-      timing t;
-      kvsift::dipr_result res;
-      for (std::size_t i = 0; i < E.rows(); ++i) {
-        const auto t0 = clock_type::now();
-        kvsift::dipr_search(g, E.cview().row_span(i), {.beta = beta, .l0 = l0}, ws, res, pred);
-        t.add(t0);
-        r.recall += overlap(res.ids, exact[i], range_size(exact[i], beta));
-        r.scanned += static_cast<double>(res.stats.distance_computations) / n;
-        r.size += static_cast<double>(res.ids.size());
-        r.exact_size += static_cast<double>(range_size(exact[i], beta));
-      }
-      t.into(r);
-      rows.push_back(r);
+      rows.push_back(measure_dipr({"roargraph", "dipr", "l0=" + std::to_string(l0)}, beta, E, exact,
+                                  n, [&](auto q, kvsift::dipr_result& res) {
+                                    kvsift::dipr_search(g, q, {.beta = beta, .l0 = l0}, ws, res,
+                                                        pred);
+                                  }));
     }
   }
   const double m = static_cast<double>(E.rows());
