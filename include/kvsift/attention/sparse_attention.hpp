@@ -25,6 +25,7 @@
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/matrix_view.hpp"
+#include "kvsift/core/metric.hpp"
 
 namespace kvsift {
 
@@ -243,7 +244,7 @@ void attend(const float* q, std::size_t kv_head, std::size_t n, TokenAt token_at
       // Random ids defeat the hardware prefetcher; the V row is read after the block's logits.
       __builtin_prefetch(kv.value(kv_head, t));
 #endif
-      float x = scale * dot_mixed(q, kv.key(kv_head, t), d);
+      float x = scale * inner_product::score(q, kv.key(kv_head, t), d);
       if (bias != nullptr) x += bias[b0 + j];
       // q is finite and bias is finite or -inf, so a NaN or +inf logit can only come from
       // non-finite K data (or f32 overflow). It is masked, as NaN scores rank last in search;

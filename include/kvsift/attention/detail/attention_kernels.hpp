@@ -68,21 +68,4 @@ inline void axpy_mixed(float a, const T* x, float* y, std::size_t n) noexcept {
   }
 }
 
-/// <q, x> for f32 q and a row x of any element type.
-template <Element T>
-inline float dot_mixed(const float* q, const T* x, std::size_t n) noexcept {
-  if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
-    return dot_f32(q, x, n);
-  } else {
-    alignas(64) float buf[widen_chunk];
-    float acc = 0.0f;
-    for (std::size_t i = 0; i < n; i += widen_chunk) {
-      const std::size_t m = std::min(widen_chunk, n - i);
-      widen(x + i, buf, m);
-      acc += dot_f32(q + i, buf, m);
-    }
-    return acc;
-  }
-}
-
 }  // namespace kvsift::detail
