@@ -70,7 +70,6 @@ class pair_scorer {
   void set_pivot(id_t p) { widen(s_.row(p), buf_.data(), s_.dim()); }
   /// Rank key of (pivot, x).
   float key(id_t x) const { return to_key<M>(M::score(buf_.data(), s_.row(x), s_.dim())); }
-  const float* pivot_vector() const { return buf_.data(); }
 
  private:
   const S& s_;

@@ -95,14 +95,11 @@ void seed(const Graph& g, std::span<const id_t> extra, const P& pred, std::size_
   if (g.entry_point() != invalid_id) one(g.entry_point());
   for (id_t e : extra) one(e);
   if constexpr (!std::is_same_v<P, no_filter>) {
-    for (std::size_t id = 0; seeded == 0 && id < g.size(); ++id) {
-      const auto i = static_cast<id_t>(id);
-      if (pred(i) && ws.visited.try_insert(i)) {
-        counted(i);
-        for (std::size_t more = id + 1; seeded < fallback && more < g.size(); ++more) {
-          const auto j = static_cast<id_t>(more);
-          if (pred(j) && ws.visited.try_insert(j)) counted(j);
-        }
+    if (seeded == 0) {
+      const std::size_t want = std::max<std::size_t>(fallback, 1);
+      for (std::size_t id = 0; seeded < want && id < g.size(); ++id) {
+        const auto i = static_cast<id_t>(id);
+        if (pred(i) && ws.visited.try_insert(i)) counted(i);
       }
     }
   }
