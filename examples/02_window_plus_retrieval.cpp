@@ -53,15 +53,11 @@ int main() {
 
   const auto full = dense_attention(q, 0, 0, n, kv, ap);
   auto report = [&](const char* name, const partial_state& st) {
-    double err = 0, norm = 0;
-    for (std::size_t j = 0; j < d; ++j) {
-      err += (st.o[j] - full.o[j]) * (st.o[j] - full.o[j]);
-      norm += full.o[j] * full.o[j];
-    }
-    // Share of the full softmax mass on the attended tokens: exp(lse_part - lse_full).
-    const double mass = std::exp(static_cast<double>(st.lse) - full.lse);
-    std::printf("%-22s mass %.4f, relative L2 error %.4f\n", name, mass, std::sqrt(err / norm));
-    return mass;
+    // Share of the full softmax mass on the attended tokens, and the output's error.
+    const auto quality = compare_states(full, st);
+    std::printf("%-22s mass %.4f, relative L2 error %.4f\n", name, quality.recovery,
+                quality.rel_l2_error);
+    return quality.recovery;
   };
   std::printf("attended %zu of %zu tokens (%.1f%%); the graph scored %zu keys\n",
               sink + recent + ids.size(), n, 100.0 * (sink + recent + ids.size()) / n,

@@ -4,6 +4,7 @@
 
 #include "kvsift/attention/merge.hpp"
 #include "kvsift/attention/partial_state.hpp"
+#include "kvsift/attention/quality.hpp"
 #include "kvsift/attention/sparse_attention.hpp"
 #include "kvsift/core/candidate_pool.hpp"
 #include "kvsift/core/dense_matrix.hpp"
