@@ -7,6 +7,7 @@
 #include "kvsift/core/element.hpp"
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/vector_store.hpp"
+#include "kvsift/index/block_index.hpp"
 #include "kvsift/index/knn.hpp"
 #include "kvsift/search/predicate.hpp"
 
@@ -84,7 +85,35 @@ struct void_pred {
   void operator()(kvsift::id_t) const {}
 };
 
+// A block summary that forgets to say whether its upper score is a bound.
+struct unflagged_representative {
+  static constexpr std::string_view name = "x";
+  static constexpr bool needs_queries = false;
+  void reset(std::size_t) {}
+  void append(kvsift::matrix_view<const float>, kvsift::matrix_view<const float>, std::size_t,
+              std::size_t) {}
+  kvsift::block_bounds bounds(const float*, std::size_t) const { return {}; }
+  std::size_t floats_per_block() const { return 0; }
+};
+struct float_bounds_representative {
+  static constexpr std::string_view name = "x";
+  static constexpr bool upper_is_bound = true;
+  static constexpr bool needs_queries = false;
+  void reset(std::size_t) {}
+  void append(kvsift::matrix_view<const float>, kvsift::matrix_view<const float>, std::size_t,
+              std::size_t) {}
+  float bounds(const float*, std::size_t) const { return 0; }
+  std::size_t floats_per_block() const { return 0; }
+};
+
 }  // namespace
+
+// BlockRepresentative
+static_assert(kvsift::BlockRepresentative<kvsift::minmax_representative>);
+static_assert(kvsift::BlockRepresentative<kvsift::representative_keys>);
+static_assert(!kvsift::BlockRepresentative<unflagged_representative>);
+static_assert(!kvsift::BlockRepresentative<float_bounds_representative>);
+static_assert(!kvsift::BlockRepresentative<int>);
 
 // Element
 static_assert(kvsift::Element<float>);
