@@ -509,7 +509,8 @@ int run_plan(const options& o) {
   std::map<std::tuple<std::size_t, std::size_t, std::size_t>, acc> table;  // layer, budget, m
   std::printf("kvsift-bench --plan %s: %s, layers", o.plan.c_str(), dir.c_str());
   for (auto l : layers) std::printf(" %zu", l);
-  std::printf(", %zu KV heads (query head %zu per group of %zu)\n", kv_heads, group, group);
+  std::printf(", %zu KV heads (KV head h: query head %zu h, the first of its group)\n", kv_heads,
+              group);
   for (std::size_t l : layers) {
     for (std::size_t h = 0; h < kv_heads; ++h) {
       const auto K = kvsift::read_vectors(file(l, 'k', h)),
