@@ -109,6 +109,31 @@ TEST_CASE("block_index: InfLLM representatives are block keys and a lower bound"
   }
 }
 
+TEST_CASE("block_index: InfLLM picks the key its block's own queries attend to most",
+          "[block_index]") {
+  // Small random keys, except offset 2 of every block: a large key that every query is
+  // aligned with. Causally it is seen by queries 2..7 of its block and takes nearly all of
+  // their attention, more than key 0 gets (all of query 0's, half of query 1's).
+  std::mt19937 rng(15);
+  std::normal_distribution<float> g(0.0f, 0.1f);
+  kvsift::dense_matrix<float> keys(32, dim), queries(32, dim);
+  for (std::size_t t = 0; t < 32; ++t) {
+    for (std::size_t j = 0; j < dim; ++j) keys(t, j) = g(rng);
+    queries(t, 0) = 6.0f;
+    if (t % 8 == 2) keys(t, 0) = 6.0f;
+  }
+  const kvsift::block_index<kvsift::representative_keys> idx(keys.cview(), 8, queries.cview(),
+                                                             kvsift::representative_keys(1));
+  std::mt19937 qrng(16);
+  for (int i = 0; i < 5; ++i) {
+    const auto q = random_query(qrng);
+    for (std::size_t b = 0; b < idx.blocks(); ++b) {
+      CHECK(idx.bounds(q, b).lower ==
+            kvsift::inner_product::score(q.data(), keys.row(b * 8 + 2), dim));
+    }
+  }
+}
+
 TEST_CASE("block_index: recall of the exact top-k tokens grows with the blocks fetched",
           "[block_index]") {
   const std::size_t n = 2048, k = 16;
