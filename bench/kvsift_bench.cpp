@@ -590,7 +590,9 @@ int run_plan(const options& o) {
               std::erase(out, kvsift::invalid_id);
               ids = out;
             }
-            if (ids.size() > budget) ids.resize(budget);  // best-first: keep the best B
+            // Retrieved ids are best-first (blocks best-first): keep the best B. Full attention
+            // is not a retrieval and is never cut.
+            if (p.index != "full" && ids.size() > budget) ids.resize(budget);
             const auto att = kvsift::attended_tokens(context, ids);
             const auto qual = kvsift::selection_quality(q, 0, context, att, kv);
             res[e * cells + b * methods.size() + m] = {static_cast<double>(att.size()),
