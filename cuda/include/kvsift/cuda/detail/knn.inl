@@ -296,10 +296,13 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   kvsift::detail::require(handle != nullptr, "knn: cuBLAS handle is null");
   int device = 0;
   KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
-  int stream_device = 0;
-  KVSIFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
-  kvsift::detail::require(stream_device == device, "knn: the stream belongs to device ",
-                          stream_device, ", expected the current device ", device);
+  // The default stream handles (0, legacy, per-thread) always mean the current device.
+  if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+    int stream_device = 0;
+    KVSIFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
+    kvsift::detail::require(stream_device == device, "knn: the stream belongs to device ",
+                            stream_device, ", expected the current device ", device);
+  }
   detail::require_device_pointer(queries.data(), device, "queries");
   detail::require_device_pointer(keys.data(), device, "keys");
   detail::require_device_pointer(out_scores, device, "out_scores");
