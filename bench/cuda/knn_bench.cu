@@ -131,6 +131,7 @@ void time_gpu(const char* name, const kvsift::testing::ood_data& data, const opt
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout when piped
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
   auto t0 = std::chrono::steady_clock::now();

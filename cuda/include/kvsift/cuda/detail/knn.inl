@@ -20,7 +20,7 @@ namespace kvsift::cuda::detail {
 using rank_key = unsigned long long;  // (ordered score bits << 32) | ~id
 
 inline constexpr int knn_threads = 256;
-inline constexpr int knn_chunk = 2048;  // scores filtered per merge step (shared memory)
+inline constexpr int knn_step = 1024;  // scores filtered per step; buffer of 2 steps
 
 /// Packs (score, id) so that a larger key ranks first: higher score, then lower id. NaN is
 /// -inf and -0 is +0, as in the CPU engine's comparisons. Every real key is > 0, so 0 is a
@@ -63,15 +63,35 @@ __device__ inline rank_key block_kth_largest(const rank_key* a, int count, int r
       if ((v & mask) == prefix) atomicAdd(&sh.hist[(v >> shift) & 255u], 1u);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned above = 0;
-      int digit = 255;
-      for (; digit > 0; --digit) {
-        if (above + sh.hist[digit] >= static_cast<unsigned>(rank)) break;
-        above += sh.hist[digit];
+    // The digit holding the rank-th largest: warp 0 scans the 256 counts from the top, lane l
+    // owning digits 255 - 8l .. 248 - 8l; exactly one lane's range holds the rank.
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      unsigned own[8];
+      unsigned sum = 0;
+      for (int b = 0; b < 8; ++b) {
+        own[b] = sh.hist[255 - 8 * lane - b];
+        sum += own[b];
       }
-      sh.prefix = prefix | (static_cast<rank_key>(digit) << shift);
-      sh.rank = rank - static_cast<int>(above);
+      unsigned incl = sum;
+      for (int off = 1; off < 32; off <<= 1) {
+        const unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += v;
+      }
+      unsigned above = incl - sum;
+      const auto r = static_cast<unsigned>(rank);
+      if (above < r && r <= incl) {
+        int digit = 248 - 8 * lane;
+        for (int b = 0; b < 8; ++b) {
+          if (above + own[b] >= r) {
+            digit = 255 - 8 * lane - b;
+            break;
+          }
+          above += own[b];
+        }
+        sh.prefix = prefix | (static_cast<rank_key>(digit) << shift);
+        sh.rank = rank - static_cast<int>(above);
+      }
     }
     __syncthreads();
     prefix = sh.prefix;
@@ -83,23 +103,29 @@ __device__ inline rank_key block_kth_largest(const rank_key* a, int count, int r
 
 /// Folds one score tile into the running top-k of each query row (one block per row).
 /// best: rows x k rank keys (0 = empty); scores: rows x ld f32, columns [0, cols) valid, column
-/// j is key id0 + j. Shared: cand[k + knn_chunk] (running top-k, then the chunk's survivors),
-/// sel[k].
-template <int Chunk>
+/// j is key id0 + j. Scores are filtered `Step` at a time against the k-th best; survivors
+/// collect in a buffer of 2 * Step and are merged (radix select of the k best of the running
+/// top-k + survivors) only when the next step could overflow it, or at the end of the row.
+/// Shared: cand[k + 2 * Step] (running top-k, then the survivors), sel[k].
+template <int Step>
 __global__ void __launch_bounds__(knn_threads)
     knn_merge_tile_kernel(const float* __restrict__ scores, std::int64_t ld, int cols,
                           std::uint32_t id0, rank_key* __restrict__ best, int k) {
+  constexpr int capacity = 2 * Step;
   extern __shared__ rank_key smem[];
   rank_key* cand = smem;
-  rank_key* sel = smem + k + Chunk;
+  rank_key* sel = smem + k + capacity;
   __shared__ radix_scratch rs;
-  __shared__ int count;
+  __shared__ int pending;
   __shared__ int above;
   __shared__ rank_key threshold;
 
   const std::int64_t row = blockIdx.x;
   rank_key* brow = best + row * k;
-  if (threadIdx.x == 0) threshold = ~rank_key{0};
+  if (threadIdx.x == 0) {
+    threshold = ~rank_key{0};
+    pending = 0;
+  }
   __syncthreads();
   rank_key local_min = ~rank_key{0};
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
@@ -110,19 +136,18 @@ __global__ void __launch_bounds__(knn_threads)
   __syncthreads();
 
   const float* srow = scores + row * ld;
-  for (int c0 = 0; c0 < cols; c0 += Chunk) {
-    if (threadIdx.x == 0) count = 0;
-    __syncthreads();
-    const int c1 = min(cols, c0 + Chunk);
+  for (int c0 = 0; c0 < cols; c0 += Step) {
+    const int c1 = min(cols, c0 + Step);
     const rank_key thr = threshold;
-    for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x) {
+    for (int j = c0 + static_cast<int>(threadIdx.x); j < c1; j += blockDim.x) {
       const rank_key key = make_rank_key(srow[j], id0 + static_cast<std::uint32_t>(j));
-      // Keys are distinct, so "not above the k-th best" can never enter the top-k.
-      if (key > thr) cand[k + atomicAdd(&count, 1)] = key;
+      // Keys are distinct, so one not above the k-th best can never enter the top-k.
+      if (key > thr) cand[k + atomicAdd(&pending, 1)] = key;
     }
     __syncthreads();
-    const int c = count;
-    if (c == 0) continue;  // the common case once the top-k has settled
+    const int c = pending;
+    __syncthreads();  // everyone has read `pending` before the merge resets it
+    if (c == 0 || (c <= capacity - Step && c1 < cols)) continue;  // uniform across the block
     const rank_key kth = block_kth_largest(cand, k + c, k, rs);
     if (threadIdx.x == 0) above = 0;
     __syncthreads();
@@ -132,10 +157,13 @@ __global__ void __launch_bounds__(knn_threads)
     __syncthreads();
     // Keys equal to the k-th are one real key or copies of the empty key 0: identical values,
     // so which copies are kept does not matter.
-    for (int i = above + threadIdx.x; i < k; i += blockDim.x) sel[i] = kth;
+    for (int i = above + static_cast<int>(threadIdx.x); i < k; i += blockDim.x) sel[i] = kth;
     __syncthreads();
     for (int i = threadIdx.x; i < k; i += blockDim.x) cand[i] = sel[i];
-    if (threadIdx.x == 0) threshold = kth;
+    if (threadIdx.x == 0) {
+      threshold = kth;
+      pending = 0;
+    }
     __syncthreads();
   }
   for (int i = threadIdx.x; i < k; i += blockDim.x) brow[i] = cand[i];
@@ -317,12 +345,12 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   KVSIFT_CUBLAS_CHECK(cublasSetStream(handle, stream));
   KVSIFT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
   const std::size_t merge_smem =
-      (2 * static_cast<std::size_t>(k) + detail::knn_chunk) * sizeof(detail::rank_key);
+      (2 * static_cast<std::size_t>(k) + 2 * detail::knn_step) * sizeof(detail::rank_key);
   int width = 1;
   while (width < k) width <<= 1;
   const int finalize_threads = std::max(32, std::min(1024, width));
   const std::size_t finalize_smem = static_cast<std::size_t>(width) * sizeof(detail::rank_key);
-  static_assert((2 * max_knn_k + detail::knn_chunk) * sizeof(detail::rank_key) <= 48 * 1024);
+  static_assert((2 * max_knn_k + 2 * detail::knn_step) * sizeof(detail::rank_key) <= 48 * 1024);
 
   for (std::int64_t q0 = 0; q0 < m; q0 += l.qt) {
     const std::int64_t qn = std::min(l.qt, m - q0);
@@ -338,7 +366,7 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
                        static_cast<int>(keys.stride()), queries.row(static_cast<std::size_t>(q0)),
                        type, static_cast<int>(queries.stride()), &zero, scores, CUDA_R_32F,
                        static_cast<int>(kn), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      detail::knn_merge_tile_kernel<detail::knn_chunk>
+      detail::knn_merge_tile_kernel<detail::knn_step>
           <<<static_cast<unsigned>(qn), detail::knn_threads, merge_smem, stream>>>(
               scores, kn, static_cast<int>(kn), static_cast<std::uint32_t>(k0), best, k);
       KVSIFT_CUDA_CHECK(cudaGetLastError());
