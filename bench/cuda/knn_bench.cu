@@ -21,6 +21,7 @@
 
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 554
+#include <kvsift/core/dense_matrix.hpp>
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/testing/ood_generator.hpp>
 #pragma nv_diagnostic pop
@@ -59,11 +60,11 @@ options parse(int argc, char** argv) {
   return o;
 }
 
+/// v as element type T (kvsift::convert over a one-column view).
 template <class T>
 std::vector<T> convert(const std::vector<float>& v) {
-  std::vector<T> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = T(v[i]);
-  return out;
+  const auto m = kvsift::convert<T>(matrix_view<const float>(v.data(), v.size(), 1));
+  return {m.data(), m.data() + m.size()};
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

@@ -20,6 +20,7 @@
 // Same nvcc diagnostic as in knn.cuh (host headers instantiating matrix_view<const T>).
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 554
+#include <kvsift/core/dense_matrix.hpp>
 #include <kvsift/core/vector_store.hpp>
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/index/roargraph_builder.hpp>
@@ -45,22 +46,16 @@ std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int range) {
   return v;
 }
 
+/// v as element type T (kvsift::convert over a one-column view).
 template <class T>
 std::vector<T> convert(const std::vector<float>& v) {
-  std::vector<T> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = T(v[i]);
-  return out;
+  const auto m = kvsift::convert<T>(matrix_view<const float>(v.data(), v.size(), 1));
+  return {m.data(), m.data() + m.size()};
 }
 
 template <class T>
 const char* name_of() {
-  if constexpr (std::is_same_v<T, float>) {
-    return "f32";
-  } else if constexpr (std::is_same_v<T, half>) {
-    return "f16";
-  } else {
-    return "bf16";
-  }
+  return kvsift::to_string(kvsift::element_type_of<T>()).data();  // a literal: NUL-terminated
 }
 
 /// Counts rows whose ids or scores differ; prints the first mismatch.
