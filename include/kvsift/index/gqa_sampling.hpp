@@ -4,6 +4,7 @@
 // build instead of `group` builds, and covers what each head will ask for. Each head
 // contributes a sampled fraction of its prefill queries.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

@@ -18,9 +18,11 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <functional>
 #include <limits>
 #include <random>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -59,6 +61,21 @@ struct roargraph_build_stats {
   double connectivity_seconds = 0;
   double total_seconds = 0;
 };
+
+/// Where a long build stands, passed to a progress callback after every step. For one build
+/// the steps are: kNN, projection, each connectivity round (rounds grow from 32 keys to
+/// `roargraph_params::batch`, so early rounds are quick), reachability repair. Multi-head
+/// pipelines (<kvsift/index/build_pipeline.hpp>) count heads instead.
+struct build_progress {
+  std::size_t done = 0;        ///< steps finished, 1..total
+  std::size_t total = 0;       ///< steps of the whole job, constant during it
+  double elapsed_seconds = 0;  ///< since the job started
+  std::string_view phase;      ///< the step just finished: "knn", "projection", ...
+};
+
+/// Called on the building thread, never concurrently; an exception thrown from it abandons
+/// the build and propagates to the caller.
+using build_progress_callback = std::function<void(const build_progress&)>;
 
 namespace detail {
 
@@ -153,41 +170,131 @@ class roargraph_builder {
 
   /// Builds the index. All validation happens before any work.
   /// Complexity: O(m n d) for kNN, O(m nq M d) projection, O(n L M d) connectivity.
+  /// @param stats    if not null, receives the wall-clock seconds of each phase
+  /// @param progress if set, called after each step (see `build_progress`)
   /// @throw invalid_argument for an empty key set, no training queries, nq < 2, M == 0,
   ///        L < M; dimension_mismatch if query and key dims differ; non_finite_value for
-  ///        NaN/Inf in keys or queries.
+  ///        NaN/Inf in keys or queries; whatever the engine or the callback throws.
   template <MatrixStore Store>
   [[nodiscard]] graph_index<Store, M> build(Store store, matrix_view<const float> train_queries,
-                                            roargraph_build_stats* stats = nullptr) const {
+                                            roargraph_build_stats* stats = nullptr,
+                                            const build_progress_callback& progress = {}) const {
+    validate(store.view(), train_queries);
+    const auto t0 = std::chrono::steady_clock::now();
+    roargraph_build_stats st;
+    const knn_result knn = query_knn(store.view(), train_queries);
+    st.knn_seconds = detail::seconds_since(t0);
+    const std::size_t total = 1 + steps_after_knn(store.size());
+    if (progress) progress({1, total, st.knn_seconds, "knn"});
+    return finish(std::move(store), knn, t0, st, stats, progress, 1, total);
+  }
+
+  /// Step 1 alone: the training queries' exact neighbours over the keys, as `build` computes
+  /// them (nq = min(params.nq, n); for l2 the inner product over augmented vectors). With
+  /// `build_from_knn` this splits a build so that step 1 of one head can run (e.g. on a GPU)
+  /// while steps 2-4 of another run on the CPU. Thread safety: const; safe concurrently with
+  /// other calls when the engine is (the CPU and CUDA engines are).
+  /// @throw as `build`
+  template <Element T>
+  [[nodiscard]] knn_result training_knn(matrix_view<const T> keys,
+                                        matrix_view<const float> train_queries) const {
+    validate(keys, train_queries);
+    return query_knn(keys, train_queries);
+  }
+
+  /// Steps 2-4 from a step-1 result computed by `training_knn` over the same keys.
+  /// `stats->knn_seconds` is left 0. Complexity as `build` without the kNN.
+  /// @throw invalid_argument for an empty key set, bad params (as `build`), a kNN result with
+  ///        no rows, a shape that does not match its arrays, a row without a first neighbour or
+  ///        an id >= n; non_finite_value for NaN/Inf in the keys
+  template <MatrixStore Store>
+  [[nodiscard]] graph_index<Store, M> build_from_knn(
+      Store store, const knn_result& knn, roargraph_build_stats* stats = nullptr,
+      const build_progress_callback& progress = {}) const {
     const auto keys = store.view();
+    validate_params(keys);
+    detail::require(knn.rows > 0 && knn.k > 0,
+                    "roargraph_builder: expected a non-empty kNN result, got ", knn.rows, " x ",
+                    knn.k);
+    detail::require(knn.ids.size() == knn.rows * knn.k, "roargraph_builder: kNN result of ",
+                    knn.rows, " x ", knn.k, " holds ", knn.ids.size(), " ids, expected ",
+                    knn.rows * knn.k);
+    for (std::size_t i = 0; i < knn.rows; ++i) {
+      const auto ids = knn.row_ids(i);
+      detail::require(ids[0] != invalid_id, "roargraph_builder: kNN row ", i,
+                      " has no neighbour, expected at least 1");
+      for (const id_t id : ids) {
+        detail::require(id == invalid_id || id < keys.rows(), "roargraph_builder: kNN row ", i,
+                        " holds id ", id, ", expected < ", keys.rows());
+      }
+    }
+    require_finite(keys, "roargraph_builder: keys");
+    const std::size_t total = steps_after_knn(keys.rows());
+    return finish(std::move(store), knn, std::chrono::steady_clock::now(), {}, stats, progress, 0,
+                  total);
+  }
+
+ private:
+  template <Element T>
+  void validate_params(matrix_view<const T> keys) const {
     detail::require(keys.rows() > 0, "roargraph_builder: expected a non-empty key set, got 0 keys");
     detail::require(keys.rows() < invalid_id, "roargraph_builder: at most ", invalid_id - 1,
                     " keys supported, got ", keys.rows());
-    detail::require(train_queries.rows() > 0,
-                    "roargraph_builder: expected at least one training query, got 0");
-    require_dim(keys.cols(), train_queries.cols(), "roargraph_builder: training query dimension");
     detail::require(params_.nq >= 2, "roargraph_builder: nq must be >= 2, got ", params_.nq);
     detail::require(params_.M > 0, "roargraph_builder: M must be > 0, got 0");
     detail::require(params_.L >= params_.M, "roargraph_builder: expected L >= M = ", params_.M,
                     ", got L = ", params_.L);
+  }
+
+  template <Element T>
+  void validate(matrix_view<const T> keys, matrix_view<const float> train_queries) const {
+    validate_params(keys);
+    detail::require(train_queries.rows() > 0,
+                    "roargraph_builder: expected at least one training query, got 0");
+    require_dim(keys.cols(), train_queries.cols(), "roargraph_builder: training query dimension");
     require_finite(keys, "roargraph_builder: keys");
     require_finite(train_queries, "roargraph_builder: training queries");
+  }
 
-    const auto t0 = std::chrono::steady_clock::now();
-    roargraph_build_stats st;
+  // Progress steps after the kNN: projection, the connectivity rounds, the repair.
+  std::size_t steps_after_knn(std::size_t n) const {
+    if (!params_.connectivity) return 1;
+    return 2 + connectivity_rounds(n);
+  }
+
+  // Rounds of `enhance`: batches of 32, 64, ... keys up to `batch`, until all n keys are done.
+  std::size_t connectivity_rounds(std::size_t n) const {
+    const std::size_t max_batch = std::max<std::size_t>(1, params_.batch);
+    std::size_t rounds = 0;
+    std::size_t batch = std::min<std::size_t>(32, max_batch);
+    for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, max_batch)) ++rounds;
+    return rounds;
+  }
+
+  // Steps 2-4 and the flat adjacency; `done` steps of `total` are finished on entry.
+  template <MatrixStore Store>
+  graph_index<Store, M> finish(Store store, const knn_result& knn,
+                               std::chrono::steady_clock::time_point t0, roargraph_build_stats st,
+                               roargraph_build_stats* stats,
+                               const build_progress_callback& progress, std::size_t done,
+                               std::size_t total) const {
+    const auto keys = store.view();
     const std::size_t n = keys.rows();
-    const knn_result knn = query_knn(keys, train_queries);
-    st.knn_seconds = detail::seconds_since(t0);
-
+    auto report = [&](std::string_view phase) {
+      ++done;
+      if (progress) progress({done, total, detail::seconds_since(t0), phase});
+    };
     auto t1 = std::chrono::steady_clock::now();
     detail::adjacency_lists adj = project(store, knn);
     st.projection_seconds = detail::seconds_since(t1);
+    report("projection");
 
     const id_t entry = centroid_entry(keys);
     t1 = std::chrono::steady_clock::now();
     if (params_.connectivity) {
-      enhance(store, adj, entry);
+      enhance(store, adj, entry, [&] { report("connectivity"); });
       repair_reachability(store, adj, entry);
+      report("repair");
     }
     st.connectivity_seconds = detail::seconds_since(t1);
 
@@ -201,7 +308,6 @@ class roargraph_builder {
     return graph_index<Store, M>(std::move(store), R, std::move(flat), entry);
   }
 
- private:
   template <Element T>
   knn_result query_knn(matrix_view<const T> keys, matrix_view<const float> q) const {
     const std::size_t k = std::min(params_.nq, keys.rows());
@@ -279,8 +385,9 @@ class roargraph_builder {
   // 2M when they overflow). Batches let the reachable part of the graph grow, as in the
   // reference's incremental insertion, while every phase either reads a frozen graph or
   // writes rows in a fixed order, so the result is independent of the thread count.
-  template <MatrixStore Store>
-  void enhance(const Store& store, detail::adjacency_lists& adj, id_t entry) const {
+  template <MatrixStore Store, class OnRound>
+  void enhance(const Store& store, detail::adjacency_lists& adj, id_t entry,
+               OnRound&& on_round) const {
     const std::size_t n = store.size(), R = 2 * params_.M;
     const std::size_t L = std::min(params_.L, n);
     const detail::building_graph<Store, KM> g{store, adj, entry};
@@ -349,6 +456,7 @@ class roargraph_builder {
             if (row.size() > R) row = prune_around(store, x, row, R, true, scratch[t]);
           },
           16);
+      on_round();
     }
   }
 

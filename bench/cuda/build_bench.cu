@@ -1,0 +1,263 @@
+// RoarGraph build of one KV head with GPU kNN (issue 6): 131072 keys x dim 128, a GQA group of
+// 4 query heads, 10% of each head's queries sampled for training, CPU steps on all host cores.
+// Reports the phase breakdown (kNN, projection, connectivity) and compares, in the same run:
+//   - GQA-shared (one index from the queries of all 4 heads) against one index per query head
+//     (4 builds), by build time and by recall@100 of each head's held-out queries against the
+//     exact CPU kNN, at several search pool sizes L;
+//   - the same shared build with the CPU kNN engine (baseline for step 1);
+//   - build_heads (next head's GPU kNN overlapping this head's CPU steps) against the same
+//     heads built one after the other, on --pipeline-heads KV heads of --pipeline-keys keys.
+// Query heads differ in distribution (topic strength and query mean per head), keys are shared.
+//
+// Usage: kvsift-cuda-build_bench [--n 131072] [--d 128] [--heads 4] [--ratio 0.1]
+//            [--eval 200] [--threads 0] [--per-head 1] [--pipeline-heads 4]
+//            [--pipeline-keys 32768]
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_util.cuh"
+
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 554
+#include <kvsift/core/vector_store.hpp>
+#include <kvsift/cuda/knn.cuh>
+#include <kvsift/index/build_pipeline.hpp>
+#include <kvsift/index/roargraph_builder.hpp>
+#include <kvsift/search/beam_search.hpp>
+#include <kvsift/testing/ood_generator.hpp>
+#pragma nv_diagnostic pop
+
+namespace {
+
+using kvsift::id_t;
+using kvsift::matrix_view;
+using store_t = kvsift::view_store<float>;
+using gpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kvsift::cuda::knn_engine>;
+using cpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kvsift::cpu_knn_engine>;
+
+struct options {
+  std::size_t n = 131072, d = 128, heads = 4, eval = 200, threads = 0, per_head = 1;
+  std::size_t pipeline_heads = 4, pipeline_keys = 32768;
+  double ratio = 0.1;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const char* v = argv[i + 1];
+    const std::size_t u = std::strtoull(v, nullptr, 10);
+    if (a == "--n") {
+      o.n = u;
+    } else if (a == "--d") {
+      o.d = u;
+    } else if (a == "--heads") {
+      o.heads = u;
+    } else if (a == "--eval") {
+      o.eval = u;
+    } else if (a == "--threads") {
+      o.threads = u;
+    } else if (a == "--per-head") {
+      o.per_head = u;
+    } else if (a == "--pipeline-heads") {
+      o.pipeline_heads = u;
+    } else if (a == "--pipeline-keys") {
+      o.pipeline_keys = u;
+    } else if (a == "--ratio") {
+      o.ratio = std::strtod(v, nullptr);
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+/// Query head h of a GQA group over one key set: same seed and key parameters (so the same
+/// keys and topics), different topic strength and query mean per head.
+kvsift::testing::ood_data make_head(std::size_t n, std::size_t m, std::size_t d, std::size_t h,
+                                    std::uint64_t seed) {
+  const float scale[] = {2.0f, 1.5f, 2.5f, 3.0f};
+  const float offset[] = {4.0f, 3.0f, 5.0f, 4.5f};
+  return kvsift::testing::make_ood({.keys = n,
+                                    .queries = m,
+                                    .dim = d,
+                                    .topics = 1024,
+                                    .query_offset = offset[h % 4],
+                                    .topic_scale = scale[h % 4],
+                                    .seed = seed});
+}
+
+void print_stats(const char* what, const kvsift::roargraph_build_stats& s) {
+  std::printf("%-44s total %7.3f s = kNN %6.3f + projection %6.3f + connectivity %7.3f (+ rest)\n",
+              what, s.total_seconds, s.knn_seconds, s.projection_seconds, s.connectivity_seconds);
+}
+
+template <class G>
+double recall_at(const G& g, matrix_view<const float> eval, const kvsift::knn_result& exact,
+                 std::size_t k, std::size_t L) {
+  std::size_t hit = 0;
+  kvsift::search_workspace ws;
+  std::vector<id_t> ids(k);
+  std::vector<float> scores(k);
+  for (std::size_t i = 0; i < eval.rows(); ++i) {
+    const auto r = kvsift::beam_search(g, std::span<const float>(eval.row(i), eval.cols()), {k, L},
+                                       ws, std::span<id_t>(ids), std::span<float>(scores));
+    const auto want = exact.row_ids(i);
+    for (std::size_t j = 0; j < r.count; ++j) {
+      hit += std::find(want.begin(), want.end(), ids[j]) != want.end();
+    }
+  }
+  return static_cast<double>(hit) / static_cast<double>(eval.rows() * k);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout when piped
+  kvsift::cuda_bench::bench_setup setup;
+  if (!kvsift::cuda_bench::start_bench(setup)) return 0;
+  const std::size_t threads = o.threads == 0 ? std::thread::hardware_concurrency() : o.threads;
+  const std::size_t m = o.n;  // prefill queries per head: one per key position
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<kvsift::testing::ood_data> heads;
+  for (std::size_t h = 0; h < o.heads; ++h) heads.push_back(make_head(o.n, m + o.eval, o.d, h, 11));
+  for (std::size_t h = 1; h < o.heads; ++h) {
+    if (heads[h].keys != heads[0].keys) {
+      std::printf("error: query heads do not share keys\n");
+      return 1;
+    }
+  }
+  std::printf(
+      "data: %zu keys x d=%zu, GQA group of %zu query heads x %zu prefill queries "
+      "(+%zu held out each), %.1f s to generate; %zu CPU threads\n",
+      o.n, o.d, o.heads, m, o.eval, seconds_since(t0), threads);
+  const store_t store(heads[0].key_view());
+  std::vector<matrix_view<const float>> prefill;
+  for (const auto& h : heads) prefill.push_back(h.query_view().row_range(0, m));
+
+  kvsift::roargraph_params p;  // paper defaults: nq = 100, M = 35, L = 500
+  p.threads = threads;
+  const gpu_builder gb(p);
+  const cpu_builder cb(p);
+
+  // Exact oracle for the held-out queries of each head.
+  const kvsift::cpu_knn_engine exact_engine({.threads = threads});
+  const std::size_t k = 100;
+  std::vector<kvsift::knn_result> exact;
+  for (const auto& h : heads) {
+    exact.push_back(exact_engine.search(h.query_view().row_range(m, o.eval), store.view(), k));
+  }
+
+  // GQA-shared, GPU kNN.
+  const auto shared_q =
+      kvsift::sample_gqa_queries(std::span<const matrix_view<const float>>(prefill), o.ratio, 7);
+  // Warm the builder's engine (CUDA context, cuBLAS handle, device buffers at full size).
+  (void)gb.training_knn(store.view(), shared_q.view());
+  kvsift::roargraph_build_stats s_shared;
+  const auto g_shared = gb.build(store, shared_q.view(), &s_shared);
+  char what[128];
+  std::snprintf(what, sizeof what, "GQA-shared, GPU kNN (%zu train queries):", shared_q.rows());
+  print_stats(what, s_shared);
+
+  const std::size_t Ls[] = {100, 200, 400};
+  double shared_recall[3] = {};
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t h = 0; h < o.heads; ++h) {
+      shared_recall[i] +=
+          recall_at(g_shared, heads[h].query_view().row_range(m, o.eval), exact[h], k, Ls[i]) /
+          static_cast<double>(o.heads);
+    }
+    std::printf("  GQA-shared recall@%zu of held-out queries of all heads, L=%zu: %.4f\n", k, Ls[i],
+                shared_recall[i]);
+  }
+
+  kvsift::roargraph_build_stats s_cpu;
+  (void)cb.training_knn(store.view(), shared_q.view().row_range(0, 64));
+  t0 = std::chrono::steady_clock::now();
+  const auto knn_cpu = cb.training_knn(store.view(), shared_q.view());
+  s_cpu.knn_seconds = seconds_since(t0);
+  std::printf("%-44s kNN %6.3f s (GPU kNN x%.1f faster)\n",
+              "GQA-shared, CPU kNN (step 1 only):", s_cpu.knn_seconds,
+              s_cpu.knn_seconds / s_shared.knn_seconds);
+
+  // One index per query head.
+  std::vector<decltype(gb.build(store, shared_q.view()))> per_head;
+  double per_head_total = 0;
+  for (std::size_t h = 0; h < o.heads && o.per_head != 0; ++h) {
+    const auto q = kvsift::sample_gqa_queries(
+        std::span<const matrix_view<const float>>(&prefill[h], 1), o.ratio, 7);
+    kvsift::roargraph_build_stats st;
+    per_head.push_back(gb.build(store, q.view(), &st));
+    per_head_total += st.total_seconds;
+    std::snprintf(what, sizeof what, "per query head %zu, GPU kNN (%zu train queries):", h,
+                  q.rows());
+    print_stats(what, st);
+  }
+  if (o.per_head != 0) {
+    std::printf(
+        "one index per query head: %.3f s for %zu indexes; GQA-shared: %.3f s for 1 -> "
+        "sharing builds x%.2f faster\n",
+        per_head_total, o.heads, s_shared.total_seconds, per_head_total / s_shared.total_seconds);
+  }
+  std::printf("recall@%zu of held-out queries (mean over heads) vs exact kNN:\n", k);
+  for (std::size_t i = 0; i < 3 && o.per_head != 0; ++i) {
+    double rp = 0;
+    for (std::size_t h = 0; h < o.heads; ++h) {
+      rp += recall_at(per_head[h], heads[h].query_view().row_range(m, o.eval), exact[h], k, Ls[i]);
+    }
+    std::printf("  L=%3zu  GQA-shared %.4f  per-head %.4f\n", Ls[i], shared_recall[i],
+                rp / static_cast<double>(o.heads));
+  }
+  // Pipeline: several KV heads (smaller), one after the other vs overlapped.
+  if (o.pipeline_heads > 0) {
+    std::vector<kvsift::testing::ood_data> kv;
+    std::vector<kvsift::kv_head_job<store_t>> jobs;
+    for (std::size_t h = 0; h < o.pipeline_heads; ++h) {
+      kv.push_back(make_head(o.pipeline_keys, o.heads * o.pipeline_keys, o.d, h, 100 + h));
+    }
+    for (const auto& x : kv) {
+      kvsift::kv_head_job<store_t> j{store_t(x.key_view()), {}};
+      for (std::size_t g = 0; g < o.heads; ++g) {
+        j.query_heads.push_back(x.query_view().row_range(g * o.pipeline_keys, o.pipeline_keys));
+      }
+      jobs.push_back(std::move(j));
+    }
+    t0 = std::chrono::steady_clock::now();
+    double knn_sum = 0;
+    for (const auto& j : jobs) {
+      kvsift::roargraph_build_stats st;
+      const auto q = kvsift::sample_gqa_queries(
+          std::span<const matrix_view<const float>>(j.query_heads), o.ratio, 7);
+      (void)gb.build(j.keys, q.view(), &st);
+      knn_sum += st.knn_seconds;
+    }
+    const double sequential = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    std::size_t last_done = 0;
+    const auto graphs = kvsift::build_heads(
+        gb, std::span<const kvsift::kv_head_job<store_t>>(jobs), {.sample_ratio = o.ratio}, nullptr,
+        [&](const kvsift::build_progress& pr) { last_done = pr.done; });
+    const double pipelined = seconds_since(t0);
+    std::printf(
+        "%zu KV heads x %zu keys: one after the other %.3f s (of which kNN %.3f s), "
+        "build_heads %.3f s (x%.2f), %zu heads reported\n",
+        o.pipeline_heads, o.pipeline_keys, sequential, knn_sum, pipelined, sequential / pipelined,
+        last_done);
+    (void)graphs;
+  }
+  (void)knn_cpu;
+  return 0;
+}

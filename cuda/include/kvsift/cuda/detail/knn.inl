@@ -1,0 +1,459 @@
+#pragma once
+// Kernels and host dispatch behind <kvsift/cuda/knn.cuh> (internal).
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include <kvsift/core/error.hpp>
+#include <kvsift/cuda/error.cuh>
+
+namespace kvsift::cuda::detail {
+
+using rank_key = unsigned long long;  // (ordered score bits << 32) | ~id
+
+inline constexpr int knn_threads = 256;
+inline constexpr int knn_step = 1024;  // scores filtered per step; buffer of 2 steps
+
+/// Packs (score, id) so that a larger key ranks first: higher score, then lower id. NaN is
+/// -inf and -0 is +0, as in the CPU engine's comparisons. Every real key is > 0, so 0 is a
+/// free "no entry yet" value below everything.
+__device__ inline rank_key make_rank_key(float s, std::uint32_t id) {
+  if (isnan(s)) s = -INFINITY;
+  if (s == 0.0f) s = 0.0f;
+  std::uint32_t b = __float_as_uint(s);
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<rank_key>(b) << 32) | static_cast<rank_key>(~id);
+}
+
+__device__ inline float rank_key_score(rank_key key) {
+  std::uint32_t b = static_cast<std::uint32_t>(key >> 32);
+  b = (b & 0x80000000u) ? (b & 0x7fffffffu) : ~b;
+  return __uint_as_float(b);
+}
+
+__device__ inline std::uint32_t rank_key_id(rank_key key) {
+  return ~static_cast<std::uint32_t>(key);
+}
+
+struct radix_scratch {
+  unsigned hist[256];
+  rank_key prefix;
+  int rank;
+};
+
+/// The `rank`-th largest (1-based) of a[0, count), by 8 passes of an 8-bit radix select over
+/// shared memory. Returns the key; `sh.rank` is left as its rank among keys equal to it.
+/// All threads of the block must call it; rank <= count.
+__device__ inline rank_key block_kth_largest(const rank_key* a, int count, int rank,
+                                             radix_scratch& sh) {
+  rank_key prefix = 0, mask = 0;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.hist[i] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+      const rank_key v = a[i];
+      if ((v & mask) == prefix) atomicAdd(&sh.hist[(v >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    // The digit holding the rank-th largest: warp 0 scans the 256 counts from the top, lane l
+    // owning digits 255 - 8l .. 248 - 8l; exactly one lane's range holds the rank.
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      unsigned own[8];
+      unsigned sum = 0;
+      for (int b = 0; b < 8; ++b) {
+        own[b] = sh.hist[255 - 8 * lane - b];
+        sum += own[b];
+      }
+      unsigned incl = sum;
+      for (int off = 1; off < 32; off <<= 1) {
+        const unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += v;
+      }
+      unsigned above = incl - sum;
+      const auto r = static_cast<unsigned>(rank);
+      if (above < r && r <= incl) {
+        int digit = 248 - 8 * lane;
+        for (int b = 0; b < 8; ++b) {
+          if (above + own[b] >= r) {
+            digit = 255 - 8 * lane - b;
+            break;
+          }
+          above += own[b];
+        }
+        sh.prefix = prefix | (static_cast<rank_key>(digit) << shift);
+        sh.rank = rank - static_cast<int>(above);
+      }
+    }
+    __syncthreads();
+    prefix = sh.prefix;
+    rank = sh.rank;
+    mask |= rank_key{255} << shift;
+  }
+  return prefix;
+}
+
+/// Folds one score tile into the running top-k of each query row (one block per row).
+/// best: rows x k rank keys (0 = empty); scores: rows x ld f32, columns [0, cols) valid, column
+/// j is key id0 + j. Scores are filtered `Step` at a time against the k-th best; survivors
+/// collect in a buffer of 2 * Step and are merged (radix select of the k best of the running
+/// top-k + survivors) only when the next step could overflow it, or at the end of the row.
+/// Shared: cand[k + 2 * Step] (running top-k, then the survivors), sel[k].
+template <int Step>
+__global__ void __launch_bounds__(knn_threads)
+    knn_merge_tile_kernel(const float* __restrict__ scores, std::int64_t ld, int cols,
+                          std::uint32_t id0, rank_key* __restrict__ best, int k) {
+  constexpr int capacity = 2 * Step;
+  extern __shared__ rank_key smem[];
+  rank_key* cand = smem;
+  rank_key* sel = smem + k + capacity;
+  __shared__ radix_scratch rs;
+  __shared__ int pending;
+  __shared__ int above;
+  __shared__ rank_key threshold;
+
+  const std::int64_t row = blockIdx.x;
+  rank_key* brow = best + row * k;
+  if (threadIdx.x == 0) {
+    threshold = ~rank_key{0};
+    pending = 0;
+  }
+  __syncthreads();
+  rank_key local_min = ~rank_key{0};
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    cand[i] = brow[i];
+    local_min = min(local_min, cand[i]);
+  }
+  atomicMin(&threshold, local_min);
+  __syncthreads();
+
+  const float* srow = scores + row * ld;
+  for (int c0 = 0; c0 < cols; c0 += Step) {
+    const int c1 = min(cols, c0 + Step);
+    const rank_key thr = threshold;
+    for (int j = c0 + static_cast<int>(threadIdx.x); j < c1; j += blockDim.x) {
+      const rank_key key = make_rank_key(srow[j], id0 + static_cast<std::uint32_t>(j));
+      // Keys are distinct, so one not above the k-th best can never enter the top-k.
+      if (key > thr) cand[k + atomicAdd(&pending, 1)] = key;
+    }
+    __syncthreads();
+    const int c = pending;
+    __syncthreads();  // everyone has read `pending` before the merge resets it
+    if (c == 0 || (c <= capacity - Step && c1 < cols)) continue;  // uniform across the block
+    const rank_key kth = block_kth_largest(cand, k + c, k, rs);
+    if (threadIdx.x == 0) above = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < k + c; i += blockDim.x) {
+      if (cand[i] > kth) sel[atomicAdd(&above, 1)] = cand[i];
+    }
+    __syncthreads();
+    // Keys equal to the k-th are one real key or copies of the empty key 0: identical values,
+    // so which copies are kept does not matter.
+    for (int i = above + static_cast<int>(threadIdx.x); i < k; i += blockDim.x) sel[i] = kth;
+    __syncthreads();
+    for (int i = threadIdx.x; i < k; i += blockDim.x) cand[i] = sel[i];
+    if (threadIdx.x == 0) {
+      threshold = kth;
+      pending = 0;
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < k; i += blockDim.x) brow[i] = cand[i];
+}
+
+/// Sorts each row's top-k best first (bitonic sort of `width` = next power of two >= k keys in
+/// shared memory) and writes scores and ids.
+template <class Key>
+__global__ void __launch_bounds__(1024)
+    knn_finalize_kernel(const Key* __restrict__ best, int k, int width,
+                        float* __restrict__ out_scores, std::uint32_t* __restrict__ out_ids) {
+  extern __shared__ Key a[];
+  const std::int64_t row = blockIdx.x;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) a[i] = i < k ? best[row * k + i] : 0;
+  __syncthreads();
+  for (int size = 2; size <= width; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool descending = (i & size) == 0;
+          const Key x = a[i], y = a[j];
+          if (descending ? x < y : x > y) {
+            a[i] = y;
+            a[j] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    out_scores[row * k + i] = rank_key_score(a[i]);
+    out_ids[row * k + i] = rank_key_id(a[i]);
+  }
+}
+
+template <class T>
+constexpr cudaDataType_t cuda_data_type() {
+  if constexpr (std::is_same_v<T, float>) {
+    return CUDA_R_32F;
+  } else if constexpr (std::is_same_v<T, half>) {
+    return CUDA_R_16F;
+  } else {
+    return CUDA_R_16BF;
+  }
+}
+
+inline void check_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
+  if (st != CUBLAS_STATUS_SUCCESS) [[unlikely]] {
+    throw cuda_error(cudaErrorUnknown, kvsift::detail::concat(expr, " failed at ", file, ":", line,
+                                                              ": ", cublasGetStatusName(st), " (",
+                                                              cublasGetStatusString(st), ")"));
+  }
+}
+
+#define KVSIFT_CUBLAS_CHECK(expr) \
+  ::kvsift::cuda::detail::check_cublas((expr), #expr, __FILE__, __LINE__)
+
+inline std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct knn_layout {
+  std::int64_t qt, kt;
+  std::size_t scores_bytes, best_bytes;
+};
+
+inline knn_layout knn_workspace_layout(std::int64_t m, std::int64_t n, int k, const knn_policy& p) {
+  kvsift::detail::require(m > 0, "knn: expected at least one query, got ", m);
+  kvsift::detail::require(n > 0, "knn: expected a non-empty key set, got ", n, " keys");
+  kvsift::detail::require(k > 0 && k <= max_knn_k, "knn: expected 1 <= k <= ", max_knn_k,
+                          ", got k = ", k);
+  kvsift::detail::require(p.query_tile > 0 && p.key_tile > 0,
+                          "knn: expected positive tile sizes, got query_tile = ", p.query_tile,
+                          ", key_tile = ", p.key_tile);
+  knn_layout l{};
+  l.qt = std::min(p.query_tile, m);
+  l.kt = std::min(p.key_tile, n);
+  l.scores_bytes = align_up(static_cast<std::size_t>(l.qt * l.kt) * sizeof(float));
+  l.best_bytes =
+      align_up(static_cast<std::size_t>(l.qt) * static_cast<std::size_t>(k) * sizeof(rank_key));
+  return l;
+}
+
+/// Throws unless `p` is device (or managed) memory of `device`.
+inline void require_device_pointer(const void* p, int device, const char* what) {
+  kvsift::detail::require(p != nullptr, "knn: ", what, " is null");
+  cudaPointerAttributes attr{};
+  KVSIFT_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+  kvsift::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+                          "knn: ", what, " must be device memory, got a host pointer");
+  kvsift::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device,
+                          "knn: ", what, " lives on device ", attr.device,
+                          ", expected the current device ", device);
+}
+
+/// Restores the calling thread's current device on scope exit.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    KVSIFT_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (device != previous_) KVSIFT_CUDA_CHECK(cudaSetDevice(device));
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+/// Grow-only device allocation.
+struct grow_buffer {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  void* reserve(std::size_t want) {
+    if (want > bytes) {
+      if (p != nullptr) KVSIFT_CUDA_CHECK(cudaFree(p));
+      p = nullptr;
+      bytes = 0;
+      KVSIFT_CUDA_CHECK(cudaMalloc(&p, want));
+      bytes = want;
+    }
+    return p;
+  }
+  void release() noexcept {
+    if (p != nullptr) cudaFree(p);
+    p = nullptr;
+    bytes = 0;
+  }
+};
+
+}  // namespace kvsift::cuda::detail
+
+namespace kvsift::cuda {
+
+inline std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k,
+                                      const knn_policy& policy) {
+  const auto l = detail::knn_workspace_layout(m, n, k, policy);
+  return l.scores_bytes + l.best_bytes;
+}
+
+template <Element T>
+void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* out_scores,
+         id_t* out_ids, void* workspace, std::size_t workspace_bytes, cublasHandle_t handle,
+         cudaStream_t stream, const knn_policy& policy) {
+  static_assert(sizeof(id_t) == sizeof(std::uint32_t));
+  const auto m = static_cast<std::int64_t>(queries.rows());
+  const auto n = static_cast<std::int64_t>(keys.rows());
+  const auto l = detail::knn_workspace_layout(m, n, k, policy);
+  require_dim(keys.cols(), queries.cols(), "knn: query dimension vs key dimension");
+  kvsift::detail::require(keys.cols() > 0, "knn: expected a positive dimension, got 0");
+  kvsift::detail::require(k <= n, "knn: expected k <= n = ", n, ", got k = ", k);
+  kvsift::detail::require(n <= std::int64_t{invalid_id}, "knn: at most ", invalid_id,
+                          " keys supported, got ", n);
+  const std::size_t need = l.scores_bytes + l.best_bytes;
+  kvsift::detail::require(workspace_bytes >= need, "knn: workspace of ", workspace_bytes,
+                          " bytes is too small, expected >= ", need);
+  kvsift::detail::require(handle != nullptr, "knn: cuBLAS handle is null");
+  int device = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  // The default stream handles (0, legacy, per-thread) always mean the current device.
+  if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+    int stream_device = 0;
+    KVSIFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
+    kvsift::detail::require(stream_device == device, "knn: the stream belongs to device ",
+                            stream_device, ", expected the current device ", device);
+  }
+  detail::require_device_pointer(queries.data(), device, "queries");
+  detail::require_device_pointer(keys.data(), device, "keys");
+  detail::require_device_pointer(out_scores, device, "out_scores");
+  detail::require_device_pointer(out_ids, device, "out_ids");
+  detail::require_device_pointer(workspace, device, "workspace");
+
+  auto* scores = static_cast<float*>(workspace);
+  auto* best = reinterpret_cast<detail::rank_key*>(static_cast<char*>(workspace) + l.scores_bytes);
+  const int d = static_cast<int>(keys.cols());
+  const cudaDataType_t type = detail::cuda_data_type<T>();
+  const float one = 1.0f, zero = 0.0f;
+  KVSIFT_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  KVSIFT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+  const std::size_t merge_smem =
+      (2 * static_cast<std::size_t>(k) + 2 * detail::knn_step) * sizeof(detail::rank_key);
+  int width = 1;
+  while (width < k) width <<= 1;
+  const int finalize_threads = std::max(32, std::min(1024, width));
+  const std::size_t finalize_smem = static_cast<std::size_t>(width) * sizeof(detail::rank_key);
+  static_assert((2 * max_knn_k + 2 * detail::knn_step) * sizeof(detail::rank_key) <= 48 * 1024);
+
+  for (std::int64_t q0 = 0; q0 < m; q0 += l.qt) {
+    const std::int64_t qn = std::min(l.qt, m - q0);
+    KVSIFT_CUDA_CHECK(cudaMemsetAsync(
+        best, 0, static_cast<std::size_t>(qn) * k * sizeof(detail::rank_key), stream));
+    for (std::int64_t k0 = 0; k0 < n; k0 += l.kt) {
+      const std::int64_t kn = std::min(l.kt, n - k0);
+      // Row-major S (qn x kn) = Q K^T is column-major S^T = K Q^T: A = keys (column-major
+      // d x kn, transposed), B = queries (column-major d x qn).
+      KVSIFT_CUBLAS_CHECK(
+          cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kn), static_cast<int>(qn),
+                       d, &one, keys.row(static_cast<std::size_t>(k0)), type,
+                       static_cast<int>(keys.stride()), queries.row(static_cast<std::size_t>(q0)),
+                       type, static_cast<int>(queries.stride()), &zero, scores, CUDA_R_32F,
+                       static_cast<int>(kn), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      detail::knn_merge_tile_kernel<detail::knn_step>
+          <<<static_cast<unsigned>(qn), detail::knn_threads, merge_smem, stream>>>(
+              scores, kn, static_cast<int>(kn), static_cast<std::uint32_t>(k0), best, k);
+      KVSIFT_CUDA_CHECK(cudaGetLastError());
+    }
+    detail::knn_finalize_kernel<detail::rank_key>
+        <<<static_cast<unsigned>(qn), finalize_threads, finalize_smem, stream>>>(
+            best, k, width, out_scores + q0 * k, out_ids + q0 * k);
+    KVSIFT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+/// Device state shared by copies of one engine.
+struct knn_engine::state {
+  std::mutex mutex;
+  bool ready = false;
+  cublasHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+  detail::grow_buffer queries, keys, scores, ids, workspace;
+  int device = 0;
+
+  ~state() {
+    if (!ready) return;
+    cudaSetDevice(device);  // buffers are freed on the device they live on
+    for (auto* b : {&queries, &keys, &scores, &ids, &workspace}) b->release();
+    cublasDestroy(handle);
+    cudaStreamDestroy(stream);
+  }
+};
+
+inline knn_engine::knn_engine(knn_engine_params params)
+    : params_(params), state_(std::make_shared<state>()) {}
+
+template <Element T>
+knn_result knn_engine::search(matrix_view<const float> queries, matrix_view<const T> keys,
+                              std::size_t k) const {
+  kvsift::detail::validate_knn(queries, keys.rows(), keys.cols(), k);
+  kvsift::detail::require(k <= keys.rows(), "knn_engine: expected k <= n = ", keys.rows(),
+                          ", got k = ", k);
+  kvsift::detail::require(k <= static_cast<std::size_t>(max_knn_k),
+                          "knn_engine: expected k <= ", max_knn_k, ", got k = ", k);
+  require_finite(queries, "knn_engine: queries");
+  require_finite(keys, "knn_engine: keys");
+  const std::size_t m = queries.rows(), n = keys.rows(), d = keys.cols();
+  const int ki = static_cast<int>(k);
+  const std::size_t ws_bytes = knn_workspace_size(static_cast<std::int64_t>(m),
+                                                  static_cast<std::int64_t>(n), ki, params_.policy);
+
+  // Queries in the key element type, contiguous (the only host-side copy).
+  std::vector<T> q(m * d);
+  for (std::size_t i = 0; i < m; ++i) {
+    for (std::size_t j = 0; j < d; ++j) q[i * d + j] = T(queries(i, j));
+  }
+
+  std::lock_guard lock(state_->mutex);
+  detail::device_guard guard(params_.device);
+  state& s = *state_;
+  if (!s.ready) {
+    s.device = params_.device;
+    KVSIFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    if (const cublasStatus_t st = cublasCreate(&s.handle); st != CUBLAS_STATUS_SUCCESS) {
+      cudaStreamDestroy(s.stream);
+      detail::check_cublas(st, "cublasCreate", __FILE__, __LINE__);
+    }
+    s.ready = true;
+  }
+  auto* dq = static_cast<T*>(s.queries.reserve(m * d * sizeof(T)));
+  auto* dk = static_cast<T*>(s.keys.reserve(n * d * sizeof(T)));
+  auto* ds = static_cast<float*>(s.scores.reserve(m * k * sizeof(float)));
+  auto* di = static_cast<id_t*>(s.ids.reserve(m * k * sizeof(id_t)));
+  void* dw = s.workspace.reserve(ws_bytes);
+  KVSIFT_CUDA_CHECK(
+      cudaMemcpyAsync(dq, q.data(), m * d * sizeof(T), cudaMemcpyHostToDevice, s.stream));
+  KVSIFT_CUDA_CHECK(cudaMemcpy2DAsync(dk, d * sizeof(T), keys.data(), keys.stride() * sizeof(T),
+                                      d * sizeof(T), n, cudaMemcpyHostToDevice, s.stream));
+  knn<T>(matrix_view<const T>(dq, m, d), matrix_view<const T>(dk, n, d), ki, ds, di, dw, ws_bytes,
+         s.handle, s.stream, params_.policy);
+  knn_result out;
+  out.rows = m;
+  out.k = k;
+  out.ids.resize(m * k);
+  out.scores.resize(m * k);
+  KVSIFT_CUDA_CHECK(
+      cudaMemcpyAsync(out.ids.data(), di, m * k * sizeof(id_t), cudaMemcpyDeviceToHost, s.stream));
+  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.scores.data(), ds, m * k * sizeof(float),
+                                    cudaMemcpyDeviceToHost, s.stream));
+  KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  return out;
+}
+
+}  // namespace kvsift::cuda

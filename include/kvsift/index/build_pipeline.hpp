@@ -1,0 +1,109 @@
+#pragma once
+// Building the indexes of many KV heads (and layers) back to back, with step 1 of the next head
+// overlapping steps 2-4 of the current one. With a GPU engine (kvsift::cuda::knn_engine) the
+// exact kNN and its host<->device copies run on the GPU and a helper thread while the CPU
+// threads project and connect the previous head, so the GPU time mostly disappears from the
+// total. Each KV head gets one index, built GQA-shared: its training queries are sampled from
+// every query head of its group (sample_gqa_queries), which costs one build instead of one per
+// query head. Plain C++: the pipeline works with any KnnEngine, the CPU engine included.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvsift/core/dense_matrix.hpp"
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/matrix_view.hpp"
+#include "kvsift/core/vector_store.hpp"
+#include "kvsift/index/gqa_sampling.hpp"
+#include "kvsift/index/graph_index.hpp"
+#include "kvsift/index/knn_result.hpp"
+#include "kvsift/index/roargraph_builder.hpp"
+
+namespace kvsift {
+
+/// One KV head to index: its keys and the prefill queries of every query head that reads it.
+template <MatrixStore Store>
+struct kv_head_job {
+  Store keys;
+  std::vector<matrix_view<const float>> query_heads;  ///< the GQA group, >= 1 head
+};
+
+/// Settings of `build_heads`.
+struct build_pipeline_params {
+  double sample_ratio = 0.1;  ///< fraction of each query head's rows used for training, (0, 1]
+  std::uint64_t seed = 7;     ///< sampling seed (the same for every head: deterministic)
+};
+
+/**
+ * @brief Builds one RoarGraph index per KV head, in order, overlapping the kNN of head i + 1
+ *        (sampling + engine call, on a helper thread) with steps 2-4 of head i.
+ *
+ * The result of head i equals `builder.build(jobs[i].keys, sample_gqa_queries(jobs[i]
+ * .query_heads, ratio, seed))`: the pipeline changes when work runs, never what it computes.
+ * At most two kNN results are alive at a time.
+ *
+ * @param stats    if not null, resized to jobs.size(); [i] holds head i's phase seconds
+ *                 (knn_seconds measured on the helper thread; total = kNN + steps 2-4)
+ * @param progress if set, called on the calling thread after each head: done = heads built,
+ *                 total = jobs.size(), phase "head"
+ * @throw invalid_argument a job without query heads, sample_ratio not in (0, 1] (all checked
+ *        before any work); otherwise what `roargraph_builder`, `sample_gqa_queries`, the engine
+ *        or the callback throw, after the helper thread has finished
+ * @note Thread safety: the engine is called from the helper thread while the calling thread
+ *       runs steps 2-4 with `params().threads` threads; give the CPU engine's kNN and steps 2-4
+ *       the machine's cores between them. Complexity: the sum of the builds; wall time about
+ *       max(kNN, steps 2-4) per head plus the first kNN.
+ */
+template <Metric M, KnnEngine Engine, MatrixStore Store>
+std::vector<graph_index<Store, M>> build_heads(const roargraph_builder<M, Engine>& builder,
+                                               std::span<const kv_head_job<Store>> jobs,
+                                               const build_pipeline_params& params = {},
+                                               std::vector<roargraph_build_stats>* stats = nullptr,
+                                               const build_progress_callback& progress = {}) {
+  detail::require(params.sample_ratio > 0.0 && params.sample_ratio <= 1.0,
+                  "build_heads: expected sample_ratio in (0, 1], got ", params.sample_ratio);
+  for (std::size_t h = 0; h < jobs.size(); ++h) {
+    detail::require(!jobs[h].query_heads.empty(), "build_heads: KV head ", h,
+                    " has no query heads, expected at least 1");
+  }
+  struct knn_job {
+    knn_result knn;
+    double seconds = 0;
+  };
+  auto knn_of = [&](std::size_t h) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const dense_matrix<float> q =
+        sample_gqa_queries(std::span<const matrix_view<const float>>(jobs[h].query_heads),
+                           params.sample_ratio, params.seed);
+    knn_job out{builder.training_knn(jobs[h].keys.view(), q.view()), 0.0};
+    out.seconds = detail::seconds_since(t0);
+    return out;
+  };
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<graph_index<Store, M>> out;
+  out.reserve(jobs.size());
+  if (stats != nullptr) stats->assign(jobs.size(), {});
+  std::future<knn_job> next;
+  if (!jobs.empty()) next = std::async(std::launch::async, knn_of, 0);
+  for (std::size_t h = 0; h < jobs.size(); ++h) {
+    knn_job cur = next.get();
+    // A std::async future blocks in its destructor, so an exception below still waits for
+    // the helper before `jobs` goes away.
+    if (h + 1 < jobs.size()) next = std::async(std::launch::async, knn_of, h + 1);
+    roargraph_build_stats st;
+    out.push_back(builder.build_from_knn(jobs[h].keys, cur.knn, &st));
+    st.knn_seconds = cur.seconds;
+    st.total_seconds += cur.seconds;
+    if (stats != nullptr) (*stats)[h] = st;
+    if (progress) progress({h + 1, jobs.size(), detail::seconds_since(t0), "head"});
+  }
+  return out;
+}
+
+}  // namespace kvsift

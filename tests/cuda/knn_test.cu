@@ -1,0 +1,289 @@
+// The GPU kNN engine against the CPU engine (the exact oracle of <kvsift/index/knn.hpp>).
+//
+// How ids are compared exactly: the GPU GEMM and the CPU's Eigen GEMM add the d products in
+// different orders, so for general floats their scores may differ in the last bits and the
+// orders of near-ties may differ. The equality tests therefore use small integer-valued
+// vectors: every product and partial sum is an integer below 2^24, exact in f32 in any order
+// and exactly representable in f16 and bf16, so both engines see identical scores and the ids
+// must match exactly, tie rule included (integer data has many exact ties). The graph test
+// uses real-valued data and compares recall, not ids.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+// Same nvcc diagnostic as in knn.cuh (host headers instantiating matrix_view<const T>).
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 554
+#include <kvsift/core/dense_matrix.hpp>
+#include <kvsift/core/vector_store.hpp>
+#include <kvsift/cuda/knn.cuh>
+#include <kvsift/index/roargraph_builder.hpp>
+#include <kvsift/search/beam_search.hpp>
+#include <kvsift/testing/ood_generator.hpp>
+#pragma nv_diagnostic pop
+
+#include "cuda_test.cuh"
+#include "test_util.cuh"
+
+namespace {
+
+using namespace kvsift::cuda_test;
+using kvsift::bfloat16;
+using kvsift::half;
+using kvsift::id_t;
+using kvsift::matrix_view;
+
+/// rows x d integers in [-range, range], as f32.
+std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int range) {
+  std::vector<float> v(rows * d);
+  for (auto& x : v) x = static_cast<float>(uniform_int(-range, range));
+  return v;
+}
+
+/// v as element type T (kvsift::convert over a one-column view).
+template <class T>
+std::vector<T> convert(const std::vector<float>& v) {
+  const auto m = kvsift::convert<T>(matrix_view<const float>(v.data(), v.size(), 1));
+  return {m.data(), m.data() + m.size()};
+}
+
+template <class T>
+const char* name_of() {
+  return kvsift::to_string(kvsift::element_type_of<T>()).data();  // a literal: NUL-terminated
+}
+
+/// Counts rows whose ids or scores differ; prints the first mismatch.
+int count_mismatched_rows(const kvsift::knn_result& got, const kvsift::knn_result& want) {
+  if (got.rows != want.rows || got.k != want.k) {
+    std::printf("  shape %zu x %zu, expected %zu x %zu\n", got.rows, got.k, want.rows, want.k);
+    return static_cast<int>(want.rows) + 1;
+  }
+  int bad = 0;
+  for (std::size_t i = 0; i < want.rows; ++i) {
+    for (std::size_t j = 0; j < want.k; ++j) {
+      const std::size_t at = i * want.k + j;
+      if (got.ids[at] != want.ids[at] || got.scores[at] != want.scores[at]) {
+        if (bad == 0) {
+          std::printf("  row %zu rank %zu: got id %u score %g, expected id %u score %g\n", i, j,
+                      got.ids[at], got.scores[at], want.ids[at], want.scores[at]);
+        }
+        ++bad;
+        break;
+      }
+    }
+  }
+  return bad;
+}
+
+template <class T>
+void engine_matches_cpu(std::size_t m, std::size_t n, std::size_t d, int range,
+                        const std::vector<std::size_t>& ks, kvsift::cuda::knn_policy policy) {
+  const auto qf = integer_matrix(m, d, range);
+  const auto kf = integer_matrix(n, d, range);
+  const auto keys = convert<T>(kf);
+  const matrix_view<const float> q(qf.data(), m, d);
+  const matrix_view<const T> kv(keys.data(), n, d);
+  const kvsift::cpu_knn_engine cpu(kvsift::cpu_knn_params{.threads = 2});
+  const kvsift::cuda::knn_engine gpu({.device = 0, .policy = policy});
+  for (const std::size_t k : ks) {
+    const auto want = cpu.search(q, kv, k);
+    const auto got = gpu.search(q, kv, k);
+    const int bad = count_mismatched_rows(got, want);
+    if (bad != 0) {
+      std::printf("  %s m=%zu n=%zu d=%zu k=%zu: %d rows differ\n", name_of<T>(), m, n, d, k, bad);
+    }
+    CHECK(bad == 0);
+  }
+}
+
+// k in {1, 10, 100, 1000}; n = 2500 and m = 300 are not multiples of the tiles (768 x 128), so
+// partial tiles in both directions are exercised, and several key tiles are merged per row.
+TEST_CASE_CUDA(knn_engine_matches_cpu_f32) {
+  engine_matches_cpu<float>(300, 2500, 24, 3, {1, 10, 100, 1000}, {128, 768});
+}
+TEST_CASE_CUDA(knn_engine_matches_cpu_f16) {
+  engine_matches_cpu<half>(300, 2500, 24, 3, {1, 10, 100, 1000}, {128, 768});
+}
+TEST_CASE_CUDA(knn_engine_matches_cpu_bf16) {
+  engine_matches_cpu<bfloat16>(300, 2500, 24, 3, {1, 10, 100, 1000}, {128, 768});
+}
+
+// Wider integer range (few ties), default tiles (one tile each way), a single query, and k = n.
+TEST_CASE_CUDA(knn_engine_matches_cpu_edge_shapes) {
+  engine_matches_cpu<float>(1, 3000, 64, 40, {1, 10, 100, 1000}, {});
+  engine_matches_cpu<half>(1, 1000, 16, 8, {1, 1000}, {});
+  engine_matches_cpu<bfloat16>(37, 517, 8, 1, {1, 517}, {5, 64});  // mostly ties
+  engine_matches_cpu<float>(64, 3000, 128, 40, {1024}, {16, 1000});
+}
+
+// The device entry point with strided views, against the CPU engine on the same data.
+TEST_CASE_CUDA(knn_device_views_with_stride) {
+  const std::size_t m = 50, n = 700, d = 20, stride = 24;
+  const int k = 17;
+  const auto qf = integer_matrix(m, stride, 5);
+  const auto kf = integer_matrix(n, stride, 5);
+  const auto q16 = convert<half>(qf);
+  const auto k16 = convert<half>(kf);
+  device_buffer<half> dq(q16), dk(k16);
+  device_buffer<float> ds(m * k);
+  device_buffer<id_t> di(m * k);
+  const kvsift::cuda::knn_policy policy{16, 256};
+  const std::size_t bytes = kvsift::cuda::knn_workspace_size(m, n, k, policy);
+  device_buffer<char> ws(bytes);
+  cublasHandle_t h = nullptr;
+  CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  kvsift::cuda::knn(matrix_view<const half>(dq.get(), m, d, stride),
+                    matrix_view<const half>(dk.get(), n, d, stride), k, ds.get(), di.get(),
+                    ws.get(), bytes, h, nullptr, policy);
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto want = kvsift::cpu_knn_engine({.threads = 2})
+                        .search(matrix_view<const float>(qf.data(), m, d, stride),
+                                matrix_view<const half>(k16.data(), n, d, stride), k);
+  kvsift::knn_result got{m, k, di.download(), ds.download()};
+  CHECK(count_mismatched_rows(got, want) == 0);
+  cublasDestroy(h);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+TEST_CASE_CUDA(knn_engine_rejects_bad_input) {
+  const std::size_t n = 40, d = 8;
+  auto qf = integer_matrix(5, d, 3);
+  auto kf = integer_matrix(n, d, 3);
+  const matrix_view<const float> q(qf.data(), 5, d), kv(kf.data(), n, d);
+  const kvsift::cuda::knn_engine gpu;
+  CHECK_THROWS_AS(gpu.search(q, kv, 0), kvsift::invalid_argument);
+  CHECK(contains(message_of([&] { (void)gpu.search(q, kv, n + 1); }), "expected k <= n = 40"));
+  std::vector<float> big(2000 * d, 1.0f);
+  const matrix_view<const float> bigv(big.data(), 2000, d);
+  CHECK(contains(message_of([&] { (void)gpu.search(q, bigv, 1025); }), "expected k <= 1024"));
+  CHECK_THROWS_AS(gpu.search(matrix_view<const float>(qf.data(), 0, d), kv, 1),
+                  kvsift::invalid_argument);
+  CHECK_THROWS_AS(gpu.search(matrix_view<const float>(qf.data(), 4, d - 1), kv, 1),
+                  kvsift::dimension_mismatch);
+  CHECK_THROWS_AS(gpu.search(q, matrix_view<const float>(kf.data(), 0, d), 1),
+                  kvsift::invalid_argument);
+  qf[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(contains(message_of([&] { (void)gpu.search(q, kv, 1); }), "knn_engine: queries"));
+  CHECK_THROWS_AS(gpu.search(q, kv, 1), kvsift::non_finite_value);
+  qf[3] = 0;
+  kf[17] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_AS(gpu.search(q, kv, 1), kvsift::non_finite_value);
+  kf[17] = 0;
+  const auto k16 = convert<half>(kf);
+  CHECK(gpu.search(q, matrix_view<const half>(k16.data(), n, d), 3).ids.size() == 15);
+}
+
+TEST_CASE_CUDA(knn_device_entry_rejects_bad_input) {
+  const std::size_t m = 4, n = 32, d = 8;
+  device_buffer<float> dq(m * d), dk(n * d), ds(m * 8);
+  device_buffer<id_t> di(m * 8);
+  const std::size_t bytes = kvsift::cuda::knn_workspace_size(m, n, 8);
+  device_buffer<char> ws(bytes);
+  cublasHandle_t h = nullptr;
+  CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  const matrix_view<const float> q(dq.get(), m, d), kv(dk.get(), n, d);
+  auto call = [&](matrix_view<const float> qq, matrix_view<const float> kk, int k, void* w,
+                  std::size_t wb, cudaStream_t s) {
+    kvsift::cuda::knn(qq, kk, k, ds.get(), di.get(), w, wb, h, s);
+  };
+  CHECK_THROWS_AS(call(q, kv, 0, ws.get(), bytes, nullptr), kvsift::invalid_argument);
+  CHECK_THROWS_AS(call(q, kv, 1025, ws.get(), bytes, nullptr), kvsift::invalid_argument);
+  CHECK(contains(message_of([&] {
+                   call(q, matrix_view<const float>(dk.get(), 7, d), 8, ws.get(), bytes, nullptr);
+                 }),
+                 "expected k <= n = 7"));
+  CHECK_THROWS_AS(call(matrix_view<const float>(dq.get(), 0, d), kv, 8, ws.get(), bytes, nullptr),
+                  kvsift::invalid_argument);
+  CHECK_THROWS_AS(call(matrix_view<const float>(dq.get(), m, 4), kv, 8, ws.get(), bytes, nullptr),
+                  kvsift::dimension_mismatch);
+  CHECK(
+      contains(message_of([&] { call(q, kv, 8, ws.get(), bytes - 1, nullptr); }), "is too small"));
+  std::vector<float> host(m * d);
+  CHECK(contains(message_of([&] {
+                   call(matrix_view<const float>(host.data(), m, d), kv, 8, ws.get(), bytes,
+                        nullptr);
+                 }),
+                 "must be device memory"));
+  CHECK_THROWS_AS(call(q, kv, 8, nullptr, bytes, nullptr), kvsift::invalid_argument);
+  CHECK_THROWS_AS(kvsift::cuda::knn_workspace_size(m, n, 8, {0, 16}), kvsift::invalid_argument);
+  // A stream created on another device: needs two GPUs to construct.
+  int devices = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices >= 2) {
+    cudaStream_t other = nullptr;
+    KVSIFT_CUDA_CHECK(cudaSetDevice(1));
+    KVSIFT_CUDA_CHECK(cudaStreamCreate(&other));
+    KVSIFT_CUDA_CHECK(cudaSetDevice(0));
+    CHECK(contains(message_of([&] { call(q, kv, 8, ws.get(), bytes, other); }),
+                   "the stream belongs to device 1"));
+    KVSIFT_CUDA_CHECK(cudaStreamDestroy(other));
+  } else {
+    std::printf("  (one device: the foreign-stream check is not exercised)\n");
+  }
+  cublasDestroy(h);
+}
+
+// A graph built with GPU kNN routes queries as well as one built with CPU kNN. Real-valued
+// data, so a few near-tied kNN entries may differ between the GEMMs; recall must agree.
+TEST_CASE_CUDA(knn_engine_graph_recall_equals_cpu_built) {
+  const auto data = kvsift::testing::make_ood({.keys = 4000, .queries = 600, .dim = 32});
+  const auto train = data.query_view().row_range(0, 400);
+  const auto eval = data.query_view().row_range(400, 200);
+  kvsift::roargraph_params p;
+  p.nq = 50;
+  p.M = 16;
+  p.L = 100;
+  p.threads = 2;
+  const auto keys = data.key_view();
+  const kvsift::view_store<float> store(keys);
+  const auto g_cpu = kvsift::roargraph_builder<>(p).build(store, train);
+  const auto g_gpu =
+      kvsift::roargraph_builder<kvsift::inner_product, kvsift::cuda::knn_engine>(p).build(store,
+                                                                                          train);
+  const std::size_t k = 10;
+  const auto exact = kvsift::cpu_knn_engine({.threads = 2}).search(eval, keys, k);
+  auto recall = [&](const auto& g) {
+    kvsift::search_workspace ws;
+    std::vector<id_t> ids(k);
+    std::vector<float> scores(k);
+    std::size_t hit = 0;
+    for (std::size_t i = 0; i < eval.rows(); ++i) {
+      const auto r =
+          kvsift::beam_search(g, std::span<const float>(eval.row(i), eval.cols()), {k, 64}, ws,
+                              std::span<id_t>(ids), std::span<float>(scores));
+      for (std::size_t j = 0; j < r.count; ++j) {
+        const auto row = exact.row_ids(i);
+        hit += std::find(row.begin(), row.end(), ids[j]) != row.end();
+      }
+    }
+    return static_cast<double>(hit) / static_cast<double>(eval.rows() * k);
+  };
+  const double r_cpu = recall(g_cpu), r_gpu = recall(g_gpu);
+  std::printf("  recall@10 (L=64): cpu-built %.4f, gpu-built %.4f\n", r_cpu, r_gpu);
+  CHECK(r_cpu > 0.8);
+  CHECK_NEAR(r_gpu, r_cpu, 0.01);
+  // And the step-1 results themselves agree on (nearly) all entries.
+  const auto a = kvsift::cpu_knn_engine({.threads = 2}).search(train, keys, p.nq);
+  const auto b = kvsift::cuda::knn_engine().search(train, keys, p.nq);
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < a.ids.size(); ++i) same += a.ids[i] == b.ids[i];
+  CHECK(static_cast<double>(same) >= 0.999 * static_cast<double>(a.ids.size()));
+}
+
+}  // namespace
