@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kvsift/core/error.hpp"
@@ -35,6 +36,25 @@ struct partition_spec {
   [[nodiscard]] static partition_spec uniform(std::size_t partitions, std::uint32_t tokens_each,
                                               std::size_t page_tokens, bool packed = false) {
     return {std::vector<std::uint32_t>(partitions, tokens_each), page_tokens, packed};
+  }
+
+  /// Token slot where each partition starts in the page sequence (slot s is token s % page_tokens
+  /// of page s / page_tokens), plus the end slot. The one place the page layout is decided.
+  /// O(partitions). @throw invalid_argument for no partitions, a zero token count, or
+  ///        page_tokens == 0.
+  [[nodiscard]] std::vector<std::size_t> start_slots() const {
+    detail::require(!token_counts.empty(), "partition_spec: expected partitions, got 0");
+    detail::require(page_tokens > 0, "partition_spec: page_tokens must be > 0, got 0");
+    std::vector<std::size_t> start(token_counts.size() + 1);
+    std::size_t slot = 0;
+    for (std::size_t p = 0; p < token_counts.size(); ++p) {
+      detail::require(token_counts[p] > 0, "partition_spec: partition ", p, " has 0 tokens");
+      if (!packed) slot = (slot + page_tokens - 1) / page_tokens * page_tokens;
+      start[p] = slot;
+      slot += token_counts[p];
+    }
+    start.back() = slot;
+    return start;
   }
 };
 
@@ -63,22 +83,16 @@ class partition_map {
   /// @throw invalid_argument for no partitions, a zero token count, page_tokens == 0, or a
   ///        policy whose page count differs from the layout's.
   partition_map(const partition_spec& spec, Policy policy) : policy_(std::move(policy)) {
-    detail::require(!spec.token_counts.empty(), "partition_map: expected partitions, got 0");
-    detail::require(spec.page_tokens > 0, "partition_map: page_tokens must be > 0, got 0");
+    const std::vector<std::size_t> start = spec.start_slots();  // validates the spec
     const std::size_t n = spec.token_counts.size();
     tokens_.assign(spec.token_counts.begin(), spec.token_counts.end());
     first_page_.resize(n + 1);
     last_page_.resize(n);
-    std::size_t token = 0;  // first token slot of the next partition
     for (std::size_t p = 0; p < n; ++p) {
-      detail::require(tokens_[p] > 0, "partition_map: partition ", p, " has 0 tokens");
-      if (!spec.packed)
-        token = (token + spec.page_tokens - 1) / spec.page_tokens * spec.page_tokens;
-      first_page_[p] = token / spec.page_tokens;
-      token += tokens_[p];
-      last_page_[p] = (token - 1) / spec.page_tokens;
+      first_page_[p] = start[p] / spec.page_tokens;
+      last_page_[p] = (start[p] + tokens_[p] - 1) / spec.page_tokens;
     }
-    pages_ = (token + spec.page_tokens - 1) / spec.page_tokens;
+    pages_ = (start.back() + spec.page_tokens - 1) / spec.page_tokens;
     first_page_[n] = pages_;
     detail::require(policy_.keys() == pages_, "partition_map: the layout has ", pages_,
                     " pages, the policy manages ", policy_.keys());
