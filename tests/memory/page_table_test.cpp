@@ -106,6 +106,10 @@ TEST_CASE("page_table metadata grows with mapped pages, not the logical space", 
 TEST_CASE("page_table rejects bad shapes, keys and the pool running out", "[memory]") {
   REQUIRE_THROWS_AS(page_table(page_table_params{0, 1, 1, 1, 1, 1}), kvsift::invalid_argument);
   REQUIRE_THROWS_AS(page_table(page_table_params{1, 1, 1, 1, 0, 1}), kvsift::invalid_argument);
+  REQUIRE_THAT(message_of<kvsift::invalid_argument>([] {
+                 page_table(page_table_params{1, 1, 1, 64, 24, 1});
+               }),
+               Catch::Contains("power of two below 2^31, got 24"));
   REQUIRE_THROWS_AS(page_table(page_table_params{1, 1, 1, 1, 1, 0}), kvsift::invalid_argument);
   page_table t(page_table_params{2, 1, 1, 64, 16, 1});
   REQUIRE_THAT(message_of<kvsift::out_of_range>([&] {
@@ -123,4 +127,16 @@ TEST_CASE("page_table rejects bad shapes, keys and the pool running out", "[memo
   t.release_request(0);
   t.map({1, 0, 0, 16}, 10);  // the segment is back in the pool
   REQUIRE(t.lookup({1, 0, 0, 16}) == 10);
+
+  // Batched lookup: validates every key before writing anything.
+  const std::vector<page_key> keys{{1, 0, 0, 16}, {1, 0, 0, 17}, {0, 0, 0, 3}};
+  std::vector<kvsift::page_id> out(3, 123);
+  t.lookup(keys, out);
+  REQUIRE(out == std::vector<kvsift::page_id>{10, no_page, no_page});
+  std::vector<kvsift::page_id> out2(3, 123);
+  const std::vector<page_key> bad{{1, 0, 0, 16}, {0, 1, 0, 0}};
+  REQUIRE_THROWS_AS(t.lookup(bad, out2), kvsift::out_of_range);
+  REQUIRE(out2[0] == 123);
+  REQUIRE_THROWS_AS(t.lookup(keys, std::span<kvsift::page_id>(out2).first(2)),
+                    kvsift::dimension_mismatch);
 }

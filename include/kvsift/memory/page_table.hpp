@@ -7,9 +7,11 @@
 // request, and a finished request gives its segments back to the pool.
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "kvsift/core/error.hpp"
@@ -37,7 +39,7 @@ struct page_table_params {
   std::size_t layers = 0;           ///< (> 0)
   std::size_t heads = 0;            ///< KV heads per layer (> 0)
   std::size_t pages_per_head = 0;   ///< logical pages of the longest context (> 0)
-  std::size_t segment_pages = 256;  ///< logical pages per second-level segment (> 0)
+  std::size_t segment_pages = 256;  ///< logical pages per segment: a power of two (shift, mask)
   std::size_t pool_segments = 0;    ///< segments pre-allocated for the second level (> 0)
 };
 
@@ -48,33 +50,40 @@ struct page_table_params {
 struct page_table_view {
   const std::uint32_t* directory = nullptr;
   const page_id* pool = nullptr;
-  std::uint32_t layers = 0, heads = 0, segments_per_head = 0, segment_pages = 0;
+  std::uint32_t layers = 0, heads = 0, segments_per_head = 0;
+  std::uint32_t segment_shift = 0;  ///< log2(segment_pages)
 
   [[nodiscard]] KVSIFT_HOST_DEVICE std::uint64_t directory_index(page_key k) const {
     return ((std::uint64_t{k.request} * layers + k.layer) * heads + k.head) * segments_per_head +
-           k.page / segment_pages;
+           (k.page >> segment_shift);
   }
-  /// Physical page of `k`, or no_page. O(1): two dependent loads.
+  /// Entry of `k` inside its segment `seg`.
+  [[nodiscard]] KVSIFT_HOST_DEVICE std::uint64_t pool_index(std::uint32_t seg, page_key k) const {
+    return (std::uint64_t{seg} << segment_shift) + (k.page & ((1u << segment_shift) - 1));
+  }
+  /// Physical page of `k`, or no_page. O(1): two dependent loads, no division.
   [[nodiscard]] KVSIFT_HOST_DEVICE page_id lookup(page_key k) const {
     const std::uint32_t seg = directory[directory_index(k)];
-    if (seg == no_page) return no_page;
-    return pool[std::uint64_t{seg} * segment_pages + k.page % segment_pages];
+    return seg == no_page ? no_page : pool[pool_index(seg, k)];
   }
 };
 
-/// Owning two-level page table. Thread safety: const members safe concurrently; map, unmap
-/// and release_request need external synchronisation.
+/// Owning two-level page table (move-only). Thread safety: const members safe concurrently; map,
+/// unmap and release_request need external synchronisation.
 class page_table {
  public:
   /// Allocates the directory and the whole segment pool up front (nothing is allocated later).
-  /// @throw invalid_argument for a zero dimension or pool, or a directory beyond 2^32 entries.
+  /// @throw invalid_argument for a zero dimension or pool, segment_pages not a power of two,
+  ///        or a directory beyond 2^32 entries.
   explicit page_table(const page_table_params& p)
       : p_(p),
         segments_per_head_(p.segment_pages == 0 ? 0 : ceil_div(p.pages_per_head, p.segment_pages)) {
     detail::require(p.requests > 0 && p.layers > 0 && p.heads > 0 && p.pages_per_head > 0,
                     "page_table: expected requests, layers, heads, pages_per_head > 0, got ",
                     p.requests, ", ", p.layers, ", ", p.heads, ", ", p.pages_per_head);
-    detail::require(p.segment_pages > 0, "page_table: segment_pages must be > 0, got 0");
+    detail::require(std::has_single_bit(p.segment_pages) && p.segment_pages < (1u << 31),
+                    "page_table: segment_pages must be a power of two below 2^31, got ",
+                    p.segment_pages);
     detail::require(p.pool_segments > 0, "page_table: pool_segments must be > 0, got 0");
     detail::require(p.pool_segments < no_page && p.pages_per_head < no_page,
                     "page_table: pool_segments and pages_per_head must be < 2^32 - 1, got ",
@@ -86,7 +95,20 @@ class page_table {
     directory_.assign(dir, no_page);
     pool_.assign(p.pool_segments * p.segment_pages, no_page);
     live_.assign(p.pool_segments, 0);
+    // The arrays never reallocate after this point (nor on a move), so the handle is built once.
+    view_ = {directory_.data(),
+             pool_.data(),
+             static_cast<std::uint32_t>(p.layers),
+             static_cast<std::uint32_t>(p.heads),
+             static_cast<std::uint32_t>(segments_per_head_),
+             static_cast<std::uint32_t>(std::countr_zero(p.segment_pages))};
   }
+  // Move-only: a copy's handle would point into the source's arrays.
+  page_table(const page_table&) = delete;
+  page_table& operator=(const page_table&) = delete;
+  page_table(page_table&&) noexcept = default;
+  page_table& operator=(page_table&&) noexcept = default;
+  ~page_table() = default;
 
   [[nodiscard]] const page_table_params& params() const noexcept { return p_; }
   [[nodiscard]] std::size_t mapped_pages() const noexcept { return mapped_; }
@@ -96,20 +118,27 @@ class page_table {
     return directory_.size() * sizeof(std::uint32_t) + pool_.size() * sizeof(page_id) +
            live_.size() * sizeof(std::uint32_t) + allocator_.metadata_bytes();
   }
-  [[nodiscard]] page_table_view view() const noexcept {
-    return {directory_.data(),
-            pool_.data(),
-            static_cast<std::uint32_t>(p_.layers),
-            static_cast<std::uint32_t>(p_.heads),
-            static_cast<std::uint32_t>(segments_per_head_),
-            static_cast<std::uint32_t>(p_.segment_pages)};
-  }
+  /// Lookup handle over this table's arrays (valid while the table lives).
+  [[nodiscard]] page_table_view view() const noexcept { return view_; }
 
   /// Physical page of `k`, or no_page if unmapped. O(1).
   /// @throw out_of_range for a key outside the table's shape.
   [[nodiscard]] page_id lookup(page_key k) const {
     check(k, "lookup");
-    return view().lookup(k);
+    return view_.lookup(k);
+  }
+
+  /// Batched lookup: out[i] = lookup(keys[i]). All keys are validated before anything is
+  /// written, then looked up through a local handle (what a decode step does with its pages).
+  /// O(keys.size()). @throw dimension_mismatch if out is shorter than keys; out_of_range for a
+  /// key outside the table's shape.
+  void lookup(std::span<const page_key> keys, std::span<page_id> out) const {
+    detail::require<dimension_mismatch>(out.size() >= keys.size(),
+                                        "page_table::lookup: expected an output of at least ",
+                                        keys.size(), " entries, got ", out.size());
+    for (const page_key& k : keys) check(k, "lookup");
+    const page_table_view v = view_;
+    for (std::size_t i = 0; i < keys.size(); ++i) out[i] = v.lookup(keys[i]);
   }
 
   /// Maps `k` to `phys`, taking a segment from the pool if k's segment has none yet. O(1)
@@ -120,11 +149,11 @@ class page_table {
     check(k, "map");
     detail::require(phys != no_page, "page_table::map: physical page id ", phys,
                     " is the reserved no_page value");
-    auto& seg = directory_[view().directory_index(k)];
+    auto& seg = directory_[view_.directory_index(k)];
     if (seg == no_page) {
       seg = static_cast<std::uint32_t>(allocator_.allocate());  // throws before any change
     }
-    auto& slot = pool_[std::size_t{seg} * p_.segment_pages + k.page % p_.segment_pages];
+    auto& slot = pool_[view_.pool_index(seg, k)];
     detail::require(slot == no_page, "page_table::map: page ", k.page, " of request ", k.request,
                     " layer ", k.layer, " head ", k.head, " is already mapped to ", slot);
     slot = phys;
@@ -137,10 +166,8 @@ class page_table {
   /// @throw out_of_range for a bad key; invalid_argument if k is not mapped.
   page_id unmap(page_key k) {
     check(k, "unmap");
-    const std::uint32_t seg = directory_[view().directory_index(k)];
-    page_id* slot = seg == no_page
-                        ? nullptr
-                        : &pool_[std::size_t{seg} * p_.segment_pages + k.page % p_.segment_pages];
+    const std::uint32_t seg = directory_[view_.directory_index(k)];
+    page_id* slot = seg == no_page ? nullptr : &pool_[view_.pool_index(seg, k)];
     detail::require(slot != nullptr && *slot != no_page, "page_table::unmap: page ", k.page,
                     " of request ", k.request, " layer ", k.layer, " head ", k.head,
                     " is not mapped");
@@ -173,13 +200,20 @@ class page_table {
  private:
   static std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
+  // The test is inline and branch-predicted; the message is built out of line, so a checked
+  // lookup costs about what an unchecked one does.
   void check(page_key k, const char* what) const {
-    detail::require<out_of_range>(k.request < p_.requests && k.layer < p_.layers &&
-                                      k.head < p_.heads && k.page < p_.pages_per_head,
-                                  "page_table::", what,
-                                  ": expected (request, layer, head, page) < (", p_.requests, ", ",
-                                  p_.layers, ", ", p_.heads, ", ", p_.pages_per_head, "), got (",
-                                  k.request, ", ", k.layer, ", ", k.head, ", ", k.page, ")");
+    // One branch for the four tests (bitwise |): keeps the lookup loop short.
+    if ((k.request >= p_.requests) | (k.layer >= p_.layers) | (k.head >= p_.heads) |
+        (k.page >= p_.pages_per_head)) [[unlikely]] {
+      fail_key(k, what);
+    }
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_key(page_key k, const char* what) const {
+    detail::fail<out_of_range>("page_table::", what, ": expected (request, layer, head, page) < (",
+                               p_.requests, ", ", p_.layers, ", ", p_.heads, ", ",
+                               p_.pages_per_head, "), got (", k.request, ", ", k.layer, ", ",
+                               k.head, ", ", k.page, ")");
   }
 
   page_table_params p_;
@@ -189,6 +223,7 @@ class page_table {
   std::vector<std::uint32_t> directory_;  // segment id per (request, layer, head, segment)
   std::vector<page_id> pool_;             // pool_segments x segment_pages physical ids
   std::vector<std::uint32_t> live_;       // mapped entries per segment
+  page_table_view view_;
 };
 
 }  // namespace kvsift
