@@ -11,7 +11,8 @@
 //   bulk   one cudaMemcpyAsync of 64 MiB contiguous pinned memory (the bandwidth ceiling)
 //   gather one gather_pages launch over the scattered pages (target >= 90% of bulk)
 //   memcpy one cudaMemcpyAsync per page (the naive way; the speed-up is gather / memcpy)
-// and the same for the way back (scatter_pages vs bulk device-to-host).
+// and the same for the way back (scatter_pages vs bulk device-to-host); then the kernels'
+// bandwidth at other grid sizes (gather_policy::blocks_per_sm).
 
 #include <cuda_runtime.h>
 
@@ -73,43 +74,59 @@ int main() {
     auto* hb = static_cast<unsigned char*>(host);
     auto* db = static_cast<unsigned char*>(dev);
 
-    const float bulk_h2d = median_ms(
-        [&](cudaStream_t st) {
-          KVSIFT_CUDA_CHECK(cudaMemcpyAsync(bulk_dev, host, moved, cudaMemcpyHostToDevice, st));
-        },
-        s);
-    const float gather = median_ms(
-        [&](cudaStream_t st) { kvsift::cuda::gather_pages(d_copies, n, pools, nullptr, st); }, s);
-    const float per_page_h2d = median_ms(
-        [&](cudaStream_t st) {
-          for (const auto& c : copies) {
-            KVSIFT_CUDA_CHECK(cudaMemcpyAsync(db + c.gpu_page * page, hb + c.cpu_page * page, page,
-                                              cudaMemcpyHostToDevice, st));
-          }
-        },
-        s, 1, 5);
-    const float bulk_d2h = median_ms(
-        [&](cudaStream_t st) {
-          KVSIFT_CUDA_CHECK(cudaMemcpyAsync(host, bulk_dev, moved, cudaMemcpyDeviceToHost, st));
-        },
-        s);
-    const float scatter = median_ms(
-        [&](cudaStream_t st) { kvsift::cuda::scatter_pages(d_copies, n, pools, nullptr, st); }, s);
-    const float per_page_d2h = median_ms(
-        [&](cudaStream_t st) {
-          for (const auto& c : copies) {
-            KVSIFT_CUDA_CHECK(cudaMemcpyAsync(hb + c.cpu_page * page, db + c.gpu_page * page, page,
-                                              cudaMemcpyDeviceToHost, st));
-          }
-        },
-        s, 1, 5);
-    std::printf(
-        "%5lu KB %6lu | %6.1f %6.1f %4.0f%% %6.2f %5.1f | %6.1f %6.1f %4.0f%% %6.2f %5.1f\n",
-        static_cast<unsigned long>(page / 1024), static_cast<unsigned long>(n),
-        gbps(moved, bulk_h2d), gbps(moved, gather), 100.0 * bulk_h2d / gather,
-        gbps(moved, per_page_h2d), per_page_h2d / gather, gbps(moved, bulk_d2h),
-        gbps(moved, scatter), 100.0 * bulk_d2h / scatter, gbps(moved, per_page_d2h),
-        per_page_d2h / scatter);
+    // One direction: the bulk copy, the kernel, one cudaMemcpyAsync per page.
+    auto measure = [&](bool to_device) {
+      const cudaMemcpyKind kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+      const float bulk = median_ms(
+          [&](cudaStream_t st) {
+            KVSIFT_CUDA_CHECK(cudaMemcpyAsync(to_device ? bulk_dev : host,
+                                              to_device ? host : bulk_dev, moved, kind, st));
+          },
+          s);
+      const float kernel = median_ms(
+          [&](cudaStream_t st) {
+            if (to_device) {
+              kvsift::cuda::gather_pages(d_copies, n, pools, nullptr, st);
+            } else {
+              kvsift::cuda::scatter_pages(d_copies, n, pools, nullptr, st);
+            }
+          },
+          s);
+      const float per_page = median_ms(
+          [&](cudaStream_t st) {
+            for (const auto& c : copies) {
+              unsigned char* h = hb + c.cpu_page * page;
+              unsigned char* d = db + c.gpu_page * page;
+              KVSIFT_CUDA_CHECK(
+                  cudaMemcpyAsync(to_device ? d : h, to_device ? h : d, page, kind, st));
+            }
+          },
+          s, 1, 5);
+      std::printf(" | %6.1f %6.1f %4.0f%% %6.2f %5.1f", gbps(moved, bulk), gbps(moved, kernel),
+                  100.0 * bulk / kernel, gbps(moved, per_page), per_page / kernel);
+    };
+    std::printf("%5lu KB %6lu", static_cast<unsigned long>(page / 1024),
+                static_cast<unsigned long>(n));
+    measure(true);
+    measure(false);
+    std::printf("\n");
+    // Launch tuning: kernel GB/s for other grid sizes (the default is 8 blocks per SM).
+    std::printf("%16s blocks/SM:", "");
+    for (const int b : {2, 4, 16, 32}) {
+      const kvsift::cuda::gather_policy pol{b};
+      const float g = median_ms(
+          [&](cudaStream_t st) {
+            kvsift::cuda::gather_pages(d_copies, n, pools, nullptr, st, pol);
+          },
+          s);
+      const float sc = median_ms(
+          [&](cudaStream_t st) {
+            kvsift::cuda::scatter_pages(d_copies, n, pools, nullptr, st, pol);
+          },
+          s);
+      std::printf("  %d: %.1f / %.1f", b, gbps(moved, g), gbps(moved, sc));
+    }
+    std::printf("  (gather / scatter GB/s)\n");
     KVSIFT_CUDA_CHECK(cudaFree(d_copies));
   }
   KVSIFT_CUDA_CHECK(cudaFree(bulk_dev));

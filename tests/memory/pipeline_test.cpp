@@ -159,12 +159,7 @@ std::vector<std::vector<id_t>> run_pipeline(const A& algo, std::size_t budget,
 
 TEST_CASE("pipeline: token-level graph retrieval fetches its top-k tokens", "[memory]") {
   const auto& d = shared_data();
-  kvsift::roargraph_params p;
-  p.nq = 50;
-  p.M = 16;
-  p.L = 100;
-  p.threads = 2;
-  p.batch = 16;
+  const kvsift::roargraph_params p{.nq = 50, .M = 16, .L = 100, .threads = 2, .batch = 16};
   const kvsift::graph_token_retrieval algo(d.ood.query_view().row_range(0, 200), p, 100);
   const auto sel = run_pipeline(algo, 32, 64);
   // Recall of the selection against the exact top-32 (the oracle).

@@ -42,7 +42,9 @@ struct bucketed_lru_ref {
 /// of the four output arrays (never more entries than its selection), in the CPU's order.
 struct lru_step_io {
   const std::uint32_t* selected = nullptr;
-  const std::uint64_t* offsets = nullptr;  ///< [pairs + 1], non-decreasing (not checked)
+  /// [pairs + 1], non-decreasing, each pair's selection < 2^31 entries (device data: not
+  /// checked)
+  const std::uint64_t* offsets = nullptr;
   std::uint32_t* evicted_keys = nullptr;
   std::uint32_t* evicted_slots = nullptr;
   std::uint32_t* admitted_keys = nullptr;
