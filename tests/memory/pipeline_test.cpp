@@ -222,3 +222,27 @@ TEST_CASE("pipeline: offload and retrieve reject bad input", "[memory]") {
   kvsift::retrieve(map, kv, std::vector<id_t>{0}, gpu, r);
   REQUIRE(r.copies.size() == 2);
 }
+
+TEST_CASE("graph_token_retrieval rejects bad input", "[memory]") {
+  const auto& d = shared_data();
+  const kvsift::roargraph_params p{.nq = 10, .M = 8, .L = 20, .threads = 1, .batch = 16};
+  REQUIRE_THROWS_AS(kvsift::graph_token_retrieval(d.ood.query_view().row_range(0, 0), p),
+                    kvsift::invalid_argument);
+  REQUIRE_THROWS_AS(kvsift::graph_token_retrieval(d.ood.query_view().row_range(0, 20), p, 0),
+                    kvsift::invalid_argument);
+  const kvsift::graph_token_retrieval algo(d.ood.query_view().row_range(0, 20), p, 20);
+  kvsift::dense_matrix<float> nan_keys(50, 32);
+  nan_keys.row(3)[1] = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE_THROWS_AS((void)algo.index(nan_keys.cview()), kvsift::non_finite_value);
+  REQUIRE_THROWS_AS((void)algo.index(d.ood.key_view().row_range(0, 0)), kvsift::invalid_argument);
+  const auto idx = algo.index(d.ood.key_view().row_range(0, 100));
+  REQUIRE(idx.partitions().partitions() == 100);
+  kvsift::search_workspace ws;
+  std::vector<id_t> out;
+  const std::vector<float> short_query(31, 0.0f);
+  REQUIRE_THROWS_AS(algo.select(idx, short_query, 5, ws, out), kvsift::dimension_mismatch);
+  REQUIRE_THROWS_AS(algo.select(idx, d.ood.query_view().row_span(0), 0, ws, out),
+                    kvsift::invalid_argument);
+  algo.select(idx, d.ood.query_view().row_span(0), 200, ws, out);  // budget > tokens: all found
+  REQUIRE(out.size() == 100);
+}
