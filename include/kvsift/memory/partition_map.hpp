@@ -106,6 +106,9 @@ class partition_map {
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   /// Meta-partition table. @throw out_of_range for p >= partitions().
   [[nodiscard]] std::uint32_t token_count(std::size_t p) const { return tokens_[check(p)]; }
+  /// True if p was selected and none of its pages was evicted since (conservative: a packed
+  /// partition made resident by its neighbours' selections reads false).
+  /// @throw out_of_range for p >= partitions().
   [[nodiscard]] bool resident(std::size_t p) const { return resident_[check(p)] != 0; }
   /// Partition offsets: pages [first, last] of partition p. @throw out_of_range.
   [[nodiscard]] std::size_t first_page(std::size_t p) const { return first_page_[check(p)]; }
