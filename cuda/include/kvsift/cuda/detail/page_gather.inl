@@ -1,0 +1,86 @@
+#pragma once
+// Kernel and host dispatch behind <kvsift/cuda/page_gather.cuh> (internal).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <kvsift/core/error.hpp>
+#include <kvsift/cuda/error.cuh>
+
+namespace kvsift::cuda::detail {
+
+inline constexpr int gather_threads = 256;
+inline constexpr int gather_unroll = 4;  // 16-byte loads in flight per lane before the stores
+
+template <bool ToDevice>
+__global__ void __launch_bounds__(gather_threads)
+    page_copy_kernel(const page_copy* copies, std::uint64_t count, page_pools pools, int* status) {
+  const std::uint64_t lane = threadIdx.x % 32;
+  const std::uint64_t warps = std::uint64_t{gridDim.x} * (gather_threads / 32);
+  const std::uint64_t vecs = pools.page_bytes / sizeof(uint4);
+  auto* host = static_cast<uint4*>(pools.host);
+  auto* dev = static_cast<uint4*>(pools.device);
+  for (std::uint64_t i = (std::uint64_t{blockIdx.x} * gather_threads + threadIdx.x) / 32; i < count;
+       i += warps) {
+    const page_copy c = copies[i];
+    if (c.cpu_page >= pools.host_pages || c.gpu_page >= pools.device_pages) {
+      if (lane == 0 && status != nullptr) atomicOr(status, gather_page_out_of_range);
+      continue;
+    }
+    const uint4* src = (ToDevice ? host + c.cpu_page * vecs : dev + c.gpu_page * vecs);
+    uint4* dst = ToDevice ? dev + c.gpu_page * vecs : host + c.cpu_page * vecs;
+    for (std::uint64_t v = lane; v < vecs; v += 32 * gather_unroll) {
+      uint4 r[gather_unroll];
+#pragma unroll
+      for (int u = 0; u < gather_unroll; ++u) {
+        if (v + 32 * u < vecs) r[u] = src[v + 32 * u];
+      }
+#pragma unroll
+      for (int u = 0; u < gather_unroll; ++u) {
+        if (v + 32 * u < vecs) dst[v + 32 * u] = r[u];
+      }
+    }
+  }
+}
+
+template <bool ToDevice>
+void launch_page_copy(const page_copy* copies, std::uint64_t count, const page_pools& pools,
+                      int* status, cudaStream_t stream, const gather_policy& policy,
+                      const char* who) {
+  if (count == 0) return;
+  kvsift::detail::require(copies != nullptr && pools.host != nullptr && pools.device != nullptr,
+                          who, ": null copy list or pool with ", count, " copies");
+  kvsift::detail::require(pools.page_bytes > 0 && pools.page_bytes % 16 == 0, who,
+                          ": page_bytes must be a positive multiple of 16, got ", pools.page_bytes);
+  kvsift::detail::require(reinterpret_cast<std::uintptr_t>(pools.host) % 16 == 0 &&
+                              reinterpret_cast<std::uintptr_t>(pools.device) % 16 == 0,
+                          who, ": pool bases must be 16-byte aligned");
+  kvsift::detail::require(policy.blocks_per_sm > 0, who, ": blocks_per_sm must be > 0, got ",
+                          policy.blocks_per_sm);
+  int device = 0, sms = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::uint64_t warps_per_block = gather_threads / 32;
+  const std::uint64_t needed = (count + warps_per_block - 1) / warps_per_block;
+  const std::uint64_t persistent = std::uint64_t(sms) * std::uint64_t(policy.blocks_per_sm);
+  const auto blocks = static_cast<unsigned>(needed < persistent ? needed : persistent);
+  page_copy_kernel<ToDevice><<<blocks, gather_threads, 0, stream>>>(copies, count, pools, status);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace kvsift::cuda::detail
+
+namespace kvsift::cuda {
+
+inline void gather_pages(const page_copy* copies, std::uint64_t count, const page_pools& pools,
+                         int* status, cudaStream_t stream, const gather_policy& policy) {
+  detail::launch_page_copy<true>(copies, count, pools, status, stream, policy, "gather_pages");
+}
+
+inline void scatter_pages(const page_copy* copies, std::uint64_t count, const page_pools& pools,
+                          int* status, cudaStream_t stream, const gather_policy& policy) {
+  detail::launch_page_copy<false>(copies, count, pools, status, stream, policy, "scatter_pages");
+}
+
+}  // namespace kvsift::cuda

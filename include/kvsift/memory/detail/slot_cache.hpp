@@ -1,0 +1,111 @@
+#pragma once
+// The bookkeeping every replacement policy shares: key <-> slot maps, deduplication and
+// hit/miss classification of a step's selection, validation, and admission of misses into
+// free slots (lowest slot first). A policy only decides which non-selected pages to evict.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/ids.hpp"
+#include "kvsift/memory/replacement_policy.hpp"
+
+namespace kvsift::detail {
+
+class slot_cache {
+ public:
+  slot_cache() = default;
+  slot_cache(std::size_t capacity, std::size_t keys, const char* who)
+      : who_(who), slot_of_(keys, invalid_id), key_of_(capacity, invalid_id), mark_(keys, 0) {
+    require(capacity > 0, who, ": capacity must be > 0, got 0");
+    require(keys > 0, who, ": the number of logical pages must be > 0, got 0");
+    require(keys < invalid_id && capacity < invalid_id, who,
+            ": at most 2^32 - 2 pages and slots, got ", keys, " and ", capacity);
+  }
+
+  [[nodiscard]] std::size_t capacity() const noexcept { return key_of_.size(); }
+  [[nodiscard]] std::size_t keys() const noexcept { return slot_of_.size(); }
+  [[nodiscard]] std::size_t resident() const noexcept { return resident_; }
+  /// Slot holding `key`, or invalid_id. @throw out_of_range for key >= keys().
+  [[nodiscard]] id_t slot_of(id_t key) const {
+    require<out_of_range>(key < slot_of_.size(), who_, "::slot_of: expected a page id < ",
+                          slot_of_.size(), ", got ", key);
+    return slot_of_[key];
+  }
+  [[nodiscard]] id_t key_in(std::size_t slot) const noexcept { return key_of_[slot]; }
+
+  /// Validates `selected` and splits it into distinct hits (slots, `hit_slot` flags set) and
+  /// distinct misses (first-appearance order). Changes no policy state on a throw.
+  void classify(std::span<const id_t> selected) {
+    for (std::size_t i = 0; i < selected.size(); ++i) {
+      require<out_of_range>(selected[i] < slot_of_.size(), who_, "::step: expected page ids < ",
+                            slot_of_.size(), ", got ", selected[i], " at position ", i);
+    }
+    ++epoch_;
+    if (epoch_ == 0) {  // wrapped: old marks could alias
+      std::fill(mark_.begin(), mark_.end(), 0);
+      epoch_ = 1;
+    }
+    hits_.clear();
+    misses_.clear();
+    for (const id_t k : selected) {
+      if (mark_[k] == epoch_) continue;
+      mark_[k] = epoch_;
+      (slot_of_[k] == invalid_id ? misses_ : hits_).push_back(k);
+    }
+    require(hits_.size() + misses_.size() <= capacity(), who_, "::step: page demand of ",
+            hits_.size() + misses_.size(), " distinct pages exceeds the buffer of ", capacity(),
+            " slots");
+    hit_slot_.assign(capacity(), 0);
+    for (const id_t k : hits_) hit_slot_[slot_of_[k]] = 1;
+  }
+
+  [[nodiscard]] const std::vector<id_t>& hits() const noexcept { return hits_; }
+  [[nodiscard]] const std::vector<id_t>& misses() const noexcept { return misses_; }
+  [[nodiscard]] bool selected_slot(std::size_t s) const noexcept { return hit_slot_[s] != 0; }
+  /// Evictions still needed after using the free slots.
+  [[nodiscard]] std::size_t demand() const noexcept {
+    const std::size_t free = capacity() - resident_;
+    return misses_.size() > free ? misses_.size() - free : 0;
+  }
+
+  void evict(std::size_t slot, replacement_step& out) {
+    const id_t k = key_of_[slot];
+    out.evicted_keys.push_back(k);
+    out.evicted_slots.push_back(static_cast<id_t>(slot));
+    slot_of_[k] = invalid_id;
+    key_of_[slot] = invalid_id;
+    --resident_;
+  }
+
+  /// Admits the misses into free slots, lowest slot first; `on_admit(slot)` lets the policy
+  /// set its recency state.
+  template <class F>
+  void admit(replacement_step& out, F&& on_admit) {
+    std::size_t slot = 0;
+    for (const id_t k : misses_) {
+      while (key_of_[slot] != invalid_id) ++slot;
+      key_of_[slot] = k;
+      slot_of_[k] = static_cast<id_t>(slot);
+      ++resident_;
+      out.admitted_keys.push_back(k);
+      out.admitted_slots.push_back(static_cast<id_t>(slot));
+      on_admit(slot);
+    }
+  }
+
+ private:
+  const char* who_ = "";
+  std::vector<id_t> slot_of_;  // key -> slot (the GPU page table of this head)
+  std::vector<id_t> key_of_;   // slot -> key
+  std::vector<std::uint32_t> mark_;
+  std::uint32_t epoch_ = 0;
+  std::size_t resident_ = 0;
+  std::vector<id_t> hits_, misses_;
+  std::vector<std::uint8_t> hit_slot_;
+};
+
+}  // namespace kvsift::detail
