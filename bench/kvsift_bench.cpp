@@ -120,20 +120,18 @@ double parse_real(const std::string& opt, const std::string& v) {
   return x;
 }
 
-std::vector<double> parse_real_list(const std::string& opt, const std::string& v) {
-  std::vector<double> out;
+/// A comma-separated list, each item read by `one(opt, item)`.
+template <class One>
+auto parse_list_of(const std::string& opt, const std::string& v, One one) {
+  std::vector<decltype(one(opt, v))> out;
   std::stringstream ss(v);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(parse_real(opt, item));
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(one(opt, item));
   if (out.empty()) usage_error(opt + ": expected a comma-separated list, got '" + v + "'");
   return out;
 }
 
 std::vector<std::size_t> parse_list(const std::string& opt, const std::string& v) {
-  std::vector<std::size_t> out;
-  std::stringstream ss(v);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(parse_size(opt, item));
-  if (out.empty()) usage_error(opt + ": expected a comma-separated list, got '" + v + "'");
-  return out;
+  return parse_list_of(opt, v, parse_size);
 }
 
 options parse(int argc, char** argv) {
@@ -207,7 +205,7 @@ options parse(int argc, char** argv) {
     else if (a == "--attn-k")
       o.attn_k = parse_list(a, v);
     else if (a == "--attn-beta")
-      o.attn_beta = parse_real_list(a, v);
+      o.attn_beta = parse_list_of(a, v, parse_real);
     else if (a == "--attn-L")
       o.attn_L = parse_size(a, v);
     else if (a == "--attn-l0")
