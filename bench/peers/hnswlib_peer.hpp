@@ -9,6 +9,7 @@
 
 #include <hnswlib/hnswlib.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <span>
