@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -16,12 +18,20 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "kvsift/attention/quality.hpp"
 #include "kvsift/index/block_index.hpp"
 #include "kvsift/kvsift.hpp"
 #include "kvsift/search/planner.hpp"
 #include "kvsift/testing/ood_generator.hpp"
+#ifdef KVSIFT_BENCH_HNSWLIB
+#include "peers/hnswlib_peer.hpp"
+#endif
+#ifdef KVSIFT_BENCH_FAISS
+#include "peers/faiss_peer.hpp"
+#endif
 
 namespace {
 
@@ -39,9 +49,13 @@ data (.fbin: uint32 n, uint32 d, f32 data; or .npy f4/f2):
   --n N --dim D       demo size (default 32768 x 128); training = 10% of n
   --spread X          demo key norm spread (default 0.2; 0.4 is harder, see ood_generator.hpp)
   --eval N            use at most N evaluation queries (default 200 for --demo, all for files)
-index:
-  --index flat|roargraph   (default roargraph)     --metric ip|l2 (default ip)
+index (the flat scan always runs as the baseline):
+  --index LIST   of roargraph, hnsw, ivf, or flat alone (default roargraph); hnsw / ivf are
+                 peers (hnswlib, faiss IVF-Flat), present when built with them, metric ip only
+  --metric ip|l2 (default ip)
   --nq N (100)  --M N (35)  --L-build N (500)  --threads N (0 = all cores; build and oracle)
+  --ef LIST (10,20,50,100,200,400)  --hnsw-M N (16)  --hnsw-ef-construction N (200)
+  --nprobe LIST (1,2,4,8,16,32,64)  --nlist N (0 = 4 sqrt(n))
   --save-index F / --load-index F   store / reuse the built graph
 query (latency is always measured on one thread):
   --query topk|dipr|both   (default: topk for files, both for --demo)
@@ -49,6 +63,14 @@ query (latency is always measured on one thread):
   --beta X       DIPR range; default: chosen so the exact answer averages --dipr-target tokens
   --dipr-target N (default 100)                     --l0 LIST  DIPR capacities (default 50,100,200,400)
   --filter-prefix P   only ids < P are valid (partial prefix reuse, 2-hop filtered search)
+attention quality (needs --values; queries and keys are the same positions 0..n-1):
+  --values F     values of the keys' KV head; every evaluation query at position p attends
+                 [0, p]: static window (first 128 + last 512) plus tokens retrieved from the
+                 middle; reports tokens attended, recovery, relative L2 error vs full attention
+  --attn-k LIST  top-k sizes (default 16,32,64,128,256,512)
+  --attn-beta LIST  DIPR ranges in logit units, i.e. after the 1/sqrt(d) scale (4,5,6,7,8,9,10)
+  --attn-L N     RoarGraph pool size for attention top-k: max(k, N) (default 200)
+  --attn-l0 N    RoarGraph DIPR capacity (default 100)
 output:
   --json FILE    also write the results as JSON
 planner (instead of the above; the dump layout of bench/data/dump_qk.py):
@@ -77,6 +99,21 @@ struct options {
   std::optional<std::size_t> filter_prefix;
   std::string plan, plan_dump;
   std::vector<std::size_t> plan_budget{512, 2048};
+  // peers
+  std::vector<std::size_t> ef{10, 20, 50, 100, 200, 400}, nprobe{1, 2, 4, 8, 16, 32, 64};
+  std::size_t hnsw_M = 16, hnsw_ef_construction = 200, nlist = 0;
+  // attention quality
+  std::string values;
+  std::vector<std::size_t> attn_k{16, 32, 64, 128, 256, 512};
+  std::vector<double> attn_beta{4, 5, 6, 7, 8, 9, 10};
+  std::size_t attn_L = 200, attn_l0 = 100;
+
+  [[nodiscard]] bool uses(const std::string& name) const {
+    std::stringstream ss(index);
+    for (std::string item; std::getline(ss, item, ',');)
+      if (item == name) return true;
+    return false;
+  }
 };
 
 std::size_t parse_size(const std::string& opt, const std::string& v) {
@@ -96,12 +133,18 @@ double parse_real(const std::string& opt, const std::string& v) {
   return x;
 }
 
-std::vector<std::size_t> parse_list(const std::string& opt, const std::string& v) {
-  std::vector<std::size_t> out;
+/// A comma-separated list, each item read by `one(opt, item)`.
+template <class One>
+auto parse_list_of(const std::string& opt, const std::string& v, One one) {
+  std::vector<decltype(one(opt, v))> out;
   std::stringstream ss(v);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(parse_size(opt, item));
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(one(opt, item));
   if (out.empty()) usage_error(opt + ": expected a comma-separated list, got '" + v + "'");
   return out;
+}
+
+std::vector<std::size_t> parse_list(const std::string& opt, const std::string& v) {
+  return parse_list_of(opt, v, parse_size);
 }
 
 options parse(int argc, char** argv) {
@@ -160,6 +203,26 @@ options parse(int argc, char** argv) {
       o.dipr_target = parse_size(a, v);
     else if (a == "--filter-prefix")
       o.filter_prefix = parse_size(a, v);
+    else if (a == "--ef")
+      o.ef = parse_list(a, v);
+    else if (a == "--nprobe")
+      o.nprobe = parse_list(a, v);
+    else if (a == "--hnsw-M")
+      o.hnsw_M = parse_size(a, v);
+    else if (a == "--hnsw-ef-construction")
+      o.hnsw_ef_construction = parse_size(a, v);
+    else if (a == "--nlist")
+      o.nlist = parse_size(a, v);
+    else if (a == "--values")
+      o.values = v;
+    else if (a == "--attn-k")
+      o.attn_k = parse_list(a, v);
+    else if (a == "--attn-beta")
+      o.attn_beta = parse_list_of(a, v, parse_real);
+    else if (a == "--attn-L")
+      o.attn_L = parse_size(a, v);
+    else if (a == "--attn-l0")
+      o.attn_l0 = parse_size(a, v);
     else if (a == "--json")
       o.json = v;
     else if (a == "--save-index")
@@ -175,11 +238,34 @@ options parse(int argc, char** argv) {
     else
       usage_error("unknown option '" + a + "'");
   }
-  if (o.index != "flat" && o.index != "roargraph") {
-    usage_error("--index: expected flat or roargraph, got '" + o.index + "'");
+  {
+    std::stringstream ss(o.index);
+    std::size_t count = 0;
+    for (std::string item; std::getline(ss, item, ','); ++count) {
+      if (item != "flat" && item != "roargraph" && item != "hnsw" && item != "ivf") {
+        usage_error("--index: expected a list of flat, roargraph, hnsw, ivf, got '" + item + "'");
+      }
+    }
+    if (count == 0) usage_error("--index: expected a list, got ''");
   }
   if (o.metric != "ip" && o.metric != "l2")
     usage_error("--metric: expected ip or l2, got '" + o.metric + "'");
+  const bool peers = o.uses("hnsw") || o.uses("ivf");
+#ifndef KVSIFT_BENCH_HNSWLIB
+  if (o.uses("hnsw")) usage_error("--index hnsw: this kvsift-bench was built without hnswlib");
+#endif
+#ifndef KVSIFT_BENCH_FAISS
+  if (o.uses("ivf")) usage_error("--index ivf: this kvsift-bench was built without faiss");
+#endif
+  if (peers && o.metric != "ip") usage_error("--index hnsw/ivf: only --metric ip is supported");
+  if (peers && o.filter_prefix) usage_error("--index hnsw/ivf: --filter-prefix is not supported");
+  if (!o.values.empty() && (o.demo || o.metric != "ip" || o.filter_prefix)) {
+    usage_error("--values: needs --keys/--queries files, --metric ip and no --filter-prefix");
+  }
+  if (o.hnsw_M < 2) usage_error("--hnsw-M: expected >= 2, got " + std::to_string(o.hnsw_M));
+  for (double b : o.attn_beta)
+    if (b < 0) usage_error("--attn-beta: expected values >= 0, got " + std::to_string(b));
+  if (o.attn_l0 == 0) usage_error("--attn-l0: expected > 0, got 0");
   if (o.query.empty()) o.query = o.demo ? "both" : "topk";
   if (o.query != "topk" && o.query != "dipr" && o.query != "both") {
     usage_error("--query: expected topk, dipr or both, got '" + o.query + "'");
@@ -205,7 +291,8 @@ options parse(int argc, char** argv) {
 
 /// Keys, training queries and evaluation queries, all owned here.
 struct workload {
-  kvsift::dense_matrix<float> keys, train, eval;
+  kvsift::dense_matrix<float> keys, train, eval, values;
+  std::size_t eval_first = 0;  ///< position (row of --queries) of the first evaluation query
   std::string source;
 };
 
@@ -245,6 +332,18 @@ workload load(const options& o) {
   }
   const std::size_t eval = std::min(q.rows() - first_eval, o.eval ? o.eval : q.rows());
   w.eval = copy_rows(q.cview(), first_eval, eval);
+  w.eval_first = first_eval;
+  if (!o.values.empty()) {
+    w.values = kvsift::read_vectors(o.values);
+    kvsift::detail::require<kvsift::dimension_mismatch>(
+        w.values.rows() == w.keys.rows() && w.values.cols() == w.keys.cols(),
+        "kvsift-bench: expected --values of ", w.keys.rows(), " x ", w.keys.cols(),
+        " (as --keys), got ", w.values.rows(), " x ", w.values.cols());
+    // Causal attention needs each query's position: row p of --queries is token p.
+    kvsift::detail::require<kvsift::dimension_mismatch>(
+        q.rows() == w.keys.rows(), "kvsift-bench: --values expects one query per key position (",
+        w.keys.rows(), " rows), got ", q.rows(), " queries");
+  }
   w.source = o.keys + " / " + o.queries;
   return w;
 }
@@ -252,7 +351,7 @@ workload load(const options& o) {
 /// One result row of the table.
 struct row {
   std::string index, query, param;
-  double recall = 0, scanned = 0, mean_us = 0, p99_us = 0, size = 0, exact_size = 0;
+  double recall = 0, scanned = 0, mean_us = 0, p50_us = 0, p99_us = 0, size = 0, exact_size = 0;
 };
 
 struct timing {
@@ -263,6 +362,8 @@ struct timing {
   void into(row& r) {
     r.mean_us = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
     std::sort(us.begin(), us.end());
+    // The median resists the scheduling spikes of a shared machine; the mean and p99 do not.
+    r.p50_us = us[us.size() / 2];
     r.p99_us = us[std::min(us.size() - 1,
                            static_cast<std::size_t>(0.99 * static_cast<double>(us.size())))];
   }
@@ -363,8 +464,183 @@ row measure_dipr(row r, float beta, const kvsift::dense_matrix<float>& eval,
   return r;
 }
 
+/// One attention-quality row: a retrieval method at one setting, averaged over the queries.
+struct quality_row {
+  std::string method, param;
+  double retrieved = 0, attended = 0, recovery = 0, error = 0, scanned = 0;
+};
+
+/// Retrieval from the middle of a causal context: fills `ids` (valid ids only) and returns the
+/// vectors scored. `seed` is the best raw score of the static window.
+using retrieve_fn =
+    std::function<std::size_t(std::span<const float> q, kvsift::id_range middle, float seed,
+                              kvsift::search_workspace& ws, std::vector<kvsift::id_t>& ids)>;
+
+/// Attention quality of window + retrieval against full causal attention, per method, over the
+/// evaluation queries (query i sits at position eval_first + i and attends [0, position]).
+/// Multithreaded over queries (o.build.threads); graph and flat searches are const.
+template <class Flat, class Graph>
+std::vector<quality_row> run_quality(const options& o, const workload& w, const Flat& flat,
+                                     const Graph* g) {
+  const kvsift::static_window window{};
+  const std::size_t d = w.keys.cols();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const kvsift::kv_view<float> kv(w.keys.cview(), w.values.cview());
+  const kvsift::attention_params params{.scale = scale};
+
+  std::vector<std::pair<quality_row, retrieve_fn>> methods;
+  auto topk_into = [](std::vector<kvsift::id_t>& ids, std::size_t k, auto&& search) {
+    ids.assign(k, kvsift::invalid_id);
+    std::vector<float> scores(k);
+    const auto st = search(std::span(ids), std::span(scores));
+    std::erase(ids, kvsift::invalid_id);
+    return st.distance_computations;
+  };
+  methods.push_back({{"window", "-"}, [](auto, auto, float, auto&, auto& ids) {
+                       ids.clear();
+                       return std::size_t{0};
+                     }});
+  for (std::size_t k : o.attn_k) {
+    methods.push_back({{"exact top-k", "k=" + std::to_string(k)},
+                       [&, k](auto q, auto mid, float, auto& ws, auto& ids) {
+                         return topk_into(ids, k, [&](auto out, auto sc) {
+                           return flat.topk(q, k, ws, out, sc, mid);
+                         });
+                       }});
+    if (g) {
+      const std::size_t L = std::max(k, o.attn_L);
+      methods.push_back({{"roargraph top-k", "k=" + std::to_string(k) + ",L=" + std::to_string(L)},
+                         [&, k, L](auto q, auto mid, float, auto& ws, auto& ids) {
+                           return topk_into(ids, k, [&](auto out, auto sc) {
+                             return kvsift::beam_search(*g, q, {k, L}, ws, out, sc, mid);
+                           });
+                         }});
+    }
+  }
+  for (double b : o.attn_beta) {
+    // beta is given in logit units (the softmax weight ratio to the best is >= e^-beta);
+    // the searches compare raw scores, hence / scale.
+    const float raw = static_cast<float>(b) / scale;
+    std::ostringstream name;
+    name << "beta=" << b;
+    methods.push_back(
+        {{"exact dipr", name.str()}, [&, raw](auto q, auto mid, float seed, auto& ws, auto& ids) {
+           kvsift::dipr_result res;
+           flat.dipr(q, {.beta = raw, .seed_score = seed}, ws, res, mid);
+           ids = res.ids;
+           return res.stats.distance_computations;
+         }});
+    if (g) {
+      methods.push_back({{"roargraph dipr", name.str() + ",l0=" + std::to_string(o.attn_l0)},
+                         [&, raw](auto q, auto mid, float seed, auto& ws, auto& ids) {
+                           kvsift::dipr_result res;
+                           kvsift::dipr_search(*g, q,
+                                               {.beta = raw, .l0 = o.attn_l0, .seed_score = seed},
+                                               ws, res, mid);
+                           ids = res.ids;
+                           return res.stats.distance_computations;
+                         }});
+    }
+  }
+
+  const std::size_t m = w.eval.rows(), nm = methods.size();
+  std::vector<quality_row> per(m * nm);  // [query][method]
+  std::vector<kvsift::search_workspace> wss(o.build.threads ? o.build.threads
+                                                            : kvsift::default_thread_count());
+  kvsift::parallel_for(m, wss.size(), [&](std::size_t i, std::size_t t) {
+    const auto q = w.eval.cview().row_span(i);
+    const std::size_t context = w.eval_first + i + 1;
+    const auto full = kvsift::dense_attention(q, 0, 0, context, kv, params);
+    const auto win = kvsift::attended_tokens(context, {}, window);
+    float seed = -std::numeric_limits<float>::infinity();
+    for (auto id : win)
+      seed = std::max(seed, kvsift::inner_product::score(q.data(), w.keys.row(id), d));
+    const std::size_t mid_first = window.initial;
+    const std::size_t mid_last = context > window.recent ? context - window.recent : 0;
+    std::vector<kvsift::id_t> ids;
+    for (std::size_t j = 0; j < nm; ++j) {
+      auto& r = per[i * nm + j];
+      ids.clear();
+      std::size_t scanned = 0;
+      if (mid_last > mid_first) {
+        scanned = methods[j].second(q, kvsift::id_range{mid_first, mid_last}, seed, wss[t], ids);
+      }
+      const auto attended = kvsift::attended_tokens(context, ids, window);
+      const auto approx = kvsift::sparse_attention(q, 0, attended, kv, params);
+      const auto qual = kvsift::compare_states(full, approx);
+      r.retrieved = static_cast<double>(ids.size());
+      r.attended = static_cast<double>(attended.size());
+      r.recovery = qual.recovery;
+      r.error = qual.rel_l2_error;
+      r.scanned = static_cast<double>(scanned) / static_cast<double>(context);
+    }
+  });
+  std::vector<quality_row> out;
+  for (std::size_t j = 0; j < nm; ++j) {
+    quality_row r = methods[j].first;
+    for (std::size_t i = 0; i < m; ++i) {
+      const auto& x = per[i * nm + j];
+      r.retrieved += x.retrieved / static_cast<double>(m);
+      r.attended += x.attended / static_cast<double>(m);
+      r.recovery += x.recovery / static_cast<double>(m);
+      r.error += x.error / static_cast<double>(m);
+      r.scanned += x.scanned / static_cast<double>(m);
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+/// hnswlib / faiss top-k rows, swept over ef / nprobe (only for --metric ip, no filter).
+void run_peers(const options& o, const workload& w,
+               const std::vector<std::vector<kvsift::scored_id>>& exact, double n,
+               std::vector<row>& rows, std::ostream& info) {
+  const auto& E = w.eval;
+#ifdef KVSIFT_BENCH_HNSWLIB
+  if (o.uses("hnsw")) {
+    std::fprintf(stderr, "building hnswlib HNSW over %zu keys...\n", w.keys.rows());
+    const auto t0 = clock_type::now();
+    kvsift_bench::hnsw_peer h(w.keys.cview(), o.hnsw_M, o.hnsw_ef_construction, o.build.threads);
+    info << "hnswlib: build " << std::chrono::duration<double>(clock_type::now() - t0).count()
+         << " s, M " << o.hnsw_M << ", ef_construction " << o.hnsw_ef_construction
+         << ", inner-product space\n";
+    for (std::size_t k : o.k) {
+      for (std::size_t ef : o.ef) {
+        if (ef < k) continue;
+        rows.push_back(measure_topk(
+            {"hnsw", "top-" + std::to_string(k), "ef=" + std::to_string(ef)}, k, E, exact, n,
+            [&](auto q, auto ids, auto scores) { return h.search(q, ef, ids, scores); }));
+      }
+    }
+  }
+#endif
+#ifdef KVSIFT_BENCH_FAISS
+  if (o.uses("ivf")) {
+    const std::size_t nlist =
+        o.nlist ? o.nlist : kvsift_bench::ivf_flat_peer::default_nlist(w.keys.rows());
+    std::fprintf(stderr, "training faiss IVF-Flat (%zu lists) over %zu keys...\n", nlist,
+                 w.keys.rows());
+    const auto t0 = clock_type::now();
+    kvsift_bench::ivf_flat_peer f(w.keys, nlist, o.build.threads);
+    info << "faiss IVF-Flat: build "
+         << std::chrono::duration<double>(clock_type::now() - t0).count() << " s, nlist " << nlist
+         << ", inner product; scanned includes the " << nlist << " centroids\n";
+    for (std::size_t k : o.k) {
+      for (std::size_t np : o.nprobe) {
+        if (np > nlist) continue;
+        rows.push_back(measure_topk(
+            {"ivf", "top-" + std::to_string(k), "nprobe=" + std::to_string(np)}, k, E, exact, n,
+            [&](auto q, auto ids, auto scores) { return f.search(q, np, ids, scores); }));
+      }
+    }
+  }
+#endif
+  (void)o, (void)w, (void)exact, (void)n, (void)rows, (void)info, (void)E;
+}
+
 template <class M, class P>
-std::vector<row> run(const options& o, const workload& w, const P& pred, std::ostream& info) {
+std::vector<row> run(const options& o, const workload& w, const P& pred, std::ostream& info,
+                     std::vector<quality_row>& quality) {
   using store_t = kvsift::view_store<float>;
   const store_t store(w.keys.cview());
   const double n = static_cast<double>(w.keys.rows());
@@ -389,8 +665,9 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
         [&](auto q, kvsift::dipr_result& res) { flat.dipr(q, {.beta = beta}, ws, res, pred); }));
   }
 
-  if (o.index == "roargraph") {
-    kvsift::graph_index<store_t, M> g;
+  std::optional<kvsift::graph_index<store_t, M>> graph;
+  if (o.uses("roargraph")) {
+    auto& g = graph.emplace();
     if (!o.load_index.empty()) {
       g = kvsift::load_graph<M>(o.load_index, store);
       info << "index: loaded from " << o.load_index << "\n";
@@ -425,6 +702,13 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
                                   }));
     }
   }
+  if constexpr (std::is_same_v<M, kvsift::inner_product> && std::is_same_v<P, kvsift::no_filter>) {
+    run_peers(o, w, exact, n, rows, info);
+    if (!o.values.empty()) {
+      std::fprintf(stderr, "attention quality over %zu causal queries...\n", E.rows());
+      quality = run_quality(o, w, flat, graph ? &*graph : nullptr);
+    }
+  }
   const double m = static_cast<double>(E.rows());
   for (auto& r : rows) {
     r.recall /= m;
@@ -439,16 +723,30 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
 }
 
 void print_table(const std::vector<row>& rows) {
-  std::printf("%-10s %-9s %-16s %8s %9s %10s %10s %9s %9s\n", "index", "query", "param", "recall",
-              "scanned", "mean_us", "p99_us", "size", "exact");
+  std::printf("%-10s %-9s %-16s %8s %9s %10s %10s %10s %9s %9s\n", "index", "query", "param",
+              "recall", "scanned", "mean_us", "p50_us", "p99_us", "size", "exact");
   for (const auto& r : rows) {
     const bool d = r.query == "dipr";
-    std::printf("%-10s %-9s %-16s %8.4f %9.5f %10.1f %10.1f ", r.index.c_str(), r.query.c_str(),
-                r.param.c_str(), r.recall, r.scanned, r.mean_us, r.p99_us);
+    std::printf("%-10s %-9s %-16s %8.4f %9.5f %10.1f %10.1f %10.1f ", r.index.c_str(),
+                r.query.c_str(), r.param.c_str(), r.recall, r.scanned, r.mean_us, r.p50_us,
+                r.p99_us);
     if (d)
       std::printf("%9.1f %9.1f\n", r.size, r.exact_size);
     else
       std::printf("%9s %9s\n", "-", "-");
+  }
+}
+
+void print_quality(const std::vector<quality_row>& rows, const workload& w) {
+  std::printf(
+      "\nattention quality: %zu causal queries at positions %zu..%zu, window 128 + 512, "
+      "retrieval from the middle; vs full attention (scale 1/sqrt(%zu))\n",
+      w.eval.rows(), w.eval_first, w.eval_first + w.eval.rows() - 1, w.keys.cols());
+  std::printf("%-16s %-20s %9s %9s %9s %9s %9s\n", "method", "param", "retrieved", "attended",
+              "recovery", "rel_err", "scanned");
+  for (const auto& r : rows) {
+    std::printf("%-16s %-20s %9.1f %9.1f %9.4f %9.4f %9.4f\n", r.method.c_str(), r.param.c_str(),
+                r.retrieved, r.attended, r.recovery, r.error, r.scanned);
   }
 }
 
@@ -462,7 +760,8 @@ std::string json_escape(const std::string& s) {
 }
 
 void write_json(const std::string& path, const options& o, const workload& w,
-                const std::string& info, const std::vector<row>& rows) {
+                const std::string& info, const std::vector<row>& rows,
+                const std::vector<quality_row>& quality) {
   std::ofstream f(path);
   if (!f) throw kvsift::io_error("cannot write --json file '" + path + "'");
   f << "{\n  \"source\": \"" << json_escape(w.source) << "\",\n  \"keys\": " << w.keys.rows()
@@ -473,8 +772,17 @@ void write_json(const std::string& path, const options& o, const workload& w,
     const auto& r = rows[i];
     f << "    {\"index\": \"" << r.index << "\", \"query\": \"" << r.query << "\", \"param\": \""
       << r.param << "\", \"recall\": " << r.recall << ", \"scanned\": " << r.scanned
-      << ", \"mean_us\": " << r.mean_us << ", \"p99_us\": " << r.p99_us << ", \"size\": " << r.size
+      << ", \"mean_us\": " << r.mean_us << ", \"p50_us\": " << r.p50_us
+      << ", \"p99_us\": " << r.p99_us << ", \"size\": " << r.size
       << ", \"exact_size\": " << r.exact_size << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  f << "  ],\n  \"eval_first\": " << w.eval_first << ",\n  \"quality\": [\n";
+  for (std::size_t i = 0; i < quality.size(); ++i) {
+    const auto& r = quality[i];
+    f << "    {\"method\": \"" << r.method << "\", \"param\": \"" << r.param
+      << "\", \"retrieved\": " << r.retrieved << ", \"attended\": " << r.attended
+      << ", \"recovery\": " << r.recovery << ", \"rel_l2_error\": " << r.error
+      << ", \"scanned\": " << r.scanned << "}" << (i + 1 < quality.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
 }
@@ -638,7 +946,7 @@ int main(int argc, char** argv) {
   try {
     if (!o.plan.empty()) return run_plan(o);
     const workload w = load(o);
-    if (o.index == "roargraph" && o.load_index.empty() && w.train.rows() == 0) {
+    if (o.uses("roargraph") && o.load_index.empty() && w.train.rows() == 0) {
       usage_error("--index roargraph needs training queries: --train or --train-fraction");
     }
     std::printf(
@@ -649,12 +957,13 @@ int main(int argc, char** argv) {
         o.filter_prefix ? (", filter id < " + std::to_string(*o.filter_prefix)).c_str() : "");
     std::ostringstream info;
     std::vector<row> rows;
+    std::vector<quality_row> quality;
     auto go = [&](auto metric) {
       using M = decltype(metric);
       if (o.filter_prefix) {
-        rows = run<M>(o, w, kvsift::id_below{*o.filter_prefix}, info);
+        rows = run<M>(o, w, kvsift::id_below{*o.filter_prefix}, info, quality);
       } else {
-        rows = run<M>(o, w, kvsift::no_filter{}, info);
+        rows = run<M>(o, w, kvsift::no_filter{}, info, quality);
       }
     };
     if (o.metric == "ip")
@@ -666,7 +975,8 @@ int main(int argc, char** argv) {
     std::printf(
         "  recall vs exact answer; scanned = keys scored / keys; latency on one thread\n\n");
     print_table(rows);
-    if (!o.json.empty()) write_json(o.json, o, w, info.str(), rows);
+    if (!quality.empty()) print_quality(quality, w);
+    if (!o.json.empty()) write_json(o.json, o, w, info.str(), rows, quality);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvsift-bench: error: %s\n", e.what());
     return 1;

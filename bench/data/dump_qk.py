@@ -63,7 +63,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as _exc:  # before any work: a clear message, exit status 1, nothing written
+    sys.exit(f"dump_qk: error: {_exc.name} is not installed (pip install -r bench/data/requirements.txt)")
 
 SCRIPT_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = SCRIPT_DIR / "dump"
@@ -535,6 +538,10 @@ def main(argv: list[str] | None = None) -> int:
         return run(args, log)
     except DumpError as exc:
         print(f"dump_qk: error: {exc}", file=sys.stderr)
+        return 1
+    except ImportError as exc:  # gguf / regex are imported where first needed
+        print(f"dump_qk: error: {exc.name} is not installed (pip install -r bench/data/requirements.txt)",
+              file=sys.stderr)
         return 1
 
 
