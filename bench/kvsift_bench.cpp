@@ -21,6 +21,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>  // isatty
+
 #include "kvsift/attention/quality.hpp"
 #include "kvsift/index/block_index.hpp"
 #include "kvsift/kvsift.hpp"
@@ -115,6 +117,21 @@ struct options {
     return false;
   }
 };
+
+/// A progress bar on stderr for long builds, only when stderr is a terminal (logs and the CTest
+/// regexes, which read stdout, stay clean).
+kvsift::build_progress_callback progress_bar() {
+  if (!isatty(fileno(stderr))) return {};
+  return [](const kvsift::build_progress& p) {
+    constexpr std::size_t width = 30;
+    const std::size_t filled = p.total ? width * p.done / p.total : width;
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu %-12.*s %6.1f s", std::string(filled, '#').c_str(),
+                 std::string(width - filled, ' ').c_str(), p.done, p.total,
+                 static_cast<int>(p.phase.size()), p.phase.data(), p.elapsed_seconds);
+    if (p.done == p.total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  };
+}
 
 std::size_t parse_size(const std::string& opt, const std::string& v) {
   char* end = nullptr;
@@ -675,7 +692,7 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       std::fprintf(stderr, "building RoarGraph over %zu keys from %zu training queries...\n",
                    w.keys.rows(), w.train.rows());
       kvsift::roargraph_build_stats bs;
-      g = kvsift::roargraph_builder<M>(o.build).build(store, w.train.cview(), &bs);
+      g = kvsift::roargraph_builder<M>(o.build).build(store, w.train.cview(), &bs, progress_bar());
       info << "build: " << bs.total_seconds << " s (kNN " << bs.knn_seconds << " s, projection "
            << bs.projection_seconds << " s, connectivity " << bs.connectivity_seconds << " s), nq "
            << o.build.nq << ", M " << o.build.M << ", L " << o.build.L << ", threads "
