@@ -62,10 +62,12 @@ py::array as_array(const py::handle& h, const char* what) {
 }
 
 void require_dtype(const py::array& a, dtypes allowed, const char* what) {
-  const bool ok = is_f32(a) || (allowed == dtypes::f32_or_f16 && is_f16(a));
-  require(ok, what, ": expected dtype ", allowed == dtypes::f32 ? "float32" : "float32 or float16",
-          ", got ", std::string(py::str(a.dtype())),
-          " (convert with .astype(numpy.float32); kvsift does not copy silently)");
+  if (is_f32(a) || (allowed == dtypes::f32_or_f16 && is_f16(a))) return;
+  // fail, not require: require would format the dtype name (a Python call) on every success.
+  fail<kvsift::invalid_argument>(
+      what, ": expected dtype ", allowed == dtypes::f32 ? "float32" : "float32 or float16",
+      ", got ", std::string(py::str(a.dtype())),
+      " (convert with .astype(numpy.float32); kvsift does not copy silently)");
 }
 
 /// Stride of axis `axis` in elements; rejects negative or non-whole strides.
@@ -112,8 +114,10 @@ std::span<const float> vector_of(const py::handle& h, const char* what) {
 
 std::vector<id_t> ids_of(const py::handle& h, const char* what) {
   const py::array a = as_array(h, what);
-  require(a.dtype().kind() == 'i' || a.dtype().kind() == 'u', what,
-          ": expected an integer array of token ids, got dtype ", std::string(py::str(a.dtype())));
+  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u') {
+    fail<kvsift::invalid_argument>(what, ": expected an integer array of token ids, got dtype ",
+                                   std::string(py::str(a.dtype())));
+  }
   require<kvsift::dimension_mismatch>(a.ndim() == 1, what, ": expected a 1-D array, got ", a.ndim(),
                                       " dimension(s)");
   // Ids are small (one per retrieved token), so converting them is cheap; it also catches
@@ -416,8 +420,11 @@ std::pair<py::array_t<float>, float> with_kv(const py::handle& keys_h, const py:
   const py::array k = as_array(keys_h, "keys");
   const py::array v = as_array(values_h, "values");
   require_dtype(k, dtypes::f32_or_f16, "keys");
-  require(k.dtype().is(v.dtype()), "values: expected the dtype of keys (",
-          std::string(py::str(k.dtype())), "), got ", std::string(py::str(v.dtype())));
+  if (!k.dtype().is(v.dtype())) {
+    fail<kvsift::invalid_argument>("values: expected the dtype of keys (",
+                                   std::string(py::str(k.dtype())), "), got ",
+                                   std::string(py::str(v.dtype())));
+  }
   kvsift::partial_state st;
   if (is_f32(k)) {
     const auto kv = kv_of<float>(k, v);
@@ -438,6 +445,14 @@ PYBIND11_MODULE(kvsift, m) {
       "kvsift: retrieval-based sparse attention (RoarGraph / flat indexes, top-k, DIPR and "
       "filtered search, sparse attention with log-sum-exp merge). Arrays are borrowed, never "
       "copied: keys must be float32 or float16 with contiguous rows, queries float32.";
+
+  // pybind11 < 2.12 reads NumPy's dtype struct at the NumPy 1.x offsets; under NumPy 2 every
+  // itemsize and stride check would then read garbage (a float32 of item size 0). Refuse to load.
+  if (py::dtype::of<float>().itemsize() != 4) {
+    throw py::import_error(
+        "kvsift: this module was built with pybind11 < 2.12, which does not support the NumPy 2 "
+        "found at run time; rebuild it with pybind11 >= 2.12 (pip install ./python does)");
+  }
 
   // Exceptions: kvsift's error tiers become ValueError subclasses (matched most-derived first:
   // pybind11 tries the translators registered last first).
