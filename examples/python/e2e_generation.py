@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -208,6 +207,7 @@ def make_tasks(tok, filler: list[int], context: int, max_new: int, seed: int = 1
 
 
 def decode_text(tok, ids: list[int]) -> str:
+    """Text of token ids (inverse of the byte-level BPE: token symbols -> bytes -> UTF-8)."""
     inv = {v: k for k, v in tok.vocab.items()}
     rev = {c: b for b, c in tok.byte_map.items()}
     return bytes(rev[c] for i in ids for c in inv[i] if c in rev).decode("utf-8", errors="replace")
