@@ -3,8 +3,10 @@
 # nothing is downloaded when everything is already installed.
 set -euo pipefail
 
+# python3-dev, pybind11-dev, python3-numpy, python3-pytest: the Python module (python/) and
+# its tests, built with CMake against Debian's python3 (no network needed at build time).
 packages=(build-essential cmake libeigen3-dev libxsimd-dev catch2 libbenchmark-dev clang-format
-          python3)
+          python3 python3-dev pybind11-dev python3-numpy python3-pytest)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -8,3 +8,11 @@ bash .ci/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVSIFT_BUILD_BENCH=ON -DKVSIFT_NATIVE=OFF
 cmake --build build -j"$(nproc)"
 ctest --test-dir build --output-on-failure -j2
+
+# The Python module against Debian's python3 (the interpreter python3-numpy/-pytest belong to,
+# which may not be the first python3 on PATH, e.g. under pyenv), then its pytest suite.
+# `pip install ./python` builds the same CMake project through scikit-build-core.
+debian_python=/usr/bin/python3
+cmake -S python -B build/python -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$debian_python"
+cmake --build build/python -j"$(nproc)"
+PYTHONPATH="$PWD/build/python" "$debian_python" -m pytest -q -p no:cacheprovider python/tests

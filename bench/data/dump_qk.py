@@ -404,6 +404,34 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def transformer_layer(weights: Weights, cfg: ModelConfig, il: int, x: np.ndarray, cos: np.ndarray,
+                      sin: np.ndarray, rope_mode: str, attend) -> np.ndarray:
+    """One Llama block over the rows of ``x`` (n x n_embd), at the positions of ``cos``/``sin``.
+
+    ``attend(q, k, v)`` computes the attention (q: n x n_head x d, k/v: n x n_head_kv x d,
+    q and k post-RoPE) and returns n x n_embd; the prefill passes causal attention, a decoder
+    (examples/python/e2e_generation.py) its KV cache and sparse attention. Returns the new x.
+    """
+    n, d = x.shape[0], cfg.head_dim
+    pre = f"blk.{il}."
+    h = rms_norm(x, weights.get(pre + "attn_norm.weight"), cfg.rms_eps)
+    q = (h @ weights.get(pre + "attn_q.weight").T).reshape(n, cfg.n_head, d)
+    k = (h @ weights.get(pre + "attn_k.weight").T).reshape(n, cfg.n_head_kv, d)
+    v = (h @ weights.get(pre + "attn_v.weight").T).reshape(n, cfg.n_head_kv, d)
+    q = apply_rope(q, cos, sin, rope_mode)
+    k = apply_rope(k, cos, sin, rope_mode)
+    x = x + attend(q, k, v) @ weights.get(pre + "attn_output.weight").T
+    h = rms_norm(x, weights.get(pre + "ffn_norm.weight"), cfg.rms_eps)
+    gate = h @ weights.get(pre + "ffn_gate.weight").T
+    up = h @ weights.get(pre + "ffn_up.weight").T
+    return x + (silu(gate) * up) @ weights.get(pre + "ffn_down.weight").T
+
+
+def lm_head_weight(weights: Weights) -> np.ndarray:
+    """The output projection (lm_head is tied to token_embd when there is no output.weight)."""
+    return weights.get("output.weight" if weights.has("output.weight") else "token_embd.weight")
+
+
 def forward(
     weights: Weights, cfg: ModelConfig, ids: list[int], dump_layers: set[int], rope_mode: str, log
 ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
@@ -413,27 +441,19 @@ def forward(
     layer in ``dump_layers``, (q, k, v) with q: n x n_head x d and k, v: n x n_head_kv x d
     (q and k post-RoPE).
     """
-    n, d = len(ids), cfg.head_dim
+    n = len(ids)
     x = weights.get("token_embd.weight")[np.asarray(ids)]
     cos, sin = rope_tables(n, cfg.rope_dim, cfg.rope_base)
     dumps = {}
     for il in range(cfg.n_layer):
         t0 = time.time()
-        pre = f"blk.{il}."
-        h = rms_norm(x, weights.get(pre + "attn_norm.weight"), cfg.rms_eps)
-        q = (h @ weights.get(pre + "attn_q.weight").T).reshape(n, cfg.n_head, d)
-        k = (h @ weights.get(pre + "attn_k.weight").T).reshape(n, cfg.n_head_kv, d)
-        v = (h @ weights.get(pre + "attn_v.weight").T).reshape(n, cfg.n_head_kv, d)
-        q = apply_rope(q, cos, sin, rope_mode)
-        k = apply_rope(k, cos, sin, rope_mode)
-        if il in dump_layers:
-            dumps[il] = (q, k, v)
-        attn = causal_attention(q, k, v, cfg.group).reshape(n, cfg.n_embd)
-        x = x + attn @ weights.get(pre + "attn_output.weight").T
-        h = rms_norm(x, weights.get(pre + "ffn_norm.weight"), cfg.rms_eps)
-        gate = h @ weights.get(pre + "ffn_gate.weight").T
-        up = h @ weights.get(pre + "ffn_up.weight").T
-        x = x + (silu(gate) * up) @ weights.get(pre + "ffn_down.weight").T
+
+        def attend(q, k, v, il=il):
+            if il in dump_layers:
+                dumps[il] = (q, k, v)
+            return causal_attention(q, k, v, cfg.group).reshape(n, cfg.n_embd)
+
+        x = transformer_layer(weights, cfg, il, x, cos, sin, rope_mode, attend)
         log(f"  layer {il:2d}/{cfg.n_layer} {time.time() - t0:5.1f}s")
     return rms_norm(x, weights.get("output_norm.weight"), cfg.rms_eps), dumps
 
@@ -575,8 +595,7 @@ def run(args: argparse.Namespace, log) -> int:
     weights = Weights(reader)
     t0 = time.time()
     hidden, dumps = forward(weights, cfg, ids, set(layers), args.rope_mode, log)
-    lm_name = "output.weight" if weights.has("output.weight") else "token_embd.weight"
-    ppl, acc = next_token_stats(hidden, weights.get(lm_name), ids)
+    ppl, acc = next_token_stats(hidden, lm_head_weight(weights), ids)
     t_forward = time.time() - t0
     print(f"perplexity {ppl:.3f}  next-token accuracy {acc:.4f}  ({n_tokens} tokens, forward {t_forward:.1f}s)")
 

@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""End-to-end decoding of a real model with attention computed by kvsift.
+
+Model and forward pass: SmolLM2-135M-Instruct exactly as in ``bench/data/dump_qk.py``
+(imported from there: GGUF loading, tokenizer, RMSNorm, RoPE, SwiGLU). The prompt is
+prefilled with full causal attention (numpy); then every decode step, in every layer and
+query head, attends through kvsift in one of these modes:
+
+    full         dense attention over the whole context
+    window       static window only: the first 128 + the last 512 tokens (StreamingLLM-like)
+    window+topk  window merged with the top-100 of the middle of the context, found by a
+                 RoarGraph per (layer, KV head) built at prefill from the prompt's queries of
+                 every query head of the GQA group (filtered beam search, id_range = middle)
+    window+dipr  window merged with the DIPR range of the middle (every key whose logit is
+                 within beta of the best), window-seeded: the best window logit is the seed
+
+The last prompt token is decoded in the mode too (not prefilled), so even the first answer
+token is predicted through the mode's attention. Tasks (real long text: Debian licence
+texts, as dump_qk.py uses): passkey retrieval at 10 depths, and key-value retrieval (six
+"secret code" sentences spread over the text, one asked for). Greedy decoding; a task is
+answered when the generated text contains the expected digits.
+
+Reported per mode: accuracy per task, average keys attended per head and step (and as a share
+of the context), fraction of the context scored by the index, and per-token time split into
+search / attention (kvsift calls) / rest (the numpy model).
+
+    python3 examples/python/e2e_generation.py --context 4096 --out docs/results/e2e_smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench" / "data"))
+import dump_qk as model  # noqa: E402  (the forward pass lives there; nothing is duplicated)
+
+import kvsift as ks  # noqa: E402
+
+MODES = ("full", "window", "window+topk", "window+dipr")
+SINK, RECENT = 128, 512
+
+
+class E2EError(ValueError):
+    """Bad configuration: a prompt that does not fit, a window larger than the prompt."""
+
+
+class CachedWeights(model.Weights):
+    """Dequantises each tensor once (decode reads every matrix at every step)."""
+
+    def __init__(self, reader):
+        super().__init__(reader)
+        self._cache: dict[str, np.ndarray] = {}
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            self._cache[name] = super().get(name)
+        return self._cache[name]
+
+
+def check_fits(n_prompt: int, max_new: int, n_ctx: int, sink: int = SINK, recent: int = RECENT) -> None:
+    """Raise E2EError unless the prompt plus the generated tokens fit the model context and
+    the prompt is longer than the static window (otherwise there is nothing to retrieve)."""
+    if n_prompt + max_new > n_ctx:
+        raise E2EError(f"prompt of {n_prompt} tokens + {max_new} new tokens exceeds the model context {n_ctx}")
+    if sink + recent >= n_prompt:
+        raise E2EError(f"window of {sink} + {recent} tokens is not smaller than the prompt ({n_prompt} tokens)")
+
+
+class Decoder:
+    """KV cache of one prompt plus the per-mode attention of a decode step."""
+
+    def __init__(self, weights, cfg, n_max: int, index_params: dict, beta: float, topk: int, search_L: int):
+        self.w, self.cfg = weights, cfg
+        self.cos, self.sin = model.rope_tables(n_max, cfg.rope_dim, cfg.rope_base)
+        shape = (cfg.n_layer, n_max, cfg.n_head_kv, cfg.head_dim)
+        self.k = np.zeros(shape, dtype=np.float32)
+        self.v = np.zeros(shape, dtype=np.float32)
+        self.index_params, self.beta, self.topk, self.search_L = index_params, beta, topk, search_L
+        self.graphs: list[list] = []
+        self.n_indexed = 0
+
+    def prefill(self, ids: list[int]) -> float:
+        """Full-attention prefill of ids; builds the GQA-shared RoarGraphs. Returns build seconds."""
+        cfg, n = self.cfg, len(ids)
+        _, dumps = model.forward(self.w, cfg, ids, set(range(cfg.n_layer)), "norm", lambda m: None)
+        t0 = time.perf_counter()
+        self.graphs = []
+        for il in range(cfg.n_layer):
+            q, k, v = dumps.pop(il)
+            self.k[il, :n], self.v[il, :n] = k, v
+            per_head = []
+            for g in range(cfg.n_head_kv):
+                heads = [np.ascontiguousarray(q[:, h]) for h in range(g * cfg.group, (g + 1) * cfg.group)]
+                train = ks.sample_gqa_queries(heads, self.index_params["ratio"], seed=il * 16 + g)
+                # Keys are a strided view of the cache (borrowed, not copied).
+                per_head.append(ks.RoarGraphIndex(self.k[il, :n, g, :], train, nq=self.index_params["nq"],
+                                                  M=self.index_params["M"], L=self.index_params["L"]))
+            self.graphs.append(per_head)
+        self.n_indexed = n
+        return time.perf_counter() - t0
+
+    def attend(self, mode: str, il: int, q: np.ndarray, n: int, stats: dict) -> np.ndarray:
+        """Attention output (n_head x d) of one layer for the token at position n - 1."""
+        cfg = self.cfg
+        K, V = self.k[il, :n], self.v[il, :n]
+        out = np.empty((cfg.n_head, cfg.head_dim), dtype=np.float32)
+        lo, hi = SINK, min(n - RECENT, self.n_indexed)  # the middle: [lo, hi), all indexed
+        for h in range(cfg.n_head):
+            g = h // cfg.group
+            qh = q[h]
+            if mode == "full":
+                t0 = time.perf_counter()
+                out[h] = ks.dense_attention(qh, K, V, 0, n, kv_head=g)[0]
+                stats["attention"] += time.perf_counter() - t0
+                stats["attended"] += n
+                continue
+            ids = None
+            if mode != "window":
+                t0 = time.perf_counter()
+                if mode == "window+topk":
+                    r = self.graphs[il][g].search(qh, self.topk, L=self.search_L, filter=ks.IdRange(lo, hi))
+                    ids = r.ids[r.ids != ks.INVALID_ID]
+                    stats["scanned"] += int(r.distance_computations[0])
+                else:
+                    seed = float(max((K[:SINK, g] @ qh).max(), (K[n - RECENT:, g] @ qh).max()))
+                    r = self.graphs[il][g].dipr(qh, self.beta, l0=64, max_candidates=4096,
+                                                seed_score=seed, filter=ks.IdRange(lo, hi))
+                    ids = r.ids
+                    stats["scanned"] += r.distance_computations
+                stats["search"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            o, lse = ks.dense_attention(qh, K, V, 0, SINK, kv_head=g)
+            o, lse = ks.merge(o, lse, *ks.dense_attention(qh, K, V, n - RECENT, n, kv_head=g))
+            if ids is not None:
+                o, lse = ks.merge(o, lse, *ks.sparse_attention(qh, K, V, ids, kv_head=g))
+            out[h] = o
+            stats["attention"] += time.perf_counter() - t0
+            stats["attended"] += SINK + RECENT + (0 if ids is None else len(ids))
+        stats["head_steps"] += cfg.n_head
+        return out
+
+    def step(self, token: int, pos: int, mode: str, stats: dict) -> int:
+        """Decode token at position pos (its K/V go into the cache); returns the greedy next token."""
+        cfg, w = self.cfg, self.w
+        x = w.get("token_embd.weight")[token][None, :]
+        cos, sin = self.cos[pos : pos + 1], self.sin[pos : pos + 1]
+        for il in range(cfg.n_layer):
+
+            def attend(q, k, v, il=il):
+                self.k[il, pos], self.v[il, pos] = k[0], v[0]
+                out = self.attend(mode, il, np.ascontiguousarray(q[0]), pos + 1, stats)
+                return out.reshape(1, cfg.n_embd)
+
+            x = model.transformer_layer(w, cfg, il, x, cos, sin, "norm", attend)
+        hidden = model.rms_norm(x, w.get("output_norm.weight"), cfg.rms_eps)
+        return int(np.argmax(hidden[0] @ model.lm_head_weight(w).T))
+
+
+def make_tasks(tok, filler: list[int], context: int, max_new: int, seed: int = 11) -> list[dict]:
+    """Passkey prompts at 10 depths and 10 key-value retrieval prompts, each `context - max_new`
+    tokens long, from the filler text."""
+    rng = np.random.default_rng(seed)
+    n_prompt = context - max_new
+    intro = tok.encode("There is an important piece of information hidden inside a lot of irrelevant text. "
+                       "Find it and memorize it. I will quiz you about it.\n\n")
+    tasks = []
+
+    def assemble(inserts: list[tuple[float, list[int]]], question: list[int]) -> list[int]:
+        budget = n_prompt - len(intro) - len(question) - sum(len(t) for _, t in inserts)
+        body, prev = [], 0
+        for depth, ids in sorted(inserts, key=lambda x: x[0]):
+            cut = int(round(depth * budget))
+            body += filler[prev:cut] + ids
+            prev = cut
+        body += filler[prev:budget]
+        return intro + body + question
+
+    for depth in np.linspace(0.05, 0.95, 10):
+        key = str(rng.integers(10000, 99999))
+        needle = tok.encode(f"\n\nThe pass key is {key}. Remember it. {key} is the pass key.\n\n")
+        question = tok.encode("\n\nWhat is the pass key? The pass key is")
+        tasks.append({"task": "passkey", "depth": round(float(depth), 2), "answer": key,
+                      "ids": assemble([(float(depth), needle)], question)})
+    names = ["red", "blue", "green", "yellow", "purple", "orange"]
+    for i in range(10):
+        codes = {nm: str(rng.integers(10000, 99999)) for nm in names}
+        depths = np.sort(rng.uniform(0.05, 0.95, len(names)))
+        order = rng.permutation(names)
+        inserts = [(float(dp), tok.encode(f"\n\nThe secret code of the {nm} file is {codes[nm]}.\n\n"))
+                   for dp, nm in zip(depths, order)]
+        asked = order[i % len(names)]
+        question = tok.encode(f"\n\nWhat is the secret code of the {asked} file? The secret code of the {asked} file is")
+        depth = float(depths[list(order).index(asked)])
+        tasks.append({"task": "kv_retrieval", "depth": round(depth, 2), "answer": codes[asked],
+                      "ids": assemble(inserts, question)})
+    for t in tasks:
+        assert len(t["ids"]) == n_prompt, (len(t["ids"]), n_prompt)
+    # Interleaved, so the first N prompts (--tasks, or an interrupted run) cover both tasks.
+    return [t for pair in zip(tasks[:10], tasks[10:]) for t in pair]
+
+
+def decode_text(tok, ids: list[int]) -> str:
+    """Text of token ids (inverse of the byte-level BPE: token symbols -> bytes -> UTF-8)."""
+    inv = {v: k for k, v in tok.vocab.items()}
+    rev = {c: b for b, c in tok.byte_map.items()}
+    return bytes(rev[c] for i in ids for c in inv[i] if c in rev).decode("utf-8", errors="replace")
+
+
+def report(args, argv, cfg, modes, totals, rows, prefill_s, build_s, final: bool) -> None:
+    """Summarises the prompts done so far; prints the table when final; writes OUT.json/.md."""
+    n_ctx_avg = args.context - args.max_new + (args.max_new - 1) / 2  # context length during decode, averaged
+    summary = {}
+    for mode in modes:
+        st = totals[mode]
+        acc = {t: float(np.mean([r[mode]["correct"] for r in rows if r["task"] == t]))
+               for t in ("passkey", "kv_retrieval") if any(r["task"] == t for r in rows)}
+        keys = st["attended"] / st["head_steps"]
+        summary[mode] = {
+            "accuracy": acc,
+            "avg_keys_attended": round(keys, 1),
+            "attended_fraction": round(keys / n_ctx_avg, 4),
+            "index_scanned_fraction": round(st["scanned"] / st["head_steps"] / n_ctx_avg, 4),
+            "ms_per_token": {"search": 1e3 * st["search"] / st["tokens"], "attention": 1e3 * st["attention"] / st["tokens"],
+                             "rest": 1e3 * (st["total"] - st["search"] - st["attention"]) / st["tokens"],
+                             "total": 1e3 * st["total"] / st["tokens"]},
+        }
+    result = {"model": cfg.name, "context": args.context, "prompt_tokens": args.context - args.max_new,
+              "max_new": args.max_new, "window": [SINK, RECENT], "topk": args.topk, "search_L": args.search_L,
+              "dipr_beta_raw": args.beta, "index": {"nq": args.nq, "M": args.M, "L": args.L, "ratio": args.ratio},
+              "prefill_seconds_avg": float(np.mean(prefill_s)), "index_build_seconds_avg": float(np.mean(build_s)),
+              "summary": summary, "prompts_done": len(rows), "prompts": rows,
+              "command": "python3 examples/python/e2e_generation.py " + " ".join(argv or sys.argv[1:])}
+    lines = [f"| mode | passkey acc | kv acc | keys attended (share) | index scanned | search ms/tok | attention ms/tok | rest ms/tok |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mode, s in summary.items():
+        t = s["ms_per_token"]
+        lines.append(f"| {mode} | {s['accuracy'].get('passkey', float('nan')):.2f} | {s['accuracy'].get('kv_retrieval', float('nan')):.2f} | "
+                     f"{s['avg_keys_attended']:.0f} ({100 * s['attended_fraction']:.1f}%) | {100 * s['index_scanned_fraction']:.1f}% | "
+                     f"{t['search']:.0f} | {t['attention']:.0f} | {t['rest']:.0f} |")
+    if final:
+        print("\n".join(lines))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--context", type=int, default=4096, help="prompt + generated tokens")
+    ap.add_argument("--max-new", type=int, default=7, help="tokens generated per prompt")
+    ap.add_argument("--tasks", type=int, default=20, help="first N of the 20 prompts (smoke runs)")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--topk", type=int, default=100)
+    ap.add_argument("--search-L", type=int, default=160)
+    ap.add_argument("--beta", type=float, default=40.0, help="DIPR range in raw logits q.k (scale 1/8 applies after)")
+    ap.add_argument("--nq", type=int, default=32)
+    ap.add_argument("--M", type=int, default=16)
+    ap.add_argument("--L", type=int, default=128)
+    ap.add_argument("--ratio", type=float, default=0.25, help="share of each head's prompt queries used for the build")
+    ap.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if any(m not in MODES for m in modes):
+        ap.error(f"--modes must be a subset of {','.join(MODES)}")
+
+    reader = model.open_gguf(model.find_packaged_gguf())
+    cfg = model.read_config(reader)
+    tok = model.ByteLevelBPE.from_reader(reader)
+    check_fits(args.context - args.max_new, args.max_new, cfg.n_ctx)
+    weights = CachedWeights(reader)
+    paths = [model.DEFAULT_TEXT_DIR / f for f in model.DEFAULT_TEXT_FILES if (model.DEFAULT_TEXT_DIR / f).is_file()]
+    filler, _ = model.load_text(paths, tok, args.context)
+    tasks = make_tasks(tok, filler, args.context, args.max_new)[: args.tasks]
+    dec = Decoder(weights, cfg, args.context, {"nq": args.nq, "M": args.M, "L": args.L, "ratio": args.ratio},
+                  args.beta, args.topk, args.search_L)
+
+    zero = {"search": 0.0, "attention": 0.0, "total": 0.0, "attended": 0, "scanned": 0, "head_steps": 0, "tokens": 0}
+    totals = {m: dict(zero) for m in modes}
+    rows, prefill_s, build_s = [], [], []
+    for ti, task in enumerate(tasks):
+        ids = task["ids"]
+        t0 = time.perf_counter()
+        build_s.append(dec.prefill(ids[:-1]))
+        prefill_s.append(time.perf_counter() - t0 - build_s[-1])
+        row = {k: task[k] for k in ("task", "depth", "answer")}
+        for mode in modes:
+            st = totals[mode]
+            out, token = [], ids[-1]
+            for pos in range(len(ids) - 1, len(ids) - 1 + args.max_new):
+                t1 = time.perf_counter()
+                token = dec.step(token, pos, mode, st)
+                st["total"] += time.perf_counter() - t1
+                st["tokens"] += 1
+                out.append(token)
+            text = decode_text(tok, out)
+            row[mode] = {"text": text, "correct": task["answer"] in text.replace(" ", "")}
+        rows.append(row)
+        # Written after every prompt, so an interrupted run still leaves its results.
+        report(args, argv, cfg, modes, totals, rows, prefill_s, build_s, final=ti + 1 == len(tasks))
+        print(f"[{ti + 1}/{len(tasks)}] {task['task']} depth {task['depth']:.2f} answer {task['answer']}: "
+              + "  ".join(f"{m}={'ok' if row[m]['correct'] else 'x'}({row[m]['text'].strip()[:12]!r})" for m in modes)
+              + f"  prefill {prefill_s[-1]:.1f}s build {build_s[-1]:.1f}s", flush=True)
+
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

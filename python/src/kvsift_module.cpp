@@ -1,0 +1,631 @@
+// Python bindings of kvsift (pybind11): indexes built over NumPy arrays without copying them,
+// top-k / DIPR / filtered search, sparse and dense attention into mergeable partial states.
+//
+// Memory: every array the C++ side reads is borrowed, never copied. An array is accepted when
+// its layout is one kvsift's views can describe (innermost axis contiguous, other strides
+// whole elements); anything else is rejected with a message saying how to fix it, so a large
+// copy never happens silently. Indexes keep a reference to their key array, so the keys stay
+// alive as long as the index does. Computation runs with the GIL released.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kvsift/attention/merge.hpp"
+#include "kvsift/attention/partial_state.hpp"
+#include "kvsift/attention/sparse_attention.hpp"
+#include "kvsift/core/error.hpp"
+#include "kvsift/core/matrix_view.hpp"
+#include "kvsift/core/parallel_for.hpp"
+#include "kvsift/core/vector_store.hpp"
+#include "kvsift/index/flat_index.hpp"
+#include "kvsift/index/gqa_sampling.hpp"
+#include "kvsift/index/roargraph_builder.hpp"
+#include "kvsift/search/beam_search.hpp"
+#include "kvsift/search/dipr_search.hpp"
+#include "kvsift/search/predicate.hpp"
+#include "kvsift/search/search_workspace.hpp"
+
+namespace py = pybind11;
+using kvsift::id_t;
+
+namespace {
+
+using kvsift::detail::fail;
+using kvsift::detail::require;
+
+// ----------------------------------------------------------------------------- array checks
+
+// Which dtypes an argument takes: queries and attention inputs are f32 only (the C++ API takes
+// f32 queries); stored vectors are f32 or f16 (numpy float16 is IEEE binary16, as kvsift::half).
+enum class dtypes { f32, f32_or_f16 };
+
+bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
+bool is_f16(const py::array& a) { return a.dtype().kind() == 'f' && a.itemsize() == 2; }
+
+py::array as_array(const py::handle& h, const char* what) {
+  if (!py::isinstance<py::array>(h)) {
+    fail<kvsift::invalid_argument>(what, ": expected a numpy.ndarray, got ",
+                                   std::string(py::str(py::type::of(h).attr("__name__"))));
+  }
+  return py::reinterpret_borrow<py::array>(h);
+}
+
+void require_dtype(const py::array& a, dtypes allowed, const char* what) {
+  if (is_f32(a) || (allowed == dtypes::f32_or_f16 && is_f16(a))) return;
+  // fail, not require: require would format the dtype name (a Python call) on every success.
+  fail<kvsift::invalid_argument>(
+      what, ": expected dtype ", allowed == dtypes::f32 ? "float32" : "float32 or float16",
+      ", got ", std::string(py::str(a.dtype())),
+      " (convert with .astype(numpy.float32); kvsift does not copy silently)");
+}
+
+/// Stride of axis `axis` in elements; rejects negative or non-whole strides.
+std::size_t stride_elems(const py::array& a, py::ssize_t axis, const char* what) {
+  const py::ssize_t s = a.strides(axis);
+  const py::ssize_t item = a.itemsize();
+  require(s >= 0 && s % item == 0, what, ": expected a non-negative stride that is a multiple of ",
+          "the item size ", item, " on axis ", axis, ", got ", s,
+          " (pass numpy.ascontiguousarray(x); kvsift does not copy silently)");
+  return static_cast<std::size_t>(s / item);
+}
+
+/// A borrowed matrix_view over a 2-D array whose rows are contiguous (any row stride).
+template <class T>
+kvsift::matrix_view<const T> matrix_of(const py::array& a, const char* what) {
+  require<kvsift::dimension_mismatch>(a.ndim() == 2, what, ": expected a 2-D array (rows x dim), ",
+                                      "got ", a.ndim(), " dimension(s)");
+  const auto rows = static_cast<std::size_t>(a.shape(0));
+  const auto cols = static_cast<std::size_t>(a.shape(1));
+  // numpy reports arbitrary strides for empty arrays; there is nothing to view.
+  if (rows == 0 || cols == 0)
+    return kvsift::matrix_view<const T>(nullptr, rows, cols, std::max<std::size_t>(cols, 1));
+  require(cols <= 1 || stride_elems(a, 1, what) == 1, what,
+          ": expected contiguous rows (last-axis stride = item size), got stride ", a.strides(1),
+          " (pass numpy.ascontiguousarray(x); kvsift does not copy silently)");
+  const std::size_t row_stride = rows <= 1 ? cols : stride_elems(a, 0, what);
+  require(row_stride >= cols, what, ": expected a row stride >= ", cols, " elements, got ",
+          row_stride);
+  return kvsift::matrix_view<const T>(static_cast<const T*>(a.data()), rows, cols,
+                                      row_stride == 0 ? 1 : row_stride);
+}
+
+/// A 1-D f32 vector (contiguous).
+std::span<const float> vector_of(const py::handle& h, const char* what) {
+  const py::array a = as_array(h, what);
+  require_dtype(a, dtypes::f32, what);
+  require<kvsift::dimension_mismatch>(a.ndim() == 1, what, ": expected a 1-D array, got ", a.ndim(),
+                                      " dimension(s)");
+  require(a.shape(0) <= 1 || a.strides(0) == a.itemsize(), what,
+          ": expected a contiguous vector, got stride ", a.strides(0),
+          " (pass numpy.ascontiguousarray(x))");
+  return {static_cast<const float*>(a.data()), static_cast<std::size_t>(a.shape(0))};
+}
+
+std::vector<id_t> ids_of(const py::handle& h, const char* what) {
+  const py::array a = as_array(h, what);
+  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u') {
+    fail<kvsift::invalid_argument>(what, ": expected an integer array of token ids, got dtype ",
+                                   std::string(py::str(a.dtype())));
+  }
+  require<kvsift::dimension_mismatch>(a.ndim() == 1, what, ": expected a 1-D array, got ", a.ndim(),
+                                      " dimension(s)");
+  // Ids are small (one per retrieved token), so converting them is cheap; it also catches
+  // negative values, which would wrap around in a cast to id_t.
+  const auto as64 = py::array_t<std::int64_t, py::array::forcecast>::ensure(a);
+  std::vector<id_t> out(static_cast<std::size_t>(as64.shape(0)));
+  auto r = as64.unchecked<1>();
+  for (py::ssize_t i = 0; i < r.shape(0); ++i) {
+    require<kvsift::out_of_range>(r(i) >= 0 && r(i) < static_cast<std::int64_t>(kvsift::invalid_id),
+                                  what, ": expected ids in [0, ", kvsift::invalid_id, "), got ",
+                                  r(i), " at position ", i);
+    out[static_cast<std::size_t>(i)] = static_cast<id_t>(r(i));
+  }
+  return out;
+}
+
+py::array_t<float> to_numpy(const std::vector<float>& v) {
+  py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
+// ----------------------------------------------------------------------------- predicates
+
+using filter_t = std::variant<kvsift::no_filter, kvsift::id_below, kvsift::id_range>;
+
+filter_t filter_of(const py::object& f) {
+  if (f.is_none()) return kvsift::no_filter{};
+  if (py::isinstance<kvsift::id_below>(f)) return f.cast<kvsift::id_below>();
+  if (py::isinstance<kvsift::id_range>(f)) return f.cast<kvsift::id_range>();
+  throw py::type_error("filter: expected None, kvsift.IdBelow or kvsift.IdRange, got " +
+                       std::string(py::str(py::type::of(f).attr("__name__"))));
+}
+
+// ----------------------------------------------------------------------------- results
+
+/// Top-k results: ids / scores of shape (k,) for one query or (m, k) for m queries; ids of
+/// missing results are 2**32 - 1 (kvsift.INVALID_ID) with the metric's worst score.
+struct search_result {
+  py::array_t<std::uint32_t> ids;
+  py::array_t<float> scores;
+  py::array_t<std::int64_t> distance_computations;  ///< keys scored, per query
+  py::array_t<std::int64_t> hops;
+};
+
+struct dipr_output {
+  py::array_t<std::uint32_t> ids;
+  py::array_t<float> scores;
+  float best_score = 0;
+  bool capped = false;
+  std::int64_t distance_computations = 0;
+  std::int64_t hops = 0;
+};
+
+dipr_output to_python(const kvsift::dipr_result& r) {
+  dipr_output out;
+  out.ids = py::array_t<std::uint32_t>(static_cast<py::ssize_t>(r.ids.size()));
+  std::copy(r.ids.begin(), r.ids.end(), out.ids.mutable_data());
+  out.scores = to_numpy(r.scores);
+  out.best_score = r.best_score;
+  out.capped = r.capped;
+  out.distance_computations = static_cast<std::int64_t>(r.stats.distance_computations);
+  out.hops = static_cast<std::int64_t>(r.stats.hops);
+  return out;
+}
+
+kvsift::dipr_params dipr_params_of(float beta, std::size_t l0, std::size_t max_candidates,
+                                   std::optional<float> seed_score) {
+  kvsift::dipr_params p;
+  p.beta = beta;
+  p.l0 = l0;
+  p.max_candidates = max_candidates;
+  if (seed_score) p.seed_score = *seed_score;
+  return p;
+}
+
+/// Runs `one(query_span, ws, ids, scores) -> search_stats` for a (d,) or (m, d) query array,
+/// over queries in parallel (one workspace per thread), with the GIL released.
+template <class One>
+search_result batched_topk(const py::handle& queries_h, std::size_t k, std::size_t threads,
+                           One&& one) {
+  const py::array qa = as_array(queries_h, "queries");
+  require_dtype(qa, dtypes::f32, "queries");
+  require<kvsift::dimension_mismatch>(qa.ndim() == 1 || qa.ndim() == 2,
+                                      "queries: expected a 1-D (dim) or 2-D (m x dim) array, got ",
+                                      qa.ndim(), " dimension(s)");
+  require(k > 0, "k must be > 0, got 0");
+  const bool single = qa.ndim() == 1;
+  const kvsift::matrix_view<const float> q =
+      single ? kvsift::matrix_view<const float>(vector_of(qa, "queries").data(), 1,
+                                                static_cast<std::size_t>(qa.shape(0)))
+             : matrix_of<float>(qa, "queries");
+  const std::size_t m = q.rows();
+  search_result out;
+  std::vector<py::ssize_t> shape =
+      single ? std::vector<py::ssize_t>{static_cast<py::ssize_t>(k)}
+             : std::vector<py::ssize_t>{static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(k)};
+  out.ids = py::array_t<std::uint32_t>(shape);
+  out.scores = py::array_t<float>(shape);
+  out.distance_computations = py::array_t<std::int64_t>(static_cast<py::ssize_t>(m));
+  out.hops = py::array_t<std::int64_t>(static_cast<py::ssize_t>(m));
+  id_t* ids = out.ids.mutable_data();
+  float* scores = out.scores.mutable_data();
+  std::int64_t* dist = out.distance_computations.mutable_data();
+  std::int64_t* hops = out.hops.mutable_data();
+  {
+    py::gil_scoped_release release;
+    const std::size_t t = std::min(m, threads == 0 ? kvsift::default_thread_count() : threads);
+    std::vector<kvsift::search_workspace> ws(std::max<std::size_t>(t, 1));
+    kvsift::parallel_for(m, ws.size(), [&](std::size_t i, std::size_t w) {
+      const kvsift::search_stats s = one(q.row_span(i), ws[w], std::span<id_t>(ids + i * k, k),
+                                         std::span<float>(scores + i * k, k));
+      dist[i] = static_cast<std::int64_t>(s.distance_computations);
+      hops[i] = static_cast<std::int64_t>(s.hops);
+    });
+  }
+  return out;
+}
+
+// ----------------------------------------------------------------------------- indexes
+
+template <class T>
+using store_t = kvsift::view_store<T>;
+
+struct build_info {
+  double knn_seconds = 0, projection_seconds = 0, connectivity_seconds = 0, total_seconds = 0;
+};
+
+/// Holds the key array (keeps it alive) and an index over it of either element type.
+template <template <class> class Index>
+class py_index {
+ public:
+  using variant = std::variant<Index<float>, Index<kvsift::half>>;
+
+  py_index(py::array keys, variant index, build_info stats = {})
+      : keys_(std::move(keys)), index_(std::move(index)), stats_(stats) {}
+
+  [[nodiscard]] std::size_t size() const {
+    return std::visit([](const auto& i) { return i.size(); }, index_);
+  }
+  [[nodiscard]] std::size_t dim() const {
+    return std::visit([](const auto& i) { return i.dim(); }, index_);
+  }
+  [[nodiscard]] py::dtype dtype() const { return keys_.dtype(); }
+  [[nodiscard]] const variant& index() const { return index_; }
+  [[nodiscard]] const build_info& build_stats() const { return stats_; }
+
+ private:
+  py::array keys_;
+  variant index_;
+  build_info stats_;  ///< build timings (RoarGraph); zero for a flat index
+};
+
+template <class T>
+using flat_t = kvsift::flat_index<store_t<T>>;
+template <class T>
+using graph_t = kvsift::graph_index<store_t<T>>;
+using py_flat = py_index<flat_t>;
+using py_graph = py_index<graph_t>;
+
+/// Builds `make(view_store<T>)` for the element type of a 2-D key array.
+template <class Variant, class Make>
+Variant over_keys(const py::array& keys, Make&& make) {
+  require_dtype(keys, dtypes::f32_or_f16, "keys");
+  if (is_f32(keys)) return Variant(make(store_t<float>(matrix_of<float>(keys, "keys"))));
+  return Variant(make(store_t<kvsift::half>(matrix_of<kvsift::half>(keys, "keys"))));
+}
+
+py_flat make_flat(const py::handle& keys_h) {
+  py::array keys = as_array(keys_h, "keys");
+  auto index = over_keys<py_flat::variant>(
+      keys, [](auto store) { return kvsift::flat_index<decltype(store)>(store); });
+  return {std::move(keys), std::move(index)};
+}
+
+py_graph make_roargraph(const py::handle& keys_h, const py::handle& train_h,
+                        const kvsift::roargraph_params& params) {
+  py::array keys = as_array(keys_h, "keys");
+  const py::array train = as_array(train_h, "train_queries");
+  require_dtype(train, dtypes::f32, "train_queries");
+  const auto tq = matrix_of<float>(train, "train_queries");
+  kvsift::roargraph_build_stats st;
+  auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
+    py::gil_scoped_release release;
+    return kvsift::roargraph_builder<>(params).build(store, tq, &st);
+  });
+  return {std::move(keys),
+          std::move(index),
+          {st.knn_seconds, st.projection_seconds, st.connectivity_seconds, st.total_seconds}};
+}
+
+search_result flat_topk(const py_flat& self, const py::handle& queries, std::size_t k,
+                        const py::object& filter, std::size_t threads) {
+  const filter_t f = filter_of(filter);
+  return std::visit(
+      [&](const auto& index, const auto& pred) {
+        return batched_topk(queries, k, threads, [&](auto q, auto& ws, auto ids, auto scores) {
+          return index.topk(q, k, ws, ids, scores, pred);
+        });
+      },
+      self.index(), f);
+}
+
+search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
+                           std::size_t L, const py::object& filter, const py::object& entries,
+                           std::size_t threads) {
+  const filter_t f = filter_of(filter);
+  const std::vector<id_t> extra =
+      entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
+  const kvsift::beam_search_params p{.k = k, .L = L};
+  return std::visit(
+      [&](const auto& index, const auto& pred) {
+        return batched_topk(queries, k, threads, [&](auto q, auto& ws, auto ids, auto scores) {
+          return kvsift::beam_search(index, q, p, ws, ids, scores, pred,
+                                     std::span<const id_t>(extra));
+        });
+      },
+      self.index(), f);
+}
+
+// One workspace per Python thread: single-query calls allocate nothing once warmed up.
+kvsift::search_workspace& thread_workspace() {
+  thread_local kvsift::search_workspace ws;
+  return ws;
+}
+
+template <class Index>
+dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, std::size_t l0,
+                     std::size_t max_candidates, std::optional<float> seed_score,
+                     const py::object& filter, const py::object& entries) {
+  const auto q = vector_of(query_h, "query");
+  const auto p = dipr_params_of(beta, l0, max_candidates, seed_score);
+  const filter_t f = filter_of(filter);
+  const std::vector<id_t> extra =
+      entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
+  kvsift::dipr_result r;
+  {
+    py::gil_scoped_release release;
+    std::visit(
+        [&](const auto& index, const auto& pred) {
+          if constexpr (std::is_same_v<Index, py_flat>) {
+            require(extra.empty(), "FlatIndex.dipr: entries are meaningless for a flat scan");
+            index.dipr(q, p, thread_workspace(), r, pred);
+          } else {
+            kvsift::dipr_search(index, q, p, thread_workspace(), r, pred,
+                                std::span<const id_t>(extra));
+          }
+        },
+        self.index(), f);
+  }
+  return to_python(r);
+}
+
+// ----------------------------------------------------------------------------- attention
+
+/// K/V arrays as a kv_view: (tokens, dim) for one KV head, or (tokens, kv_heads, dim) in any
+/// layout whose innermost axis is contiguous (e.g. a slice of a preallocated cache).
+template <class T>
+kvsift::kv_view<T> kv_of(const py::array& k, const py::array& v) {
+  require<kvsift::dimension_mismatch>(
+      k.ndim() == v.ndim() && (k.ndim() == 2 || k.ndim() == 3),
+      "keys/values: expected both 2-D (tokens x dim) or both 3-D (tokens x kv_heads x dim), got ",
+      k.ndim(), "-D keys and ", v.ndim(), "-D values");
+  for (py::ssize_t ax = 0; ax < k.ndim(); ++ax) {
+    require<kvsift::dimension_mismatch>(k.shape(ax) == v.shape(ax),
+                                        "keys/values: expected equal shapes, got ", k.shape(ax),
+                                        " and ", v.shape(ax), " on axis ", ax);
+  }
+  if (k.ndim() == 2) return kvsift::kv_view<T>(matrix_of<T>(k, "keys"), matrix_of<T>(v, "values"));
+  auto head_matrix = [](const py::array& a, const char* what) {
+    const auto n = static_cast<std::size_t>(a.shape(0));
+    const auto d = static_cast<std::size_t>(a.shape(2));
+    require(d <= 1 || stride_elems(a, 2, what) == 1, what,
+            ": expected a contiguous last axis, got stride ", a.strides(2),
+            " (pass numpy.ascontiguousarray(x); kvsift does not copy silently)");
+    const std::size_t rs =
+        n <= 1 ? d * static_cast<std::size_t>(a.shape(1)) : stride_elems(a, 0, what);
+    const std::size_t hs = a.shape(1) <= 1 ? d : stride_elems(a, 1, what);
+    return std::pair(kvsift::matrix_view<const T>(static_cast<const T*>(a.data()), n, d,
+                                                  std::max<std::size_t>({rs, d, 1})),
+                     hs);
+  };
+  const auto [km, khs] = head_matrix(k, "keys");
+  const auto [vm, vhs] = head_matrix(v, "values");
+  require(khs == vhs, "keys/values: expected the same head stride, got ", khs, " and ", vhs,
+          " elements");
+  return kvsift::kv_view<T>(km, vm, static_cast<std::size_t>(k.shape(1)), khs);
+}
+
+std::vector<float> bias_of(const py::object& bias) {
+  if (bias.is_none()) return {};
+  const auto b = vector_of(bias, "bias");
+  return {b.begin(), b.end()};
+}
+
+/// Dispatches `fn(kv_view<T>)` on the K/V element type, with the GIL released for the call.
+template <class Fn>
+std::pair<py::array_t<float>, float> with_kv(const py::handle& keys_h, const py::handle& values_h,
+                                             Fn&& fn) {
+  const py::array k = as_array(keys_h, "keys");
+  const py::array v = as_array(values_h, "values");
+  require_dtype(k, dtypes::f32_or_f16, "keys");
+  if (!k.dtype().is(v.dtype())) {
+    fail<kvsift::invalid_argument>("values: expected the dtype of keys (",
+                                   std::string(py::str(k.dtype())), "), got ",
+                                   std::string(py::str(v.dtype())));
+  }
+  kvsift::partial_state st;
+  if (is_f32(k)) {
+    const auto kv = kv_of<float>(k, v);
+    py::gil_scoped_release release;
+    fn(kv, st);
+  } else {
+    const auto kv = kv_of<kvsift::half>(k, v);
+    py::gil_scoped_release release;
+    fn(kv, st);
+  }
+  return {to_numpy(st.o), st.lse};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(kvsift, m) {
+  m.doc() =
+      "kvsift: retrieval-based sparse attention (RoarGraph / flat indexes, top-k, DIPR and "
+      "filtered search, sparse attention with log-sum-exp merge). Arrays are borrowed, never "
+      "copied: keys must be float32 or float16 with contiguous rows, queries float32.";
+
+  // pybind11 < 2.12 reads NumPy's dtype struct at the NumPy 1.x offsets; under NumPy 2 every
+  // itemsize and stride check would then read garbage (a float32 of item size 0). Refuse to load.
+  if (py::dtype::of<float>().itemsize() != 4) {
+    throw py::import_error(
+        "kvsift: this module was built with pybind11 < 2.12, which does not support the NumPy 2 "
+        "found at run time; rebuild it with pybind11 >= 2.12 (pip install ./python does)");
+  }
+
+  // Exceptions: kvsift's error tiers become ValueError subclasses (matched most-derived first:
+  // pybind11 tries the translators registered last first).
+  auto& invalid =
+      py::register_exception<kvsift::invalid_argument>(m, "InvalidArgument", PyExc_ValueError);
+  py::register_exception<kvsift::dimension_mismatch>(m, "DimensionMismatch", invalid.ptr());
+  py::register_exception<kvsift::out_of_range>(m, "OutOfRange", invalid.ptr());
+  py::register_exception<kvsift::non_finite_value>(m, "NonFiniteValue", invalid.ptr());
+
+  m.attr("INVALID_ID") = py::int_(kvsift::invalid_id);
+
+  py::class_<kvsift::id_below>(m, "IdBelow", "Filter: only ids < prefix_len (prefix reuse).")
+      .def(py::init([](std::size_t n) { return kvsift::id_below{n}; }), py::arg("prefix_len"))
+      .def_readonly("prefix_len", &kvsift::id_below::prefix_len);
+  py::class_<kvsift::id_range>(m, "IdRange", "Filter: only ids in [first, last).")
+      .def(py::init([](std::size_t a, std::size_t b) {
+             return kvsift::id_range{a, b};
+           }),
+           py::arg("first"), py::arg("last"))
+      .def_readonly("first", &kvsift::id_range::first)
+      .def_readonly("last", &kvsift::id_range::last);
+
+  py::class_<search_result>(m, "SearchResult",
+                            "Top-k result: ids/scores (k,) or (m, k), best first; missing "
+                            "results are INVALID_ID with the worst score.")
+      .def_readonly("ids", &search_result::ids)
+      .def_readonly("scores", &search_result::scores)
+      .def_readonly("distance_computations", &search_result::distance_computations)
+      .def_readonly("hops", &search_result::hops);
+  py::class_<dipr_output>(m, "DiprResult", "Every key within beta of the best score, best first.")
+      .def_readonly("ids", &dipr_output::ids)
+      .def_readonly("scores", &dipr_output::scores)
+      .def_readonly("best_score", &dipr_output::best_score)
+      .def_readonly("capped", &dipr_output::capped)
+      .def_readonly("distance_computations", &dipr_output::distance_computations)
+      .def_readonly("hops", &dipr_output::hops);
+  py::class_<build_info>(m, "BuildStats", "Wall-clock seconds per RoarGraph build phase.")
+      .def_readonly("knn_seconds", &build_info::knn_seconds)
+      .def_readonly("projection_seconds", &build_info::projection_seconds)
+      .def_readonly("connectivity_seconds", &build_info::connectivity_seconds)
+      .def_readonly("total_seconds", &build_info::total_seconds);
+
+  py::class_<py_flat>(m, "FlatIndex",
+                      "Exact index (the oracle). FlatIndex(keys): keys (n, d) float32/float16 "
+                      "with contiguous rows, borrowed (kept alive, not copied).")
+      .def(py::init(&make_flat), py::arg("keys"))
+      .def_property_readonly("size", &py_flat::size)
+      .def_property_readonly("dim", &py_flat::dim)
+      .def_property_readonly("dtype", &py_flat::dtype)
+      .def("topk", &flat_topk, py::arg("queries"), py::arg("k"), py::kw_only(),
+           py::arg("filter") = py::none(), py::arg("threads") = 0,
+           "Exact top-k of (d,) or (m, d) float32 queries, O(m n d), multithreaded over queries.")
+      .def("dipr", &run_dipr<py_flat>, py::arg("query"), py::arg("beta"), py::kw_only(),
+           py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
+           py::arg("filter") = py::none(), py::arg("entries") = py::none(),
+           "Exact DIPR: every key with score >= best - beta. O(n d).");
+
+  py::class_<py_graph>(m, "RoarGraphIndex",
+                       "RoarGraph over keys (n, d) float32/float16 (borrowed, kept alive), built "
+                       "from float32 training queries (m, d). Build: O(m n d) kNN + projection + "
+                       "connectivity; the GIL is released.")
+      .def(py::init([](const py::handle& keys, const py::handle& train, std::size_t nq,
+                       std::size_t M, std::size_t L, std::size_t threads, std::uint64_t seed) {
+             kvsift::roargraph_params p;
+             p.nq = nq;
+             p.M = M;
+             p.L = L;
+             p.threads = threads;
+             p.seed = seed;
+             return make_roargraph(keys, train, p);
+           }),
+           py::arg("keys"), py::arg("train_queries"), py::kw_only(), py::arg("nq") = 100,
+           py::arg("M") = 35, py::arg("L") = 500, py::arg("threads") = 0, py::arg("seed") = 2024)
+      .def_property_readonly("size", &py_graph::size)
+      .def_property_readonly("dim", &py_graph::dim)
+      .def_property_readonly("dtype", &py_graph::dtype)
+      .def_property_readonly("build_stats", &py_graph::build_stats)
+      .def_property_readonly("max_degree",
+                             [](const py_graph& g) {
+                               return std::visit([](const auto& i) { return i.max_degree(); },
+                                                 g.index());
+                             })
+      .def_property_readonly("entry_point",
+                             [](const py_graph& g) {
+                               return std::visit([](const auto& i) { return i.entry_point(); },
+                                                 g.index());
+                             })
+      .def("search", &graph_search, py::arg("queries"), py::arg("k"), py::kw_only(),
+           py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("entries") = py::none(),
+           py::arg("threads") = 0,
+           "Approximate top-k (beam search, pool L >= k) of (d,) or (m, d) float32 queries; with "
+           "a filter only passing ids are returned (2-hop walk).")
+      .def("dipr", &run_dipr<py_graph>, py::arg("query"), py::arg("beta"), py::kw_only(),
+           py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
+           py::arg("filter") = py::none(), py::arg("entries") = py::none(),
+           "DIPRS graph search: keys with score >= best - beta; seed_score (e.g. the best "
+           "window score) tightens pruning from the first hop.");
+
+  m.def(
+      "sample_gqa_queries",
+      [](const py::list& heads, double ratio, std::uint64_t seed) {
+        std::vector<kvsift::matrix_view<const float>> views;
+        std::vector<py::array> keep;
+        for (const auto& h : heads) {
+          keep.push_back(as_array(h, "heads"));
+          require_dtype(keep.back(), dtypes::f32, "heads");
+          views.push_back(matrix_of<float>(keep.back(), "heads"));
+        }
+        const auto s = kvsift::sample_gqa_queries(views, ratio, seed);
+        py::array_t<float> out(
+            {static_cast<py::ssize_t>(s.rows()), static_cast<py::ssize_t>(s.cols())});
+        for (std::size_t i = 0; i < s.rows(); ++i) {
+          std::copy_n(s.row(i), s.cols(), out.mutable_data() + i * s.cols());
+        }
+        return out;
+      },
+      py::arg("heads"), py::arg("ratio"), py::arg("seed") = 7,
+      "Stacks round(ratio * rows) sampled queries of each query head of a GQA group (one "
+      "index per KV head is built from them).");
+
+  m.def(
+      "sparse_attention",
+      [](const py::handle& q, const py::handle& keys, const py::handle& values,
+         const py::handle& tokens, std::size_t kv_head, float scale, const py::object& bias) {
+        const auto qs = vector_of(q, "q");
+        const auto ids = ids_of(tokens, "tokens");
+        const auto b = bias_of(bias);
+        return with_kv(keys, values, [&](const auto& kv, kvsift::partial_state& st) {
+          kvsift::sparse_attention(qs, kv_head, ids, kv, {.scale = scale, .bias = b}, st);
+        });
+      },
+      py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("tokens"), py::kw_only(),
+      py::arg("kv_head") = 0, py::arg("scale") = 0.0f, py::arg("bias") = py::none(),
+      "Attention of q over the listed tokens -> (o, lse) (natural-log LSE of the scaled "
+      "logits; the empty set gives (0, -inf)). keys/values: (n, d) or (n, kv_heads, d), "
+      "float32 or float16, borrowed. scale 0 = 1/sqrt(d). O(len(tokens) d).");
+  m.def(
+      "dense_attention",
+      [](const py::handle& q, const py::handle& keys, const py::handle& values, std::size_t first,
+         std::size_t last, std::size_t kv_head, float scale, const py::object& bias) {
+        const auto qs = vector_of(q, "q");
+        const auto b = bias_of(bias);
+        return with_kv(keys, values, [&](const auto& kv, kvsift::partial_state& st) {
+          kvsift::dense_attention(qs, kv_head, first, last, kv, {.scale = scale, .bias = b}, st);
+        });
+      },
+      py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("first"), py::arg("last"),
+      py::kw_only(), py::arg("kv_head") = 0, py::arg("scale") = 0.0f, py::arg("bias") = py::none(),
+      "Attention of q over tokens [first, last) -> (o, lse); same path as sparse_attention.");
+  m.def(
+      "merge",
+      [](const py::handle& o_a, float lse_a, const py::handle& o_b, float lse_b) {
+        const auto a = vector_of(o_a, "o_a");
+        const auto b = vector_of(o_b, "o_b");
+        const auto st = kvsift::merge({a, lse_a}, {b, lse_b});
+        return std::pair(to_numpy(st.o), st.lse);
+      },
+      py::arg("o_a"), py::arg("lse_a"), py::arg("o_b"), py::arg("lse_b"),
+      "Log-sum-exp merge of two partial states over disjoint token sets -> (o, lse). O(d).");
+  m.def(
+      "merge_n",
+      [](const py::handle& os_h, const py::handle& lses_h) {
+        const py::array os = as_array(os_h, "os");
+        require_dtype(os, dtypes::f32, "os");
+        const auto o = matrix_of<float>(os, "os");
+        const auto lses = vector_of(lses_h, "lses");
+        require<kvsift::dimension_mismatch>(lses.size() == o.rows(), "merge_n: expected ", o.rows(),
+                                            " lse values (one per state), got ", lses.size());
+        std::vector<kvsift::partial_state_view> views;
+        for (std::size_t i = 0; i < o.rows(); ++i) views.push_back({o.row_span(i), lses[i]});
+        const auto st = kvsift::merge_n(views, o.cols());
+        return std::pair(to_numpy(st.o), st.lse);
+      },
+      py::arg("os"), py::arg("lses"),
+      "Merges s partial states (os: (s, d) float32, lses: (s,)) in one pass -> (o, lse).");
+}
