@@ -5,8 +5,11 @@ set -euo pipefail
 
 # python3-dev, pybind11-dev, python3-numpy, python3-pytest: the Python module (python/) and
 # its tests, built with CMake against Debian's python3 (no network needed at build time).
+# libhnswlib-dev, libfaiss-dev: the optional peers of kvsift-bench (bench/peers/), so CI runs
+# the peers' CTest too; kvsift itself never depends on them.
 packages=(build-essential cmake libeigen3-dev libxsimd-dev catch2 libbenchmark-dev clang-format
-          python3 python3-dev pybind11-dev python3-numpy python3-pytest)
+          python3 python3-dev pybind11-dev python3-numpy python3-pytest libhnswlib-dev
+          libfaiss-dev)
 
 missing=()
 for pkg in "${packages[@]}"; do
