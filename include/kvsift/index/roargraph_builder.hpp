@@ -45,22 +45,27 @@ struct roargraph_params {
   std::size_t nq = 100;  ///< kNN per training query (step 1), >= 2
   std::size_t M = 35;    ///< projection degree; final max degree is 2 * M
   /// Beam pool of the connectivity searches (step 3) and of the reachability repair, >= M.
-  /// Search cost grows about linearly with it. The paper uses 500; 300 measured within 0.005
-  /// recall@100 of it at 1.8x less step-3 time (docs/algorithms.md).
-  std::size_t L = 300;
+  /// Step 3 costs about linearly in it, and graph quality depends on it at scale: on 131072
+  /// OOD keys L = 300 (with batch 8192) built x2.25 faster but lost 0.0175 / 0.0147 / 0.0060
+  /// recall@100 at search pools 100 / 200 / 400 (docs/algorithms.md).
+  std::size_t L = 500;
   std::size_t threads = 0;   ///< 0 = hardware concurrency
   bool connectivity = true;  ///< run step 3 (off only for ablations)
   /// Largest connectivity round. Rounds start at 32 keys and double up to this size, so the
   /// graph grows from few keys as incremental insertion does. The graph depends on this
   /// value and on `seed`, never on the thread count.
-  /// 8192 (was 1024) halves the merge cost and the barriers at equal recall.
-  std::size_t batch = 8192;
+  /// Larger rounds cut the merging cost (2.2 s -> 0.7 s of step 3 at 131072 keys with 8192)
+  /// but were only measured together with a smaller L.
+  std::size_t batch = 1024;
   std::uint64_t seed = 2024;  ///< order of the connectivity rounds
   /// Step 3 candidates from the exact kNN among the keys (this many per key, computed by the
   /// engine, so on the GPU with the CUDA engine) instead of a beam search of pool L over the
   /// growing graph; one round, `batch` ignored. 0 = beam searches. At most n - 1 are used.
-  /// Much faster with a GPU engine, but the graph routes worse: on OOD keys 100 exact
-  /// neighbours gave 0.02 lower recall@100 (search L = 100) than searches with L = 500.
+  /// Much faster with a GPU engine, but the graph routes worse (exact neighbours merged in one
+  /// round serve the queries less well than searched ones): on 131072 OOD keys
+  /// with the CUDA engine k = 300 built the index in 2.06 s instead of 18.75 s but lost 0.052 /
+  /// 0.029 / 0.014 recall@100 at search pools 100 / 200 / 400, and k = 100 collapsed to 0.08
+  /// at pool 100. A speed/quality trade-off, not a default.
   std::size_t connectivity_knn = 0;
 };
 
@@ -158,19 +163,7 @@ struct building_graph {
   std::size_t size() const { return store.size(); }
   std::size_t dim() const { return store.dim(); }
   id_t entry_point() const { return entry; }
-  /// The walk scores most of a node's neighbours right after asking for them, and the build's
-  /// keys do not fit in cache: start fetching their rows now, so the misses overlap (measured
-  /// 8-17% faster connectivity searches at 131072 keys; rows of visited nodes are fetched in
-  /// vain, which costs less than serial misses).
-  std::span<const id_t> neighbors(id_t i) const {
-    const auto nbrs = adj.neighbors(i);
-    const std::size_t bytes = store.dim() * sizeof(typename S::value_type);
-    for (const id_t v : nbrs) {
-      const char* row = reinterpret_cast<const char*>(store.row(v));
-      for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
-    }
-    return nbrs;
-  }
+  std::span<const id_t> neighbors(id_t i) const { return adj.neighbors(i); }
   float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
 };
 
