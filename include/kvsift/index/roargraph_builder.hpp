@@ -496,7 +496,10 @@ class roargraph_builder {
             detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i],
                                          &pruned[t]);
           },
-          8);
+          // One key per grab: a search takes ~2 ms at L = 500, so grabbing 8 left threads idle
+          // up to 8 searches at each of the ~130 round barriers, and the first rounds (32, 64
+          // keys) used only 4 and 8 threads. The graph does not depend on it.
+          1);
       st.connectivity_search_seconds += detail::seconds_since(t_search);
       const auto t_merge = std::chrono::steady_clock::now();
       touched.clear();
