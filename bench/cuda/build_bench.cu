@@ -1,6 +1,10 @@
 // RoarGraph build of one KV head with GPU kNN (issue 6): 131072 keys x dim 128, a GQA group of
 // 4 query heads, 10% of each head's queries sampled for training, CPU steps on all host cores.
-// Reports the phase breakdown (kNN, projection, connectivity) and compares, in the same run:
+// Reports the phase breakdown (kNN, projection, connectivity, and within connectivity the
+// searches, merging and repair) and compares, in the same run:
+//   - the defaults (the paper's L = 500, rounds up to 1024 keys) against L = 300 with rounds
+//     up to 8192 and against step 3 from the GPU's exact key kNN (`connectivity_knn` = 100,
+//     300), by build time and recall@100;
 //   - GQA-shared (one index from the queries of all 4 heads) against one index per query head
 //     (4 builds), by build time and by recall@100 of each head's held-out queries against the
 //     exact CPU kNN, at several search pool sizes L;
@@ -95,9 +99,16 @@ kvsift::testing::ood_data make_head(std::size_t n, std::size_t m, std::size_t d,
                                     .seed = seed});
 }
 
-void print_stats(const char* what, const kvsift::roargraph_build_stats& s) {
+void print_stats(const char* what, const kvsift::roargraph_build_stats& s, std::size_t n = 0) {
   std::printf("%-44s total %7.3f s = kNN %6.3f + projection %6.3f + connectivity %7.3f (+ rest)\n",
               what, s.total_seconds, s.knn_seconds, s.projection_seconds, s.connectivity_seconds);
+  if (n == 0) return;
+  std::printf(
+      "  connectivity: searches (or key kNN) + pruning %.3f s, merging %.3f s, repair %.3f s; "
+      "per key %.0f vectors scored by the search, %.0f pairs by the pruning\n",
+      s.connectivity_search_seconds, s.connectivity_merge_seconds, s.repair_seconds,
+      static_cast<double>(s.connectivity_distance_computations) / static_cast<double>(n),
+      static_cast<double>(s.connectivity_prune_distance_computations) / static_cast<double>(n));
 }
 
 template <class G>
@@ -148,7 +159,7 @@ int main(int argc, char** argv) {
   std::vector<matrix_view<const float>> prefill;
   for (const auto& h : heads) prefill.push_back(h.query_view().row_range(0, m));
 
-  kvsift::roargraph_params p;  // paper defaults: nq = 100, M = 35, L = 500
+  kvsift::roargraph_params p;  // defaults: nq = 100, M = 35, L = 300, batch 8192
   p.threads = threads;
   const gpu_builder gb(p);
   const cpu_builder cb(p);
@@ -166,22 +177,54 @@ int main(int argc, char** argv) {
       kvsift::sample_gqa_queries(std::span<const matrix_view<const float>>(prefill), o.ratio, 7);
   // Warm the builder's engine (CUDA context, cuBLAS handle, device buffers at full size).
   (void)gb.training_knn(store.view(), shared_q.view());
-  kvsift::roargraph_build_stats s_shared;
-  const auto g_shared = gb.build(store, shared_q.view(), &s_shared);
-  char what[128];
-  std::snprintf(what, sizeof what, "GQA-shared, GPU kNN (%zu train queries):", shared_q.rows());
-  print_stats(what, s_shared);
-
   const std::size_t Ls[] = {100, 200, 400};
-  double shared_recall[3] = {};
-  for (std::size_t i = 0; i < 3; ++i) {
-    for (std::size_t h = 0; h < o.heads; ++h) {
-      shared_recall[i] +=
-          recall_at(g_shared, heads[h].query_view().row_range(m, o.eval), exact[h], k, Ls[i]) /
-          static_cast<double>(o.heads);
+  char what[128];
+  // One GQA-shared build with `q`: breakdown and recall@k at the three search pools.
+  auto shared_build = [&](const char* label, const kvsift::roargraph_params& q,
+                          double(&recall)[3]) {
+    kvsift::roargraph_build_stats st;
+    const gpu_builder b(q);
+    (void)b.training_knn(store.view(), shared_q.view());  // warm this builder's engine
+    const auto g = b.build(store, shared_q.view(), &st);
+    std::snprintf(what, sizeof what, "%s (%zu train queries):", label, shared_q.rows());
+    print_stats(what, st, o.n);
+    for (std::size_t i = 0; i < 3; ++i) {
+      recall[i] = 0;
+      for (std::size_t h = 0; h < o.heads; ++h) {
+        recall[i] += recall_at(g, heads[h].query_view().row_range(m, o.eval), exact[h], k, Ls[i]) /
+                     static_cast<double>(o.heads);
+      }
     }
-    std::printf("  GQA-shared recall@%zu of held-out queries of all heads, L=%zu: %.4f\n", k, Ls[i],
-                shared_recall[i]);
+    std::printf(
+        "  GQA-shared recall@%zu of held-out queries of all heads, L=%zu/%zu/%zu: "
+        "%.4f %.4f %.4f\n",
+        k, Ls[0], Ls[1], Ls[2], recall[0], recall[1], recall[2]);
+    return st;
+  };
+  // The defaults (the paper's L = 500, rounds of at most 1024 keys) against faster settings
+  // in the same run: a smaller pool with larger rounds, and step 3 from the GPU's exact key kNN.
+  double shared_recall[3] = {}, other_recall[3] = {};
+  const auto s_shared =
+      shared_build("GQA-shared, GPU kNN, defaults L=500, batch 1024", p, shared_recall);
+  auto report_vs_defaults = [&](const kvsift::roargraph_build_stats& st) {
+    std::printf(
+        "  vs defaults: build x%.2f faster, connectivity x%.2f; recall@%zu change "
+        "%+.4f %+.4f %+.4f at L=%zu/%zu/%zu\n",
+        s_shared.total_seconds / st.total_seconds,
+        s_shared.connectivity_seconds / st.connectivity_seconds, k,
+        other_recall[0] - shared_recall[0], other_recall[1] - shared_recall[1],
+        other_recall[2] - shared_recall[2], Ls[0], Ls[1], Ls[2]);
+  };
+  auto fast = p;
+  fast.L = 300;
+  fast.batch = 8192;
+  report_vs_defaults(shared_build("L=300, batch 8192", fast, other_recall));
+  for (const std::size_t ck : {100, 300}) {
+    auto q = p;
+    q.connectivity_knn = ck;
+    std::snprintf(what, sizeof what, "exact key kNN connectivity, k=%zu", ck);
+    const std::string label = what;
+    report_vs_defaults(shared_build(label.c_str(), q, other_recall));
   }
 
   kvsift::roargraph_build_stats s_cpu;

@@ -161,6 +161,53 @@ TEST_CASE("roargraph_builder: small connectivity batches give a connected graph"
   CHECK(reachable(g) == g.size());
 }
 
+TEST_CASE("roargraph_builder: connectivity step counters", "[index][roargraph]") {
+  const kvsift::view_store<float> store(data().key_view());
+  kvsift::roargraph_build_stats st;
+  (void)kvsift::roargraph_builder<>(small_params()).build(store, train(), &st);
+  // Every key runs one search that scores at least its pool's worth of keys, then prunes.
+  CHECK(st.connectivity_distance_computations >= 3000 * 100);
+  CHECK(st.connectivity_prune_distance_computations > 0);
+  CHECK(st.connectivity_search_seconds + st.connectivity_merge_seconds + st.repair_seconds <=
+        st.connectivity_seconds);
+}
+
+TEST_CASE("roargraph_builder: connectivity from exact key neighbours", "[index][roargraph]") {
+  const kvsift::view_store<float> store(data().key_view());
+  auto p = small_params(2);
+  p.connectivity_knn = 60;
+  kvsift::roargraph_build_stats st;
+  const auto g = kvsift::roargraph_builder<>(p).build(store, train(), &st);
+  check_structure(g);
+  CHECK(reachable(g) == g.size());
+  CHECK(st.connectivity_distance_computations == 0);  // no searches
+  CHECK(st.connectivity_prune_distance_computations > 0);
+  p.threads = 1;
+  const auto single = kvsift::roargraph_builder<>(p).build(store, train());
+  CHECK(std::ranges::equal(g.adjacency(), single.adjacency()));
+
+  const kvsift::flat_index<kvsift::view_store<float>> flat(store);
+  const double r = recall_at(g, flat, eval(), 10, 100);
+  WARN("roargraph exact-neighbour connectivity recall@10 (L=100) = " << r);
+  CHECK(r >= 0.95);  // measured 0.989
+  const auto gl = kvsift::roargraph_builder<kvsift::l2>(p).build(store, train());
+  check_structure(gl);
+  const kvsift::flat_index<kvsift::view_store<float>, kvsift::l2> flat_l2(store);
+  const double rl = recall_at(gl, flat_l2, eval(), 10, 100);
+  WARN("roargraph l2 exact-neighbour connectivity recall@10 (L=100) = " << rl);
+  CHECK(rl >= 0.97);  // measured 0.999
+
+  // More neighbours asked than keys exist: all other keys are candidates.
+  std::vector<float> keys(40 * 8), q(10 * 8);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 5) % 11) - 5;
+  kvsift::roargraph_params tiny{.nq = 4, .M = 4, .L = 8, .threads = 1, .connectivity_knn = 100};
+  const auto gt = kvsift::roargraph_builder<>(tiny).build(
+      kvsift::owning_store<float>(kvsift::matrix_view<const float>(keys.data(), 40, 8)),
+      kvsift::matrix_view<const float>(q.data(), 10, 8));
+  CHECK(reachable(gt) == 40);
+}
+
 TEST_CASE("roargraph_builder: bad input", "[index][roargraph]") {
   std::vector<float> keys(40 * 8), q(10 * 8);
   for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;

@@ -42,24 +42,45 @@ namespace kvsift {
 
 /// RoarGraph build parameters (defaults as in the paper's reference settings).
 struct roargraph_params {
-  std::size_t nq = 100;      ///< kNN per training query (step 1), >= 2
-  std::size_t M = 35;        ///< projection degree; final max degree is 2 * M
-  std::size_t L = 500;       ///< beam pool of the connectivity searches (step 3), >= M
+  std::size_t nq = 100;  ///< kNN per training query (step 1), >= 2
+  std::size_t M = 35;    ///< projection degree; final max degree is 2 * M
+  /// Beam pool of the connectivity searches (step 3) and of the reachability repair, >= M.
+  /// Step 3 costs about linearly in it, and graph quality depends on it at scale: on 131072
+  /// OOD keys L = 300 (with batch 8192) built x2.25 faster but lost 0.0175 / 0.0147 / 0.0060
+  /// recall@100 at search pools 100 / 200 / 400 (docs/algorithms.md).
+  std::size_t L = 500;
   std::size_t threads = 0;   ///< 0 = hardware concurrency
   bool connectivity = true;  ///< run step 3 (off only for ablations)
   /// Largest connectivity round. Rounds start at 32 keys and double up to this size, so the
   /// graph grows from few keys as incremental insertion does. The graph depends on this
   /// value and on `seed`, never on the thread count.
+  /// Larger rounds cut the merging cost (2.2 s -> 0.7 s of step 3 at 131072 keys with 8192)
+  /// but were only measured together with a smaller L.
   std::size_t batch = 1024;
   std::uint64_t seed = 2024;  ///< order of the connectivity rounds
+  /// Step 3 candidates from the exact kNN among the keys (this many per key, computed by the
+  /// engine, so on the GPU with the CUDA engine) instead of a beam search of pool L over the
+  /// growing graph; one round, `batch` ignored. 0 = beam searches. At most n - 1 are used.
+  /// Much faster with a GPU engine, but the graph routes worse (exact neighbours merged in one
+  /// round serve the queries less well than searched ones): on 131072 OOD keys
+  /// with the CUDA engine k = 300 built the index in 2.06 s instead of 18.75 s but lost 0.052 /
+  /// 0.029 / 0.014 recall@100 at search pools 100 / 200 / 400, and k = 100 collapsed to 0.08
+  /// at pool 100. A speed/quality trade-off, not a default.
+  std::size_t connectivity_knn = 0;
 };
 
 /// Wall-clock seconds per phase of the last build.
 struct roargraph_build_stats {
   double knn_seconds = 0;
   double projection_seconds = 0;
-  double connectivity_seconds = 0;
+  double connectivity_seconds = 0;  ///< step 3 including the reachability repair
   double total_seconds = 0;
+  // Where step 3 spends its time (wall-clock, summed over rounds) and how much it scores.
+  double connectivity_search_seconds = 0;  ///< the parallel searches and RNG pruning
+  double connectivity_merge_seconds = 0;   ///< edge merging and re-pruning of full lists
+  double repair_seconds = 0;               ///< reachability repair
+  std::size_t connectivity_distance_computations = 0;        ///< vectors scored by the searches
+  std::size_t connectivity_prune_distance_computations = 0;  ///< pairs scored by their pruning
 };
 
 /// Where a long build stands, passed to a progress callback after every step. For one build
@@ -98,7 +119,8 @@ class pair_scorer {
 /// `fill` is set, pruned candidates are appended in rank order (RoarGraph's fill rule).
 template <VectorStore S, Metric M>
 void rng_prune(const S& s, std::vector<scored_id>& cands, std::size_t degree, bool fill,
-               std::vector<float>& scratch, std::vector<id_t>& kept) {
+               std::vector<float>& scratch, std::vector<id_t>& kept,
+               std::size_t* scored = nullptr) {
   std::sort(cands.begin(), cands.end(), ranks_before);
   kept.clear();
   std::vector<id_t> pruned;
@@ -108,6 +130,7 @@ void rng_prune(const S& s, std::vector<scored_id>& cands, std::size_t degree, bo
     widen(s.row(c.id), scratch.data(), s.dim());
     bool keep = true;
     for (id_t r : kept) {
+      if (scored != nullptr) ++*scored;
       if (to_key<M>(M::score(scratch.data(), s.row(r), s.dim())) > c.key) {
         keep = false;
         break;
@@ -262,12 +285,17 @@ class roargraph_builder {
     return 2 + connectivity_rounds(n);
   }
 
+  // Largest connectivity round: with kNN candidates nothing depends on the graph, one round.
+  std::size_t max_batch(std::size_t n) const {
+    return params_.connectivity_knn > 0 ? n : std::max<std::size_t>(1, params_.batch);
+  }
+
   // Rounds of `enhance`: batches of 32, 64, ... keys up to `batch`, until all n keys are done.
   std::size_t connectivity_rounds(std::size_t n) const {
-    const std::size_t max_batch = std::max<std::size_t>(1, params_.batch);
+    const std::size_t most = max_batch(n);
     std::size_t rounds = 0;
-    std::size_t batch = std::min<std::size_t>(32, max_batch);
-    for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, max_batch)) ++rounds;
+    std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
+    for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) ++rounds;
     return rounds;
   }
 
@@ -292,8 +320,10 @@ class roargraph_builder {
     const id_t entry = centroid_entry(keys);
     t1 = std::chrono::steady_clock::now();
     if (params_.connectivity) {
-      enhance(store, adj, entry, [&] { report("connectivity"); });
+      enhance(store, adj, entry, st, [&] { report("connectivity"); });
+      const auto t2 = std::chrono::steady_clock::now();
       repair_reachability(store, adj, entry);
+      st.repair_seconds = detail::seconds_since(t2);
       report("repair");
     }
     st.connectivity_seconds = detail::seconds_since(t1);
@@ -314,22 +344,36 @@ class roargraph_builder {
     if constexpr (std::is_same_v<M, inner_product>) {
       return engine_.search(q, keys, k);
     } else {
-      // argmin |q - x|^2 = argmax (q, 1) . (2x, -|x|^2): l2 through any inner-product engine.
-      const std::size_t d = keys.cols();
-      std::vector<float> qa(q.rows() * (d + 1)), xa(keys.rows() * (d + 1));
-      for (std::size_t i = 0; i < q.rows(); ++i) {
-        std::copy_n(q.row(i), d, &qa[i * (d + 1)]);
-        qa[i * (d + 1) + d] = 1.0f;
-      }
-      for (std::size_t i = 0; i < keys.rows(); ++i) {
-        float* r = &xa[i * (d + 1)];
-        detail::widen(keys.row(i), r, d);
-        r[d] = -detail::dot_f32(r, r, d);
-        for (std::size_t j = 0; j < d; ++j) r[j] *= 2.0f;
-      }
-      return engine_.search(matrix_view<const float>(qa.data(), q.rows(), d + 1),
-                            matrix_view<const float>(xa.data(), keys.rows(), d + 1), k);
+      return l2_knn(keys, q, k);
     }
+  }
+
+  // Each key's k - 1 nearest other keys by l2 (row x, k columns, x itself normally first).
+  template <Element T>
+  knn_result key_knn(matrix_view<const T> keys, std::size_t k) const {
+    const std::size_t n = keys.rows(), d = keys.cols();
+    std::vector<float> xs(n * d);
+    for (std::size_t i = 0; i < n; ++i) detail::widen(keys.row(i), &xs[i * d], d);
+    return l2_knn(keys, matrix_view<const float>(xs.data(), n, d), k);
+  }
+
+  template <Element T>
+  knn_result l2_knn(matrix_view<const T> keys, matrix_view<const float> q, std::size_t k) const {
+    // argmin |q - x|^2 = argmax (q, 1) . (2x, -|x|^2): l2 through any inner-product engine.
+    const std::size_t d = keys.cols();
+    std::vector<float> qa(q.rows() * (d + 1)), xa(keys.rows() * (d + 1));
+    for (std::size_t i = 0; i < q.rows(); ++i) {
+      std::copy_n(q.row(i), d, &qa[i * (d + 1)]);
+      qa[i * (d + 1) + d] = 1.0f;
+    }
+    for (std::size_t i = 0; i < keys.rows(); ++i) {
+      float* r = &xa[i * (d + 1)];
+      detail::widen(keys.row(i), r, d);
+      r[d] = -detail::dot_f32(r, r, d);
+      for (std::size_t j = 0; j < d; ++j) r[j] *= 2.0f;
+    }
+    return engine_.search(matrix_view<const float>(qa.data(), q.rows(), d + 1),
+                          matrix_view<const float>(xa.data(), keys.rows(), d + 1), k);
   }
 
   // Step 2: pivot lists from each query's kNN, then reverse edges.
@@ -385,12 +429,19 @@ class roargraph_builder {
   // 2M when they overflow). Batches let the reachable part of the graph grow, as in the
   // reference's incremental insertion, while every phase either reads a frozen graph or
   // writes rows in a fixed order, so the result is independent of the thread count.
+  // With `connectivity_knn` the candidates are each key's exact nearest keys instead.
   template <MatrixStore Store, class OnRound>
   void enhance(const Store& store, detail::adjacency_lists& adj, id_t entry,
-               OnRound&& on_round) const {
+               roargraph_build_stats& st, OnRound&& on_round) const {
     const std::size_t n = store.size(), R = 2 * params_.M;
     const std::size_t L = std::min(params_.L, n);
     const detail::building_graph<Store, KM> g{store, adj, entry};
+    knn_result near;
+    if (params_.connectivity_knn > 0 && n > 1) {
+      const auto t_knn = std::chrono::steady_clock::now();
+      near = key_knn(store.view(), std::min(params_.connectivity_knn + 1, n));
+      st.connectivity_search_seconds += detail::seconds_since(t_knn);
+    }
     const std::size_t threads = thread_count();
     std::vector<search_workspace> ws(threads);
     std::vector<std::vector<float>> scratch(threads);
@@ -400,37 +451,57 @@ class roargraph_builder {
       std::vector<scored_id> cands;
     };
     std::vector<buffers> buf(threads);
+    std::vector<std::size_t> scored(threads, 0), pruned(threads, 0);
 
     std::vector<id_t> order(n);
     for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<id_t>(i);
     std::mt19937_64 rng(params_.seed);
     for (std::size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
 
-    const std::size_t max_batch = std::max<std::size_t>(1, params_.batch);
-    std::vector<std::vector<id_t>> supply(std::min(max_batch, n));
+    const std::size_t most = max_batch(n);
+    std::vector<std::vector<id_t>> supply(std::min(most, n));
     std::vector<std::vector<id_t>> pending(n);
     std::vector<id_t> touched;
-    std::size_t batch = std::min<std::size_t>(32, max_batch);
-    for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, max_batch)) {
+    std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
+    for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) {
       const std::size_t bn = std::min(batch, n - b0);
+      const auto t_search = std::chrono::steady_clock::now();
       parallel_for(
           bn, threads,
           [&](std::size_t i, std::size_t t) {
             const id_t x = order[b0 + i];
             auto& b = buf[t];
+            b.cands.clear();
+            if (near.rows > 0) {
+              // The engine's scores are shifted by |x|^2: rescore exactly for the RNG rule.
+              detail::pair_scorer<Store, KM> ps(store);
+              ps.set_pivot(x);
+              for (const id_t y : near.row_ids(x)) {
+                if (y != x && y != invalid_id) b.cands.push_back({ps.key(y), y});
+              }
+              detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i],
+                                           &pruned[t]);
+              return;
+            }
             b.ids.resize(L);
             b.scores.resize(L);
             ws[t].query.resize(store.dim());
             detail::widen(store.row(x), ws[t].query.data(), store.dim());
             const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L}, ws[t],
                                        std::span<id_t>(b.ids), std::span<float>(b.scores));
-            b.cands.clear();
+            scored[t] += s.distance_computations;
             for (std::size_t j = 0; j < s.count; ++j) {
               if (b.ids[j] != x) b.cands.push_back({to_key<KM>(b.scores[j]), b.ids[j]});
             }
-            detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i]);
+            detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i],
+                                         &pruned[t]);
           },
-          8);
+          // One key per grab: a search takes ~2 ms at L = 500, so grabbing 8 left threads idle
+          // up to 8 searches at each of the ~130 round barriers, and the first rounds (32, 64
+          // keys) used only 4 and 8 threads. The graph does not depend on it.
+          1);
+      st.connectivity_search_seconds += detail::seconds_since(t_search);
+      const auto t_merge = std::chrono::steady_clock::now();
       touched.clear();
       auto add = [&](id_t from, id_t to) {
         if (pending[from].empty()) touched.push_back(from);
@@ -456,8 +527,11 @@ class roargraph_builder {
             if (row.size() > R) row = prune_around(store, x, row, R, true, scratch[t]);
           },
           16);
+      st.connectivity_merge_seconds += detail::seconds_since(t_merge);
       on_round();
     }
+    for (const std::size_t c : scored) st.connectivity_distance_computations += c;
+    for (const std::size_t c : pruned) st.connectivity_prune_distance_computations += c;
   }
 
   // Re-pruning full lists can drop a key's last in-edge. Every key must be reachable from
