@@ -6,11 +6,46 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <vector>
 
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda_bench {
+
+/// One "--name value" command-line option and how it sets its field.
+struct option_spec {
+  const char* name;
+  std::function<void(const char*)> set;
+};
+
+/// An option that sets a std::size_t field (decimal).
+inline option_spec size_option(const char* name, std::size_t& field) {
+  return {name, [&field](const char* v) { field = std::strtoull(v, nullptr, 10); }};
+}
+
+/// An option that sets a double field.
+inline option_spec double_option(const char* name, double& field) {
+  return {name, [&field](const char* v) { field = std::strtod(v, nullptr); }};
+}
+
+/// Parses "--name value" pairs; an unknown option or a missing value exits with status 2.
+inline void parse_options(int argc, char** argv, std::initializer_list<option_spec> specs) {
+  for (int i = 1; i < argc; i += 2) {
+    const option_spec* match = nullptr;
+    for (const auto& spec : specs) {
+      if (std::strcmp(argv[i], spec.name) == 0) match = &spec;
+    }
+    if (match == nullptr || i + 1 >= argc) {
+      std::fprintf(stderr, "%s option %s\n", match ? "missing value for" : "unknown", argv[i]);
+      std::exit(2);
+    }
+    match->set(argv[i + 1]);
+  }
+}
 
 /// Median milliseconds of `runs` timed calls of f(stream) after `warmup` untimed ones. When
 /// `flush` is non-null, `flush_bytes` of it are overwritten before each timed call (outside the

@@ -54,33 +54,16 @@ struct options {
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    const char* v = argv[i + 1];
-    const std::size_t u = std::strtoull(v, nullptr, 10);
-    if (a == "--n") {
-      o.n = u;
-    } else if (a == "--d") {
-      o.d = u;
-    } else if (a == "--heads") {
-      o.heads = u;
-    } else if (a == "--eval") {
-      o.eval = u;
-    } else if (a == "--threads") {
-      o.threads = u;
-    } else if (a == "--per-head") {
-      o.per_head = u;
-    } else if (a == "--pipeline-heads") {
-      o.pipeline_heads = u;
-    } else if (a == "--pipeline-keys") {
-      o.pipeline_keys = u;
-    } else if (a == "--ratio") {
-      o.ratio = std::strtod(v, nullptr);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      std::exit(2);
-    }
-  }
+  kvsift::cuda_bench::parse_options(
+      argc, argv,
+      {kvsift::cuda_bench::size_option("--n", o.n), kvsift::cuda_bench::size_option("--d", o.d),
+       kvsift::cuda_bench::size_option("--heads", o.heads),
+       kvsift::cuda_bench::size_option("--eval", o.eval),
+       kvsift::cuda_bench::size_option("--threads", o.threads),
+       kvsift::cuda_bench::size_option("--per-head", o.per_head),
+       kvsift::cuda_bench::size_option("--pipeline-heads", o.pipeline_heads),
+       kvsift::cuda_bench::size_option("--pipeline-keys", o.pipeline_keys),
+       kvsift::cuda_bench::double_option("--ratio", o.ratio)});
   return o;
 }
 

@@ -37,26 +37,12 @@ struct options {
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    const std::size_t v = std::strtoull(argv[i + 1], nullptr, 10);
-    if (a == "--m") {
-      o.m = v;
-    } else if (a == "--n") {
-      o.n = v;
-    } else if (a == "--d") {
-      o.d = v;
-    } else if (a == "--k") {
-      o.k = v;
-    } else if (a == "--cpu-queries") {
-      o.cpu_queries = v;
-    } else if (a == "--threads") {
-      o.threads = v;
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      std::exit(2);
-    }
-  }
+  kvsift::cuda_bench::parse_options(
+      argc, argv,
+      {kvsift::cuda_bench::size_option("--m", o.m), kvsift::cuda_bench::size_option("--n", o.n),
+       kvsift::cuda_bench::size_option("--d", o.d), kvsift::cuda_bench::size_option("--k", o.k),
+       kvsift::cuda_bench::size_option("--cpu-queries", o.cpu_queries),
+       kvsift::cuda_bench::size_option("--threads", o.threads)});
   return o;
 }
 
