@@ -409,6 +409,12 @@ template <class Search>
 block_output block_search(const py_block& self, const py::handle& query_h, const py::object& filter,
                           Search&& search) {
   const auto q = vector_of(query_h, "query");
+  // block_index does not check queries for NaN/Inf (a NaN score just ranks last), so a NaN
+  // query would silently return arbitrary blocks: rejected here. O(d).
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    require<kvsift::non_finite_value>(
+        std::isfinite(q[i]), "BlockIndex: expected a finite query, got ", q[i], " at position ", i);
+  }
   const filter_t f = filter_of(filter);
   kvsift::block_result r;
   {
