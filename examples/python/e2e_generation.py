@@ -105,26 +105,33 @@ class Decoder:
         cfg, n = self.cfg, len(ids)
         _, dumps = model.forward(self.w, cfg, ids, set(range(cfg.n_layer)), "norm", lambda m: None)
         t0 = time.perf_counter()
-        self.graphs = []
+        self.graphs, self.blocks, self.flats = [], [], []
         for il in range(cfg.n_layer):
             q, k, v = dumps.pop(il)
             self.k[il, :n], self.v[il, :n] = k, v
-            per_head = []
-            for g in range(cfg.n_head_kv):
-                heads = [np.ascontiguousarray(q[:, h]) for h in range(g * cfg.group, (g + 1) * cfg.group)]
-                train = ks.sample_gqa_queries(heads, self.index_params["ratio"], seed=il * 16 + g)
-                # Keys are a strided view of the cache (borrowed, not copied).
-                per_head.append(ks.RoarGraphIndex(self.k[il, :n, g, :], train, nq=self.index_params["nq"],
-                                                  M=self.index_params["M"], L=self.index_params["L"]))
-            self.graphs.append(per_head)
-            if self.planner is not None:
-                # Built for every layer although the planner may pick only some kinds: cheap
-                # (flat borrows the keys; the block summaries are one O(n d) pass).
-                bs = self.planner_block_size
-                self.blocks.append([ks.BlockIndex(self.k[il, :n, g, :], bs) for g in range(cfg.n_head_kv)])
-                self.flats.append([ks.FlatIndex(self.k[il, :n, g, :]) for g in range(cfg.n_head_kv)])
+            self.build_indexes(il, q, n)
         self.n_indexed = n
         return time.perf_counter() - t0
+
+    def build_indexes(self, il: int, q: np.ndarray, n: int) -> None:
+        """Indexes of layer il (appended; layers in order) over the cached keys [0, n), from the
+        prompt's queries q (n x n_head x d): a GQA-shared RoarGraph per KV head and, for the
+        planner, a flat and a coarse block index per KV head."""
+        cfg = self.cfg
+        per_head = []
+        for g in range(cfg.n_head_kv):
+            heads = [np.ascontiguousarray(q[:, h]) for h in range(g * cfg.group, (g + 1) * cfg.group)]
+            train = ks.sample_gqa_queries(heads, self.index_params["ratio"], seed=il * 16 + g)
+            # Keys are a strided view of the cache (borrowed, not copied).
+            per_head.append(ks.RoarGraphIndex(self.k[il, :n, g, :], train, nq=self.index_params["nq"],
+                                              M=self.index_params["M"], L=self.index_params["L"]))
+        self.graphs.append(per_head)
+        if self.planner is not None:
+            # Built for every layer although the planner may pick only some kinds: cheap (flat
+            # borrows the keys; the block summaries are one O(n d) pass).
+            bs = self.planner_block_size
+            self.blocks.append([ks.BlockIndex(self.k[il, :n, g, :], bs) for g in range(cfg.n_head_kv)])
+            self.flats.append([ks.FlatIndex(self.k[il, :n, g, :]) for g in range(cfg.n_head_kv)])
 
     def attend(self, mode: str, il: int, q: np.ndarray, n: int, stats: dict) -> np.ndarray:
         """Attention output (n_head x d) of one layer for the token at position n - 1."""
