@@ -13,6 +13,11 @@ query head, attends through kvsift in one of these modes:
                  every query head of the GQA group (filtered beam search, id_range = middle)
     window+dipr  window merged with the DIPR range of the middle (every key whose logit is
                  within beta of the best), window-seeded: the best window logit is the seed
+    auto         per layer, kvsift.Planner (AlayaDB rules) is asked with the context length,
+                 reused prefix 0, the layer id and a GPU memory budget (--gpu-budget), and what
+                 it picks runs with the static window: full attention, coarse block top-k
+                 (Quest min/max BlockIndex, k_blocks blocks of the middle), or window-seeded
+                 DIPR on the flat index (layer 0) or on the RoarGraph (other layers)
 
 The last prompt token is decoded in the mode too (not prefilled), so even the first answer
 token is predicted through the mode's attention. Tasks (real long text: Debian licence
@@ -21,7 +26,8 @@ texts, as dump_qk.py uses): passkey retrieval at 10 depths, and key-value retrie
 answered when the generated text contains the expected digits.
 
 Reported per mode: accuracy per task, average keys attended per head and step (and as a share
-of the context), fraction of the context scored by the index, and per-token time split into
+of the context), fraction of the context scored by the index (for coarse block top-k: block
+summaries scored, each standing for block_size keys), and per-token time split into
 search / attention (kvsift calls) / rest (the numpy model).
 
     python3 examples/python/e2e_generation.py --context 4096 --out docs/results/e2e_smollm2
@@ -43,7 +49,7 @@ import dump_qk as model  # noqa: E402  (the forward pass lives there; nothing is
 
 import kvsift as ks  # noqa: E402
 
-MODES = ("full", "window", "window+topk", "window+dipr")
+MODES = ("full", "window", "window+topk", "window+dipr", "auto")
 SINK, RECENT = 128, 512
 
 
@@ -76,7 +82,8 @@ def check_fits(n_prompt: int, max_new: int, n_ctx: int, sink: int = SINK, recent
 class Decoder:
     """KV cache of one prompt plus the per-mode attention of a decode step."""
 
-    def __init__(self, weights, cfg, n_max: int, index_params: dict, beta: float, topk: int, search_L: int):
+    def __init__(self, weights, cfg, n_max: int, index_params: dict, beta: float, topk: int, search_L: int,
+                 planner=None, gpu_budget: float = 0.0):
         self.w, self.cfg = weights, cfg
         self.cos, self.sin = model.rope_tables(n_max, cfg.rope_dim, cfg.rope_base)
         shape = (cfg.n_layer, n_max, cfg.n_head_kv, cfg.head_dim)
@@ -85,26 +92,46 @@ class Decoder:
         self.index_params, self.beta, self.topk, self.search_L = index_params, beta, topk, search_L
         self.graphs: list[list] = []
         self.n_indexed = 0
+        # Planner mode: the planner, its budget, the coarse and flat indexes per (layer, KV
+        # head), and the plan explanations printed once per layer.
+        self.planner, self.gpu_budget = planner, gpu_budget
+        self.planner_block_size = 0 if planner is None else planner.block_size
+        self.blocks: list[list] = []
+        self.flats: list[list] = []
+        self.plans_seen: dict[int, str] = {}
 
     def prefill(self, ids: list[int]) -> float:
         """Full-attention prefill of ids; builds the GQA-shared RoarGraphs. Returns build seconds."""
         cfg, n = self.cfg, len(ids)
         _, dumps = model.forward(self.w, cfg, ids, set(range(cfg.n_layer)), "norm", lambda m: None)
         t0 = time.perf_counter()
-        self.graphs = []
+        self.graphs, self.blocks, self.flats = [], [], []
         for il in range(cfg.n_layer):
             q, k, v = dumps.pop(il)
             self.k[il, :n], self.v[il, :n] = k, v
-            per_head = []
-            for g in range(cfg.n_head_kv):
-                heads = [np.ascontiguousarray(q[:, h]) for h in range(g * cfg.group, (g + 1) * cfg.group)]
-                train = ks.sample_gqa_queries(heads, self.index_params["ratio"], seed=il * 16 + g)
-                # Keys are a strided view of the cache (borrowed, not copied).
-                per_head.append(ks.RoarGraphIndex(self.k[il, :n, g, :], train, nq=self.index_params["nq"],
-                                                  M=self.index_params["M"], L=self.index_params["L"]))
-            self.graphs.append(per_head)
+            self.build_indexes(il, q, n)
         self.n_indexed = n
         return time.perf_counter() - t0
+
+    def build_indexes(self, il: int, q: np.ndarray, n: int) -> None:
+        """Indexes of layer il (appended; layers in order) over the cached keys [0, n), from the
+        prompt's queries q (n x n_head x d): a GQA-shared RoarGraph per KV head and, for the
+        planner, a flat and a coarse block index per KV head."""
+        cfg = self.cfg
+        per_head = []
+        for g in range(cfg.n_head_kv):
+            heads = [np.ascontiguousarray(q[:, h]) for h in range(g * cfg.group, (g + 1) * cfg.group)]
+            train = ks.sample_gqa_queries(heads, self.index_params["ratio"], seed=il * 16 + g)
+            # Keys are a strided view of the cache (borrowed, not copied).
+            per_head.append(ks.RoarGraphIndex(self.k[il, :n, g, :], train, nq=self.index_params["nq"],
+                                              M=self.index_params["M"], L=self.index_params["L"]))
+        self.graphs.append(per_head)
+        if self.planner is not None:
+            # Built for every layer although the planner may pick only some kinds: cheap (flat
+            # borrows the keys; the block summaries are one O(n d) pass).
+            bs = self.planner_block_size
+            self.blocks.append([ks.BlockIndex(self.k[il, :n, g, :], bs) for g in range(cfg.n_head_kv)])
+            self.flats.append([ks.FlatIndex(self.k[il, :n, g, :]) for g in range(cfg.n_head_kv)])
 
     def attend(self, mode: str, il: int, q: np.ndarray, n: int, stats: dict) -> np.ndarray:
         """Attention output (n_head x d) of one layer for the token at position n - 1."""
@@ -112,6 +139,21 @@ class Decoder:
         K, V = self.k[il, :n], self.v[il, :n]
         out = np.empty((cfg.n_head, cfg.head_dim), dtype=np.float32)
         lo, hi = SINK, min(n - RECENT, self.n_indexed)  # the middle: [lo, hi), all indexed
+        plan = None
+        if mode == "auto":
+            t0 = time.perf_counter()
+            plan = self.planner.plan(n, reused_prefix=0, layer=il, gpu_budget_bytes=self.gpu_budget)
+            if plan.filter_prefix is not None:  # a reused prefix (never here: reused_prefix=0)
+                hi = min(hi, plan.filter_prefix)
+            stats["search"] += time.perf_counter() - t0
+            if il not in self.plans_seen:  # once per layer; reasons only when they change
+                explain = plan.explain()
+                same = il > 0 and self.plans_seen.get(il - 1) == explain
+                self.plans_seen[il] = explain
+                print(f"  auto, layer {il}, context {n}: " + (f"{plan.name} (as layer {il - 1})" if same else explain),
+                      flush=True)
+            if plan.query == "full":
+                mode = "full"
         for h in range(cfg.n_head):
             g = h // cfg.group
             qh = q[h]
@@ -128,10 +170,15 @@ class Decoder:
                     r = self.graphs[il][g].search(qh, self.topk, L=self.search_L, filter=ks.IdRange(lo, hi))
                     ids = r.ids[r.ids != ks.INVALID_ID]
                     stats["scanned"] += int(r.distance_computations[0])
-                else:
+                elif plan is not None and plan.query == "topk":  # coarse block top-k
+                    r = self.blocks[il][g].topk(qh, int(plan.params["k_blocks"]), filter=ks.IdRange(lo, hi))
+                    ids = self.blocks[il][g].tokens(r.blocks, filter=ks.IdRange(lo, hi))
+                    stats["scanned"] += r.distance_computations * self.planner_block_size
+                else:  # DIPR: window+dipr on the graph, or the planner's flat/graph DIPR
                     seed = float(max((K[:SINK, g] @ qh).max(), (K[n - RECENT:, g] @ qh).max()))
-                    r = self.graphs[il][g].dipr(qh, self.beta, l0=64, max_candidates=4096,
-                                                seed_score=seed, filter=ks.IdRange(lo, hi))
+                    beta = self.beta if plan is None else plan.params["beta"]
+                    index = self.flats[il][g] if plan is not None and plan.index == "flat" else self.graphs[il][g]
+                    r = index.dipr(qh, beta, l0=64, max_candidates=4096, seed_score=seed, filter=ks.IdRange(lo, hi))
                     ids = r.ids
                     stats["scanned"] += r.distance_computations
                 stats["search"] += time.perf_counter() - t0
@@ -213,7 +260,7 @@ def decode_text(tok, ids: list[int]) -> str:
     return bytes(rev[c] for i in ids for c in inv[i] if c in rev).decode("utf-8", errors="replace")
 
 
-def report(args, argv, cfg, modes, totals, rows, prefill_s, build_s, final: bool) -> None:
+def report(args, argv, cfg, modes, totals, rows, prefill_s, build_s, final: bool, plans=None) -> None:
     """Summarises the prompts done so far; prints the table when final; writes OUT.json/.md."""
     n_ctx_avg = args.context - args.max_new + (args.max_new - 1) / 2  # context length during decode, averaged
     summary = {}
@@ -234,8 +281,10 @@ def report(args, argv, cfg, modes, totals, rows, prefill_s, build_s, final: bool
     result = {"model": cfg.name, "context": args.context, "prompt_tokens": args.context - args.max_new,
               "max_new": args.max_new, "window": [SINK, RECENT], "topk": args.topk, "search_L": args.search_L,
               "dipr_beta_raw": args.beta, "index": {"nq": args.nq, "M": args.M, "L": args.L, "ratio": args.ratio},
+              "auto": {"gpu_budget_bytes": args.gpu_budget, "short_context": args.auto_short_context,
+                       "block_size": args.block_size, "k_blocks": args.k_blocks, "reused_prefix": 0},
               "prefill_seconds_avg": float(np.mean(prefill_s)), "index_build_seconds_avg": float(np.mean(build_s)),
-              "summary": summary, "prompts_done": len(rows), "prompts": rows,
+              "summary": summary, "auto_plans": plans or {}, "prompts_done": len(rows), "prompts": rows,
               "command": "python3 examples/python/e2e_generation.py " + " ".join(argv or sys.argv[1:])}
     lines = [f"| mode | passkey acc | kv acc | keys attended (share) | index scanned | search ms/tok | attention ms/tok | rest ms/tok |",
              "|---|---|---|---|---|---|---|---|"]
@@ -265,6 +314,13 @@ def main(argv=None) -> int:
     ap.add_argument("--M", type=int, default=16)
     ap.add_argument("--L", type=int, default=128)
     ap.add_argument("--ratio", type=float, default=0.25, help="share of each head's prompt queries used for the build")
+    ap.add_argument("--gpu-budget", type=float, default=131072.0,
+                    help="auto: GPU bytes per (layer, KV head); the default, 512 tokens of f16 K+V at head_dim 64, "
+                         "is below what the coarse index needs at these contexts, so the planner picks DIPR")
+    ap.add_argument("--auto-short-context", type=int, default=2048,
+                    help="auto: the planner's full-attention threshold (its default 4096 would pick full at 4096)")
+    ap.add_argument("--block-size", type=int, default=64, help="auto: coarse block size")
+    ap.add_argument("--k-blocks", type=int, default=16, help="auto: blocks fetched by coarse top-k")
     ap.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -279,8 +335,13 @@ def main(argv=None) -> int:
     paths = [model.DEFAULT_TEXT_DIR / f for f in model.DEFAULT_TEXT_FILES if (model.DEFAULT_TEXT_DIR / f).is_file()]
     filler, _ = model.load_text(paths, tok, args.context)
     tasks = make_tasks(tok, filler, args.context, args.max_new)[: args.tasks]
+    planner = None
+    if "auto" in modes:
+        # DIPR plans carry the same beta as window+dipr (raw logits).
+        planner = ks.Planner(short_context=args.auto_short_context, head_dim=cfg.head_dim, block_size=args.block_size,
+                             k_blocks=args.k_blocks, dipr_l0=64, dipr_beta=args.beta)
     dec = Decoder(weights, cfg, args.context, {"nq": args.nq, "M": args.M, "L": args.L, "ratio": args.ratio},
-                  args.beta, args.topk, args.search_L)
+                  args.beta, args.topk, args.search_L, planner, args.gpu_budget)
 
     zero = {"search": 0.0, "attention": 0.0, "total": 0.0, "attended": 0, "scanned": 0, "head_steps": 0, "tokens": 0}
     totals = {m: dict(zero) for m in modes}
@@ -304,7 +365,8 @@ def main(argv=None) -> int:
             row[mode] = {"text": text, "correct": task["answer"] in text.replace(" ", "")}
         rows.append(row)
         # Written after every prompt, so an interrupted run still leaves its results.
-        report(args, argv, cfg, modes, totals, rows, prefill_s, build_s, final=ti + 1 == len(tasks))
+        report(args, argv, cfg, modes, totals, rows, prefill_s, build_s, final=ti + 1 == len(tasks),
+               plans=dec.plans_seen)
         print(f"[{ti + 1}/{len(tasks)}] {task['task']} depth {task['depth']:.2f} answer {task['answer']}: "
               + "  ".join(f"{m}={'ok' if row[m]['correct'] else 'x'}({row[m]['text'].strip()[:12]!r})" for m in modes)
               + f"  prefill {prefill_s[-1]:.1f}s build {build_s[-1]:.1f}s", flush=True)

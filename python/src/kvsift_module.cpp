@@ -28,11 +28,13 @@
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/parallel_for.hpp"
 #include "kvsift/core/vector_store.hpp"
+#include "kvsift/index/block_index.hpp"
 #include "kvsift/index/flat_index.hpp"
 #include "kvsift/index/gqa_sampling.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
+#include "kvsift/search/planner.hpp"
 #include "kvsift/search/predicate.hpp"
 #include "kvsift/search/search_workspace.hpp"
 
@@ -371,6 +373,127 @@ dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, s
   return to_python(r);
 }
 
+// ----------------------------------------------------------------------------- block index
+
+/// Coarse block index (Quest min/max summaries). Unlike the other indexes it keeps no reference
+/// to the keys: the summaries (3 * d floats per block) are computed at build time and are all
+/// it reads afterwards.
+class py_block {
+ public:
+  /// @throw as kvsift::block_index (block_size 0, empty or non-finite keys) and for a wrong
+  ///        dtype or layout of keys.
+  py_block(const py::handle& keys_h, std::int64_t block_size) {
+    // Checked here: a negative size would wrap to a huge size_t and pass the C++ check.
+    require(block_size >= 0, "BlockIndex: expected block_size > 0, got ", block_size);
+    const py::array keys = as_array(keys_h, "keys");
+    require_dtype(keys, dtypes::f32, "keys");
+    const auto k = matrix_of<float>(keys, "keys");
+    py::gil_scoped_release release;
+    index_ = kvsift::block_index<>(k, static_cast<std::size_t>(block_size));
+  }
+  [[nodiscard]] const kvsift::block_index<>& index() const { return index_; }
+
+ private:
+  kvsift::block_index<> index_;
+};
+
+/// Blocks (best first), their scores and the number of blocks scored.
+struct block_output {
+  py::array_t<std::int64_t> blocks;
+  py::array_t<float> scores;
+  std::int64_t distance_computations = 0;
+};
+
+/// Runs `search(index, q, ws, result, pred)` with the GIL released and converts the result.
+template <class Search>
+block_output block_search(const py_block& self, const py::handle& query_h, const py::object& filter,
+                          Search&& search) {
+  const auto q = vector_of(query_h, "query");
+  // block_index does not check queries for NaN/Inf (a NaN score just ranks last), so a NaN
+  // query would silently return arbitrary blocks: rejected here. O(d).
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    require<kvsift::non_finite_value>(
+        std::isfinite(q[i]), "BlockIndex: expected a finite query, got ", q[i], " at position ", i);
+  }
+  const filter_t f = filter_of(filter);
+  kvsift::block_result r;
+  {
+    py::gil_scoped_release release;
+    std::visit([&](const auto& pred) { search(self.index(), q, thread_workspace(), r, pred); }, f);
+  }
+  block_output out;
+  out.blocks = py::array_t<std::int64_t>(static_cast<py::ssize_t>(r.blocks.size()));
+  std::copy(r.blocks.begin(), r.blocks.end(), out.blocks.mutable_data());
+  out.scores = to_numpy(r.scores);
+  out.distance_computations = static_cast<std::int64_t>(r.stats.distance_computations);
+  return out;
+}
+
+/// Token ids (uint32, block order) of the given blocks that pass the filter.
+py::array_t<std::uint32_t> block_tokens(const py_block& self, const py::handle& blocks_h,
+                                        const py::object& filter) {
+  const py::array a = as_array(blocks_h, "blocks");
+  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u') {
+    fail<kvsift::invalid_argument>("blocks: expected an integer array of block ids, got dtype ",
+                                   std::string(py::str(a.dtype())));
+  }
+  require<kvsift::dimension_mismatch>(a.ndim() == 1, "blocks: expected a 1-D array, got ", a.ndim(),
+                                      " dimension(s)");
+  const auto as64 = py::array_t<std::int64_t, py::array::forcecast>::ensure(a);
+  std::vector<std::size_t> blocks(static_cast<std::size_t>(as64.shape(0)));
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::int64_t b = as64.at(static_cast<py::ssize_t>(i));
+    // Negative values would wrap to huge ones; the C++ call checks the upper end.
+    require<kvsift::out_of_range>(b >= 0, "blocks: expected block ids >= 0, got ", b,
+                                  " at position ", i);
+    blocks[i] = static_cast<std::size_t>(b);
+  }
+  const filter_t f = filter_of(filter);
+  std::vector<id_t> ids;
+  std::visit([&](const auto& pred) { self.index().tokens(blocks, ids, pred); }, f);
+  py::array_t<std::uint32_t> out(static_cast<py::ssize_t>(ids.size()));
+  std::copy(ids.begin(), ids.end(), out.mutable_data());
+  return out;
+}
+
+// ----------------------------------------------------------------------------- planner
+
+/// Planner parameters from Python keywords; 0 and negative values are rejected by the planner
+/// itself (negative integers are caught here, before they wrap around in a size_t).
+kvsift::planner_params planner_params_of(std::int64_t short_context, std::int64_t head_dim,
+                                         std::int64_t block_size, std::int64_t k_blocks,
+                                         std::int64_t dipr_l0, double dipr_beta) {
+  auto count = [](std::int64_t v, const char* what) {
+    require(v >= 0, "Planner: expected ", what, " >= 0, got ", v);
+    return static_cast<std::size_t>(v);
+  };
+  kvsift::planner_params p;
+  p.short_context = count(short_context, "short_context");
+  p.head_dim = count(head_dim, "head_dim");
+  p.block_size = count(block_size, "block_size");
+  p.k_blocks = count(k_blocks, "k_blocks");
+  p.dipr_l0 = count(dipr_l0, "dipr_l0");
+  p.dipr_beta = dipr_beta;
+  return p;
+}
+
+kvsift::plan_inputs plan_inputs_of(std::int64_t context, std::int64_t reused_prefix,
+                                   std::int64_t layer, double gpu_budget_bytes,
+                                   std::optional<double> latency_budget_us) {
+  // The planner checks context > 0, prefix <= context and the budgets; only the signs of the
+  // integers need checking here.
+  require(context >= 0 && reused_prefix >= 0 && layer >= 0,
+          "Planner.plan: expected context, reused_prefix and layer >= 0, got ", context, ", ",
+          reused_prefix, ", ", layer);
+  kvsift::plan_inputs in;
+  in.context = static_cast<std::size_t>(context);
+  in.reused_prefix = static_cast<std::size_t>(reused_prefix);
+  in.layer = static_cast<std::size_t>(layer);
+  in.gpu_budget_bytes = gpu_budget_bytes;
+  in.latency_budget_us = latency_budget_us;
+  return in;
+}
+
 // ----------------------------------------------------------------------------- attention
 
 /// K/V arrays as a kv_view: (tokens, dim) for one KV head, or (tokens, kv_heads, dim) in any
@@ -550,6 +673,146 @@ PYBIND11_MODULE(kvsift, m) {
            py::arg("filter") = py::none(), py::arg("entries") = py::none(),
            "DIPRS graph search: keys with score >= best - beta; seed_score (e.g. the best "
            "window score) tightens pruning from the first hop.");
+
+  py::class_<block_output>(m, "BlockResult",
+                           "Blocks of a block-index search, best first, with their scores.")
+      .def_readonly("blocks", &block_output::blocks)
+      .def_readonly("scores", &block_output::scores)
+      .def_readonly("distance_computations", &block_output::distance_computations);
+
+  py::class_<py_block>(m, "BlockIndex",
+                       "Coarse block index (Quest min/max representative): BlockIndex(keys, "
+                       "block_size) over float32 keys (n, d) with contiguous rows. Keeps only the "
+                       "summaries (3 d floats per block; the keys are not referenced after the "
+                       "build). Build O(n d), GIL released.")
+      .def(py::init<const py::handle&, std::int64_t>(), py::arg("keys"), py::arg("block_size"))
+      .def_property_readonly("size", [](const py_block& b) { return b.index().size(); })
+      .def_property_readonly("dim", [](const py_block& b) { return b.index().dim(); })
+      .def_property_readonly("block_size", [](const py_block& b) { return b.index().block_size(); })
+      .def_property_readonly("blocks", [](const py_block& b) { return b.index().blocks(); })
+      .def_property_readonly("summary_bytes",
+                             [](const py_block& b) { return b.index().summary_bytes(); })
+      .def(
+          "tokens_of",
+          [](const py_block& self, std::int64_t b) {
+            require<kvsift::out_of_range>(b >= 0, "BlockIndex.tokens_of: expected block >= 0, got ",
+                                          b);
+            const auto r = self.index().tokens_of(static_cast<std::size_t>(b));
+            return std::pair(r.first, r.last);
+          },
+          py::arg("block"), "Token range [first, last) of a block. O(1).")
+      .def(
+          "bounds",
+          [](const py_block& self, const py::handle& q, std::int64_t b) {
+            require<kvsift::out_of_range>(b >= 0, "BlockIndex.bounds: expected block >= 0, got ",
+                                          b);
+            const auto bb = self.index().bounds(vector_of(q, "query"), static_cast<std::size_t>(b));
+            return std::pair(bb.upper, bb.lower);
+          },
+          py::arg("query"), py::arg("block"),
+          "(upper, lower) bounds of the block's best logit q.k. O(d).")
+      .def(
+          "topk",
+          [](const py_block& self, const py::handle& q, std::size_t k, const py::object& filter) {
+            return block_search(self, q, filter,
+                                [k](const auto& idx, auto qs, auto& ws, auto& r, const auto& pred) {
+                                  idx.topk(qs, k, ws, r, pred);
+                                });
+          },
+          py::arg("query"), py::arg("k"), py::kw_only(), py::arg("filter") = py::none(),
+          "The k blocks with the highest upper bounds among blocks with a token passing the "
+          "filter. O(B d) for B blocks.")
+      .def(
+          "dipr",
+          [](const py_block& self, const py::handle& q, float beta, const py::object& filter) {
+            return block_search(self, q, filter,
+                                [beta](const auto& idx, auto qs, auto& ws, auto& r,
+                                       const auto& pred) { idx.dipr(qs, beta, ws, r, pred); });
+          },
+          py::arg("query"), py::arg("beta"), py::kw_only(), py::arg("filter") = py::none(),
+          "Block-level DIPR: every block whose upper bound is >= (best lower bound) - beta; "
+          "contains every passing token within beta of the best. O(B d + r log r).")
+      .def("tokens", &block_tokens, py::arg("blocks"), py::kw_only(),
+           py::arg("filter") = py::none(),
+           "Token ids (uint32) of the blocks that pass the filter, in block order.");
+
+  py::class_<kvsift::plan>(m, "Plan",
+                           "A planner decision: index kind, query kind, optional prefix filter, "
+                           "parameters and the reasons.")
+      .def_readonly("index", &kvsift::plan::index)
+      .def_readonly("query", &kvsift::plan::query)
+      .def_readonly("filter_prefix", &kvsift::plan::filter_prefix)
+      .def_readonly("params", &kvsift::plan::params)
+      .def_readonly("reasons", &kvsift::plan::reasons)
+      .def_readonly("decided_by", &kvsift::plan::decided_by)
+      .def_readonly("gpu_bytes", &kvsift::plan::gpu_bytes)
+      .def_property_readonly(
+          "filter",
+          [](const kvsift::plan& p) -> py::object {
+            if (!p.filter_prefix) return py::none();
+            return py::cast(kvsift::id_below{*p.filter_prefix});
+          },
+          "kvsift.IdBelow(filter_prefix) or None.")
+      .def_property_readonly("name", &kvsift::plan::name)
+      .def("explain", &kvsift::plan::explain)
+      .def("__repr__", [](const kvsift::plan& p) { return "<kvsift.Plan " + p.name() + ">"; });
+
+  py::class_<kvsift::planner>(m, "Planner",
+                              "Rule-based query planner (AlayaDB rules: short_context, "
+                              "prefix_filter, coarse_if_budget, dipr_flat_layer0, dipr_graph). "
+                              "Planner(...) takes the cost-model parameters; plan() is "
+                              "thread-safe.")
+      .def(py::init([](std::int64_t short_context, std::int64_t head_dim, std::int64_t block_size,
+                       std::int64_t k_blocks, std::int64_t dipr_l0, double dipr_beta) {
+             return kvsift::planner(planner_params_of(short_context, head_dim, block_size, k_blocks,
+                                                      dipr_l0, dipr_beta));
+           }),
+           py::kw_only(), py::arg("short_context") = 4096, py::arg("head_dim") = 128,
+           py::arg("block_size") = 64, py::arg("k_blocks") = 16, py::arg("dipr_l0") = 64,
+           py::arg("dipr_beta") = 8.0)
+      .def(
+          "plan",
+          [](const kvsift::planner& self, std::int64_t context, std::int64_t reused_prefix,
+             std::int64_t layer, double gpu_budget_bytes, std::optional<double> latency_us) {
+            return self.choose(
+                plan_inputs_of(context, reused_prefix, layer, gpu_budget_bytes, latency_us));
+          },
+          py::arg("context"), py::kw_only(), py::arg("reused_prefix") = 0, py::arg("layer") = 0,
+          py::arg("gpu_budget_bytes") = 0.0, py::arg("latency_budget_us") = py::none(),
+          "Runs the rules in order until one decides -> Plan. O(rules). Raises "
+          "InvalidArgument for context 0, a prefix longer than the context, a negative or "
+          "non-finite budget.")
+      .def(
+          "gpu_bytes",
+          [](const kvsift::planner& self, const std::string& index, std::int64_t context) {
+            return self.gpu_bytes(index, plan_inputs_of(context, 0, 0, 0.0, std::nullopt));
+          },
+          py::arg("index"), py::arg("context"),
+          "GPU bytes index kind `index` needs at this context; unknown names raise.")
+      .def(
+          "parse_name",
+          [](const kvsift::planner& self, const std::string& s) { return self.parse_name(s); },
+          py::arg("name"),
+          "None for 'auto', (index, query) for 'index-query'; unknown names raise.")
+      .def_property_readonly("short_context",
+                             [](const kvsift::planner& p) { return p.params().short_context; })
+      .def_property_readonly("head_dim",
+                             [](const kvsift::planner& p) { return p.params().head_dim; })
+      .def_property_readonly("block_size",
+                             [](const kvsift::planner& p) { return p.params().block_size; })
+      .def_property_readonly("k_blocks",
+                             [](const kvsift::planner& p) { return p.params().k_blocks; })
+      .def_property_readonly("dipr_l0", [](const kvsift::planner& p) { return p.params().dipr_l0; })
+      .def_property_readonly("dipr_beta",
+                             [](const kvsift::planner& p) { return p.params().dipr_beta; })
+      .def_property_readonly("rules",
+                             [](const kvsift::planner& self) {
+                               std::vector<std::string> names;
+                               for (const auto& r : self.rules()) names.push_back(r.name);
+                               return names;
+                             })
+      .def("remove_rule", &kvsift::planner::remove_rule, py::arg("name"),
+           "Removes a rule by name; unknown names raise.");
 
   m.def(
       "sample_gqa_queries",
