@@ -305,7 +305,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=4096, help="prompt + generated tokens")
     ap.add_argument("--max-new", type=int, default=7, help="tokens generated per prompt")
-    ap.add_argument("--tasks", type=int, default=20, help="first N of the 20 prompts (smoke runs)")
+    ap.add_argument("--tasks", type=int, default=20, help="run N of the 20 prompts (smoke runs)")
+    ap.add_argument("--first", type=int, default=0, help="skip the first K prompts (split a long run)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--topk", type=int, default=100)
     ap.add_argument("--search-L", type=int, default=160)
@@ -334,7 +335,9 @@ def main(argv=None) -> int:
     weights = CachedWeights(reader)
     paths = [model.DEFAULT_TEXT_DIR / f for f in model.DEFAULT_TEXT_FILES if (model.DEFAULT_TEXT_DIR / f).is_file()]
     filler, _ = model.load_text(paths, tok, args.context)
-    tasks = make_tasks(tok, filler, args.context, args.max_new)[: args.tasks]
+    if args.first < 0 or args.tasks < 0:
+        ap.error(f"--first and --tasks must be >= 0, got {args.first} and {args.tasks}")
+    tasks = make_tasks(tok, filler, args.context, args.max_new)[args.first : args.first + args.tasks]
     planner = None
     if "auto" in modes:
         # DIPR plans carry the same beta as window+dipr (raw logits).
