@@ -868,6 +868,9 @@ int run_plan(const options& o) {
         const std::size_t t = first + e * (n - first) / evals, context = t + 1;
         const auto q = Q.cview().row_span(t);
         const kvsift::id_below pred{context};
+        // Full attention over the causal context is the baseline of every (budget, method)
+        // cell of this query: computed once here, not once per cell.
+        const auto full = kvsift::dense_attention(q, 0, 0, context, kv);
         kvsift::block_result br;
         kvsift::dipr_result dr;
         for (std::size_t b = 0; b < o.plan_budget.size(); ++b) {
@@ -919,7 +922,7 @@ int run_plan(const options& o) {
             // is not a retrieval and is never cut.
             if (p.index != "full" && ids.size() > budget) ids.resize(budget);
             const auto att = kvsift::attended_tokens(context, ids);
-            const auto qual = kvsift::selection_quality(q, 0, context, att, kv);
+            const auto qual = kvsift::compare_states(full, kvsift::sparse_attention(q, 0, att, kv));
             res[e * cells + b * methods.size() + m] = {static_cast<double>(att.size()),
                                                        qual.recovery, qual.rel_l2_error};
             chosen[e * cells + b * methods.size() + m] = p.name();
