@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda::detail {
@@ -258,42 +259,6 @@ inline void require_device_pointer(const void* p, int device, const char* what) 
                           "knn: ", what, " lives on device ", attr.device,
                           ", expected the current device ", device);
 }
-
-/// Restores the calling thread's current device on scope exit.
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    KVSIFT_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (device != previous_) KVSIFT_CUDA_CHECK(cudaSetDevice(device));
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-/// Grow-only device allocation.
-struct grow_buffer {
-  void* p = nullptr;
-  std::size_t bytes = 0;
-  void* reserve(std::size_t want) {
-    if (want > bytes) {
-      if (p != nullptr) KVSIFT_CUDA_CHECK(cudaFree(p));
-      p = nullptr;
-      bytes = 0;
-      KVSIFT_CUDA_CHECK(cudaMalloc(&p, want));
-      bytes = want;
-    }
-    return p;
-  }
-  void release() noexcept {
-    if (p != nullptr) cudaFree(p);
-    p = nullptr;
-    bytes = 0;
-  }
-};
 
 }  // namespace kvsift::cuda::detail
 
