@@ -98,6 +98,9 @@ int main(int argc, char** argv) {
         st.connectivity_merge_seconds, st.repair_seconds,
         double(st.connectivity_distance_computations) / double(n),
         double(st.connectivity_prune_distance_computations) / double(n));
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the adjacency: same graph or not
+    for (const id_t v : g.adjacency()) h = (h ^ v) * 1099511628211ull;
+    std::printf(" graph %016llx |", static_cast<unsigned long long>(h));
     for (std::size_t sl : {100, 200, 400}) {
       double r = 0;
       for (std::size_t h = 0; h < qheads.size(); ++h)

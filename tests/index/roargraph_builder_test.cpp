@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <queue>
 #include <set>
 #include <string>
@@ -206,6 +207,123 @@ TEST_CASE("roargraph_builder: connectivity from exact key neighbours", "[index][
       kvsift::owning_store<float>(kvsift::matrix_view<const float>(keys.data(), 40, 8)),
       kvsift::matrix_view<const float>(q.data(), 10, 8));
   CHECK(reachable(gt) == 40);
+}
+
+namespace {
+
+// A KnnEngine that also offers step-3 searchers: the CPU engine plus a reference searcher that
+// keeps its own flat copy of the adjacency, updated only through set_rows. A builder using it
+// must produce exactly the CPU-built graph, which checks the engine path's plumbing (every
+// changed row re-sent, batches in order, pruned lists taken whole) without a GPU.
+class reference_searcher {
+ public:
+  reference_searcher(kvsift::matrix_view<const float> keys, std::size_t width, std::size_t* calls)
+      : keys_(keys), width_(width), adj_(keys.rows() * width, kvsift::invalid_id), calls_(calls) {}
+
+  void set_rows(std::span<const id_t> rows, std::span<const id_t> flat) {
+    REQUIRE(flat.size() == rows.size() * width_);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      std::copy_n(flat.begin() + i * width_, width_, adj_.begin() + rows[i] * width_);
+    }
+  }
+
+  void search(std::span<const id_t> rows, id_t entry, std::size_t L, std::size_t degree,
+              kvsift::connectivity_batch& out) {
+    ++*calls_;
+    const kvsift::view_store<float> store(keys_);
+    const graph g{this, entry};
+    out.degree = degree;
+    out.kept.assign(rows.size() * degree, kvsift::invalid_id);
+    out.counts.assign(rows.size(), 0);
+    out.scored = 0;
+    kvsift::search_workspace ws;
+    std::vector<id_t> ids(L), kept;
+    std::vector<float> scores(L), scratch;
+    std::vector<kvsift::scored_id> cands;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const id_t x = rows[i];
+      const auto s = kvsift::beam_search(g, keys_.row_span(x), {L, L}, ws, std::span<id_t>(ids),
+                                         std::span<float>(scores));
+      out.scored += s.distance_computations;
+      cands.clear();
+      for (std::size_t j = 0; j < s.count; ++j) {
+        if (ids[j] != x) cands.push_back({kvsift::to_key<kvsift::l2>(scores[j]), ids[j]});
+      }
+      kvsift::detail::rng_prune<kvsift::view_store<float>, kvsift::l2>(store, cands, degree, true,
+                                                                       scratch, kept);
+      std::copy(kept.begin(), kept.end(), out.kept.begin() + i * degree);
+      out.counts[i] = static_cast<std::uint32_t>(kept.size());
+    }
+  }
+
+ private:
+  struct graph {
+    using metric_type = kvsift::l2;
+    const reference_searcher* s;
+    id_t entry;
+    std::size_t size() const { return s->keys_.rows(); }
+    std::size_t dim() const { return s->keys_.cols(); }
+    id_t entry_point() const { return entry; }
+    std::span<const id_t> neighbors(id_t u) const {
+      const auto b = s->adj_.begin() + u * s->width_;
+      const auto e = std::find(b, b + s->width_, kvsift::invalid_id);
+      return {&*b, static_cast<std::size_t>(e - b)};
+    }
+    float score(const float* q, id_t i) const {
+      return kvsift::l2::score(q, s->keys_.row(i), s->keys_.cols());
+    }
+  };
+
+  kvsift::matrix_view<const float> keys_;
+  std::size_t width_;
+  std::vector<id_t> adj_;
+  std::size_t* calls_;
+};
+
+struct searching_engine {
+  kvsift::cpu_knn_engine cpu{kvsift::cpu_knn_params{.threads = 2}};
+  std::shared_ptr<std::size_t> calls = std::make_shared<std::size_t>(0);
+  template <kvsift::Element T>
+  kvsift::knn_result search(kvsift::matrix_view<const float> q, kvsift::matrix_view<const T> k,
+                            std::size_t n) const {
+    return cpu.search(q, k, n);
+  }
+  reference_searcher make_connectivity_searcher(kvsift::matrix_view<const float> keys,
+                                                std::size_t width) const {
+    return reference_searcher(keys, width, calls.get());
+  }
+};
+static_assert(kvsift::ConnectivityEngine<searching_engine, float>);
+static_assert(!kvsift::ConnectivityEngine<kvsift::cpu_knn_engine, float>);
+
+}  // namespace
+
+TEST_CASE("roargraph_builder: connectivity searches on the engine equal the CPU build",
+          "[index][roargraph]") {
+  const kvsift::view_store<float> store(data().key_view());
+  auto p = small_params(2);
+  p.batch = 256;  // several full-size rounds after the growing ones
+  const auto cpu = kvsift::roargraph_builder<>(p).build(store, train());
+  const searching_engine engine;
+  kvsift::roargraph_build_stats st_engine, st_cpu;
+  const auto on_engine =
+      kvsift::roargraph_builder<kvsift::inner_product, searching_engine>(p, engine).build(
+          store, train(), &st_engine);
+  CHECK(std::ranges::equal(cpu.adjacency(), on_engine.adjacency()));
+  CHECK(cpu.entry_point() == on_engine.entry_point());
+  // Rounds 32, 64, 128, then 256 each: 3 + ceil((3000 - 224) / 256) = 14 searches.
+  CHECK(*engine.calls == 14);
+  (void)kvsift::roargraph_builder<>(p).build(store, train(), &st_cpu);
+  CHECK(st_engine.connectivity_distance_computations == st_cpu.connectivity_distance_computations);
+
+  // Switched off, the engine is not asked.
+  p.engine_connectivity = false;
+  *engine.calls = 0;
+  const auto off =
+      kvsift::roargraph_builder<kvsift::inner_product, searching_engine>(p, engine).build(store,
+                                                                                          train());
+  CHECK(*engine.calls == 0);
+  CHECK(std::ranges::equal(cpu.adjacency(), off.adjacency()));
 }
 
 TEST_CASE("roargraph_builder: bad input", "[index][roargraph]") {

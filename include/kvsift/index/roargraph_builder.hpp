@@ -9,6 +9,8 @@
 //   3. connectivity enhancement: every key searches the projection graph (pool L) for its own
 //      neighbours; RNG-pruned results become extra edges plus reverse edges, degree <= 2M;
 //   4. entry point: the key nearest the key centroid.
+// Step 3 dominates a build; with an engine that offers connectivity searches
+// (<kvsift/index/connectivity.hpp>, e.g. the CUDA engine) its searches and pruning run there.
 // Unlike the reference implementation the result does not depend on thread scheduling: every
 // parallel phase reads a frozen graph and writes only its own rows, and the merging steps run
 // in id order.
@@ -18,6 +20,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <random>
@@ -33,6 +36,7 @@
 #include "kvsift/core/parallel_for.hpp"
 #include "kvsift/core/topk.hpp"
 #include "kvsift/core/vector_store.hpp"
+#include "kvsift/index/connectivity.hpp"
 #include "kvsift/index/graph_index.hpp"
 #include "kvsift/index/knn.hpp"
 #include "kvsift/search/beam_search.hpp"
@@ -53,10 +57,11 @@ struct roargraph_params {
   bool connectivity = true;  ///< run step 3 (off only for ablations)
   /// Largest connectivity round. Rounds start at 32 keys and double up to this size, so the
   /// graph grows from few keys as incremental insertion does. The graph depends on this
-  /// value and on `seed`, never on the thread count.
-  /// Larger rounds cut the merging cost (2.2 s -> 0.7 s of step 3 at 131072 keys with 8192)
-  /// but were only measured together with a smaller L.
-  std::size_t batch = 1024;
+  /// value and on `seed`, never on the thread count. Each round ends with a merge whose cost
+  /// does not shrink with the round size, so larger rounds build faster: on 131072 OOD keys
+  /// (H100 host, 16 threads, step 3 on the GPU) 8192 built in 2.54 s against 4.91 s with 1024,
+  /// at recall@100 +0.0011 / +0.0004 / -0.0003 at search pools 100 / 200 / 400.
+  std::size_t batch = 8192;
   std::uint64_t seed = 2024;  ///< order of the connectivity rounds
   /// Step 3 candidates from the exact kNN among the keys (this many per key, computed by the
   /// engine, so on the GPU with the CUDA engine) instead of a beam search of pool L over the
@@ -67,6 +72,11 @@ struct roargraph_params {
   /// 0.029 / 0.014 recall@100 at search pools 100 / 200 / 400, and k = 100 collapsed to 0.08
   /// at pool 100. A speed/quality trade-off, not a default.
   std::size_t connectivity_knn = 0;
+  /// Run step 3's searches and pruning on the engine when it offers them
+  /// (`ConnectivityEngine`, e.g. `cuda::knn_engine`); the merging stays on the CPU. The graph
+  /// equals the CPU-built one up to floating-point summation order in the scores. The engine
+  /// may limit L and M (the CUDA engine: L <= 1024, M <= 64) and throws beyond them.
+  bool engine_connectivity = true;
 };
 
 /// Wall-clock seconds per phase of the last build.
@@ -166,6 +176,9 @@ struct building_graph {
   std::span<const id_t> neighbors(id_t i) const { return adj.neighbors(i); }
   float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
 };
+
+/// Marks the builder's own (CPU) step-3 searches.
+struct no_searcher {};
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -429,10 +442,25 @@ class roargraph_builder {
   // 2M when they overflow). Batches let the reachable part of the graph grow, as in the
   // reference's incremental insertion, while every phase either reads a frozen graph or
   // writes rows in a fixed order, so the result is independent of the thread count.
-  // With `connectivity_knn` the candidates are each key's exact nearest keys instead.
+  // With `connectivity_knn` the candidates are each key's exact nearest keys instead; with an
+  // engine that offers a connectivity searcher, the searches and their pruning run there.
   template <MatrixStore Store, class OnRound>
   void enhance(const Store& store, detail::adjacency_lists& adj, id_t entry,
                roargraph_build_stats& st, OnRound&& on_round) const {
+    if constexpr (ConnectivityEngine<Engine, typename Store::value_type>) {
+      if (params_.engine_connectivity && params_.connectivity_knn == 0 && store.size() > 1) {
+        auto searcher = engine_.make_connectivity_searcher(store.view(), 2 * params_.M);
+        enhance_rounds(store, adj, entry, st, on_round, &searcher);
+        return;
+      }
+    }
+    enhance_rounds(store, adj, entry, st, on_round, static_cast<detail::no_searcher*>(nullptr));
+  }
+
+  template <MatrixStore Store, class OnRound, class Searcher>
+  void enhance_rounds(const Store& store, detail::adjacency_lists& adj, id_t entry,
+                      roargraph_build_stats& st, OnRound& on_round, Searcher* searcher) const {
+    constexpr bool on_engine = !std::is_same_v<Searcher, detail::no_searcher>;
     const std::size_t n = store.size(), R = 2 * params_.M;
     const std::size_t L = std::min(params_.L, n);
     const detail::building_graph<Store, KM> g{store, adj, entry};
@@ -460,78 +488,132 @@ class roargraph_builder {
 
     const std::size_t most = max_batch(n);
     std::vector<std::vector<id_t>> supply(std::min(most, n));
-    std::vector<std::vector<id_t>> pending(n);
-    std::vector<id_t> touched;
+    struct edge {
+      id_t from, to;
+    };
+    std::vector<edge> edges;
+    std::vector<std::uint32_t> pend_count(n, 0), pend_end(n, 0);
+    std::vector<id_t> touched, grouped;
+    connectivity_batch engine_out;
+    std::size_t engine_scored = 0;
+    std::vector<id_t> flat;  // rows sent to the engine's searcher
+    if constexpr (on_engine) {
+      std::vector<id_t> all(n);
+      for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<id_t>(i);
+      upload_rows(*searcher, adj, all, R, flat, threads);
+    }
     std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
     for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) {
       const std::size_t bn = std::min(batch, n - b0);
       const auto t_search = std::chrono::steady_clock::now();
-      parallel_for(
-          bn, threads,
-          [&](std::size_t i, std::size_t t) {
-            const id_t x = order[b0 + i];
-            auto& b = buf[t];
-            b.cands.clear();
-            if (near.rows > 0) {
-              // The engine's scores are shifted by |x|^2: rescore exactly for the RNG rule.
-              detail::pair_scorer<Store, KM> ps(store);
-              ps.set_pivot(x);
-              for (const id_t y : near.row_ids(x)) {
-                if (y != x && y != invalid_id) b.cands.push_back({ps.key(y), y});
+      if constexpr (on_engine) {
+        searcher->search(std::span<const id_t>(order).subspan(b0, bn), entry, L, params_.M,
+                         engine_out);
+        engine_scored += engine_out.scored;
+        for (std::size_t i = 0; i < bn; ++i) {
+          const id_t* row = engine_out.kept.data() + i * engine_out.degree;
+          supply[i].assign(row, row + engine_out.counts[i]);
+        }
+      } else {
+        parallel_for(
+            bn, threads,
+            [&](std::size_t i, std::size_t t) {
+              const id_t x = order[b0 + i];
+              auto& b = buf[t];
+              b.cands.clear();
+              if (near.rows > 0) {
+                // The engine's scores are shifted by |x|^2: rescore exactly for the RNG rule.
+                detail::pair_scorer<Store, KM> ps(store);
+                ps.set_pivot(x);
+                for (const id_t y : near.row_ids(x)) {
+                  if (y != x && y != invalid_id) b.cands.push_back({ps.key(y), y});
+                }
+                detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i],
+                                             &pruned[t]);
+                return;
+              }
+              b.ids.resize(L);
+              b.scores.resize(L);
+              ws[t].query.resize(store.dim());
+              detail::widen(store.row(x), ws[t].query.data(), store.dim());
+              const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L}, ws[t],
+                                         std::span<id_t>(b.ids), std::span<float>(b.scores));
+              scored[t] += s.distance_computations;
+              for (std::size_t j = 0; j < s.count; ++j) {
+                if (b.ids[j] != x) b.cands.push_back({to_key<KM>(b.scores[j]), b.ids[j]});
               }
               detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i],
                                            &pruned[t]);
-              return;
-            }
-            b.ids.resize(L);
-            b.scores.resize(L);
-            ws[t].query.resize(store.dim());
-            detail::widen(store.row(x), ws[t].query.data(), store.dim());
-            const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L}, ws[t],
-                                       std::span<id_t>(b.ids), std::span<float>(b.scores));
-            scored[t] += s.distance_computations;
-            for (std::size_t j = 0; j < s.count; ++j) {
-              if (b.ids[j] != x) b.cands.push_back({to_key<KM>(b.scores[j]), b.ids[j]});
-            }
-            detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i],
-                                         &pruned[t]);
-          },
-          // One key per grab: a search takes ~2 ms at L = 500, so grabbing 8 left threads idle
-          // up to 8 searches at each of the ~130 round barriers, and the first rounds (32, 64
-          // keys) used only 4 and 8 threads. The graph does not depend on it.
-          1);
+            },
+            // One key per grab: a search takes ~2 ms at L = 500, so grabbing 8 left threads idle
+            // up to 8 searches at each of the ~130 round barriers, and the first rounds (32, 64
+            // keys) used only 4 and 8 threads. The graph does not depend on it.
+            1);
+      }
       st.connectivity_search_seconds += detail::seconds_since(t_search);
       const auto t_merge = std::chrono::steady_clock::now();
+      // The round's new edges, both ways, in generation order, grouped by source with a stable
+      // counting sort over flat arrays: a vector per key made this serial step cost more than
+      // the parallel re-pruning at 131072 keys (cache misses on 131072 vector headers).
+      edges.clear();
       touched.clear();
-      auto add = [&](id_t from, id_t to) {
-        if (pending[from].empty()) touched.push_back(from);
-        pending[from].push_back(to);
-      };
       for (std::size_t i = 0; i < bn; ++i) {
         const id_t x = order[b0 + i];
-        for (id_t s : supply[i]) {
-          add(x, s);
-          add(s, x);
+        for (const id_t y : supply[i]) {
+          edges.push_back({x, y});
+          edges.push_back({y, x});
         }
       }
+      for (const auto& e : edges) {
+        if (pend_count[e.from]++ == 0) touched.push_back(e.from);
+      }
       std::sort(touched.begin(), touched.end());
+      std::uint32_t offset = 0;
+      for (const id_t x : touched) {
+        pend_end[x] = offset;
+        offset += pend_count[x];
+      }
+      grouped.resize(edges.size());
+      for (const auto& e : edges) grouped[pend_end[e.from]++] = e.to;
       parallel_for(
           touched.size(), threads,
           [&](std::size_t i, std::size_t t) {
             const id_t x = touched[i];
             auto& row = adj.rows[x];
-            for (id_t y : pending[x]) {
+            const std::uint32_t end = pend_end[x], begin = end - pend_count[x];
+            for (std::uint32_t j = begin; j < end; ++j) {
+              const id_t y = grouped[j];
               if (y != x && std::find(row.begin(), row.end(), y) == row.end()) row.push_back(y);
             }
-            pending[x].clear();
+            pend_count[x] = 0;
             if (row.size() > R) row = prune_around(store, x, row, R, true, scratch[t]);
           },
           16);
+      if constexpr (on_engine) upload_rows(*searcher, adj, touched, R, flat, threads);
       st.connectivity_merge_seconds += detail::seconds_since(t_merge);
       on_round();
     }
+    st.connectivity_distance_computations += engine_scored;
     for (const std::size_t c : scored) st.connectivity_distance_computations += c;
     for (const std::size_t c : pruned) st.connectivity_prune_distance_computations += c;
+  }
+
+  // Sends `rows` of the adjacency to an engine's searcher, padded to width R.
+  template <class Searcher>
+  static void upload_rows(Searcher& searcher, const detail::adjacency_lists& adj,
+                          const std::vector<id_t>& rows, std::size_t R, std::vector<id_t>& flat,
+                          std::size_t threads) {
+    flat.resize(rows.size() * R);
+    parallel_for(
+        rows.size(), threads,
+        [&](std::size_t i, std::size_t) {
+          const auto& row = adj.rows[rows[i]];
+          const std::size_t k = std::min(R, row.size());
+          std::copy_n(row.begin(), k, flat.begin() + i * R);
+          std::fill(flat.begin() + i * R + k, flat.begin() + (i + 1) * R, invalid_id);
+        },
+        1024);
+    searcher.set_rows(std::span<const id_t>(rows), std::span<const id_t>(flat));
   }
 
   // Re-pruning full lists can drop a key's last in-edge. Every key must be reachable from

@@ -1,0 +1,46 @@
+#pragma once
+// The policy point through which a kNN engine can also run step 3 of the RoarGraph build (the
+// connectivity searches). On the CPU that step dominates a build; an engine that owns a GPU can
+// run the searches there. `roargraph_builder` uses it when the engine offers one
+// (`ConnectivityEngine`) and `roargraph_params::engine_connectivity` is set.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvsift/core/ids.hpp"
+#include "kvsift/core/matrix_view.hpp"
+
+namespace kvsift {
+
+/// Result of one batch of connectivity searches: query i's pruned neighbours are
+/// kept[i * degree, i * degree + counts[i]), best first.
+struct connectivity_batch {
+  std::size_t degree = 0;
+  std::vector<id_t> kept;
+  std::vector<std::uint32_t> counts;
+  std::size_t scored = 0;  ///< vectors scored by the batch's searches (statistics)
+};
+
+/// A step-3 searcher over one key set and an n x width adjacency it keeps a copy of:
+/// - `set_rows(rows, flat)`: row rows[i] becomes flat[i * width, (i + 1) * width), padded with
+///   invalid_id;
+/// - `search(rows, entry, L, degree, out)`: for each key row x, a best-first search with key x
+///   as the l2 query, pool L, from `entry`, over the rows as set; the pool minus x, best first,
+///   RNG-pruned around x (l2) to `degree` with fill, as the CPU step 3 does.
+template <class S>
+concept ConnectivitySearcher = requires(S& s, std::span<const id_t> ids, id_t entry, std::size_t z,
+                                        connectivity_batch& out) {
+  s.set_rows(ids, ids);
+  s.search(ids, entry, z, z, out);
+};
+
+/// An engine that creates step-3 searchers for keys of element type T and adjacency width R.
+template <class E, class T>
+concept ConnectivityEngine = requires(const E& e, matrix_view<const T> keys, std::size_t width) {
+  { e.make_connectivity_searcher(keys, width) } -> ConnectivitySearcher;
+};
+
+}  // namespace kvsift
