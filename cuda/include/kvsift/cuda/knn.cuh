@@ -41,6 +41,7 @@
 #include <kvsift/index/knn_result.hpp>
 #pragma nv_diagnostic pop
 #include <kvsift/cuda/error.cuh>
+#include <kvsift/cuda/graph_search.cuh>
 
 namespace kvsift::cuda {
 
@@ -131,6 +132,18 @@ class knn_engine {
   [[nodiscard]] knn_result search(matrix_view<const float> queries, matrix_view<const T> keys,
                                   std::size_t k) const;
 
+  /**
+   * @brief A step-3 (connectivity) searcher over `keys` on this engine's device, with an
+   *        adjacency of `width` ids per row; models `kvsift::ConnectivityEngine`, so
+   *        `roargraph_builder` runs its connectivity searches on the GPU.
+   * @throw as the `connectivity_searcher` constructor
+   */
+  template <Element T>
+  [[nodiscard]] connectivity_searcher<T> make_connectivity_searcher(matrix_view<const T> keys,
+                                                                    std::size_t width) const {
+    return connectivity_searcher<T>(keys, width, params_.device);
+  }
+
  private:
   struct state;
   knn_engine_params params_;
@@ -138,6 +151,7 @@ class knn_engine {
 };
 
 static_assert(KnnEngine<knn_engine>);
+static_assert(ConnectivityEngine<knn_engine, float>);
 
 }  // namespace kvsift::cuda
 

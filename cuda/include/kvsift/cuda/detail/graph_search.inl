@@ -1,0 +1,613 @@
+#pragma once
+// Kernel and host dispatch behind <kvsift/cuda/graph_search.cuh> (internal).
+//
+// One warp runs one search. Its shared memory holds the query (f32), two pool buffers of L
+// entries (a merge writes the other one, so no lane overwrites what another still reads), the
+// expansion's fresh neighbours and their sorted survivors, and the pruning's kept list. The
+// visited set is a bitset of n bits per concurrently running warp, in global memory (L2 in
+// practice), cleared before each search. Every step is warp-synchronous: a candidate is scored
+// by one lane (lane-per-vector keeps up to 32 row reads in flight, which is what a
+// latency-bound walk needs), the pool merge computes each entry's final position by binary
+// search in the other sorted list.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/device_buffer.cuh>
+#include <kvsift/cuda/detail/vec.cuh>
+#include <kvsift/cuda/error.cuh>
+
+namespace kvsift::cuda::detail {
+
+inline constexpr int gs_warps_per_block = 4;
+inline constexpr std::int64_t gs_max_slots = 8192;  // searches running at once (bitsets)
+inline constexpr std::uint32_t gs_expanded = 0x80000000u;
+
+/// Host element type -> the CUDA type of the same bits.
+template <class T>
+struct device_element {
+  using type = T;
+};
+template <>
+struct device_element<kvsift::half> {
+  using type = __half;
+};
+template <>
+struct device_element<kvsift::bfloat16> {
+  using type = __nv_bfloat16;
+};
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+struct gs_entry {
+  float key;         // larger is better
+  std::uint32_t id;  // bit 31: expanded
+};
+
+/// The pool order: higher key first, ties to the lower id (the expanded flag is ignored).
+__device__ __forceinline__ bool gs_better(float ka, std::uint32_t ia, float kb, std::uint32_t ib) {
+  ia &= ~gs_expanded;
+  ib &= ~gs_expanded;
+  return ka > kb || (ka == kb && ia < ib);
+}
+
+/// Entries of a[0, len) (sorted best first) that rank before (k, i).
+__device__ __forceinline__ int gs_count_better(const gs_entry* a, int len, float k,
+                                               std::uint32_t i) {
+  int lo = 0, hi = len;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (gs_better(a[mid].key, a[mid].id, k, i)) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+template <bool L2>
+__device__ __forceinline__ float gs_accumulate(float acc, float a, float b) {
+  if constexpr (L2) {
+    const float df = a - b;
+    return fmaf(df, df, acc);
+  } else {
+    return fmaf(a, b, acc);
+  }
+}
+
+/// Raw score of a f32 query (shared memory) against a key row.
+template <bool L2, class T>
+__device__ float gs_score(const float* q, const T* __restrict__ row, int d, bool vec) {
+  float acc = 0.0f;
+  if (vec) {
+    constexpr int V = vec_size_v<T>;
+    // Unrolled so that several 16-byte loads of the row are in flight at once: the walk is
+    // bound by the latency of these reads, not by the FMAs.
+#pragma unroll 8
+    for (int j = 0; j < d; j += V) {
+      float x[V];
+      load_vec(row + j, x);
+#pragma unroll
+      for (int t = 0; t < V; ++t) acc = gs_accumulate<L2>(acc, q[j + t], x[t]);
+    }
+  } else {
+    for (int j = 0; j < d; ++j) acc = gs_accumulate<L2>(acc, q[j], to_f32(row[j]));
+  }
+  return acc;
+}
+
+/// Raw score between two key rows.
+template <bool L2, class T>
+__device__ float gs_score_rows(const T* __restrict__ a, const T* __restrict__ b, int d, bool vec) {
+  float acc = 0.0f;
+  if (vec) {
+    constexpr int V = vec_size_v<T>;
+#pragma unroll 4
+    for (int j = 0; j < d; j += V) {
+      float x[V], y[V];
+      load_vec(a + j, x);
+      load_vec(b + j, y);
+#pragma unroll
+      for (int t = 0; t < V; ++t) acc = gs_accumulate<L2>(acc, x[t], y[t]);
+    }
+  } else {
+    for (int j = 0; j < d; ++j) acc = gs_accumulate<L2>(acc, to_f32(a[j]), to_f32(b[j]));
+  }
+  return acc;
+}
+
+/// Rank key of a raw score (NaN ranks last), as `kvsift::to_key`.
+template <bool L2>
+__device__ __forceinline__ float gs_key(float s) {
+  if (isnan(s)) return neg_inf();
+  return L2 ? -s : s;
+}
+
+struct gs_layout {
+  int d_pad = 0;       // floats of the query, multiple of 4
+  int warp_bytes = 0;  // shared memory per warp, multiple of 16
+};
+
+inline gs_layout gs_shared_layout(std::int64_t d, int L, int width, int degree) {
+  gs_layout l;
+  l.d_pad = static_cast<int>((d + 3) / 4 * 4);
+  const std::size_t bytes =
+      sizeof(float) * static_cast<std::size_t>(l.d_pad) +
+      sizeof(gs_entry) * (2 * static_cast<std::size_t>(L) + 2 * static_cast<std::size_t>(width)) +
+      sizeof(std::uint32_t) * static_cast<std::size_t>(std::max(degree, 1));
+  l.warp_bytes = static_cast<int>((bytes + 15) / 16 * 16);
+  return l;
+}
+
+/// Bitset words per search, a multiple of 4 so that each bitset is 16-byte aligned.
+inline std::int64_t gs_words(std::int64_t n) { return ((n + 31) / 32 + 3) / 4 * 4; }
+
+inline std::int64_t gs_slots(std::int64_t m) { return std::min(m, gs_max_slots); }
+
+template <class T, bool L2>
+__global__ void __launch_bounds__(gs_warps_per_block * 32)
+    graph_search_kernel(device_graph<T> g, const id_t* __restrict__ query_rows, int m, int L,
+                        int degree, graph_search_outputs out, std::uint32_t* visited_all, int words,
+                        bool vec, gs_layout lay, int slots) {
+  extern __shared__ __align__(16) unsigned char gs_smem[];
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int slot = static_cast<int>(blockIdx.x) * gs_warps_per_block + warp;
+  if (slot >= slots) return;  // warp-level only: the kernel has no block barrier
+  unsigned char* base = gs_smem + static_cast<std::size_t>(warp) * lay.warp_bytes;
+  float* q = reinterpret_cast<float*>(base);
+  gs_entry* const pa = reinterpret_cast<gs_entry*>(q + lay.d_pad);
+  gs_entry* const pb = pa + L;
+  gs_entry* const inc = pb + L;
+  gs_entry* const srt = inc + g.width;
+  std::uint32_t* const kept = reinterpret_cast<std::uint32_t*>(srt + g.width);
+  std::uint32_t* const visited = visited_all + static_cast<std::size_t>(slot) * words;
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  const int d = static_cast<int>(g.d);
+  const int width = g.width;
+  auto row_of = [&](std::uint32_t id) { return g.keys + static_cast<std::size_t>(id) * g.ld; };
+
+  for (int qi = slot; qi < m; qi += slots) {
+    uint4* v4 = reinterpret_cast<uint4*>(visited);
+    for (int w = lane; w < words / 4; w += 32) v4[w] = make_uint4(0u, 0u, 0u, 0u);
+    const std::uint32_t self = query_rows[qi];
+    for (int j = lane; j < d; j += 32) q[j] = to_f32(row_of(self)[j]);
+    __syncwarp();
+
+    gs_entry* pool = pa;
+    gs_entry* other = pb;
+    if (lane == 0) {
+      atomicOr(&visited[g.entry >> 5], 1u << (g.entry & 31u));
+      pool[0] = {gs_key<L2>(gs_score<L2>(q, row_of(g.entry), d, vec)), g.entry};
+    }
+    int cnt = 1;
+    std::uint32_t scored = 1;
+    __syncwarp();
+
+    for (;;) {
+      // The best unexpanded entry: each lane's first in its stride, then the warp minimum.
+      int first = INT_MAX;
+      for (int i = lane; i < cnt; i += 32) {
+        if ((pool[i].id & gs_expanded) == 0u) {
+          first = i;
+          break;
+        }
+      }
+      first = __reduce_min_sync(full, first);
+      if (first == INT_MAX) break;
+      const std::uint32_t u = pool[first].id;
+      __syncwarp();
+      if (lane == 0) pool[first].id = u | gs_expanded;
+
+      // Unvisited neighbours of u, compacted into inc[0, fresh_n).
+      int fresh_n = 0;
+      const id_t* nbrs = g.adjacency + static_cast<std::size_t>(u) * width;
+      for (int r0 = 0; r0 < width; r0 += 32) {
+        const int r = r0 + lane;
+        std::uint32_t v = invalid_id;
+        bool fresh = false;
+        if (r < width) {
+          v = nbrs[r];
+          if (v != invalid_id) {
+            const std::uint32_t bit = 1u << (v & 31u);
+            fresh = (atomicOr(&visited[v >> 5], bit) & bit) == 0u;
+          }
+        }
+        const unsigned b = __ballot_sync(full, fresh);
+        if (fresh) inc[fresh_n + __popc(b & lower_lanes)].id = v;
+        fresh_n += __popc(b);
+      }
+      __syncwarp();
+
+      // Score them; when the pool is full only those better than its worst survive.
+      const bool is_full = cnt == L;
+      const float worst_key = is_full ? pool[L - 1].key : 0.0f;
+      const std::uint32_t worst_id = is_full ? pool[L - 1].id : 0u;
+      int keep_n = 0;
+      for (int j0 = 0; j0 < fresh_n; j0 += 32) {
+        const int j = j0 + lane;
+        bool keep = false;
+        if (j < fresh_n) {
+          const std::uint32_t v = inc[j].id;
+          const float k = gs_key<L2>(gs_score<L2>(q, row_of(v), d, vec));
+          keep = !is_full || gs_better(k, v, worst_key, worst_id);
+          inc[j] = {k, keep ? v : invalid_id};
+        }
+        keep_n += __popc(__ballot_sync(full, keep));
+      }
+      scored += static_cast<std::uint32_t>(fresh_n);
+      __syncwarp();
+      if (keep_n == 0) continue;
+
+      // Survivors sorted by rank (ids are distinct, so ranks are).
+      for (int j = lane; j < fresh_n; j += 32) {
+        const gs_entry e = inc[j];
+        if (e.id == invalid_id) continue;
+        int rank = 0;
+        for (int i = 0; i < fresh_n; ++i) {
+          const gs_entry o = inc[i];
+          if (o.id != invalid_id && gs_better(o.key, o.id, e.key, e.id)) ++rank;
+        }
+        srt[rank] = e;
+      }
+      __syncwarp();
+
+      // Merge pool and survivors into `other`, keeping the L best.
+      for (int i = lane; i < cnt; i += 32) {
+        const gs_entry e = pool[i];
+        const int pos = i + gs_count_better(srt, keep_n, e.key, e.id);
+        if (pos < L) other[pos] = e;
+      }
+      for (int j = lane; j < keep_n; j += 32) {
+        const gs_entry e = srt[j];
+        const int pos = j + gs_count_better(pool, cnt, e.key, e.id);
+        if (pos < L) other[pos] = e;
+      }
+      __syncwarp();
+      gs_entry* const t = pool;
+      pool = other;
+      other = t;
+      cnt = min(L, cnt + keep_n);
+    }
+
+    const std::size_t row0 = static_cast<std::size_t>(qi) * L;
+    if (out.ids != nullptr || out.scores != nullptr) {
+      for (int i = lane; i < L; i += 32) {
+        const bool have = i < cnt;
+        if (out.ids != nullptr) out.ids[row0 + i] = have ? (pool[i].id & ~gs_expanded) : invalid_id;
+        if (out.scores != nullptr) {
+          const float worst = L2 ? -neg_inf() : neg_inf();
+          out.scores[row0 + i] = have ? (L2 ? -pool[i].key : pool[i].key) : worst;
+        }
+      }
+    }
+    if (lane == 0) {
+      if (out.counts != nullptr) out.counts[qi] = static_cast<std::uint32_t>(cnt);
+      if (out.scored != nullptr) out.scored[qi] = scored;
+    }
+
+    if (degree > 0) {
+      // RNG pruning around the query key (rng_prune with fill): walk the pool best first; a
+      // candidate is dropped if some kept id is closer to it than the query is. Lanes split
+      // the kept ids; dropped ids are remembered in rank order in the free pool buffer.
+      std::uint32_t* const dropped = reinterpret_cast<std::uint32_t*>(other);
+      int nk = 0, nd = 0;
+      for (int i = 0; i < cnt && nk < degree; ++i) {
+        const std::uint32_t c = pool[i].id & ~gs_expanded;
+        if (c == self) continue;
+        const float ck = pool[i].key;
+        bool drop = false;
+        for (int k0 = 0; k0 < nk && !drop; k0 += 32) {
+          const int k = k0 + lane;
+          bool closer = false;
+          if (k < nk)
+            closer = gs_key<L2>(gs_score_rows<L2>(row_of(c), row_of(kept[k]), d, vec)) > ck;
+          drop = __any_sync(full, closer);
+        }
+        if (lane == 0) {
+          if (drop) {
+            dropped[nd] = c;
+          } else {
+            kept[nk] = c;
+          }
+        }
+        if (drop) {
+          ++nd;
+        } else {
+          ++nk;
+        }
+        __syncwarp();
+      }
+      for (int i = 0; i < nd && nk < degree; ++i, ++nk) {
+        if (lane == 0) kept[nk] = dropped[i];
+      }
+      __syncwarp();
+      const std::size_t k0 = static_cast<std::size_t>(qi) * degree;
+      if (out.kept != nullptr) {
+        for (int j = lane; j < degree; j += 32) out.kept[k0 + j] = j < nk ? kept[j] : invalid_id;
+      }
+      if (out.kept_counts != nullptr && lane == 0) {
+        out.kept_counts[qi] = static_cast<std::uint32_t>(nk);
+      }
+    }
+    __syncwarp();  // the next search reuses this warp's shared memory and bitset
+  }
+}
+
+/// adjacency[rows[i] * width + j] = flat[i * width + j]. (A template, so that the header-only
+/// kernel has one definition however many translation units include it.)
+template <class Id>
+__global__ void gs_scatter_rows_kernel(Id* adjacency, int width, const Id* rows, const Id* flat,
+                                       std::int64_t count) {
+  const std::int64_t total = count * width;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = t / width, j = t % width;
+    adjacency[static_cast<std::int64_t>(rows[i]) * width + j] = flat[t];
+  }
+}
+
+inline void require_graph_pointer(const void* p, int device, const char* what) {
+  kvsift::detail::require(p != nullptr, "graph_search: ", what, " is null");
+  cudaPointerAttributes attr{};
+  KVSIFT_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+  kvsift::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+                          "graph_search: ", what, " must be device memory, got a host pointer");
+  kvsift::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device,
+                          "graph_search: ", what, " lives on device ", attr.device,
+                          ", expected the current device ", device);
+}
+
+}  // namespace kvsift::cuda::detail
+
+namespace kvsift::cuda {
+
+inline std::size_t graph_search_workspace_size(std::int64_t n, std::int64_t m) {
+  kvsift::detail::require(n > 0, "graph_search: expected a non-empty key set, got ", n, " keys");
+  kvsift::detail::require(m > 0, "graph_search: expected at least one query, got ", m);
+  return static_cast<std::size_t>(detail::gs_slots(m) * detail::gs_words(n)) *
+         sizeof(std::uint32_t);
+}
+
+template <class T>
+void graph_search(const device_graph<T>& g, const id_t* query_rows, std::int64_t m,
+                  const graph_search_params& p, const graph_search_outputs& out, void* workspace,
+                  std::size_t workspace_bytes, cudaStream_t stream) {
+  static_assert(detail::is_supported_element_v<T>,
+                "graph_search: keys must be float, __half or __nv_bfloat16");
+  using kvsift::detail::require;
+  require(g.n > 0, "graph_search: expected a non-empty key set, got ", g.n, " keys");
+  require(g.n < std::int64_t{detail::gs_expanded}, "graph_search: at most ",
+          detail::gs_expanded - 1, " keys supported, got ", g.n);
+  require(g.d > 0, "graph_search: expected a positive dimension, got ", g.d);
+  require(g.ld >= g.d, "graph_search: expected a row stride >= d = ", g.d, ", got ", g.ld);
+  require(g.width >= 1 && g.width <= max_graph_search_width,
+          "graph_search: expected 1 <= adjacency width <= ", max_graph_search_width, ", got ",
+          g.width);
+  require(static_cast<std::int64_t>(g.entry) < g.n, "graph_search: expected an entry id < ", g.n,
+          ", got ", g.entry);
+  require(m > 0 && m <= std::int64_t{INT_MAX}, "graph_search: expected 1 <= queries <= ", INT_MAX,
+          ", got ", m);
+  require(p.L >= 1 && p.L <= max_graph_search_L,
+          "graph_search: expected 1 <= L <= ", max_graph_search_L, ", got ", p.L);
+  require(p.degree >= 0 && p.degree <= max_graph_search_degree,
+          "graph_search: expected 0 <= degree <= ", max_graph_search_degree, ", got ", p.degree);
+  require(p.degree > 0 || (out.kept == nullptr && out.kept_counts == nullptr),
+          "graph_search: pruning outputs need degree > 0, got degree 0");
+  const std::size_t need = graph_search_workspace_size(g.n, m);
+  require(workspace_bytes >= need, "graph_search: workspace of ", workspace_bytes,
+          " bytes is too small, expected >= ", need);
+  int device = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+    int stream_device = 0;
+    KVSIFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
+    require(stream_device == device, "graph_search: the stream belongs to device ", stream_device,
+            ", expected the current device ", device);
+  }
+  detail::require_graph_pointer(g.keys, device, "keys");
+  detail::require_graph_pointer(g.adjacency, device, "adjacency");
+  detail::require_graph_pointer(query_rows, device, "query rows");
+  detail::require_graph_pointer(workspace, device, "workspace");
+  for (const void* o :
+       {static_cast<const void*>(out.ids), static_cast<const void*>(out.scores),
+        static_cast<const void*>(out.counts), static_cast<const void*>(out.kept),
+        static_cast<const void*>(out.kept_counts), static_cast<const void*>(out.scored)}) {
+    if (o != nullptr) detail::require_graph_pointer(o, device, "an output");
+  }
+
+  const detail::gs_layout lay = detail::gs_shared_layout(g.d, p.L, g.width, p.degree);
+  const std::size_t smem = static_cast<std::size_t>(lay.warp_bytes) * detail::gs_warps_per_block;
+  int smem_max = 0;
+  KVSIFT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  require(smem <= static_cast<std::size_t>(smem_max), "graph_search: L = ", p.L, ", d = ", g.d,
+          " and width ", g.width, " need ", smem,
+          " bytes of shared memory per block, the device has ", smem_max);
+  const bool vec = detail::is_aligned16(g.keys) && g.d % detail::vec_size_v<T> == 0 &&
+                   (g.ld * static_cast<std::int64_t>(sizeof(T))) % 16 == 0;
+  const auto slots = static_cast<int>(detail::gs_slots(m));
+  const auto words = static_cast<int>(detail::gs_words(g.n));
+  const unsigned blocks =
+      static_cast<unsigned>((slots + detail::gs_warps_per_block - 1) / detail::gs_warps_per_block);
+  auto launch = [&](auto kernel) {
+    KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+    kernel<<<blocks, detail::gs_warps_per_block * 32, smem, stream>>>(
+        g, query_rows, static_cast<int>(m), p.L, p.degree, out,
+        static_cast<std::uint32_t*>(workspace), words, vec, lay, slots);
+    KVSIFT_CUDA_CHECK(cudaGetLastError());
+  };
+  if (p.metric == graph_metric::l2) {
+    launch(detail::graph_search_kernel<T, true>);
+  } else {
+    launch(detail::graph_search_kernel<T, false>);
+  }
+}
+
+template <Element T>
+struct connectivity_searcher<T>::state {
+  using DT = typename detail::device_element<T>::type;
+  int device = 0;
+  std::int64_t n = 0, d = 0;
+  int width = 0;
+  cudaStream_t stream = nullptr;
+  detail::grow_buffer keys, adjacency, rows, flat, queries, kept, kept_counts, scored, workspace;
+  std::vector<std::uint32_t> host_counts, host_scored;
+
+  ~state() {
+    cudaSetDevice(device);
+    for (auto* b :
+         {&keys, &adjacency, &rows, &flat, &queries, &kept, &kept_counts, &scored, &workspace}) {
+      b->release();
+    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+template <Element T>
+connectivity_searcher<T>::connectivity_searcher(matrix_view<const T> keys, std::size_t width,
+                                                int device)
+    : s_(std::make_unique<state>()) {
+  kvsift::detail::require(keys.rows() > 0 && keys.cols() > 0,
+                          "connectivity_searcher: expected a non-empty key set, got ", keys.rows(),
+                          " x ", keys.cols());
+  kvsift::detail::require(keys.rows() < detail::gs_expanded, "connectivity_searcher: at most ",
+                          detail::gs_expanded - 1, " keys supported, got ", keys.rows());
+  kvsift::detail::require(width >= 1 && width <= max_graph_search_width,
+                          "connectivity_searcher: expected 1 <= width <= ", max_graph_search_width,
+                          ", got ", width);
+  require_finite(keys, "connectivity_searcher: keys");
+  state& s = *s_;
+  s.device = device;
+  s.n = static_cast<std::int64_t>(keys.rows());
+  s.d = static_cast<std::int64_t>(keys.cols());
+  s.width = static_cast<int>(width);
+  detail::device_guard guard(device);
+  KVSIFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  const std::size_t row_bytes = static_cast<std::size_t>(s.d) * sizeof(T);
+  void* dk = s.keys.reserve(row_bytes * static_cast<std::size_t>(s.n));
+  KVSIFT_CUDA_CHECK(cudaMemcpy2DAsync(dk, row_bytes, keys.data(), keys.stride() * sizeof(T),
+                                      row_bytes, keys.rows(), cudaMemcpyHostToDevice, s.stream));
+  const std::size_t adj_bytes = static_cast<std::size_t>(s.n) * width * sizeof(id_t);
+  void* da = s.adjacency.reserve(adj_bytes);
+  KVSIFT_CUDA_CHECK(cudaMemsetAsync(da, 0xff, adj_bytes, s.stream));  // all invalid_id
+  KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
+template <Element T>
+connectivity_searcher<T>::~connectivity_searcher() = default;
+template <Element T>
+connectivity_searcher<T>::connectivity_searcher(connectivity_searcher&&) noexcept = default;
+template <Element T>
+connectivity_searcher<T>& connectivity_searcher<T>::operator=(connectivity_searcher&&) noexcept =
+    default;
+
+template <Element T>
+void connectivity_searcher<T>::set_rows(std::span<const id_t> rows, std::span<const id_t> flat) {
+  state& s = *s_;
+  const auto width = static_cast<std::size_t>(s.width);
+  kvsift::detail::require(flat.size() == rows.size() * width,
+                          "connectivity_searcher: ", rows.size(), " rows of width ", width,
+                          " need ", rows.size() * width, " ids, got ", flat.size());
+  const auto n = static_cast<id_t>(s.n);
+  for (const id_t r : rows) {
+    kvsift::detail::require<out_of_range>(r < n, "connectivity_searcher: expected row ids < ", n,
+                                          ", got ", r);
+  }
+  for (const id_t v : flat) {
+    kvsift::detail::require<out_of_range>(v < n || v == invalid_id,
+                                          "connectivity_searcher: expected neighbour ids < ", n,
+                                          " or invalid_id, got ", v);
+  }
+  if (rows.empty()) return;
+  detail::device_guard guard(s.device);
+  auto* dr = static_cast<id_t*>(s.rows.reserve(rows.size_bytes()));
+  auto* df = static_cast<id_t*>(s.flat.reserve(flat.size_bytes()));
+  KVSIFT_CUDA_CHECK(
+      cudaMemcpyAsync(dr, rows.data(), rows.size_bytes(), cudaMemcpyHostToDevice, s.stream));
+  KVSIFT_CUDA_CHECK(
+      cudaMemcpyAsync(df, flat.data(), flat.size_bytes(), cudaMemcpyHostToDevice, s.stream));
+  const std::int64_t total = static_cast<std::int64_t>(flat.size());
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 4096));
+  detail::gs_scatter_rows_kernel<id_t><<<blocks, 256, 0, s.stream>>>(
+      static_cast<id_t*>(s.adjacency.p), s.width, dr, df, static_cast<std::int64_t>(rows.size()));
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  // The host spans may be freed once this returns.
+  KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
+template <Element T>
+void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, std::size_t L,
+                                      std::size_t degree, connectivity_batch& out) {
+  state& s = *s_;
+  const auto n = static_cast<id_t>(s.n);
+  kvsift::detail::require(L >= 1 && L <= static_cast<std::size_t>(max_graph_search_L),
+                          "connectivity_searcher: expected 1 <= L <= ", max_graph_search_L,
+                          ", got ", L);
+  kvsift::detail::require(
+      degree >= 1 && degree <= static_cast<std::size_t>(max_graph_search_degree),
+      "connectivity_searcher: expected 1 <= degree <= ", max_graph_search_degree, ", got ", degree);
+  kvsift::detail::require<out_of_range>(entry < n, "connectivity_searcher: expected an entry id < ",
+                                        n, ", got ", entry);
+  for (const id_t r : rows) {
+    kvsift::detail::require<out_of_range>(r < n, "connectivity_searcher: expected query rows < ", n,
+                                          ", got ", r);
+  }
+  out.degree = degree;
+  out.kept.assign(rows.size() * degree, invalid_id);
+  out.counts.assign(rows.size(), 0);
+  out.scored = 0;
+  if (rows.empty()) return;
+  const auto m = static_cast<std::int64_t>(rows.size());
+  detail::device_guard guard(s.device);
+  auto* dq = static_cast<id_t*>(s.queries.reserve(rows.size_bytes()));
+  auto* dk = static_cast<id_t*>(s.kept.reserve(out.kept.size() * sizeof(id_t)));
+  auto* dc =
+      static_cast<std::uint32_t*>(s.kept_counts.reserve(rows.size() * sizeof(std::uint32_t)));
+  auto* ds = static_cast<std::uint32_t*>(s.scored.reserve(rows.size() * sizeof(std::uint32_t)));
+  const std::size_t ws = graph_search_workspace_size(s.n, m);
+  void* dw = s.workspace.reserve(ws);
+  KVSIFT_CUDA_CHECK(
+      cudaMemcpyAsync(dq, rows.data(), rows.size_bytes(), cudaMemcpyHostToDevice, s.stream));
+  device_graph<typename state::DT> g;
+  g.keys = static_cast<const typename state::DT*>(s.keys.p);
+  g.n = s.n;
+  g.d = s.d;
+  g.ld = s.d;
+  g.adjacency = static_cast<const id_t*>(s.adjacency.p);
+  g.width = s.width;
+  g.entry = entry;
+  graph_search_params p;
+  p.L = static_cast<int>(std::min<std::size_t>(L, static_cast<std::size_t>(s.n)));
+  p.degree = static_cast<int>(degree);
+  p.metric = graph_metric::l2;
+  graph_search_outputs o;
+  o.kept = dk;
+  o.kept_counts = dc;
+  o.scored = ds;
+  graph_search(g, dq, m, p, o, dw, ws, s.stream);
+  s.host_scored.resize(rows.size());
+  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.kept.data(), dk, out.kept.size() * sizeof(id_t),
+                                    cudaMemcpyDeviceToHost, s.stream));
+  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.counts.data(), dc, rows.size() * sizeof(std::uint32_t),
+                                    cudaMemcpyDeviceToHost, s.stream));
+  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(s.host_scored.data(), ds, rows.size() * sizeof(std::uint32_t),
+                                    cudaMemcpyDeviceToHost, s.stream));
+  KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  for (const std::uint32_t c : s.host_scored) out.scored += c;
+}
+
+}  // namespace kvsift::cuda

@@ -1,0 +1,381 @@
+// The GPU graph search (step 3 of the RoarGraph build) against the CPU `beam_search` and
+// `rng_prune` it mirrors.
+//
+// As in knn_test.cu, exact comparisons use small integer-valued vectors: every score (dot or
+// squared distance) is an integer below 2^24, exact in f32 whatever the summation order, and
+// exactly representable in f16 and bf16. The GPU then sees the CPU's scores bit for bit and
+// must return the same pools, pruned lists and build, tie rule included.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 554
+#include <kvsift/core/dense_matrix.hpp>
+#include <kvsift/core/vector_store.hpp>
+#include <kvsift/cuda/graph_search.cuh>
+#include <kvsift/cuda/knn.cuh>
+#include <kvsift/index/roargraph_builder.hpp>
+#include <kvsift/search/beam_search.hpp>
+#pragma nv_diagnostic pop
+
+#include "cuda_test.cuh"
+#include "test_util.cuh"
+
+namespace {
+
+using namespace kvsift::cuda_test;
+using kvsift::id_t;
+using kvsift::matrix_view;
+
+std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int range) {
+  std::vector<float> v(rows * d);
+  for (auto& x : v) x = static_cast<float>(uniform_int(-range, range));
+  return v;
+}
+
+/// A random graph: each row holds a random number (0..width) of distinct ids != its own,
+/// padded with invalid_id; row 0 links to 1..min(width, n-1) so the walk gets going.
+std::vector<id_t> random_graph(std::size_t n, std::size_t width) {
+  std::vector<id_t> adj(n * width, kvsift::invalid_id);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto deg = static_cast<std::size_t>(uniform_int(0, static_cast<int>(width)));
+    std::vector<id_t> row;
+    while (row.size() < std::min(deg, n - 1)) {
+      const auto v = static_cast<id_t>(uniform_int(0, static_cast<int>(n) - 1));
+      if (v != i && std::find(row.begin(), row.end(), v) == row.end()) row.push_back(v);
+    }
+    std::copy(row.begin(), row.end(), adj.begin() + i * width);
+  }
+  return adj;
+}
+
+/// The CPU view of a padded flat adjacency, for beam_search.
+template <class M, class T>
+struct flat_graph {
+  using metric_type = M;
+  matrix_view<const T> keys;
+  const std::vector<id_t>* adj;
+  std::size_t width;
+  id_t entry;
+  std::size_t size() const { return keys.rows(); }
+  std::size_t dim() const { return keys.cols(); }
+  id_t entry_point() const { return entry; }
+  std::span<const id_t> neighbors(id_t u) const {
+    const id_t* b = adj->data() + u * width;
+    return {b, static_cast<std::size_t>(std::find(b, b + width, kvsift::invalid_id) - b)};
+  }
+  float score(const float* q, id_t i) const { return M::score(q, keys.row(i), keys.cols()); }
+};
+
+template <class T>
+using device_t = typename kvsift::cuda::detail::device_element<T>::type;
+
+/// Runs graph_search on the device and the CPU search + pruning on the host; counts queries
+/// whose pool, scores, scored count or pruned list differ.
+template <class M, class T>
+int compare_with_cpu(const std::vector<float>& kf, std::size_t n, std::size_t d,
+                     const std::vector<id_t>& adj, std::size_t width, id_t entry, int L, int degree,
+                     const std::vector<id_t>& queries) {
+  const auto km = kvsift::convert<T>(matrix_view<const float>(kf.data(), n, d));
+  const std::vector<T> keys(km.data(), km.data() + n * d);
+  const matrix_view<const T> kv(keys.data(), n, d);
+  const std::size_t m = queries.size();
+  const auto Lz = static_cast<std::size_t>(L);
+  const auto degz = static_cast<std::size_t>(degree);
+
+  std::vector<device_t<T>> kd(n * d);
+  std::memcpy(static_cast<void*>(kd.data()), keys.data(), n * d * sizeof(T));
+  device_buffer<device_t<T>> dk(kd);
+  device_buffer<id_t> da(adj), dq(queries), di(m * Lz), dkept(m * std::max<std::size_t>(degz, 1));
+  device_buffer<float> ds(m * Lz);
+  device_buffer<std::uint32_t> dc(m), dkc(m), dsc(m);
+  const std::size_t wb = kvsift::cuda::graph_search_workspace_size(n, m);
+  device_buffer<char> ws(wb);
+  kvsift::cuda::device_graph<device_t<T>> g{dk.get(),
+                                            static_cast<std::int64_t>(n),
+                                            static_cast<std::int64_t>(d),
+                                            static_cast<std::int64_t>(d),
+                                            da.get(),
+                                            static_cast<int>(width),
+                                            entry};
+  kvsift::cuda::graph_search_params p;
+  p.L = L;
+  p.degree = degree;
+  p.metric = std::is_same_v<M, kvsift::l2> ? kvsift::cuda::graph_metric::l2
+                                           : kvsift::cuda::graph_metric::inner_product;
+  kvsift::cuda::graph_search_outputs out{di.get(),
+                                         ds.get(),
+                                         dc.get(),
+                                         degree > 0 ? dkept.get() : nullptr,
+                                         degree > 0 ? dkc.get() : nullptr,
+                                         dsc.get()};
+  kvsift::cuda::graph_search(g, dq.get(), static_cast<std::int64_t>(m), p, out, ws.get(), wb,
+                             nullptr);
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ids = di.download();
+  const auto scores = ds.download();
+  const auto counts = dc.download();
+  const auto kept = dkept.download();
+  const auto kept_counts = dkc.download();
+  const auto scored = dsc.download();
+
+  const flat_graph<M, T> cg{kv, &adj, width, entry};
+  const kvsift::view_store<T> store(kv);
+  kvsift::search_workspace cws;
+  std::vector<id_t> cid(Lz), ckept;
+  std::vector<float> csc(Lz), q(d), scratch;
+  std::vector<kvsift::scored_id> cands;
+  int bad = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    const id_t x = queries[i];
+    kvsift::detail::widen(kv.row(x), q.data(), d);
+    const auto s = kvsift::beam_search(cg, std::span<const float>(q), {Lz, Lz}, cws,
+                                       std::span<id_t>(cid), std::span<float>(csc));
+    bool same = counts[i] == s.count && scored[i] == s.distance_computations;
+    for (std::size_t j = 0; j < Lz && same; ++j) {
+      same = ids[i * Lz + j] == cid[j] && scores[i * Lz + j] == csc[j];
+    }
+    if (same && degree > 0) {
+      cands.clear();
+      for (std::size_t j = 0; j < s.count; ++j) {
+        if (cid[j] != x) cands.push_back({kvsift::to_key<M>(csc[j]), cid[j]});
+      }
+      kvsift::detail::rng_prune<kvsift::view_store<T>, M>(store, cands, degz, true, scratch, ckept);
+      same = kept_counts[i] == ckept.size() &&
+             std::equal(ckept.begin(), ckept.end(), kept.begin() + i * degz);
+    }
+    if (!same) {
+      if (bad == 0) {
+        std::printf("  query %zu (row %u): count %u vs %zu, scored %u vs %zu, first id %u vs %u\n",
+                    i, x, counts[i], s.count, scored[i], s.distance_computations, ids[i * Lz],
+                    cid[0]);
+      }
+      ++bad;
+    }
+  }
+  if (bad != 0) {
+    std::printf("  %s %s n=%zu d=%zu width=%zu L=%d degree=%d: %d of %zu queries differ\n",
+                std::is_same_v<M, kvsift::l2> ? "l2" : "ip", type_name<device_t<T>>(), n, d, width,
+                L, degree, bad, m);
+  }
+  return bad;
+}
+
+std::vector<id_t> iota_ids(std::size_t n) {
+  std::vector<id_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<id_t>(i);
+  return v;
+}
+
+// Random graphs of widths that are and are not multiples of 32, pools from 1 to larger than
+// the reachable set, both metrics, all element types; d = 24 is not a multiple of the 8-element
+// vector width of f16 loads, d = 16 is.
+TEST_CASE_CUDA(graph_search_matches_cpu_beam_search) {
+  const std::size_t n = 1500;
+  for (const std::size_t d : {std::size_t{16}, std::size_t{24}}) {
+    const auto kf = integer_matrix(n, d, 3);
+    for (const std::size_t width : {std::size_t{32}, std::size_t{45}, std::size_t{7}}) {
+      const auto adj = random_graph(n, width);
+      const auto queries = iota_ids(300);
+      for (const int L : {1, 16, 100, 700}) {
+        CHECK((compare_with_cpu<kvsift::l2, float>(kf, n, d, adj, width, 0, L, 0, queries)) == 0);
+        CHECK((compare_with_cpu<kvsift::inner_product, float>(kf, n, d, adj, width, 3, L, 0,
+                                                              queries)) == 0);
+      }
+      CHECK((compare_with_cpu<kvsift::l2, kvsift::half>(kf, n, d, adj, width, 0, 64, 0, queries)) ==
+            0);
+      CHECK((compare_with_cpu<kvsift::l2, kvsift::bfloat16>(kf, n, d, adj, width, 0, 64, 0,
+                                                            queries)) == 0);
+    }
+  }
+}
+
+// The pruned lists against rng_prune with fill, on a RoarGraph-built graph (the real use) and
+// on a random one; degrees below and above 32 (two rounds of kept ids per candidate).
+TEST_CASE_CUDA(graph_search_pruning_matches_rng_prune) {
+  const std::size_t n = 3000, d = 32;
+  const auto kf = integer_matrix(n, d, 4);
+  const auto qf = integer_matrix(400, d, 4);
+  kvsift::roargraph_params rp;
+  rp.nq = 40;
+  rp.M = 16;
+  rp.L = 64;
+  rp.threads = 2;
+  const kvsift::view_store<float> store(matrix_view<const float>(kf.data(), n, d));
+  const auto built =
+      kvsift::roargraph_builder<>(rp).build(store, matrix_view<const float>(qf.data(), 400, d));
+  const std::vector<id_t> adj(built.adjacency().begin(), built.adjacency().end());
+  const auto queries = iota_ids(n);
+  CHECK((compare_with_cpu<kvsift::l2, float>(kf, n, d, adj, built.max_degree(), built.entry_point(),
+                                             100, 16, queries)) == 0);
+  CHECK((compare_with_cpu<kvsift::l2, kvsift::half>(kf, n, d, adj, built.max_degree(),
+                                                    built.entry_point(), 200, 35, queries)) == 0);
+  const auto rnd = random_graph(n, 50);
+  CHECK((compare_with_cpu<kvsift::l2, float>(kf, n, d, rnd, 50, 0, 300, 64, iota_ids(500))) == 0);
+  CHECK((compare_with_cpu<kvsift::inner_product, float>(kf, n, d, rnd, 50, 0, 50, 5,
+                                                        iota_ids(500))) == 0);
+}
+
+// A small case for the race and sync checkers (compute-sanitizer racecheck / synccheck).
+TEST_CASE_CUDA(graph_search_small_for_sanitizers) {
+  const std::size_t n = 300, d = 16;
+  const auto kf = integer_matrix(n, d, 3);
+  const auto adj = random_graph(n, 40);
+  CHECK((compare_with_cpu<kvsift::l2, float>(kf, n, d, adj, 40, 0, 64, 16, iota_ids(64))) == 0);
+}
+
+// More queries than concurrently running searches (8192): warps loop over queries and reuse
+// their bitsets, which must be cleared between searches.
+TEST_CASE_CUDA(graph_search_more_queries_than_slots) {
+  const std::size_t n = 2000, d = 16;
+  const auto kf = integer_matrix(n, d, 3);
+  const auto adj = random_graph(n, 20);
+  std::vector<id_t> queries(9000);
+  for (std::size_t i = 0; i < queries.size(); ++i) queries[i] = static_cast<id_t>((i * 7) % n);
+  CHECK((compare_with_cpu<kvsift::l2, float>(kf, n, d, adj, 20, 0, 50, 8, queries)) == 0);
+}
+
+// The whole build with the CUDA engine (kNN and connectivity searches on the GPU) equals the
+// CPU build on integer data, id for id; and on real-valued data (kvsift::testing OOD keys) the
+// recall of the two graphs is the same within noise (knn_test.cu's graph test covers that).
+TEST_CASE_CUDA(connectivity_on_gpu_builds_the_cpu_graph) {
+  const std::size_t n = 4000, d = 32;
+  const auto kf = integer_matrix(n, d, 4);
+  const auto qf = integer_matrix(500, d, 4);
+  const kvsift::view_store<float> store(matrix_view<const float>(kf.data(), n, d));
+  const matrix_view<const float> train(qf.data(), 500, d);
+  for (const std::size_t batch : {std::size_t{1024}, std::size_t{300}}) {
+    kvsift::roargraph_params p;
+    p.nq = 50;
+    p.M = 16;
+    p.L = 100;
+    p.threads = 2;
+    p.batch = batch;
+    kvsift::roargraph_build_stats st_cpu, st_gpu;
+    const auto cpu = kvsift::roargraph_builder<>(p).build(store, train, &st_cpu);
+    const auto gpu =
+        kvsift::roargraph_builder<kvsift::inner_product, kvsift::cuda::knn_engine>(p).build(
+            store, train, &st_gpu);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < cpu.adjacency().size(); ++i) {
+      differ += cpu.adjacency()[i] != gpu.adjacency()[i];
+    }
+    if (differ != 0) std::printf("  batch %zu: %zu adjacency entries differ\n", batch, differ);
+    CHECK(differ == 0);
+    CHECK(cpu.entry_point() == gpu.entry_point());
+    CHECK(st_cpu.connectivity_distance_computations == st_gpu.connectivity_distance_computations);
+    // l2 builds use the same connectivity searches.
+    const auto cpu_l2 = kvsift::roargraph_builder<kvsift::l2>(p).build(store, train);
+    const auto gpu_l2 =
+        kvsift::roargraph_builder<kvsift::l2, kvsift::cuda::knn_engine>(p).build(store, train);
+    CHECK(std::ranges::equal(cpu_l2.adjacency(), gpu_l2.adjacency()));
+  }
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+TEST_CASE_CUDA(graph_search_rejects_bad_input) {
+  const std::size_t n = 64, d = 8, m = 4;
+  device_buffer<float> dk(n * d), ds(m * 16);
+  device_buffer<id_t> da(std::vector<id_t>(n * 8, kvsift::invalid_id));
+  device_buffer<id_t> dq(std::vector<id_t>{0, 1, 2, 3}), di(m * 16);
+  const std::size_t wb = kvsift::cuda::graph_search_workspace_size(n, m);
+  device_buffer<char> ws(wb);
+  const kvsift::cuda::device_graph<float> g{
+      dk.get(), std::int64_t(n), std::int64_t(d), std::int64_t(d), da.get(), 8, 0};
+  auto run = [&](kvsift::cuda::device_graph<float> gg, kvsift::cuda::graph_search_params p,
+                 kvsift::cuda::graph_search_outputs o, const id_t* q, void* w, std::size_t b) {
+    kvsift::cuda::graph_search(gg, q, std::int64_t(m), p, o, w, b, nullptr);
+  };
+  const kvsift::cuda::graph_search_outputs out{di.get(), ds.get()};
+  kvsift::cuda::graph_search_params p;
+  p.L = 16;
+  run(g, p, out, dq.get(), ws.get(), wb);  // valid
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  auto bad = [&](auto&& f, const char* part) {
+    const std::string msg = message_of(f);
+    if (!contains(msg, part)) std::printf("  got \"%s\", expected \"%s\"\n", msg.c_str(), part);
+    CHECK(contains(msg, part));
+  };
+  auto with = [&](auto change) {
+    auto gg = g;
+    auto pp = p;
+    auto oo = out;
+    const id_t* q = dq.get();
+    void* w = ws.get();
+    std::size_t b = wb;
+    change(gg, pp, oo, q, w, b);
+    return [=] { run(gg, pp, oo, q, w, b); };
+  };
+  bad(with([](auto&, auto& pp, auto&, auto&, auto&, auto&) { pp.L = 0; }), "1 <= L <= 1024");
+  bad(with([](auto&, auto& pp, auto&, auto&, auto&, auto&) { pp.L = 1025; }), "got 1025");
+  bad(with([](auto&, auto& pp, auto&, auto&, auto&, auto&) { pp.degree = 65; }), "degree <= 64");
+  bad(with([](auto& gg, auto&, auto&, auto&, auto&, auto&) { gg.width = 0; }), "width");
+  bad(with([](auto& gg, auto&, auto&, auto&, auto&, auto&) { gg.width = 257; }), "width");
+  bad(with([](auto& gg, auto&, auto&, auto&, auto&, auto&) { gg.entry = 64; }),
+      "expected an entry id < 64, got 64");
+  bad(with([](auto& gg, auto&, auto&, auto&, auto&, auto&) { gg.n = 0; }), "non-empty");
+  bad(with([](auto& gg, auto&, auto&, auto&, auto&, auto&) { gg.ld = 4; }), "row stride");
+  bad(with([](auto&, auto&, auto&, auto&, auto&, auto& b) { b -= 4; }), "too small");
+  bad(with([](auto&, auto&, auto& oo, auto&, auto&, auto&) { oo.kept = oo.ids; }),
+      "pruning outputs need degree > 0");
+  std::vector<id_t> host_q{0, 1, 2, 3};
+  const id_t* hq = host_q.data();
+  bad(with([&](auto&, auto&, auto&, auto& q, auto&, auto&) { q = hq; }), "host pointer");
+  bad(with([](auto&, auto&, auto&, auto& q, auto&, auto&) { q = nullptr; }), "is null");
+  CHECK_THROWS_AS(kvsift::cuda::graph_search_workspace_size(0, 4), kvsift::invalid_argument);
+  CHECK_THROWS_AS(kvsift::cuda::graph_search_workspace_size(4, 0), kvsift::invalid_argument);
+}
+
+TEST_CASE_CUDA(connectivity_searcher_rejects_bad_input) {
+  const std::size_t n = 50, d = 8;
+  auto kf = integer_matrix(n, d, 3);
+  const matrix_view<const float> kv(kf.data(), n, d);
+  using searcher = kvsift::cuda::connectivity_searcher<float>;
+  CHECK_THROWS_AS(searcher(matrix_view<const float>(kf.data(), 0, d), 8), kvsift::invalid_argument);
+  CHECK(contains(message_of([&] { searcher(kv, 0); }), "1 <= width <= 256, got 0"));
+  kf[9] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_AS(searcher(kv, 8), kvsift::non_finite_value);
+  kf[9] = 1;
+  searcher s(kv, 4);
+  std::vector<id_t> rows{3, 7}, flat(8, kvsift::invalid_id);
+  flat[0] = 1;
+  s.set_rows(rows, flat);  // valid
+  CHECK(contains(message_of([&] { s.set_rows(rows, std::span<const id_t>(flat).first(7)); }),
+                 "need 8 ids, got 7"));
+  rows[1] = 50;
+  CHECK_THROWS_AS(s.set_rows(rows, flat), kvsift::out_of_range);
+  rows[1] = 7;
+  flat[5] = 50;
+  CHECK(contains(message_of([&] { s.set_rows(rows, flat); }), "neighbour ids < 50"));
+  kvsift::connectivity_batch out;
+  CHECK(contains(message_of([&] { s.search(rows, 0, 0, 4, out); }), "1 <= L <= 1024, got 0"));
+  CHECK(contains(message_of([&] { s.search(rows, 0, 8, 0, out); }), "1 <= degree <= 64"));
+  CHECK_THROWS_AS(s.search(rows, 50, 8, 4, out), kvsift::out_of_range);
+  rows[0] = 99;
+  CHECK_THROWS_AS(s.search(rows, 0, 8, 4, out), kvsift::out_of_range);
+  // A valid search over the one stored edge: row 3 searches from entry 3, reaching 1.
+  rows = {3};
+  s.search(rows, 3, 8, 4, out);
+  CHECK(out.counts.size() == 1 && out.counts[0] == 1 && out.kept[0] == 1);
+  CHECK(out.scored == 2);
+}
+
+}  // namespace
