@@ -7,7 +7,8 @@
 // round differently from the CPU engine's f32 ones, see knn.cuh).
 //
 // Usage: kvsift-cuda-knn_bench [--m 131072] [--n 131072] [--d 128] [--k 100]
-//                              [--cpu-queries 2048] [--threads 0]
+//                              [--cpu-queries 2048] [--threads 0] [--query-tile 8192]
+//                              [--key-tile 8192] [--sweep 0|1]
 
 #include <chrono>
 #include <cstdio>
@@ -33,6 +34,8 @@ using kvsift::matrix_view;
 
 struct options {
   std::size_t m = 131072, n = 131072, d = 128, k = 100, cpu_queries = 2048, threads = 0;
+  std::size_t query_tile = 8192, key_tile = 8192;  // knn_policy
+  std::size_t sweep = 0;  // 1: only f16 at k, over several tile shapes, then exit
 };
 
 options parse(int argc, char** argv) {
@@ -42,7 +45,10 @@ options parse(int argc, char** argv) {
       {kvsift::cuda_bench::size_option("--m", o.m), kvsift::cuda_bench::size_option("--n", o.n),
        kvsift::cuda_bench::size_option("--d", o.d), kvsift::cuda_bench::size_option("--k", o.k),
        kvsift::cuda_bench::size_option("--cpu-queries", o.cpu_queries),
-       kvsift::cuda_bench::size_option("--threads", o.threads)});
+       kvsift::cuda_bench::size_option("--threads", o.threads),
+       kvsift::cuda_bench::size_option("--query-tile", o.query_tile),
+       kvsift::cuda_bench::size_option("--key-tile", o.key_tile),
+       kvsift::cuda_bench::size_option("--sweep", o.sweep)});
   return o;
 }
 
@@ -66,7 +72,8 @@ void time_gpu(const char* name, const kvsift::testing::ood_data& data, const opt
   float* ds = nullptr;
   id_t* di = nullptr;
   void* ws = nullptr;
-  const kvsift::cuda::knn_policy policy{};
+  const kvsift::cuda::knn_policy policy{static_cast<std::int64_t>(o.query_tile),
+                                        static_cast<std::int64_t>(o.key_tile)};
   const std::size_t bytes = kvsift::cuda::knn_workspace_size(o.m, o.n, k, policy);
   KVSIFT_CUDA_CHECK(cudaMalloc(&dq, q.size() * sizeof(T)));
   KVSIFT_CUDA_CHECK(cudaMalloc(&dk, keys.size() * sizeof(T)));
@@ -99,9 +106,9 @@ void time_gpu(const char* name, const kvsift::testing::ood_data& data, const opt
       stream, 1, 5);
   const double tflops = 2.0 * o.m * o.n * o.d / (knn_ms * 1e-3) / 1e12;
   std::printf(
-      "gpu knn %-4s m=%zu n=%zu d=%zu k=%d: %8.2f ms (%.0f TFLOP/s effective) | GEMM alone "
-      "%8.2f ms | selection overhead x%.2f of GEMM | workspace %.0f MiB\n",
-      name, o.m, o.n, o.d, k, knn_ms, tflops, gemm_ms, knn_ms / gemm_ms,
+      "gpu knn %-4s m=%zu n=%zu d=%zu k=%d tiles %zux%zu: %8.2f ms (%.0f TFLOP/s effective) | "
+      "GEMM alone %8.2f ms | selection overhead x%.2f of GEMM | workspace %.0f MiB\n",
+      name, o.m, o.n, o.d, k, o.query_tile, o.key_tile, knn_ms, tflops, gemm_ms, knn_ms / gemm_ms,
       static_cast<double>(bytes) / (1 << 20));
   if (ids_out != nullptr) {
     ids_out->resize(o.m * k);
@@ -130,6 +137,21 @@ int main(int argc, char** argv) {
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
   const int k = static_cast<int>(o.k);
   std::vector<id_t> gpu_ids;
+  if (o.sweep != 0) {
+    // Tile shapes. Smaller key tiles (a score tile that fits the 50 MB L2) were measured
+    // slower: per (row, key tile) the merge reloads the running top-k and re-derives its
+    // threshold, and that fixed cost dominates the HBM round trip it saves.
+    const std::size_t shapes[][2] = {{8192, 8192},  {8192, 2048},  {2048, 4096},  {4096, 16384},
+                                     {2048, 32768}, {1024, 65536}, {512, 131072}, {8192, 16384}};
+    for (const auto& sh : shapes) {
+      options t = o;
+      t.query_tile = sh[0];
+      t.key_tile = sh[1];
+      time_gpu<kvsift::half>("f16", data, t, k, setup.stream, h, nullptr);
+    }
+    cublasDestroy(h);
+    return 0;
+  }
   time_gpu<kvsift::half>("f16", data, o, k, setup.stream, h, &gpu_ids);
   time_gpu<kvsift::bfloat16>("bf16", data, o, k, setup.stream, h, nullptr);
   time_gpu<float>("f32", data, o, k, setup.stream, h, nullptr);
