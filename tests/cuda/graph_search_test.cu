@@ -280,17 +280,6 @@ TEST_CASE_CUDA(connectivity_on_gpu_builds_the_cpu_graph) {
   }
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
-
-bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
-
 TEST_CASE_CUDA(graph_search_rejects_bad_input) {
   const std::size_t n = 64, d = 8, m = 4;
   device_buffer<float> dk(n * d), ds(m * 16);

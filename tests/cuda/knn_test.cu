@@ -150,17 +150,6 @@ TEST_CASE_CUDA(knn_device_views_with_stride) {
   cublasDestroy(h);
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
-
-bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
-
 TEST_CASE_CUDA(knn_engine_rejects_bad_input) {
   const std::size_t n = 40, d = 8;
   auto qf = integer_matrix(5, d, 3);

@@ -1,18 +1,36 @@
 #pragma once
-// Helpers shared by the CUDA tests: an owning device buffer, element conversions, an RNG.
+// Helpers shared by the CUDA tests: exception messages, an owning device buffer, element
+// conversions, an RNG.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <exception>
+#include <functional>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda_test {
+
+/// The message of the exception `f` throws, or "(no exception)".
+inline std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+inline bool contains(const std::string& s, const char* part) {
+  return s.find(part) != std::string::npos;
+}
 
 /// Owning device allocation of n elements (cudaMalloc: 256-byte aligned).
 template <class T>
