@@ -35,14 +35,8 @@ using namespace kvsift::cuda_test;
 using kvsift::id_t;
 using kvsift::matrix_view;
 
-std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int range) {
-  std::vector<float> v(rows * d);
-  for (auto& x : v) x = static_cast<float>(uniform_int(-range, range));
-  return v;
-}
-
 /// A random graph: each row holds a random number (0..width) of distinct ids != its own,
-/// padded with invalid_id; row 0 links to 1..min(width, n-1) so the walk gets going.
+/// padded with invalid_id (so some walks end at once: an entry without neighbours).
 std::vector<id_t> random_graph(std::size_t n, std::size_t width) {
   std::vector<id_t> adj(n * width, kvsift::invalid_id);
   for (std::size_t i = 0; i < n; ++i) {

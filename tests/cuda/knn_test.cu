@@ -39,13 +39,6 @@ using kvsift::half;
 using kvsift::id_t;
 using kvsift::matrix_view;
 
-/// rows x d integers in [-range, range], as f32.
-std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int range) {
-  std::vector<float> v(rows * d);
-  for (auto& x : v) x = static_cast<float>(uniform_int(-range, range));
-  return v;
-}
-
 /// v as element type T (kvsift::convert over a one-column view).
 template <class T>
 std::vector<T> convert(const std::vector<float>& v) {

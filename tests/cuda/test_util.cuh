@@ -139,4 +139,12 @@ inline int uniform_int(int lo, int hi) {  // inclusive
   return std::uniform_int_distribution<int>(lo, hi)(rng());
 }
 
+/// rows x d integers in [-range, range], as f32 (exact in f32, f16 and bf16 for small ranges,
+/// and so are their dot products and squared distances for small d).
+inline std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int range) {
+  std::vector<float> v(rows * d);
+  for (auto& x : v) x = static_cast<float>(uniform_int(-range, range));
+  return v;
+}
+
 }  // namespace kvsift::cuda_test
