@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <random>
@@ -137,6 +138,25 @@ inline float uniform(float lo, float hi) {
 
 inline int uniform_int(int lo, int hi) {  // inclusive
   return std::uniform_int_distribution<int>(lo, hi)(rng());
+}
+
+/// Calls `check(stream)` with a stream created on device 1 while device 0 is current (wrappers
+/// must reject it). Constructing one needs two GPUs: on one, says so and returns false.
+template <class F>
+bool with_foreign_stream(F&& check) {
+  int devices = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices < 2) {
+    std::printf("  (one device: the foreign-stream check is not exercised)\n");
+    return false;
+  }
+  cudaStream_t other = nullptr;
+  KVSIFT_CUDA_CHECK(cudaSetDevice(1));
+  KVSIFT_CUDA_CHECK(cudaStreamCreate(&other));
+  KVSIFT_CUDA_CHECK(cudaSetDevice(0));
+  check(other);
+  KVSIFT_CUDA_CHECK(cudaStreamDestroy(other));
+  return true;
 }
 
 /// rows x d integers in [-range, range], as f32 (exact in f32, f16 and bf16 for small ranges,
