@@ -91,7 +91,7 @@ void print_stats(const char* what, const kvsift::roargraph_build_stats& s, std::
   if (n == 0) return;
   std::printf(
       "  connectivity: searches (or key kNN) + pruning %.3f s, merging %.3f s, repair %.3f s; "
-      "per key %.0f vectors scored by the search, %.0f pairs by the pruning\n",
+      "per key %.0f vectors scored by the search, %.0f pairs by the pruning (CPU only)\n",
       s.connectivity_search_seconds, s.connectivity_merge_seconds, s.repair_seconds,
       static_cast<double>(s.connectivity_distance_computations) / static_cast<double>(n),
       static_cast<double>(s.connectivity_prune_distance_computations) / static_cast<double>(n));

@@ -89,8 +89,10 @@ struct roargraph_build_stats {
   double connectivity_search_seconds = 0;  ///< the parallel searches and RNG pruning
   double connectivity_merge_seconds = 0;   ///< edge merging and re-pruning of full lists
   double repair_seconds = 0;               ///< reachability repair
-  std::size_t connectivity_distance_computations = 0;        ///< vectors scored by the searches
-  std::size_t connectivity_prune_distance_computations = 0;  ///< pairs scored by their pruning
+  std::size_t connectivity_distance_computations = 0;  ///< vectors scored by the searches
+  /// Pairs scored by their pruning; counted by the CPU searches only (0 when the engine runs
+  /// them: the GPU scores a warp of kept ids at once, which is not the same count).
+  std::size_t connectivity_prune_distance_computations = 0;
 };
 
 /// Where a long build stands, passed to a progress callback after every step. For one build
