@@ -59,7 +59,7 @@ struct roargraph_params {
   /// graph grows from few keys as incremental insertion does. The graph depends on this
   /// value and on `seed`, never on the thread count. Each round ends with a merge whose cost
   /// does not shrink with the round size, so larger rounds build faster: on 131072 OOD keys
-  /// (H100 host, 16 threads, step 3 on the GPU) 8192 built in 2.54 s against 4.91 s with 1024,
+  /// (H100 host, 16 threads, step 3 on the GPU) 8192 built in 2.07 s against 3.92 s with 1024,
   /// at recall@100 +0.0011 / +0.0004 / -0.0003 at search pools 100 / 200 / 400.
   std::size_t batch = 8192;
   std::uint64_t seed = 2024;  ///< order of the connectivity rounds

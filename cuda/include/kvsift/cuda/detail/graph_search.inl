@@ -1,9 +1,10 @@
 #pragma once
 // Kernel and host dispatch behind <kvsift/cuda/graph_search.cuh> (internal).
 //
-// One warp runs one search. Its shared memory holds the query (f32), two pool buffers of L
-// entries (a merge writes the other one, so no lane overwrites what another still reads), the
-// expansion's fresh neighbours and their sorted survivors, and the pruning's kept list. The
+// One warp runs one search. Its shared memory holds the query (f32), the pool of L entries,
+// the expansion's fresh neighbours and their sorted survivors, and the pruning's kept and
+// dropped lists. The pool is merged in place (see the merge below), which keeps a warp's
+// shared memory near 6 KiB at L = 500 so that 36 warps fit an SM (registers allow 36). The
 // visited set is a bitset of n bits per concurrently running warp, in global memory (L2 in
 // practice), cleared before each search. Every step is warp-synchronous: a candidate is scored
 // by one lane (lane-per-vector keeps up to 32 row reads in flight, which is what a
@@ -167,11 +168,11 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
   if (slot >= slots) return;  // warp-level only: the kernel has no block barrier
   unsigned char* base = gs_smem + static_cast<std::size_t>(warp) * lay.warp_bytes;
   float* q = reinterpret_cast<float*>(base);
-  gs_entry* const pa = reinterpret_cast<gs_entry*>(q + lay.d_pad);
-  gs_entry* const pb = pa + L;
-  gs_entry* const inc = pb + L;
+  gs_entry* const pool = reinterpret_cast<gs_entry*>(q + lay.d_pad);
+  gs_entry* const inc = pool + L;
   gs_entry* const srt = inc + g.width;
   std::uint32_t* const kept = reinterpret_cast<std::uint32_t*>(srt + g.width);
+  std::uint32_t* const dropped = kept + max(degree, 1);
   std::uint32_t* const visited = visited_all + static_cast<std::size_t>(slot) * words;
   constexpr unsigned full = 0xffffffffu;
   const unsigned lower_lanes = (1u << lane) - 1u;
@@ -186,8 +187,6 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
     for (int j = lane; j < d; j += 32) q[j] = to_f32(row_of(self)[j]);
     __syncwarp();
 
-    gs_entry* pool = pa;
-    gs_entry* other = pb;
     if (lane == 0) {
       atomicOr(&visited[g.entry >> 5], 1u << (g.entry & 31u));
       pool[0] = {gs_key<L2>(gs_score<L2>(q, row_of(g.entry), d, vec)), g.entry};
@@ -264,21 +263,35 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
       }
       __syncwarp();
 
-      // Merge pool and survivors into `other`, keeping the L best.
-      for (int i = lane; i < cnt; i += 32) {
-        const gs_entry e = pool[i];
-        const int pos = i + gs_count_better(srt, keep_n, e.key, e.id);
-        if (pos < L) other[pos] = e;
-      }
+      // Merge the survivors into the pool in place, keeping the L best. Final positions come
+      // from binary searches in the other sorted list; the survivors' are computed first (in
+      // inc, no longer needed), while the pool is intact. A pool entry only moves up (to i +
+      // the survivors ranking before it), so chunks of 32 entries are moved from the last chunk
+      // down, each read whole before any lane writes: a write lands in the chunk itself or in
+      // chunks already moved, never on an entry not yet read. Final positions are distinct, so
+      // the survivors' writes come last without clobbering moved entries.
       for (int j = lane; j < keep_n; j += 32) {
-        const gs_entry e = srt[j];
-        const int pos = j + gs_count_better(pool, cnt, e.key, e.id);
-        if (pos < L) other[pos] = e;
+        inc[j].id =
+            static_cast<std::uint32_t>(j + gs_count_better(pool, cnt, srt[j].key, srt[j].id));
       }
       __syncwarp();
-      gs_entry* const t = pool;
-      pool = other;
-      other = t;
+      for (int c0 = (cnt - 1) / 32 * 32; c0 >= 0; c0 -= 32) {
+        const int i = c0 + lane;
+        gs_entry e{};
+        int pos = L;
+        if (i < cnt) {
+          e = pool[i];
+          pos = i + gs_count_better(srt, keep_n, e.key, e.id);
+        }
+        __syncwarp();
+        if (pos < L) pool[pos] = e;
+        __syncwarp();
+      }
+      for (int j = lane; j < keep_n; j += 32) {
+        const int pos = static_cast<int>(inc[j].id);
+        if (pos < L) pool[pos] = srt[j];
+      }
+      __syncwarp();
       cnt = min(L, cnt + keep_n);
     }
 
@@ -301,8 +314,8 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
     if (degree > 0) {
       // RNG pruning around the query key (rng_prune with fill): walk the pool best first; a
       // candidate is dropped if some kept id is closer to it than the query is. Lanes split
-      // the kept ids; dropped ids are remembered in rank order in the free pool buffer.
-      std::uint32_t* const dropped = reinterpret_cast<std::uint32_t*>(other);
+      // the kept ids. The fill takes dropped ids in rank order, at most `degree` of them, so
+      // only the first `degree` are remembered.
       int nk = 0, nd = 0;
       for (int i = 0; i < cnt && nk < degree; ++i) {
         const std::uint32_t c = pool[i].id & ~gs_expanded;
@@ -317,10 +330,10 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
           drop = __any_sync(full, closer);
         }
         if (lane == 0) {
-          if (drop) {
-            dropped[nd] = c;
-          } else {
+          if (!drop) {
             kept[nk] = c;
+          } else if (nd < degree) {
+            dropped[nd] = c;
           }
         }
         if (drop) {
@@ -330,7 +343,7 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
         }
         __syncwarp();
       }
-      for (int i = 0; i < nd && nk < degree; ++i, ++nk) {
+      for (int i = 0; i < min(nd, degree) && nk < degree; ++i, ++nk) {
         if (lane == 0) kept[nk] = dropped[i];
       }
       __syncwarp();
