@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,11 @@
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda_bench {
+
+/// Wall-clock seconds since `t0` (host-side phases: data generation, whole builds).
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 /// One "--name value" command-line option and how it sets its field.
 struct option_spec {

@@ -43,6 +43,8 @@
 
 namespace {
 
+using kvsift::cuda_bench::seconds_since;
+
 using kvsift::id_t;
 using kvsift::matrix_view;
 using store_t = kvsift::view_store<float>;
@@ -113,10 +115,6 @@ double recall_at(const G& g, matrix_view<const float> eval, const kvsift::knn_re
     }
   }
   return static_cast<double>(hit) / static_cast<double>(eval.rows() * k);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace

@@ -29,6 +29,8 @@
 
 namespace {
 
+using kvsift::cuda_bench::seconds_since;
+
 using kvsift::id_t;
 using kvsift::matrix_view;
 
@@ -57,10 +59,6 @@ template <class T>
 std::vector<T> convert(const std::vector<float>& v) {
   const auto m = kvsift::convert<T>(matrix_view<const float>(v.data(), v.size(), 1));
   return {m.data(), m.data() + m.size()};
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 /// GPU timings of one element type: knn() and the GEMM-only baseline, median of CUDA events.

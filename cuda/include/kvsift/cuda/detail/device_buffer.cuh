@@ -1,11 +1,13 @@
 #pragma once
 // Small host-side helpers shared by the CUDA wrappers (internal): a scoped current-device
-// switch and a grow-only device allocation.
+// switch, a grow-only device allocation, and the checks that a stream and pointers belong to
+// the current device.
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 
+#include <kvsift/core/error.hpp>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda::detail {
@@ -45,5 +47,27 @@ struct grow_buffer {
     bytes = 0;
   }
 };
+
+/// Throws unless `stream` is a default stream or one of `device`; `who` prefixes the message.
+inline void require_stream_on(cudaStream_t stream, int device, const char* who) {
+  // The default stream handles (0, legacy, per-thread) always mean the current device.
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+  int stream_device = 0;
+  KVSIFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
+  kvsift::detail::require(stream_device == device, who, ": the stream belongs to device ",
+                          stream_device, ", expected the current device ", device);
+}
+
+/// Throws unless `p` is device (or managed) memory of `device`; `who` prefixes the message.
+inline void require_device_pointer(const void* p, int device, const char* who, const char* what) {
+  kvsift::detail::require(p != nullptr, who, ": ", what, " is null");
+  cudaPointerAttributes attr{};
+  KVSIFT_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+  kvsift::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+                          who, ": ", what, " must be device memory, got a host pointer");
+  kvsift::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device, who, ": ",
+                          what, " lives on device ", attr.device, ", expected the current device ",
+                          device);
+}
 
 }  // namespace kvsift::cuda::detail

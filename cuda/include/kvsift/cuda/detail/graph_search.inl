@@ -372,17 +372,6 @@ __global__ void gs_scatter_rows_kernel(Id* adjacency, int width, const Id* rows,
   }
 }
 
-inline void require_graph_pointer(const void* p, int device, const char* what) {
-  kvsift::detail::require(p != nullptr, "graph_search: ", what, " is null");
-  cudaPointerAttributes attr{};
-  KVSIFT_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
-  kvsift::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
-                          "graph_search: ", what, " must be device memory, got a host pointer");
-  kvsift::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device,
-                          "graph_search: ", what, " lives on device ", attr.device,
-                          ", expected the current device ", device);
-}
-
 }  // namespace kvsift::cuda::detail
 
 namespace kvsift::cuda {
@@ -424,21 +413,16 @@ void graph_search(const device_graph<T>& g, const id_t* query_rows, std::int64_t
           " bytes is too small, expected >= ", need);
   int device = 0;
   KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
-  if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
-    int stream_device = 0;
-    KVSIFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
-    require(stream_device == device, "graph_search: the stream belongs to device ", stream_device,
-            ", expected the current device ", device);
-  }
-  detail::require_graph_pointer(g.keys, device, "keys");
-  detail::require_graph_pointer(g.adjacency, device, "adjacency");
-  detail::require_graph_pointer(query_rows, device, "query rows");
-  detail::require_graph_pointer(workspace, device, "workspace");
+  detail::require_stream_on(stream, device, "graph_search");
+  detail::require_device_pointer(g.keys, device, "graph_search", "keys");
+  detail::require_device_pointer(g.adjacency, device, "graph_search", "adjacency");
+  detail::require_device_pointer(query_rows, device, "graph_search", "query rows");
+  detail::require_device_pointer(workspace, device, "graph_search", "workspace");
   for (const void* o :
        {static_cast<const void*>(out.ids), static_cast<const void*>(out.scores),
         static_cast<const void*>(out.counts), static_cast<const void*>(out.kept),
         static_cast<const void*>(out.kept_counts), static_cast<const void*>(out.scored)}) {
-    if (o != nullptr) detail::require_graph_pointer(o, device, "an output");
+    if (o != nullptr) detail::require_device_pointer(o, device, "graph_search", "an output");
   }
 
   const detail::gs_layout lay = detail::gs_shared_layout(g.d, p.L, g.width, p.degree);

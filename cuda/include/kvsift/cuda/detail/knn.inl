@@ -248,18 +248,6 @@ inline knn_layout knn_workspace_layout(std::int64_t m, std::int64_t n, int k, co
   return l;
 }
 
-/// Throws unless `p` is device (or managed) memory of `device`.
-inline void require_device_pointer(const void* p, int device, const char* what) {
-  kvsift::detail::require(p != nullptr, "knn: ", what, " is null");
-  cudaPointerAttributes attr{};
-  KVSIFT_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
-  kvsift::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
-                          "knn: ", what, " must be device memory, got a host pointer");
-  kvsift::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device,
-                          "knn: ", what, " lives on device ", attr.device,
-                          ", expected the current device ", device);
-}
-
 }  // namespace kvsift::cuda::detail
 
 namespace kvsift::cuda {
@@ -289,18 +277,12 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   kvsift::detail::require(handle != nullptr, "knn: cuBLAS handle is null");
   int device = 0;
   KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
-  // The default stream handles (0, legacy, per-thread) always mean the current device.
-  if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
-    int stream_device = 0;
-    KVSIFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
-    kvsift::detail::require(stream_device == device, "knn: the stream belongs to device ",
-                            stream_device, ", expected the current device ", device);
-  }
-  detail::require_device_pointer(queries.data(), device, "queries");
-  detail::require_device_pointer(keys.data(), device, "keys");
-  detail::require_device_pointer(out_scores, device, "out_scores");
-  detail::require_device_pointer(out_ids, device, "out_ids");
-  detail::require_device_pointer(workspace, device, "workspace");
+  detail::require_stream_on(stream, device, "knn");
+  detail::require_device_pointer(queries.data(), device, "knn", "queries");
+  detail::require_device_pointer(keys.data(), device, "knn", "keys");
+  detail::require_device_pointer(out_scores, device, "knn", "out_scores");
+  detail::require_device_pointer(out_ids, device, "knn", "out_ids");
+  detail::require_device_pointer(workspace, device, "knn", "workspace");
 
   auto* scores = static_cast<float*>(workspace);
   auto* best = reinterpret_cast<detail::rank_key*>(static_cast<char*>(workspace) + l.scores_bytes);
