@@ -7,6 +7,7 @@
 #include "kvsift/attention/quality.hpp"
 #include "kvsift/attention/sparse_attention.hpp"
 #include "kvsift/core/candidate_pool.hpp"
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/dense_matrix.hpp"
 #include "kvsift/core/element.hpp"
 #include "kvsift/core/error.hpp"
