@@ -77,6 +77,12 @@ struct roargraph_params {
   /// equals the CPU-built one up to floating-point summation order in the scores. The engine
   /// may limit L and M (the CUDA engine: L <= 1024, M <= 64) and throws beyond them.
   bool engine_connectivity = true;
+  // --- experimental (issue 13 ablations) ---
+  bool pool_pivots = true;             ///< pool the candidates of all queries sharing a pivot
+  bool keep_projection_edges = false;  ///< final rows: projection edges, then step-3 edges
+  bool connectivity_fill = true;       ///< fill step-3 pruned lists up to their degree
+  std::size_t max_degree = 0;          ///< 0 = 2M
+  bool query_entry = false;            ///< entry = the key most often a query's best
 };
 
 /// Wall-clock seconds per phase of the last build.
@@ -195,7 +201,11 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 /// engine is not thread-safe (the CPU engine is).
 template <Metric M = inner_product, KnnEngine Engine = cpu_knn_engine>
 class roargraph_builder {
+#ifdef KVSIFT_EXP_KM
+  using KM = KVSIFT_EXP_KM;
+#else
   using KM = l2;
+#endif
 
  public:
   /// Uses a default-constructed engine; the CPU engine gets `params.threads`.
@@ -332,10 +342,23 @@ class roargraph_builder {
     st.projection_seconds = detail::seconds_since(t1);
     report("projection");
 
-    const id_t entry = centroid_entry(keys);
+    const id_t entry = params_.query_entry ? pivot_mode(knn, n) : centroid_entry(keys);
+    detail::adjacency_lists proj;
+    if (params_.keep_projection_edges) proj = adj;
     t1 = std::chrono::steady_clock::now();
     if (params_.connectivity) {
       enhance(store, adj, entry, st, [&] { report("connectivity"); });
+      if (params_.keep_projection_edges) {
+        const std::size_t R = degree_cap();
+        for (std::size_t i = 0; i < n; ++i) {
+          std::vector<id_t> row = proj.rows[i];
+          for (id_t y : adj.rows[i]) {
+            if (row.size() >= R) break;
+            if (std::find(row.begin(), row.end(), y) == row.end()) row.push_back(y);
+          }
+          adj.rows[i] = std::move(row);
+        }
+      }
       const auto t2 = std::chrono::steady_clock::now();
       repair_reachability(store, adj, entry);
       st.repair_seconds = detail::seconds_since(t2);
@@ -343,7 +366,7 @@ class roargraph_builder {
     }
     st.connectivity_seconds = detail::seconds_since(t1);
 
-    const std::size_t R = 2 * params_.M;
+    const std::size_t R = degree_cap();
     std::vector<id_t> flat(n * R, invalid_id);
     for (std::size_t i = 0; i < n; ++i) {
       std::copy_n(adj.rows[i].begin(), std::min(R, adj.rows[i].size()), flat.begin() + i * R);
@@ -399,6 +422,7 @@ class roargraph_builder {
     for (std::size_t qi = 0; qi < knn.rows; ++qi) {
       const auto ids = knn.row_ids(qi);
       const id_t pivot = ids[0];
+      if (!params_.pool_pivots && !pooled[pivot].empty()) continue;
       for (std::size_t j = 1; j < ids.size() && ids[j] != invalid_id; ++j) {
         pooled[pivot].push_back(ids[j]);
       }
@@ -451,7 +475,7 @@ class roargraph_builder {
                roargraph_build_stats& st, OnRound&& on_round) const {
     if constexpr (ConnectivityEngine<Engine, typename Store::value_type>) {
       if (params_.engine_connectivity && params_.connectivity_knn == 0 && store.size() > 1) {
-        auto searcher = engine_.make_connectivity_searcher(store.view(), 2 * params_.M);
+        auto searcher = engine_.make_connectivity_searcher(store.view(), degree_cap());
         enhance_rounds(store, adj, entry, st, on_round, &searcher);
         return;
       }
@@ -463,7 +487,8 @@ class roargraph_builder {
   void enhance_rounds(const Store& store, detail::adjacency_lists& adj, id_t entry,
                       roargraph_build_stats& st, OnRound& on_round, Searcher* searcher) const {
     constexpr bool on_engine = !std::is_same_v<Searcher, detail::no_searcher>;
-    const std::size_t n = store.size(), R = 2 * params_.M;
+    const std::size_t n = store.size(), R = degree_cap();
+    const bool fill = params_.connectivity_fill;
     const std::size_t L = std::min(params_.L, n);
     const detail::building_graph<Store, KM> g{store, adj, entry};
     knn_result near;
@@ -530,7 +555,7 @@ class roargraph_builder {
                 for (const id_t y : near.row_ids(x)) {
                   if (y != x && y != invalid_id) b.cands.push_back({ps.key(y), y});
                 }
-                detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i],
+                detail::rng_prune<Store, KM>(store, b.cands, params_.M, fill, scratch[t], supply[i],
                                              &pruned[t]);
                 return;
               }
@@ -544,7 +569,7 @@ class roargraph_builder {
               for (std::size_t j = 0; j < s.count; ++j) {
                 if (b.ids[j] != x) b.cands.push_back({to_key<KM>(b.scores[j]), b.ids[j]});
               }
-              detail::rng_prune<Store, KM>(store, b.cands, params_.M, true, scratch[t], supply[i],
+              detail::rng_prune<Store, KM>(store, b.cands, params_.M, fill, scratch[t], supply[i],
                                            &pruned[t]);
             },
             // One key per grab: a search takes ~2 ms at L = 500, so grabbing 8 left threads idle
@@ -588,7 +613,7 @@ class roargraph_builder {
               if (y != x && std::find(row.begin(), row.end(), y) == row.end()) row.push_back(y);
             }
             pend_count[x] = 0;
-            if (row.size() > R) row = prune_around(store, x, row, R, true, scratch[t]);
+            if (row.size() > R) row = prune_around(store, x, row, R, fill, scratch[t]);
           },
           16);
       if constexpr (on_engine) upload_rows(*searcher, adj, touched, R, flat, threads);
@@ -625,7 +650,7 @@ class roargraph_builder {
   // cut off another key, so repeat until nothing is unreachable (bounded; each pass is BFS).
   template <MatrixStore Store>
   void repair_reachability(const Store& store, detail::adjacency_lists& adj, id_t entry) const {
-    const std::size_t n = store.size(), R = 2 * params_.M;
+    const std::size_t n = store.size(), R = degree_cap();
     const std::size_t L = std::min(params_.L, n);
     const detail::building_graph<Store, KM> g{store, adj, entry};
     search_workspace ws;
@@ -690,6 +715,13 @@ class roargraph_builder {
     return kept;
   }
 
+  // The key that is the best key of the most training queries (ties: lower id).
+  static id_t pivot_mode(const knn_result& knn, std::size_t n) {
+    std::vector<std::uint32_t> count(n, 0);
+    for (std::size_t qi = 0; qi < knn.rows; ++qi) ++count[knn.row_ids(qi)[0]];
+    return static_cast<id_t>(std::max_element(count.begin(), count.end()) - count.begin());
+  }
+
   // Step 4: the key nearest (Euclidean) to the key centroid.
   template <Element T>
   static id_t centroid_entry(matrix_view<const T> keys) {
@@ -722,6 +754,10 @@ class roargraph_builder {
     } else {
       return Engine{};
     }
+  }
+
+  std::size_t degree_cap() const {
+    return params_.max_degree == 0 ? 2 * params_.M : params_.max_degree;
   }
 
   std::size_t thread_count() const {

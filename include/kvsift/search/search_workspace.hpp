@@ -30,6 +30,7 @@ class search_workspace {
   std::vector<scored_id> list;      ///< DIPR: scored candidates
   std::vector<scored_id> frontier;  ///< DIPR: max-heap of in-range candidates
   std::vector<float> query;         ///< a widened vector (builders search with stored keys)
+  std::vector<id_t> fresh;          ///< beam search: unvisited neighbours of one expansion
 };
 
 }  // namespace kvsift

@@ -36,8 +36,23 @@ template <class Graph, Predicate P, class Visit>
 void expand(const Graph& g, id_t u, const P& pred, search_workspace& ws, Visit&& visit) {
   const auto nbrs = g.neighbors(u);
   if constexpr (std::is_same_v<P, no_filter>) {
-    for (id_t v : nbrs) {
-      if (ws.visited.try_insert(v)) visit(v);
+    if constexpr (requires { g.prefetch(u); }) {
+      // Two passes: first the visited-set tests (cheap, cached), prefetching each fresh
+      // neighbour's row, then the scoring. The rows of one expansion are then in flight
+      // together instead of one cache miss at a time.
+      auto& fresh = ws.fresh;
+      fresh.clear();
+      for (id_t v : nbrs) {
+        if (ws.visited.try_insert(v)) {
+          g.prefetch(v);
+          fresh.push_back(v);
+        }
+      }
+      for (id_t v : fresh) visit(v);
+    } else {
+      for (id_t v : nbrs) {
+        if (ws.visited.try_insert(v)) visit(v);
+      }
     }
   } else {
     const std::size_t cap = nbrs.size();
