@@ -324,3 +324,34 @@ def test_out_of_range_integers_at_each_entry_point(data, graph):
         ks.Planner(short_context=-1)
     with pytest.raises(ks.InvalidArgument):
         ks.Planner().plan(-5)
+
+
+def test_remaining_entry_points_bad_input(data, graph):
+    keys, queries = data
+    block = ks.BlockIndex(keys, 4)
+    q = queries[0].copy()
+    q[0] = np.nan
+    with pytest.raises(ks.NonFiniteValue):
+        block.dipr(q, 1.0)
+    with pytest.raises(ks.DimensionMismatch):
+        block.dipr(queries[0, :3], 1.0)
+    with pytest.raises(ks.InvalidArgument, match="native byte order"):
+        block.dipr(queries[0].astype(">f4"), 1.0)
+    with pytest.raises(ks.OutOfRange):
+        block.bounds(queries[0], 10**6)
+    with pytest.raises(ks.OutOfRange):
+        block.bounds(queries[0], -1)
+    with pytest.raises(TypeError):
+        ks.IdBelow(2**64)
+    with pytest.raises(TypeError):
+        ks.IdRange(-1, 3)
+    with pytest.raises(ks.OutOfRange):
+        ks.FlatIndex(keys).topk(queries[0], 3, filter=ks.IdBelow(2**62))
+    with pytest.raises(ks.InvalidArgument):
+        ks.Planner().gpu_bytes("no-such-index", 100)
+    with pytest.raises(ks.InvalidArgument):
+        ks.sample_gqa_queries([queries, queries[:, :5]], 0.5)
+    with pytest.raises(ks.InvalidArgument, match="native byte order"):
+        graph.dipr(queries[0].astype(">f4"), 1.0)
+    with pytest.raises(ks.InvalidArgument, match="native byte order"):
+        graph.search(queries[:3].astype(">f4"), 3)
