@@ -316,6 +316,8 @@ options parse(int argc, char** argv) {
       usage_error(std::string("--plan: ") + e.what());
     }
     if (o.plan_dump.empty()) usage_error("--plan needs --plan-dump DIR");
+    // --plan prints its table only; a --json file was silently never written.
+    if (!o.json.empty()) usage_error("--json: --plan runs write no JSON (drop --json)");
     return o;
   }
   if (!o.demo && (o.keys.empty() || o.queries.empty())) {

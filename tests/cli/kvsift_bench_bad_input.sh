@@ -51,6 +51,7 @@ demo=(--demo --n 400 --dim 8 --eval 5 --L 20 --l0 10 --threads 1)
 case "$case_name" in
   unknown_option)
     expect 2 "unknown option '--frobnicate'" --demo --frobnicate 1
+    expect 2 "--json: --plan runs write no JSON" --plan auto --plan-dump "$work" --json "$work/x"
     ;;
   empty_queries)
     fbin "$work/k.fbin" 8 4
