@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "test_support.hpp"
+#include "../test_support.hpp"
 
 using kvsift_test::message_of;
 
