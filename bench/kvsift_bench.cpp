@@ -3,10 +3,13 @@
 // same run as the baseline. See `kvsift-bench --help`.
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -19,9 +22,12 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
-#include <unistd.h>  // isatty
+#include <fcntl.h>     // open
+#include <sys/stat.h>  // stat
+#include <unistd.h>    // isatty, write, fsync, close, unlink
 
 #include "kvsift/attention/quality.hpp"
 #include "kvsift/index/block_index.hpp"
@@ -133,19 +139,31 @@ kvsift::build_progress_callback progress_bar() {
   };
 }
 
+// Numbers are parsed strictly with std::from_chars: the whole value must be one number, with no
+// leading spaces, sign or trailing junk (strtoull accepted " 12", "12abc" and wrapped "-1" and
+// overflowing values silently). Counts are bounded by the largest index (ids are 32-bit): any
+// count beyond it is meaningless here and, passed on, sizes buffers (n x M adjacency, a pool of
+// L) that overflow, so `--M 4611686018427387904` is refused up front.
+constexpr std::size_t max_count = kvsift::max_index_size;
+
 std::size_t parse_size(const std::string& opt, const std::string& v) {
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || v[0] == '-')
-    usage_error(opt + ": expected a count, got '" + v + "'");
+  unsigned long long x = 0;
+  const char* const last = v.data() + v.size();
+  const auto [ptr, ec] = std::from_chars(v.data(), last, x, 10);
+  if (ec == std::errc::result_out_of_range || (ec == std::errc{} && ptr == last && x > max_count))
+    usage_error(opt + ": expected a count in [0, " + std::to_string(max_count) + "], got '" + v +
+                "'");
+  if (v.empty() || ec != std::errc{} || ptr != last)
+    usage_error(opt + ": expected a count (decimal digits only), got '" + v + "'");
   return static_cast<std::size_t>(x);
 }
 
 double parse_real(const std::string& opt, const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || !std::isfinite(x)) {
-    usage_error(opt + ": expected a number, got '" + v + "'");
+  double x = 0;
+  const char* const last = v.data() + v.size();
+  const auto [ptr, ec] = std::from_chars(v.data(), last, x);
+  if (v.empty() || ec != std::errc{} || ptr != last || !std::isfinite(x)) {
+    usage_error(opt + ": expected a finite number, got '" + v + "'");
   }
   return x;
 }
@@ -279,6 +297,10 @@ options parse(int argc, char** argv) {
   if (!o.values.empty() && (o.demo || o.metric != "ip" || o.filter_prefix)) {
     usage_error("--values: needs --keys/--queries files, --metric ip and no --filter-prefix");
   }
+  if (o.demo && (o.n < 2 || o.dim == 0)) {
+    usage_error("--demo: expected --n >= 2 and --dim >= 1, got " + std::to_string(o.n) + " and " +
+                std::to_string(o.dim));
+  }
   if (o.hnsw_M < 2) usage_error("--hnsw-M: expected >= 2, got " + std::to_string(o.hnsw_M));
   for (double b : o.attn_beta)
     if (b < 0) usage_error("--attn-beta: expected values >= 0, got " + std::to_string(b));
@@ -294,6 +316,8 @@ options parse(int argc, char** argv) {
       usage_error(std::string("--plan: ") + e.what());
     }
     if (o.plan_dump.empty()) usage_error("--plan needs --plan-dump DIR");
+    // --plan prints its table only; a --json file was silently never written.
+    if (!o.json.empty()) usage_error("--json: --plan runs write no JSON (drop --json)");
     return o;
   }
   if (!o.demo && (o.keys.empty() || o.queries.empty())) {
@@ -348,6 +372,13 @@ workload load(const options& o) {
     w.train = copy_rows(q.cview(), 0, first_eval);
   }
   const std::size_t eval = std::min(q.rows() - first_eval, o.eval ? o.eval : q.rows());
+  // Every table row is a mean over evaluation queries; with none there is nothing to measure
+  // (the timing read element 0 of an empty vector before this check).
+  if (eval == 0) {
+    kvsift::detail::fail("kvsift-bench: no evaluation queries: --queries '", o.queries, "' has ",
+                         q.rows(), " rows", first_eval ? " and all of them train the index" : "",
+                         "; expected at least 1");
+  }
   w.eval = copy_rows(q.cview(), first_eval, eval);
   w.eval_first = first_eval;
   if (!o.values.empty()) {
@@ -377,6 +408,8 @@ struct timing {
     us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
   }
   void into(row& r) {
+    // load() refuses an empty evaluation set; this keeps an empty timing defined anyway.
+    if (us.empty()) return;
     r.mean_us = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
     std::sort(us.begin(), us.end());
     // The median resists the scheduling spikes of a shared machine; the mean and p99 do not.
@@ -776,11 +809,90 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
-void write_json(const std::string& path, const options& o, const workload& w,
-                const std::string& info, const std::vector<row>& rows,
-                const std::vector<quality_row>& quality) {
-  std::ofstream f(path);
-  if (!f) throw kvsift::io_error("cannot write --json file '" + path + "'");
+/// The --json output file. Opened before the run (a typo'd directory or a read-only target
+/// fails in a second, not after an hour of building), written whole at the end and checked for
+/// write errors (a full disk is an error, not exit 0). A regular file (or a new path) is written
+/// to a temporary in the same directory and renamed over the target, so a reader never sees a
+/// half-written file and a failed run leaves the old one intact; a device or FIFO (/dev/stdout,
+/// /dev/full) is written in place, since renaming over it would replace the device node.
+class json_output {
+ public:
+  explicit json_output(std::string path) : path_(std::move(path)) {
+    struct stat st {};
+    const bool exists = ::stat(path_.c_str(), &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) fail("is a directory");
+    if (exists && !S_ISREG(st.st_mode)) {
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+      if (fd_ < 0) fail(std::strerror(errno));
+      return;
+    }
+    const std::filesystem::path target(path_);
+    const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+    tmp_ = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+    fd_ = ::mkstemp(tmp_.data());
+    if (fd_ < 0) {
+      const std::string why = std::strerror(errno);
+      tmp_.clear();
+      fail("cannot create a temporary file in '" + dir.string() + "': " + why);
+    }
+    pending_tmp() = tmp_;
+  }
+  json_output(const json_output&) = delete;
+  json_output& operator=(const json_output&) = delete;
+  ~json_output() {
+    if (fd_ >= 0) ::close(fd_);
+    discard();
+  }
+
+  /// Writes `text`, flushes it to disk and renames the temporary over the target.
+  /// @throw kvsift::io_error on any write, sync, close or rename failure (the target untouched).
+  void commit(const std::string& text) {
+    for (std::size_t done = 0; done < text.size();) {
+      const ssize_t r = ::write(fd_, text.data() + done, text.size() - done);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) fail(std::string("write failed: ") + std::strerror(errno));
+      done += static_cast<std::size_t>(r);
+    }
+    if (!tmp_.empty() && ::fsync(fd_) != 0) fail(std::string("fsync: ") + std::strerror(errno));
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) fail(std::string("close: ") + std::strerror(errno));
+    if (!tmp_.empty()) {
+      if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+        fail(std::string("rename from '") + tmp_ + "': " + std::strerror(errno));
+      }
+      tmp_.clear();
+      pending_tmp().clear();
+    }
+  }
+
+  /// The temporary of a run that never commits, removed at exit: usage_error() and the other
+  /// std::exit paths skip destructors.
+  static std::string& pending_tmp() {
+    static std::string path;
+    return path;
+  }
+  static void remove_pending_tmp() {
+    if (!pending_tmp().empty()) ::unlink(pending_tmp().c_str());
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) {
+    discard();
+    throw kvsift::io_error("--json '" + path_ + "': " + why);
+  }
+  void discard() {
+    if (!tmp_.empty()) ::unlink(tmp_.c_str());
+    tmp_.clear();
+    pending_tmp().clear();
+  }
+
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+std::string json_text(const options& o, const workload& w, const std::string& info,
+                      const std::vector<row>& rows, const std::vector<quality_row>& quality) {
+  std::ostringstream f;
   f << "{\n  \"source\": \"" << json_escape(w.source) << "\",\n  \"keys\": " << w.keys.rows()
     << ",\n  \"dim\": " << w.keys.cols() << ",\n  \"train_queries\": " << w.train.rows()
     << ",\n  \"eval_queries\": " << w.eval.rows() << ",\n  \"metric\": \"" << o.metric
@@ -802,6 +914,7 @@ void write_json(const std::string& path, const options& o, const workload& w,
       << ", \"scanned\": " << r.scanned << "}" << (i + 1 < quality.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
+  return f.str();
 }
 
 /// --plan: tokens attended and attention-output error of coarse top-k, DIPR-flat, DIPR-graph
@@ -841,6 +954,21 @@ int run_plan(const options& o) {
       const auto K = kvsift::read_vectors(file(l, 'k', h)),
                  V = kvsift::read_vectors(file(l, 'v', h));
       const auto Q = kvsift::read_vectors(file(l, 'q', h * group));
+      // Query t is row t of Q (token t attends to [0, t]), V is read beside K, and the
+      // training/held-out split needs two rows: check all of that before any row is read (a Q
+      // shorter than K was read past its end).
+      auto where = [&](char kind, std::size_t head) { return file(l, kind, head).string(); };
+      kvsift::detail::require<kvsift::dimension_mismatch>(
+          K.rows() >= 2, "--plan-dump: expected at least 2 keys in ", where('k', h), ", got ",
+          K.rows());
+      kvsift::detail::require<kvsift::dimension_mismatch>(
+          V.rows() == K.rows() && V.cols() == K.cols(), "--plan-dump: expected ", where('v', h),
+          " of ", K.rows(), " x ", K.cols(), " (as ", where('k', h), "), got ", V.rows(), " x ",
+          V.cols());
+      kvsift::detail::require<kvsift::dimension_mismatch>(
+          Q.rows() >= K.rows() && Q.cols() == K.cols(), "--plan-dump: expected ",
+          where('q', h * group), " of at least ", K.rows(), " rows x ", K.cols(),
+          " (one query per key position of ", where('k', h), "), got ", Q.rows(), " x ", Q.cols());
       const std::size_t n = K.rows(), d = K.cols(), first = n - std::max<std::size_t>(1, n / 20);
       const std::size_t evals = o.eval ? std::min(o.eval, n - first) : n - first;
       const kvsift::kv_view<float> kv(K.cview(), V.cview());
@@ -963,7 +1091,11 @@ int run_plan(const options& o) {
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
+  std::atexit(json_output::remove_pending_tmp);
   try {
+    // Opened first: an unwritable --json target fails before the run, not after it.
+    std::optional<json_output> json;
+    if (!o.json.empty()) json.emplace(o.json);
     if (!o.plan.empty()) return run_plan(o);
     const workload w = load(o);
     if (o.uses("roargraph") && o.load_index.empty() && w.train.rows() == 0) {
@@ -996,7 +1128,7 @@ int main(int argc, char** argv) {
         "  recall vs exact answer; scanned = keys scored / keys; latency on one thread\n\n");
     print_table(rows);
     if (!quality.empty()) print_quality(quality, w);
-    if (!o.json.empty()) write_json(o.json, o, w, info.str(), rows, quality);
+    if (json) json->commit(json_text(o, w, info.str(), rows, quality));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvsift-bench: error: %s\n", e.what());
     return 1;

@@ -24,6 +24,7 @@
 #include "kvsift/attention/merge.hpp"
 #include "kvsift/attention/partial_state.hpp"
 #include "kvsift/attention/sparse_attention.hpp"
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/parallel_for.hpp"
@@ -63,7 +64,22 @@ py::array as_array(const py::handle& h, const char* what) {
   return py::reinterpret_borrow<py::array>(h);
 }
 
+/// Rejects a non-native byte order: kvsift reads the raw bytes, so a big-endian `>f2`/`>f4`
+/// array on a little-endian machine would be read as garbage values (is_f16 matches by kind and
+/// item size, so `>f2` would otherwise pass). O(1), one Python attribute lookup.
+void require_native_order(const py::array& a, const char* what) {
+  if (a.dtype().attr("isnative").cast<bool>()) return;
+  fail<kvsift::invalid_argument>(what, ": expected native byte order, got dtype ",
+                                 std::string(py::str(a.dtype().attr("str"))),
+                                 " (convert with .astype('", a.itemsize() == 2 ? "<f2" : "<f4",
+                                 "') or .astype(x.dtype.newbyteorder('=')); kvsift does not copy "
+                                 "silently)");
+}
+
 void require_dtype(const py::array& a, dtypes allowed, const char* what) {
+  // Byte order first: dtype('>f4') is not float32 to is_f32, and the generic dtype message
+  // below would not say what is wrong with it.
+  if (a.dtype().kind() == 'f') require_native_order(a, what);
   if (is_f32(a) || (allowed == dtypes::f32_or_f16 && is_f16(a))) return;
   // fail, not require: require would format the dtype name (a Python call) on every success.
   fail<kvsift::invalid_argument>(
@@ -72,13 +88,17 @@ void require_dtype(const py::array& a, dtypes allowed, const char* what) {
       " (convert with .astype(numpy.float32); kvsift does not copy silently)");
 }
 
-/// Stride of axis `axis` in elements; rejects negative or non-whole strides.
+/// Stride of axis `axis` in elements; rejects zero, negative or non-whole strides. Only called
+/// for axes of length > 1, where a zero stride means a broadcast (np.broadcast_to): every index
+/// along the axis aliases one element, a layout kvsift's views cannot describe (a view stride
+/// of 0 would be replaced by a default and read past the array).
 std::size_t stride_elems(const py::array& a, py::ssize_t axis, const char* what) {
   const py::ssize_t s = a.strides(axis);
   const py::ssize_t item = a.itemsize();
-  require(s >= 0 && s % item == 0, what, ": expected a non-negative stride that is a multiple of ",
+  require(s > 0 && s % item == 0, what, ": expected a positive stride that is a multiple of ",
           "the item size ", item, " on axis ", axis, ", got ", s,
-          " (pass numpy.ascontiguousarray(x); kvsift does not copy silently)");
+          " (a broadcast, reversed or byte-offset view; pass numpy.ascontiguousarray(x): kvsift "
+          "does not copy silently)");
   return static_cast<std::size_t>(s / item);
 }
 
@@ -136,6 +156,16 @@ std::vector<id_t> ids_of(const py::handle& h, const char* what) {
   return out;
 }
 
+/// A count parameter (M, L, nq, l0, ...) bounded by the largest index: any value beyond it is
+/// meaningless (ids are 32-bit) and, left to the library, sizes buffers from it (n x M
+/// adjacency, an L-entry pool) that overflow or exhaust memory. Python ints beyond size_t are
+/// refused by pybind11 itself (TypeError); this catches the ones that fit. O(1).
+std::size_t bounded_count(std::size_t v, const char* what) {
+  require<kvsift::out_of_range>(v <= kvsift::max_index_size, what, ": expected at most ",
+                                kvsift::max_index_size, " (ids are 32-bit), got ", v);
+  return v;
+}
+
 py::array_t<float> to_numpy(const std::vector<float>& v) {
   py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
   std::copy(v.begin(), v.end(), out.mutable_data());
@@ -190,8 +220,8 @@ kvsift::dipr_params dipr_params_of(float beta, std::size_t l0, std::size_t max_c
                                    std::optional<float> seed_score) {
   kvsift::dipr_params p;
   p.beta = beta;
-  p.l0 = l0;
-  p.max_candidates = max_candidates;
+  p.l0 = bounded_count(l0, "dipr: l0");
+  p.max_candidates = bounded_count(max_candidates, "dipr: max_candidates");
   if (seed_score) p.seed_score = *seed_score;
   return p;
 }
@@ -207,12 +237,22 @@ search_result batched_topk(const py::handle& queries_h, std::size_t k, std::size
                                       "queries: expected a 1-D (dim) or 2-D (m x dim) array, got ",
                                       qa.ndim(), " dimension(s)");
   require(k > 0, "k must be > 0, got 0");
+  // k beyond the largest index only pads, and m x k results are allocated here before any
+  // search runs: bound k and check the products so a huge k is a clear error, not a wrapped
+  // size (m x k overflowing) or an out-of-bounds write through ids + i * k.
+  require<kvsift::out_of_range>(k <= kvsift::max_index_size, "k: expected at most ",
+                                kvsift::max_index_size, " (ids are 32-bit), got ", k);
   const bool single = qa.ndim() == 1;
   const kvsift::matrix_view<const float> q =
       single ? kvsift::matrix_view<const float>(vector_of(qa, "queries").data(), 1,
                                                 static_cast<std::size_t>(qa.shape(0)))
              : matrix_of<float>(qa, "queries");
   const std::size_t m = q.rows();
+  const std::size_t cells = kvsift::checked_mul(m, k, "queries x k results");
+  const std::size_t bytes = kvsift::checked_bytes<float>(cells, "queries x k results");
+  require(bytes <= static_cast<std::size_t>(std::numeric_limits<py::ssize_t>::max()),
+          "queries x k results: ", m, " x ", k, " scores need ", bytes,
+          " bytes, more than an array can hold");
   search_result out;
   std::vector<py::ssize_t> shape =
       single ? std::vector<py::ssize_t>{static_cast<py::ssize_t>(k)}
@@ -329,7 +369,7 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
   const filter_t f = filter_of(filter);
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
-  const kvsift::beam_search_params p{.k = k, .L = L};
+  const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search: L")};
   return std::visit(
       [&](const auto& index, const auto& pred) {
         return batched_topk(queries, k, threads, [&](auto q, auto& ws, auto ids, auto scores) {
@@ -516,8 +556,14 @@ kvsift::kv_view<T> kv_of(const py::array& k, const py::array& v) {
     require(d <= 1 || stride_elems(a, 2, what) == 1, what,
             ": expected a contiguous last axis, got stride ", a.strides(2),
             " (pass numpy.ascontiguousarray(x); kvsift does not copy silently)");
-    const std::size_t rs =
-        n <= 1 ? d * static_cast<std::size_t>(a.shape(1)) : stride_elems(a, 0, what);
+    // The strides are passed through unchanged: kvsift must read exactly the elements numpy
+    // would. Replacing a stride (a broadcast's 0 by d, as this once did) reads past the buffer.
+    const std::size_t rs = n <= 1
+                               ? std::max<std::size_t>(d * static_cast<std::size_t>(a.shape(1)), 1)
+                               : stride_elems(a, 0, what);
+    require(n <= 1 || rs >= d, what, ": expected a token stride >= ", d,
+            " elements (rows must not overlap), got ", rs,
+            " (pass numpy.ascontiguousarray(x); kvsift does not copy silently)");
     const std::size_t hs = a.shape(1) <= 1 ? d : stride_elems(a, 1, what);
     return std::pair(kvsift::matrix_view<const T>(static_cast<const T*>(a.data()), n, d,
                                                   std::max<std::size_t>({rs, d, 1})),
@@ -640,9 +686,9 @@ PYBIND11_MODULE(kvsift, m) {
       .def(py::init([](const py::handle& keys, const py::handle& train, std::size_t nq,
                        std::size_t M, std::size_t L, std::size_t threads, std::uint64_t seed) {
              kvsift::roargraph_params p;
-             p.nq = nq;
-             p.M = M;
-             p.L = L;
+             p.nq = bounded_count(nq, "RoarGraphIndex: nq");
+             p.M = bounded_count(M, "RoarGraphIndex: M");
+             p.L = bounded_count(L, "RoarGraphIndex: L");
              p.threads = threads;
              p.seed = seed;
              return make_roargraph(keys, train, p);

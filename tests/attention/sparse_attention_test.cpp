@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "../test_support.hpp"
 #include "attention_reference.hpp"
 #include "kvsift/attention/merge.hpp"
 
@@ -366,4 +367,67 @@ TEST_CASE("branch-free f16 widening is exact for every bit pattern",
     mismatches += same ? 0 : 1;
   }
   CHECK(mismatches == 0);
+}
+
+namespace {
+// A K/V source that claims more tokens than ids can name, backed by one real row: the
+// attention entry points must reject it before reading (old code cast 2^32 to id 0 and read
+// row 0 as if it were token 2^32).
+struct huge_kv {
+  using value_type = float;
+  const float* row = nullptr;
+  std::size_t n = 0;
+  [[nodiscard]] std::size_t tokens() const noexcept { return n; }
+  [[nodiscard]] std::size_t kv_heads() const noexcept { return 1; }
+  [[nodiscard]] std::size_t head_dim() const noexcept { return 2; }
+  [[nodiscard]] const float* key(std::size_t, id_t) const noexcept { return row; }
+  [[nodiscard]] const float* value(std::size_t, id_t) const noexcept { return row; }
+};
+}  // namespace
+
+// Audit item 4: page_size * head_dim wrapped to 0 (then divided by) and kv_heads * pages wrapped
+// so an empty page table passed; item 20: more tokens than 32-bit ids can name.
+TEST_CASE("paged_kv and kv_view reject overflow-sized shapes", "[attention][rel]") {
+  using Catch::Matchers::Contains;
+  using kvsift_test::message_of;
+  const std::vector<float> pool(8, 1.0f);
+  const std::span<const float> p(pool);
+  const std::span<const std::uint32_t> no_table;
+  constexpr std::size_t big = std::size_t{1} << 32;
+  auto msg = message_of<kvsift::invalid_argument>([&] {
+    (void)kvsift::paged_kv<float>(p, p, no_table,
+                                  {.kv_heads = 1, .tokens = 4, .head_dim = big, .page_size = big});
+  });
+  CHECK_THAT(msg, Contains("page_size x head_dim") && Contains("4294967296 x 4294967296"));
+  msg = message_of<kvsift::invalid_argument>([&] {
+    (void)kvsift::paged_kv<float>(
+        p, p, no_table,
+        {.kv_heads = std::size_t{1} << 63, .tokens = 4, .head_dim = 2, .page_size = 2});
+  });
+  CHECK_THAT(msg, Contains("kv_heads x pages per head") && Contains("9223372036854775808 x 2"));
+  msg = message_of<kvsift::out_of_range>([&] {
+    (void)kvsift::paged_kv<float>(p, p, no_table,
+                                  {.kv_heads = 1,
+                                   .tokens = std::numeric_limits<std::size_t>::max(),
+                                   .head_dim = 2,
+                                   .page_size = 2});
+  });
+  CHECK_THAT(msg, Contains("tokens") && Contains("18446744073709551615"));
+  // A strided view of 2^32 rows over 8 floats (stride 2: never read past row 3 unless a check
+  // is missing).
+  const kvsift::matrix_view<const float> rows(pool.data(), big, 2);
+  msg = message_of<kvsift::out_of_range>([&] { (void)kvsift::kv_view<float>(rows, rows); });
+  CHECK_THAT(msg, Contains("kv_view") && Contains("4294967296"));
+  const kvsift::matrix_view<const float> flat(pool.data(), 4, 0);
+  msg = message_of<kvsift::invalid_argument>([&] { (void)kvsift::kv_view<float>(flat, flat); });
+  CHECK_THAT(msg, Contains("dimension > 0") && Contains("4 x 0"));
+
+  const huge_kv kv{pool.data(), big + 2};
+  const std::vector<float> q{1.0f, 1.0f};
+  msg = message_of<kvsift::out_of_range>(
+      [&] { (void)kvsift::dense_attention(q, 0, big, big + 1, kv); });
+  CHECK_THAT(msg, Contains("dense_attention") && Contains("4294967298"));
+  const std::vector<id_t> ids{0};
+  msg = message_of<kvsift::out_of_range>([&] { (void)kvsift::sparse_attention(q, 0, ids, kv); });
+  CHECK_THAT(msg, Contains("sparse_attention") && Contains("4294967298"));
 }

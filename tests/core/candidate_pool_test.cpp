@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -96,5 +97,19 @@ TEST_CASE("candidate_pool cursor order matches sorted order under random use",
       const auto expect = pool[best].id;
       CHECK(pool.pop_unexpanded().id == expect);
     }
+  }
+}
+
+// Audit item 15: reset reserved capacity + 1 entries up front, so a huge capacity wrapped
+// (SIZE_MAX + 1 = 0) or threw length_error instead of giving a pool bounded by what is
+// inserted.
+TEST_CASE("candidate_pool with a huge capacity keeps everything inserted", "[core][rel]") {
+  for (const std::size_t cap : {std::numeric_limits<std::size_t>::max(), std::size_t{1} << 62}) {
+    kvsift::candidate_pool p(cap);
+    CHECK(p.capacity() == cap);
+    for (kvsift::id_t i = 0; i < 100; ++i) CHECK(p.insert(static_cast<float>(i % 7), i));
+    CHECK(p.size() == 100);
+    CHECK(p[0].key == 6.0f);
+    CHECK(p[0].id == 6);
   }
 }

@@ -2,8 +2,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <limits>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 TEST_CASE("parallel_for visits every index exactly once", "[core][parallel_for]") {
@@ -49,4 +54,47 @@ TEST_CASE("parallel_for propagates an exception", "[core][parallel_for]") {
                                          }),
                     "index 9 failed");
   CHECK(kvsift::default_thread_count() >= 1);
+}
+
+// Audit item 7: a thread that cannot be created used to unwind past the joinable threads
+// already started, which calls std::terminate. The failure is injected through the test seam
+// detail::parallel_for_spawn_hook (it throws std::system_error before worker 3 would be
+// created, as std::thread's constructor does when the system is out of threads). Mutation
+// checked: without the join-on-failure block this test aborts the test binary.
+TEST_CASE("parallel_for joins started workers when a thread cannot be created", "[core][rel]") {
+  std::atomic<std::size_t> calls{0};
+  kvsift::detail::parallel_for_spawn_hook = [](std::size_t worker) {
+    if (worker == 3)
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+  };
+  bool threw = false;
+  try {
+    kvsift::parallel_for(100000, 8, [&](std::size_t, std::size_t) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      ++calls;
+    });
+  } catch (const std::system_error& e) {
+    threw = e.code() == std::errc::resource_unavailable_try_again;
+  }
+  kvsift::detail::parallel_for_spawn_hook = nullptr;
+  CHECK(threw);
+  // Every started worker was joined: nothing runs after the return.
+  const std::size_t after = calls.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(calls.load() == after);
+  CHECK(after < 100000);  // the work was abandoned, not finished
+  // And the next call works normally.
+  std::atomic<std::size_t> sum{0};
+  kvsift::parallel_for(1000, 4, [&](std::size_t i, std::size_t) { sum += i; });
+  CHECK(sum == 999 * 1000 / 2);
+}
+
+TEST_CASE("parallel_for with a chunk beyond n runs every index once", "[core][rel]") {
+  for (const std::size_t chunk :
+       {std::size_t{0}, std::size_t{1000}, std::numeric_limits<std::size_t>::max()}) {
+    std::vector<std::atomic<int>> hits(37);
+    kvsift::parallel_for(
+        37, 4, [&](std::size_t i, std::size_t) { ++hits[i]; }, chunk);
+    CHECK(std::all_of(hits.begin(), hits.end(), [](const auto& h) { return h.load() == 1; }));
+  }
 }

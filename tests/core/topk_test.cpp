@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -59,4 +60,21 @@ TEST_CASE("topk_selector edge cases", "[core][topk]") {
 
   s.reset(3);
   CHECK(s.size() == 0);
+}
+
+// Audit item 17: with k = 0, accepts() read the front of an empty heap.
+TEST_CASE("topk_selector with k = 0 keeps nothing and reads nothing", "[core][rel]") {
+  kvsift::topk_selector t(0);
+  CHECK_FALSE(t.accepts(1.0f, 3));
+  CHECK_FALSE(t.accepts(std::numeric_limits<float>::infinity(), 0));
+  t.push(1.0f, 3);
+  CHECK(t.size() == 0);
+  CHECK(t.sorted().empty());
+  // A huge k neither throws length_error nor reserves: it keeps everything pushed.
+  t.reset(std::numeric_limits<std::size_t>::max());
+  for (kvsift::id_t i = 0; i < 5; ++i) {
+    REQUIRE(t.accepts(static_cast<float>(i), i));
+    t.push(static_cast<float>(i), i);
+  }
+  CHECK(t.sorted().size() == 5);
 }

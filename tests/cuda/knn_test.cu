@@ -150,7 +150,8 @@ TEST_CASE_CUDA(knn_engine_rejects_bad_input) {
   const matrix_view<const float> q(qf.data(), 5, d), kv(kf.data(), n, d);
   const kvsift::cuda::knn_engine gpu;
   CHECK_THROWS_AS(gpu.search(q, kv, 0), kvsift::invalid_argument);
-  CHECK(contains(message_of([&] { (void)gpu.search(q, kv, n + 1); }), "expected k <= n = 40"));
+  // k > n pads (the KnnEngine contract; knn_engine_pads_k_beyond_n_like_cpu checks the values).
+  CHECK(gpu.search(q, kv, n + 1).ids.size() == 5 * (n + 1));
   std::vector<float> big(2000 * d, 1.0f);
   const matrix_view<const float> bigv(big.data(), 2000, d);
   CHECK(contains(message_of([&] { (void)gpu.search(q, bigv, 1025); }), "expected k <= 1024"));
@@ -169,6 +170,43 @@ TEST_CASE_CUDA(knn_engine_rejects_bad_input) {
   kf[17] = 0;
   const auto k16 = convert<half>(kf);
   CHECK(gpu.search(q, matrix_view<const half>(k16.data(), n, d), 3).ids.size() == 15);
+}
+
+// The KnnEngine contract: k > n returns the n keys best first, then invalid_id with score
+// -inf, exactly as cpu_knn_engine (integer data: scores exact, so equality is bit for bit).
+// k = 1500 > max_knn_k is fine too when n <= 1024: only min(k, n) reaches the kernels.
+TEST_CASE_CUDA(knn_engine_pads_k_beyond_n_like_cpu) {
+  const std::size_t m = 7, d = 16;
+  const kvsift::cpu_knn_engine cpu(kvsift::cpu_knn_params{.threads = 2});
+  const kvsift::cuda::knn_engine gpu;
+  for (const std::size_t n : {1, 5, 40, 300}) {
+    const auto qf = integer_matrix(m, d, 3);
+    const auto kf = integer_matrix(n, d, 3);
+    const matrix_view<const float> q(qf.data(), m, d), kv(kf.data(), n, d);
+    const auto k16 = convert<half>(kf);
+    const matrix_view<const half> kh(k16.data(), n, d);
+    for (const std::size_t k : {n, n + 1, 2 * n + 3, std::size_t{1500}}) {
+      const auto got = gpu.search(q, kv, k);
+      CHECK(count_mismatched_rows(got, cpu.search(q, kv, k)) == 0);
+      CHECK(count_mismatched_rows(gpu.search(q, kh, k), cpu.search(q, kh, k)) == 0);
+      // The padding itself, independent of the CPU engine.
+      for (std::size_t i = 0; i < m; ++i) {
+        for (std::size_t j = n; j < k; ++j) {
+          CHECK(got.ids[i * k + j] == kvsift::invalid_id);
+          CHECK(got.scores[i * k + j] == -std::numeric_limits<float>::infinity());
+        }
+        for (std::size_t j = 0; j < std::min(k, n); ++j) CHECK(got.ids[i * k + j] < n);
+      }
+    }
+  }
+  // Beyond the kernel limit with enough keys, still an error naming the limit.
+  std::vector<float> big(2000 * d, 1.0f);
+  const auto qf = integer_matrix(m, d, 3);
+  CHECK(contains(message_of([&] {
+                   (void)gpu.search(matrix_view<const float>(qf.data(), m, d),
+                                    matrix_view<const float>(big.data(), 2000, d), 1025);
+                 }),
+                 "expected k <= 1024"));
 }
 
 TEST_CASE_CUDA(knn_device_entry_rejects_bad_input) {

@@ -266,8 +266,62 @@ TEST_CASE("block_index: bad input", "[block_index]") {
   CHECK_THAT(message_of<kvsift::out_of_range>([&] { idx.tokens(blocks, toks); }),
              Contains("blocks < 8, got 9"));
   CHECK(toks.empty());  // validated before anything was appended
-  // A NaN query ranks every block last but still returns k blocks.
+  // A query holding NaN/Inf returns no blocks (the contract of every search, see
+  // docs/algorithms.md): its scores would rank blocks arbitrarily.
   std::vector<float> nan_q(dim, std::numeric_limits<float>::quiet_NaN());
   idx.topk(nan_q, 3, ws, res);
-  CHECK(res.blocks.size() == 3);
+  CHECK(res.blocks.empty());
+  CHECK(res.stats.count == 0);
+}
+
+// Audit item 14: (n + block_size - 1) / block_size wrapped to 0 blocks for a huge block size,
+// so every search silently returned nothing.
+TEST_CASE("block_index: a block size beyond n makes one block", "[block_index][rel]") {
+  const auto keys = local_keys(64, 14);
+  for (const std::size_t bs :
+       {std::size_t{64}, std::size_t{1000}, std::numeric_limits<std::size_t>::max()}) {
+    const kvsift::block_index<> idx(keys.cview(), bs);
+    REQUIRE(idx.blocks() == 1);
+    CHECK(idx.tokens_of(0).first == 0);
+    CHECK(idx.tokens_of(0).last == 64);
+    kvsift::search_workspace ws;
+    kvsift::block_result res;
+    const std::vector<float> q(16, 0.5f);
+    idx.topk(q, 3, ws, res);
+    CHECK(res.blocks == std::vector<std::size_t>{0});
+    std::vector<id_t> toks;
+    const std::vector<std::size_t> all{0};
+    idx.tokens(all, toks);
+    CHECK(toks.size() == 64);
+  }
+}
+
+// Audit item 11: a query holding NaN or Inf returns nothing, from topk and dipr alike.
+TEST_CASE("block_index: a non-finite query returns no blocks", "[block_index][rel]") {
+  const auto keys = local_keys(64, 14);
+  const kvsift::block_index<> idx(keys.cview(), 8);
+  kvsift::search_workspace ws;
+  kvsift::block_result res;
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> q(16, 0.5f);
+    q[7] = bad;
+    idx.topk(q, 3, ws, res);
+    CHECK(res.blocks.empty());
+    CHECK(res.stats.count == 0);
+    idx.dipr(q, 1.0f, ws, res);
+    CHECK(res.blocks.empty());
+    CHECK(res.stats.count == 0);
+  }
+}
+
+// Audit item 20: token positions become 32-bit ids; more keys than that must be refused
+// before any row is read (a view of 2^32 rows over 64 floats: stride 16, never dereferenced).
+TEST_CASE("block_index: more keys than 32-bit ids is refused before reading",
+          "[block_index][rel]") {
+  std::vector<float> buf(64, 1.0f);
+  const kvsift::matrix_view<const float> huge(buf.data(), std::size_t{1} << 32, 16);
+  const auto msg = message_of<kvsift::out_of_range>([&] { kvsift::block_index<>(huge, 8); });
+  CHECK_THAT(msg, Contains("block_index") && Contains("4294967296"));
 }

@@ -78,3 +78,36 @@ TEST_CASE("graph_index constructor validation", "[index][graph_index]") {
   CHECK_THAT(msg, Contains("max_degree") && Contains("0"));
   CHECK_NOTHROW(graph(s, 2, {1, invalid_id, invalid_id, invalid_id, 0, 1}, 2));
 }
+
+namespace {
+// A store whose rows are never read: lets a test state an overflow-sized shape without the
+// memory behind it (the checks must fire before any row or adjacency entry is touched).
+struct shape_store {
+  using value_type = float;
+  std::size_t n = 0, d = 0;
+  const float* data = nullptr;
+  [[nodiscard]] std::size_t size() const noexcept { return n; }
+  [[nodiscard]] std::size_t dim() const noexcept { return d; }
+  [[nodiscard]] const float* row(std::size_t) const noexcept { return data; }
+};
+}  // namespace
+
+// Audit item 2: n * max_degree wrapped past the size check (2 x 2^63 = 0 = an empty adjacency)
+// and the rows were then read from the empty array.
+TEST_CASE("graph_index rejects overflow-sized shapes before reading", "[index][graph_index][rel]") {
+  const float x[4] = {1, 2, 3, 4};
+  using g_t = kvsift::graph_index<shape_store>;
+  auto msg = message_of<kvsift::invalid_argument>([&] {
+    (void)g_t(shape_store{2, 2, x}, std::size_t{1} << 63, {}, 0);
+  });
+  CHECK_THAT(msg, Contains("max_degree must be <= 1048575") && Contains("9223372036854775808"));
+  // 2^32 nodes: positions up to 2^32 - 1 would alias invalid_id.
+  msg = message_of<kvsift::out_of_range>([&] {
+    (void)g_t(shape_store{std::size_t{1} << 32, 2, x}, 1, {}, 0);
+  });
+  CHECK_THAT(msg, Contains("graph_index") && Contains("4294967296"));
+  msg = message_of<kvsift::invalid_argument>([&] {
+    (void)g_t(shape_store{3, 0, nullptr}, 1, {invalid_id, invalid_id, invalid_id}, 0);
+  });
+  CHECK_THAT(msg, Contains("dimension > 0") && Contains("3 x 0"));
+}

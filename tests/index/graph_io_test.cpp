@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.hpp"
 #include "kvsift/index/graph_io.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
 #include "kvsift/testing/ood_generator.hpp"
@@ -80,4 +81,78 @@ TEST_CASE("graph index save/load round trip and corruption", "[index][io]") {
     std::filesystem::remove(f.path);
     CHECK_THROWS_WITH(load_graph(f.path, store), Contains(f.path.string()));
   }
+}
+
+// Audit item 13: a graph file used to be accepted for any keys of the same shape, and for any
+// metric. Version 2 records the metric and a key fingerprint and checks both on load.
+TEST_CASE("load_graph rejects other keys of the same shape, another metric, version 1",
+          "[index][io][rel]") {
+  testing::ood_params p;
+  p.keys = 600;
+  p.queries = 80;
+  p.dim = 16;
+  const auto data = testing::make_ood(p);
+  view_store<float> store(data.key_view());
+  const auto g = roargraph_builder<>({.nq = 20, .M = 8, .L = 40, .threads = 1})
+                     .build(store, data.query_view());
+  temp_file f("kvsift_graph_fp");
+  save_graph(g, f.path);
+  CHECK_NOTHROW(load_graph(f.path, store));
+
+  SECTION("keys of the same shape that differ in one element") {
+    std::vector<float> other(data.key_view().data(), data.key_view().data() + 600 * 16);
+    other[417 * 16 + 3] += 1.0f;
+    view_store<float> changed(matrix_view<const float>(other.data(), 600, 16));
+    const auto want = key_fingerprint(store), got = key_fingerprint(changed);
+    REQUIRE(want != got);
+    const auto msg =
+        kvsift_test::message_of<invalid_argument>([&] { (void)load_graph(f.path, changed); });
+    CHECK_THAT(msg, Contains("fingerprint") && Contains(detail::hex64(want)) &&
+                        Contains(detail::hex64(got)));
+  }
+  SECTION("another metric") {
+    const auto msg =
+        kvsift_test::message_of<invalid_argument>([&] { (void)load_graph<l2>(f.path, store); });
+    CHECK_THAT(msg, Contains("'inner_product'") && Contains("'l2'"));
+  }
+  SECTION("a version 1 file (no metric, no fingerprint) is refused, naming the version") {
+    {
+      std::ofstream out(f.path, std::ios::binary | std::ios::trunc);
+      detail::binary_writer w(out);
+      detail::write_header(w, {detail::graph_magic, 1, element_type::f32, 600, 16});
+      w.write_pod(static_cast<std::uint64_t>(g.max_degree()));
+      w.write_pod(static_cast<std::uint32_t>(g.entry_point()));
+      w.write_array(g.adjacency().data(), g.adjacency().size());
+      w.write_checksum();
+    }
+    const auto msg = kvsift_test::message_of<io_error>([&] { (void)load_graph(f.path, store); });
+    CHECK_THAT(
+        msg, Contains("version 1") && Contains("expected version 2") && Contains(f.path.string()));
+  }
+}
+
+TEST_CASE("key_fingerprint hashes every row of small sets and samples large ones",
+          "[index][io][rel]") {
+  // 20 MiB of keys: above the 16 MiB full-hash limit, so 4096 evenly spaced rows are hashed.
+  const std::size_t n = 40960, d = 128;
+  std::vector<float> keys(n * d);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>(i % 1009);
+  const view_store<float> s(matrix_view<const float>(keys.data(), n, d));
+  const auto base = key_fingerprint(s);
+  keys[(n - 1) * d] += 1;  // the last row is always sampled
+  CHECK(key_fingerprint(s) != base);
+  keys[(n - 1) * d] -= 1;
+  CHECK(key_fingerprint(s) == base);
+  keys[5 * d] += 1;  // row 5 lies between samples 0 and 10: a documented blind spot
+  CHECK(key_fingerprint(s) == base);
+  keys[5 * d] -= 1;
+  // The shape is hashed too: the first rows of the same memory differ from the whole.
+  CHECK(key_fingerprint(view_store<float>(matrix_view<const float>(keys.data(), 100, d))) !=
+        key_fingerprint(view_store<float>(matrix_view<const float>(keys.data(), 101, d))));
+  // Small sets: every row counts.
+  std::vector<float> small(50 * 8, 1.0f);
+  const view_store<float> ss(matrix_view<const float>(small.data(), 50, 8));
+  const auto sb = key_fingerprint(ss);
+  small[23 * 8 + 5] = 2.0f;
+  CHECK(key_fingerprint(ss) != sb);
 }

@@ -184,3 +184,39 @@ TEST_CASE("cpu_knn_engine rejects bad input", "[index][knn]") {
       [&] { (void)e.search(kvsift::matrix_view<const float>(q.data(), 2, 3), kv, 3); });
   CHECK_THAT(msg, Contains("expected dimension 4") && Contains("got 3"));
 }
+
+// Audit item 8: key_block = SIZE_MAX reached Eigen as a negative size (abort); block sizes are
+// now clamped, so any value gives the oracle's answer.
+TEST_CASE("cpu_knn_engine clamps absurd block sizes", "[index][knn][rel]") {
+  const fixture f = make(61, 19, 23, 24, 17);
+  constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
+  for (const kvsift::cpu_knn_params p :
+       {kvsift::cpu_knn_params{2, huge, huge}, kvsift::cpu_knn_params{1, 0, 0},
+        kvsift::cpu_knn_params{2, 3, huge}, kvsift::cpu_knn_params{1, huge, 5}}) {
+    check_engine<float>(f, 10, p);
+    check_engine<kvsift::half>(f, 7, p);
+  }
+}
+
+// Audit items 1 and 20: keys of dimension 0, more keys than 32-bit ids, and a queries x k
+// product that overflows are refused before anything is read or allocated.
+TEST_CASE("cpu_knn_engine rejects degenerate and overflow-sized shapes", "[index][knn][rel]") {
+  using Catch::Matchers::Contains;
+  std::vector<float> buf(64, 1.0f);
+  const kvsift::cpu_knn_engine e({1, 4, 4});
+  const kvsift::matrix_view<const float> q(buf.data(), 2, 4);
+  auto msg = kvsift_test::message_of<kvsift::out_of_range>([&] {
+    (void)e.search(q, kvsift::matrix_view<const float>(buf.data(), std::size_t{1} << 32, 4), 3);
+  });
+  CHECK_THAT(msg, Contains("knn") && Contains("4294967296"));
+  msg = kvsift_test::message_of<kvsift::invalid_argument>([&] {
+    (void)e.search(kvsift::matrix_view<const float>(buf.data(), 2, 0),
+                   kvsift::matrix_view<const float>(buf.data(), 5, 0), 3);
+  });
+  CHECK_THAT(msg, Contains("dimension > 0") && Contains("5 x 0"));
+  msg = kvsift_test::message_of<kvsift::invalid_argument>([&] {
+    (void)e.search(q, kvsift::matrix_view<const float>(buf.data(), 4, 4),
+                   std::numeric_limits<std::size_t>::max());
+  });
+  CHECK_THAT(msg, Contains("queries x k") && Contains("overflows"));
+}

@@ -388,3 +388,93 @@ TEST_CASE("roargraph_builder: bad input", "[index][roargraph]") {
     CHECK_THAT(msg, Contains("M = 4") && Contains("L = 3"));
   }
 }
+
+// Audit item 1: M had no upper bound, so 2M and n * 2M wrapped and the flat adjacency came out
+// empty (or too small) and was written past; the bound must fire before any work (no progress
+// step reported).
+TEST_CASE("roargraph_builder: overflow-sized M is rejected before any work",
+          "[index][roargraph][rel]") {
+  std::vector<float> keys(40 * 8), q(10 * 8);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 5) % 11) - 5;
+  const kvsift::matrix_view<const float> kv(keys.data(), 40, 8), qv(q.data(), 10, 8);
+  std::size_t steps = 0;
+  const kvsift::build_progress_callback count = [&](const kvsift::build_progress&) { ++steps; };
+  for (const std::size_t M :
+       {std::size_t{1} << 63, std::size_t{1} << 19, std::numeric_limits<std::size_t>::max()}) {
+    kvsift::roargraph_params p;
+    p.nq = 4;
+    p.M = M;
+    p.L = std::numeric_limits<std::size_t>::max();  // L >= M holds: only the bound on M fires
+    p.threads = 1;
+    const auto msg = message_of<kvsift::invalid_argument>([&] {
+      (void)kvsift::roargraph_builder<>(p).build(kvsift::owning_store<float>(kv), qv, nullptr,
+                                                 count);
+    });
+    CHECK_THAT(msg, Contains("expected M <= 524287") && Contains("got M = " + std::to_string(M)));
+  }
+  CHECK(steps == 0);
+}
+
+TEST_CASE("roargraph_builder: keys of dimension 0 are rejected", "[index][roargraph][rel]") {
+  std::vector<float> buf(8, 1.0f);
+  const kvsift::matrix_view<const float> keys(buf.data(), 10, 0), q(buf.data(), 3, 0);
+  kvsift::roargraph_params p;
+  p.nq = 4;
+  p.M = 4;
+  p.L = 8;
+  p.threads = 1;
+  const auto msg = message_of<kvsift::invalid_argument>(
+      [&] { (void)kvsift::roargraph_builder<>(p).training_knn(keys, q); });
+  CHECK_THAT(msg, Contains("dimension > 0") && Contains("10 x 0"));
+  // The stores refuse such rows too (a view_store would hand out rows of nothing).
+  const auto smsg =
+      message_of<kvsift::invalid_argument>([&] { (void)kvsift::view_store<float>(keys); });
+  CHECK_THAT(smsg, Contains("view_store") && Contains("10 x 0"));
+  const auto omsg =
+      message_of<kvsift::invalid_argument>([&] { (void)kvsift::owning_store<float>(keys); });
+  CHECK_THAT(omsg, Contains("owning_store") && Contains("10 x 0"));
+}
+
+TEST_CASE("roargraph_builder: connectivity_knn that would wrap is rejected up front",
+          "[index][roargraph][rel]") {
+  std::vector<float> keys(40 * 8), q(10 * 8);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 5) % 11) - 5;
+  const kvsift::matrix_view<const float> kv(keys.data(), 40, 8), qv(q.data(), 10, 8);
+  kvsift::roargraph_params p;
+  p.nq = 4;
+  p.M = 4;
+  p.L = 8;
+  p.threads = 1;
+  p.connectivity_knn = std::numeric_limits<std::size_t>::max();  // + 1 wrapped to 0
+  std::size_t steps = 0;
+  const auto msg = message_of<kvsift::invalid_argument>([&] {
+    (void)kvsift::roargraph_builder<>(p).build(kvsift::owning_store<float>(kv), qv, nullptr,
+                                               [&](const kvsift::build_progress&) { ++steps; });
+  });
+  CHECK_THAT(msg, Contains("connectivity_knn") && Contains("18446744073709551615"));
+  CHECK(steps == 0);
+}
+
+// Audit item 3: knn.rows * knn.k wrapped to 0, so an empty id array passed the size check and
+// row 0 was read from it.
+TEST_CASE("roargraph_builder: build_from_knn with a wrapping kNN shape",
+          "[index][roargraph][rel]") {
+  std::vector<float> keys(40 * 8);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
+  kvsift::roargraph_params p;
+  p.nq = 4;
+  p.M = 4;
+  p.L = 8;
+  p.threads = 1;
+  kvsift::knn_result knn;
+  knn.rows = std::size_t{1} << 32;
+  knn.k = std::size_t{1} << 32;  // rows * k = 2^64 wraps to 0 == ids.size()
+  const auto msg = message_of<kvsift::invalid_argument>([&] {
+    (void)kvsift::roargraph_builder<>(p).build_from_knn(
+        kvsift::owning_store<float>(kvsift::matrix_view<const float>(keys.data(), 40, 8)), knn);
+  });
+  CHECK_THAT(
+      msg, Contains("kNN result") && Contains("4294967296 x 4294967296") && Contains("overflows"));
+}

@@ -567,3 +567,37 @@ TEST_CASE("read_header rejects a shape that overflows", "[io]") {
   CHECK_THAT(message_of<kvsift::io_error>([&] { (void)kvsift::detail::read_header(r, magic, 1); }),
              Catch::Contains("overflows"));
 }
+
+// Audit item 10: rows of dimension 0 need no payload, so a header of (2^32 - 1) x 0 or a shape
+// of (2^64 - 1, 0) matched an empty data section and loaded as billions of phantom rows.
+TEST_CASE("vector files with rows of dimension 0 are rejected", "[io][rel]") {
+  temp_dir dir;
+  const auto fb = dir / "zero.fbin";
+  write_file(fb, fbin_bytes(0xffffffffu, 0, 0));
+  CHECK_THAT(message_of<kvsift::io_error>([&] { (void)kvsift::read_fbin(fb); }),
+             Catch::Contains("4294967295 x 0") && Catch::Contains("dimension > 0") &&
+                 Catch::Contains(fb.string()));
+  const auto ib = dir / "zero.ibin";
+  write_file(ib, fbin_bytes(7, 0, 0));
+  CHECK_THAT(message_of<kvsift::io_error>([&] { (void)kvsift::read_ibin(ib); }),
+             Catch::Contains("7 x 0") && Catch::Contains("dimension > 0"));
+  const auto np = dir / "zero.npy";
+  write_file(np, npy_bytes(1, f4_dict("(18446744073709551615, 0)"), ""));
+  CHECK_THAT(message_of<kvsift::io_error>([&] { (void)kvsift::read_npy(np); }),
+             Catch::Contains("18446744073709551615") && Catch::Contains("dimension > 0"));
+  write_file(np, npy_bytes(1, f4_dict("(0,)"), ""));
+  CHECK_THAT(message_of<kvsift::io_error>([&] { (void)kvsift::read_npy(np); }),
+             Catch::Contains("dimension > 0"));
+  // The empty set stays valid: 0 rows, any dimension (0 included).
+  write_file(fb, fbin_bytes(0, 0, 0));
+  CHECK(kvsift::read_fbin(fb).rows() == 0);
+  write_file(np, npy_bytes(1, f4_dict("(0, 0)"), ""));
+  CHECK(kvsift::read_npy(np).rows() == 0);
+  // The writers refuse what the readers would refuse.
+  std::vector<float> buf(4);
+  const kvsift::matrix_view<const float> flat(buf.data(), 3, 0);
+  CHECK_THAT(message_of<kvsift::invalid_argument>([&] { kvsift::write_fbin(fb, flat); }),
+             Catch::Contains("3 x 0"));
+  CHECK_THAT(message_of<kvsift::invalid_argument>([&] { kvsift::write_npy(np, flat); }),
+             Catch::Contains("3 x 0"));
+}

@@ -101,3 +101,28 @@ TEST_CASE("buffer_elasticity rejects bad input", "[memory]") {
   REQUIRE_THROWS_AS(b.set_mandatory(9, 1, 1, taken), kvsift::out_of_range);
   REQUIRE_THROWS_AS((void)b.allocation_of(9), kvsift::out_of_range);
 }
+
+// Audit item 6: set_mandatory stored length 0 (a reclaim weight of 0: 0/0 = NaN cast to
+// size_t), and lengths summed in size_t wrapped, so shares came out far off proportion.
+TEST_CASE("buffer_elasticity: zero and overflow-sized lengths", "[memory][rel]") {
+  buffer_elasticity b(1000);
+  REQUIRE(b.admit(1, 10, 5, 100));
+  std::vector<reclaimed_pages> taken;
+  const auto msg = message_of<kvsift::invalid_argument>([&] { b.set_mandatory(1, 0, 6, taken); });
+  CHECK_THAT(msg, Catch::Contains("length must be > 0") && Catch::Contains("got 0"));
+  CHECK(b.allocation_of(1).length == 10);  // nothing changed
+  CHECK(b.allocation_of(1).mandatory == 5);
+  CHECK(b.free_pages() == 895);
+
+  // Lengths 2^64 - 1 and 2^63 - 1 (their sum wraps) share a reclaim of 30 pages 2 : 1.
+  buffer_elasticity c(1000);
+  REQUIRE(c.admit(1, std::numeric_limits<std::size_t>::max(), 0, 100));
+  REQUIRE(c.admit(2, std::numeric_limits<std::size_t>::max() / 2, 0, 100));
+  c.reclaim(30, taken);
+  REQUIRE(taken.size() == 2);
+  CHECK(taken[0].request == 1);
+  CHECK(taken[0].pages == 20);
+  CHECK(taken[1].request == 2);
+  CHECK(taken[1].pages == 10);
+  CHECK(c.free_pages() == 830);
+}

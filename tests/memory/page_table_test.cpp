@@ -140,3 +140,40 @@ TEST_CASE("page_table rejects bad shapes, keys and the pool running out", "[memo
   REQUIRE_THROWS_AS(t.lookup(keys, std::span<kvsift::page_id>(out2).first(2)),
                     kvsift::dimension_mismatch);
 }
+
+// Audit item 5: requests * layers * heads * segments wrapped (2^32 x 2^32 = 0), so the
+// directory came out empty while map() indexed it with 32-bit-truncated layers and heads.
+TEST_CASE("page_table rejects a directory size that overflows", "[memory][rel]") {
+  page_table_params p;
+  p.requests = std::size_t{1} << 32;
+  p.layers = std::size_t{1} << 32;
+  p.heads = 1;
+  p.pages_per_head = 1;
+  p.pool_segments = 1;
+  auto msg = message_of<kvsift::invalid_argument>([&] { page_table t(p); });
+  CHECK_THAT(msg, Catch::Contains("directory") && Catch::Contains("4294967296 x 4294967296") &&
+                      Catch::Contains("overflows"));
+  p.requests = 3;
+  p.layers = std::size_t{1} << 62;
+  p.heads = 4;  // 3 x 2^62 x 4 = 3 x 2^64: wraps to 0 through an intermediate that fits
+  msg = message_of<kvsift::invalid_argument>([&] { page_table t(p); });
+  CHECK_THAT(msg, Catch::Contains("overflows"));
+}
+
+// Audit item 16: the class comment promises that a freshly freed id is not reused at once, but
+// the hint was a word index, so an id freed in the current word came straight back.
+TEST_CASE("segment_allocator does not hand a freed id straight back", "[memory][rel]") {
+  kvsift::segment_allocator a(200);
+  for (std::size_t i = 0; i < 10; ++i) REQUIRE(a.allocate() == i);
+  a.release(3);
+  CHECK(a.allocate() == 10);  // next-fit: 3 waits until the cursor comes round
+  CHECK(a.allocate() == 11);
+  // Only when everything after the cursor is taken does the search wrap round to 3.
+  for (std::size_t i = 12; i < 200; ++i) REQUIRE(a.allocate() == i);
+  CHECK(a.allocate() == 3);
+  CHECK(a.free_count() == 0);
+  a.release(150);
+  a.release(7);
+  CHECK(a.allocate() == 7);  // the cursor sits just after 3: 7 comes before 150
+  CHECK(a.allocate() == 150);
+}

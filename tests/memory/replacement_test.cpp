@@ -215,3 +215,13 @@ TEST_CASE("replacement policies reject bad input before changing state", "[memor
   REQUIRE(st.hits == 0);
   REQUIRE(st.misses() == 0);
 }
+
+// Audit item 15: the slot maps were allocated before the sizes were validated, so an
+// overflow-sized capacity threw bad_alloc (or took the memory) instead of invalid_argument.
+TEST_CASE("replacement policies validate sizes before allocating", "[memory][rel]") {
+  constexpr std::size_t huge = std::size_t{1} << 50;  // 4 PiB of slots: no allocation can succeed
+  auto msg = kvsift_test::message_of<kvsift::invalid_argument>([] { kvsift::exact_lru(huge, 10); });
+  CHECK_THAT(msg, Catch::Contains("exact_lru") && Catch::Contains("1125899906842624"));
+  msg = kvsift_test::message_of<kvsift::invalid_argument>([] { kvsift::bucketed_lru<>(4, huge); });
+  CHECK_THAT(msg, Catch::Contains("bucketed_lru") && Catch::Contains("1125899906842624"));
+}

@@ -99,3 +99,46 @@ TEST_CASE("beam_search rejects bad input", "[search][beam]") {
   });
   CHECK_THAT(msg, Contains("2000"));
 }
+
+// Audit item 11 (decided contract): a query holding NaN or Inf returns no results: count 0,
+// every id invalid_id, every score the metric's worst, unfiltered and filtered alike. The old
+// behaviour returned real ids in walk order with -inf scores.
+TEST_CASE("beam_search: a non-finite query returns no results", "[search][beam][rel]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  const kvsift::id_below prefix{1000};
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> q(f.eval.row(0), f.eval.row(0) + 32);
+    q[11] = bad;
+    std::vector<id_t> ids(10, 7);
+    std::vector<float> sc(10, 1.0f);
+    auto st = kvsift::beam_search(f.graph, q, {10, 20}, ws, ids, sc);
+    CHECK(st.count == 0);
+    CHECK(std::all_of(ids.begin(), ids.end(), [](id_t i) { return i == kvsift::invalid_id; }));
+    CHECK(std::all_of(sc.begin(), sc.end(),
+                      [](float s) { return s == -std::numeric_limits<float>::infinity(); }));
+    std::fill(ids.begin(), ids.end(), 7);
+    st = kvsift::beam_search(f.graph, q, {10, 20}, ws, ids, sc, prefix);
+    CHECK(st.count == 0);
+    CHECK(std::all_of(ids.begin(), ids.end(), [](id_t i) { return i == kvsift::invalid_id; }));
+  }
+}
+
+// Audit item 15: the pool was reserved at L before anything bounded it by n, so a huge L
+// threw length_error (or reserved gigabytes) instead of searching: a pool beyond n holds n.
+TEST_CASE("beam_search: a pool far larger than the index equals a pool of n",
+          "[search][beam][rel]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  std::vector<id_t> a(10), b(10);
+  std::vector<float> sa(10), sb(10);
+  const auto big = std::size_t{1} << 61;  // 2^61 candidates x 12 bytes: beyond any vector
+  const auto s1 = kvsift::beam_search(f.graph, f.eval.row_span(0), {10, big}, ws, a, sa);
+  const auto s2 = kvsift::beam_search(f.graph, f.eval.row_span(0), {10, 2000}, ws, b, sb);
+  CHECK(s1.count == 10);
+  CHECK(a == b);
+  CHECK(sa == sb);
+  CHECK(s1.distance_computations == s2.distance_computations);
+}

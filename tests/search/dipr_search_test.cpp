@@ -96,3 +96,62 @@ TEST_CASE("dipr_search rejects bad input", "[search][dipr]") {
                  [&] { kvsift::dipr_search(f.graph, q, {}, ws, r, kvsift::no_filter{}, bad); }),
              Contains("4000"));
 }
+
+// Audit item 11: a query holding NaN or Inf yields an empty answer, with a worst best_score
+// (or the seed when one was given), unfiltered and filtered, graph and flat alike.
+TEST_CASE("dipr_search: a non-finite query returns an empty answer", "[search][dipr][rel]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  kvsift::dipr_result r;
+  const kvsift::id_below prefix{1000};
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> q(f.eval.row(0), f.eval.row(0) + 32);
+    q[3] = bad;
+    kvsift::dipr_search(f.graph, q, {.beta = 5.0f}, ws, r);
+    CHECK(r.ids.empty());
+    CHECK(r.scores.empty());
+    CHECK(r.stats.count == 0);
+    CHECK(r.best_score == -std::numeric_limits<float>::infinity());
+    kvsift::dipr_search(f.graph, q, {.beta = 5.0f}, ws, r, prefix);
+    CHECK(r.ids.empty());
+    kvsift::dipr_search(f.graph, q, {.beta = 5.0f, .seed_score = 2.5f}, ws, r);
+    CHECK(r.ids.empty());
+    CHECK(r.best_score == 2.5f);
+    f.flat.dipr(q, {.beta = 5.0f}, ws, r);
+    CHECK(r.ids.empty());
+    CHECK(r.best_score == -std::numeric_limits<float>::infinity());
+  }
+}
+
+// Audit item 12: best_score came back -inf whenever the best key was infinite, +inf included.
+TEST_CASE("dipr_search: an infinite best score is reported as +inf", "[search][dipr][rel]") {
+  std::vector<float> keys = {3e38f, 1.0f, 2.0f};  // 3 keys of dimension 1
+  const store_t s(kvsift::matrix_view<const float>(keys.data(), 3, 1));
+  const kvsift::graph_index<store_t> g(s, 2, {1, 2, 0, 2, 0, 1}, 1);
+  const kvsift::flat_index<store_t> flat(s);
+  const std::vector<float> q = {10.0f};  // 10 * 3e38 overflows to +inf: a real, infinite score
+  kvsift::search_workspace ws;
+  kvsift::dipr_result r;
+  kvsift::dipr_search(g, q, {.beta = 1.0f, .l0 = 2}, ws, r);
+  CHECK(r.best_score == std::numeric_limits<float>::infinity());
+  REQUIRE(r.ids.size() == 1);
+  CHECK(r.ids[0] == 0);
+  flat.dipr(q, {.beta = 1.0f}, ws, r);
+  CHECK(r.best_score == std::numeric_limits<float>::infinity());
+}
+
+// Audit item 15: l0 and the automatic cap 64 * l0 were used unclamped: a huge l0 reserved
+// (or threw length_error) and 64 * l0 could wrap to a cap of 0.
+TEST_CASE("dipr_search: a huge l0 behaves as l0 = n", "[search][dipr][rel]") {
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  kvsift::dipr_result a, b;
+  const auto q = f.eval.row_span(1);
+  kvsift::dipr_search(f.graph, q, {.beta = 3.0f, .l0 = std::size_t{1} << 58}, ws, a);
+  kvsift::dipr_search(f.graph, q, {.beta = 3.0f, .l0 = 2000}, ws, b);
+  CHECK_FALSE(a.capped);
+  CHECK_FALSE(a.ids.empty());
+  CHECK(a.ids == b.ids);
+}

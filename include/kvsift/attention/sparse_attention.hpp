@@ -21,6 +21,7 @@
 
 #include "kvsift/attention/detail/attention_kernels.hpp"
 #include "kvsift/attention/partial_state.hpp"
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/element.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
@@ -57,7 +58,8 @@ class kv_view {
   kv_view() = default;
 
   /// @throw dimension_mismatch if keys and values differ in rows or cols.
-  /// @throw invalid_argument if kv_heads == 0, or kv_heads > 1 with head_stride == 0.
+  /// @throw invalid_argument if kv_heads == 0, or kv_heads > 1 with head_stride == 0, or the
+  ///        rows have dimension 0; out_of_range for more than max_index_size tokens.
   kv_view(matrix_view<const value_type> keys, matrix_view<const value_type> values,
           std::size_t kv_heads = 1, std::size_t head_stride = 0)
       : keys_(keys), values_(values), kv_heads_(kv_heads), head_stride_(head_stride) {
@@ -65,9 +67,12 @@ class kv_view {
                                         "kv_view: expected as many value rows as key rows (",
                                         keys.rows(), "), got ", values.rows());
     require_dim(keys.cols(), values.cols(), "kv_view: values");
+    require_vector_dim(keys.rows(), keys.cols(), "kv_view: keys");
+    require_indexable(keys.rows(), "kv_view: tokens");
     detail::require(kv_heads >= 1, "kv_view: expected kv_heads >= 1, got ", kv_heads);
     detail::require(kv_heads == 1 || head_stride > 0, "kv_view: expected head_stride > 0 for ",
                     kv_heads, " heads, got 0");
+    (void)checked_mul(kv_heads - 1, head_stride, "kv_view: head offsets (kv_heads - 1) x stride");
   }
 
   [[nodiscard]] std::size_t tokens() const noexcept { return keys_.rows(); }
@@ -111,7 +116,9 @@ class paged_kv {
 
   /// Validates every page-table entry once, so key()/value() need no checks.
   /// Complexity: O(kv_heads * pages_per_head).
-  /// @throw invalid_argument if page_size, head_dim or kv_heads is 0.
+  /// @throw invalid_argument if page_size, head_dim or kv_heads is 0, or page_size x head_dim
+  ///        or kv_heads x ceil(tokens / page_size) overflows size_t.
+  /// @throw out_of_range if tokens > max_index_size (token ids are 32-bit).
   /// @throw dimension_mismatch if the pools differ in size or are not whole pages, or the
   ///        table size is not kv_heads * ceil(tokens / page_size).
   /// @throw out_of_range if a table entry is not a page of the pool.
@@ -121,16 +128,21 @@ class paged_kv {
     detail::require(shape.page_size > 0 && shape.head_dim > 0 && shape.kv_heads > 0,
                     "paged_kv: expected page_size, head_dim, kv_heads > 0, got ", shape.page_size,
                     ", ", shape.head_dim, ", ", shape.kv_heads);
-    const std::size_t page_elems = shape.page_size * shape.head_dim;
+    require_indexable(shape.tokens, "paged_kv: tokens");
+    // Checked: a wrapped page size of 0 was divided by, and a wrapped page count let an empty
+    // table pass and be read past.
+    const std::size_t page_elems =
+        checked_mul(shape.page_size, shape.head_dim, "paged_kv: page_size x head_dim");
     detail::require<dimension_mismatch>(
         k_pool.size() == v_pool.size() && k_pool.size() % page_elems == 0,
         "paged_kv: expected equal K/V pools of whole pages (", page_elems, " elements each), got ",
         k_pool.size(), " and ", v_pool.size());
-    pages_per_head_ = (shape.tokens + shape.page_size - 1) / shape.page_size;
-    detail::require<dimension_mismatch>(page_table.size() == shape.kv_heads * pages_per_head_,
-                                        "paged_kv: expected a page table of ",
-                                        shape.kv_heads * pages_per_head_, " entries, got ",
-                                        page_table.size());
+    pages_per_head_ = checked_ceil_div(shape.tokens, shape.page_size, "paged_kv: pages per head");
+    const std::size_t table_size =
+        checked_mul(shape.kv_heads, pages_per_head_, "paged_kv: kv_heads x pages per head");
+    detail::require<dimension_mismatch>(page_table.size() == table_size,
+                                        "paged_kv: expected a page table of ", table_size,
+                                        " entries, got ", page_table.size());
     const std::size_t pool_pages = k_pool.size() / page_elems;
     for (std::size_t i = 0; i < page_table.size(); ++i) {
       detail::require<out_of_range>(page_table[i] < pool_pages, "paged_kv: page table entry ", i,
@@ -202,6 +214,8 @@ inline constexpr std::size_t attention_block = 64;
 template <KvSource S>
 void validate_attention(std::span<const float> q, std::size_t kv_head, std::size_t n, const S& kv,
                         const attention_params& params, const char* what) {
+  // Token positions become 32-bit ids; a source past max_index_size would alias invalid_id.
+  require_indexable(kv.tokens(), what);
   require_dim(kv.head_dim(), q.size(), what);
   require<out_of_range>(kv_head < kv.kv_heads(), what, ": expected kv_head < ", kv.kv_heads(),
                         ", got ", kv_head);
@@ -291,7 +305,7 @@ void attend(const float* q, std::size_t kv_head, std::size_t n, TokenAt token_at
 /// @throw dimension_mismatch if q.size() != kv.head_dim(), or bias is non-empty and
 ///        bias.size() != tokens.size().
 /// @throw out_of_range if kv_head >= kv.kv_heads() or a token id >= kv.tokens() (the message
-///        names the first bad position).
+///        names the first bad position), or kv.tokens() > max_index_size.
 /// @throw non_finite_value if q holds NaN/Inf, scale is not finite, or a bias is NaN or +inf.
 /// All validation happens before `out` is touched.
 template <KvSource S>

@@ -33,7 +33,10 @@ class candidate_pool {
     detail::require(capacity > 0, "candidate_pool: capacity must be > 0, got 0");
     capacity_ = capacity;
     data_.clear();
-    data_.reserve(capacity + 1);
+    // The reservation is a hint, bounded so that a huge capacity (a pool of L = 2^62 for a
+    // small index) neither wraps capacity + 1 nor throws length_error; beyond the bound the
+    // vector grows as candidates arrive, and a search never holds more than the index size.
+    data_.reserve(std::min(capacity, max_reserved) + 1);
     cursor_ = 0;
   }
 
@@ -78,6 +81,8 @@ class candidate_pool {
   static bool better(float key, id_t id, const candidate& b) noexcept {
     return key > b.key || (key == b.key && id < b.id);
   }
+
+  static constexpr std::size_t max_reserved = std::size_t{1} << 20;
 
   std::vector<candidate> data_;
   std::size_t capacity_ = 0;

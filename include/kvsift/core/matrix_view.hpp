@@ -87,6 +87,14 @@ void require_finite(matrix_view<T> m, const char* what) {
   }
 }
 
+/// Throws `invalid_argument` if a non-empty set of `rows` vectors has dimension 0: a 0-dim
+/// vector has no data, so a store of them would hand out null rows (memcpy(nullptr) in the
+/// kernels) and a file of them would describe billions of phantom rows. O(1).
+inline void require_vector_dim(std::size_t rows, std::size_t cols, const char* what) {
+  detail::require(rows == 0 || cols > 0, what, ": expected vectors of dimension > 0, got ", rows,
+                  " x ", cols);
+}
+
 /// Throws `dimension_mismatch` unless `actual == expected`.
 inline void require_dim(std::size_t expected, std::size_t actual, const char* what) {
   detail::require<dimension_mismatch>(expected == actual, what, ": expected dimension ", expected,

@@ -18,16 +18,29 @@ inline std::size_t default_thread_count() noexcept {
   return std::max<std::size_t>(1, std::thread::hardware_concurrency());
 }
 
+namespace detail {
+/// Test seam, null in production: when set, it is called with the worker index before each
+/// worker thread is created, and an exception it throws stands in for a failed std::thread
+/// construction (std::system_error when the system is out of threads), which a test cannot
+/// provoke reliably. Not thread-safe to change while a parallel_for runs.
+inline void (*parallel_for_spawn_hook)(std::size_t worker) = nullptr;
+}  // namespace detail
+
 /// Calls `fn(i, thread_index)` for every i in [0, n) on `threads` threads (0 = hardware
 /// concurrency; the calling thread is one of them). Indices are handed out in chunks of
-/// `chunk`. The first exception thrown by `fn` stops further work and is rethrown here.
+/// `chunk` (0 counts as 1; a chunk beyond n is n). The first exception thrown by `fn` stops
+/// further work and is rethrown here. If a worker thread cannot be created, the workers
+/// already started are stopped and joined and that exception (std::system_error) is rethrown:
+/// never std::terminate from a joinable thread, and no call of fn runs after the return.
 /// Complexity: n calls of fn. Thread safety: fn must be safe to call concurrently.
 template <class Fn>
 void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk = 1) {
   if (n == 0) return;
   if (threads == 0) threads = default_thread_count();
-  chunk = std::max<std::size_t>(chunk, 1);
-  threads = std::min(threads, (n + chunk - 1) / chunk);
+  // Clamped to n so neither the thread count (n + chunk - 1 wrapped for a huge chunk) nor the
+  // shared cursor (begin + chunk) can overflow.
+  chunk = std::clamp<std::size_t>(chunk, 1, n);
+  threads = std::min(threads, n / chunk + (n % chunk != 0 ? 1 : 0));
   if (threads <= 1) {
     for (std::size_t i = 0; i < n; ++i) fn(i, std::size_t{0});
     return;
@@ -41,7 +54,7 @@ void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk
       while (!failed.load(std::memory_order_relaxed)) {
         const std::size_t begin = next.fetch_add(chunk, std::memory_order_relaxed);
         if (begin >= n) break;
-        const std::size_t end = std::min(n, begin + chunk);
+        const std::size_t end = begin + std::min(chunk, n - begin);
         for (std::size_t i = begin; i < end; ++i) fn(i, t);
       }
     } catch (...) {
@@ -51,8 +64,19 @@ void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk
     }
   };
   std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(worker, t);
+  try {
+    pool.reserve(threads - 1);
+    for (std::size_t t = 1; t < threads; ++t) {
+      if (detail::parallel_for_spawn_hook != nullptr) detail::parallel_for_spawn_hook(t);
+      pool.emplace_back(worker, t);
+    }
+  } catch (...) {
+    // Destroying a joinable std::thread calls std::terminate: stop the started workers,
+    // join them, then report the failure.
+    failed.store(true, std::memory_order_relaxed);
+    for (auto& th : pool) th.join();
+    throw;
+  }
   worker(0);
   for (auto& th : pool) th.join();
   if (error) std::rethrow_exception(error);

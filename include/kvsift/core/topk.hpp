@@ -27,15 +27,19 @@ class topk_selector {
   topk_selector() = default;
   explicit topk_selector(std::size_t k) { reset(k); }
 
+  /// Empties the selector and keeps the k best from now on; k == 0 keeps nothing. The
+  /// reservation is bounded (a hint: the heap grows as needed), so a huge k neither throws
+  /// length_error nor reserves gigabytes; callers that know n pass min(k, n). O(1) amortised.
   void reset(std::size_t k) {
     k_ = k;
     heap_.clear();
-    heap_.reserve(k);
+    heap_.reserve(std::min(k, max_reserved));
   }
 
-  /// True if (key, id) would be kept now; cheap pre-filter for hot loops.
+  /// True if (key, id) would be kept now; cheap pre-filter for hot loops. Always false for
+  /// k == 0 (there is no worst kept entry to compare with).
   [[nodiscard]] bool accepts(float key, id_t id) const noexcept {
-    return heap_.size() < k_ || ranks_before(scored_id{key, id}, heap_.front());
+    return heap_.size() < k_ || (k_ != 0 && ranks_before(scored_id{key, id}, heap_.front()));
   }
 
   void push(float key, id_t id) {
@@ -52,7 +56,7 @@ class topk_selector {
   }
 
   [[nodiscard]] std::size_t size() const noexcept { return heap_.size(); }
-  /// Worst key kept (valid when size() == k).
+  /// Worst key kept (valid when size() == k > 0).
   [[nodiscard]] float threshold() const noexcept { return heap_.front().key; }
 
   /// Sorted best-first; empties the selector. O(k log k).
@@ -62,6 +66,8 @@ class topk_selector {
   }
 
  private:
+  static constexpr std::size_t max_reserved = std::size_t{1} << 20;
+
   std::size_t k_ = 0;
   std::vector<scored_id> heap_;
 };

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/element.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
@@ -40,7 +41,10 @@ class view_store {
   using value_type = std::remove_const_t<T>;
 
   view_store() = default;
-  explicit view_store(matrix_view<const value_type> v) noexcept : view_(v) {}
+  /// @throw invalid_argument for rows of dimension 0 (`require_vector_dim`). O(1).
+  explicit view_store(matrix_view<const value_type> v) : view_(v) {
+    require_vector_dim(v.rows(), v.cols(), "view_store");
+  }
 
   [[nodiscard]] std::size_t size() const noexcept { return view_.rows(); }
   [[nodiscard]] std::size_t dim() const noexcept { return view_.cols(); }
@@ -64,7 +68,11 @@ class owning_store {
   owning_store() = default;
 
   /// Copies `v`. O(rows * cols).
-  explicit owning_store(matrix_view<const T> v) : dim_(v.cols()), data_(v.rows() * v.cols()) {
+  /// @throw invalid_argument for rows of dimension 0 (they would be dropped: size() would be 0).
+  explicit owning_store(matrix_view<const T> v)
+      : dim_(v.cols()),
+        data_((require_vector_dim(v.rows(), v.cols(), "owning_store"),
+               checked_mul(v.rows(), v.cols(), "owning_store: elements"))) {
     for (std::size_t i = 0; i < v.rows(); ++i) {
       std::copy(v.row(i), v.row(i) + dim_, data_.begin() + static_cast<std::ptrdiff_t>(i * dim_));
     }

@@ -213,7 +213,9 @@ class block_index {
   /// Builds the summaries of ceil(n / block_size) blocks (the last one may be shorter).
   /// `queries` (one row per token, as keys) is required by representatives that need it and
   /// ignored otherwise. Complexity: that of R::append over all blocks.
-  /// @throw invalid_argument if block_size == 0 or keys is empty; non_finite_value for NaN/Inf
+  /// A block_size beyond n makes one block of all n tokens.
+  /// @throw invalid_argument if block_size == 0 or keys is empty; out_of_range for more than
+  ///        max_index_size keys (token ids are 32-bit); non_finite_value for NaN/Inf
   ///        in keys or queries; dimension_mismatch if queries are needed and their shape
   ///        differs from keys'.
   block_index(matrix_view<const float> keys, std::size_t block_size,
@@ -222,6 +224,7 @@ class block_index {
     detail::require(block_size > 0, "block_index: expected block_size > 0, got 0");
     detail::require(keys.rows() > 0 && keys.cols() > 0, "block_index: expected a non-empty key ",
                     "set, got ", keys.rows(), " x ", keys.cols());
+    require_indexable(keys.rows(), "block_index: keys");
     require_finite(keys, "block_index: keys");
     if constexpr (R::needs_queries) {
       detail::require<dimension_mismatch>(
@@ -241,7 +244,8 @@ class block_index {
   [[nodiscard]] std::size_t dim() const noexcept { return dim_; }
   [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
   [[nodiscard]] std::size_t blocks() const noexcept {
-    return block_size_ == 0 ? 0 : (n_ + block_size_ - 1) / block_size_;
+    // Not (n + block_size - 1) / block_size: that wrapped to 0 blocks for a huge block_size.
+    return block_size_ == 0 ? 0 : n_ / block_size_ + (n_ % block_size_ != 0 ? 1 : 0);
   }
   [[nodiscard]] const R& representative() const noexcept { return rep_; }
   /// Bytes of the summaries (what the GPU keeps resident for this index), f32.
@@ -254,7 +258,8 @@ class block_index {
   [[nodiscard]] token_range tokens_of(std::size_t b) const {
     detail::require<out_of_range>(b < blocks(), "block_index::tokens_of: expected block < ",
                                   blocks(), ", got ", b);
-    return {b * block_size_, std::min(n_, (b + 1) * block_size_)};
+    const std::size_t first = b * block_size_;  // < n: b < blocks()
+    return {first, first + std::min(block_size_, n_ - first)};
   }
 
   /// Bounds of block b for query q. O(cost of R::bounds).
@@ -268,7 +273,8 @@ class block_index {
 
   /// The k blocks with the highest scores among blocks holding at least one token that passes
   /// `pred` (fewer if fewer exist). Complexity O(B * bound + B log k) for B blocks, plus
-  /// O(n) predicate calls when filtered. NaN scores rank last.
+  /// O(n) predicate calls when filtered. NaN scores rank last; a query holding NaN or Inf
+  /// returns no blocks.
   /// @throw invalid_argument if k == 0; dimension_mismatch for a wrong query length;
   ///        out_of_range for a predicate beyond the index.
   template <Predicate P = no_filter>
@@ -278,8 +284,9 @@ class block_index {
     detail::validate_query(q, dim_, "block_index::topk");
     validate_predicate(pred, n_);
     out.stats = {};
-    ws.topk.reset(k);
-    for (std::size_t b = 0; b < blocks(); ++b) {
+    const std::size_t nb = detail::finite_query(q) ? blocks() : 0;
+    ws.topk.reset(std::min(k, nb));  // never more than the blocks: no oversized reservation
+    for (std::size_t b = 0; b < nb; ++b) {
       if (passing(b, pred) == coverage::none) continue;
       ++out.stats.distance_computations;
       ws.topk.push(to_key<inner_product>(rep_.bounds(q.data(), b).upper), static_cast<id_t>(b));
@@ -291,7 +298,8 @@ class block_index {
   /// best lower bound over blocks whose tokens all pass `pred` (a partially passing block's
   /// lower bound may come from a filtered-out key). With a representative whose upper is a
   /// true bound (minmax), every passing token within beta of the best passing logit lies in a
-  /// returned block. Complexity as topk plus O(r log r) for r blocks returned.
+  /// returned block. Complexity as topk plus O(r log r) for r blocks returned. A query holding
+  /// NaN or Inf returns no blocks.
   /// @throw invalid_argument for beta < 0 or non-finite; dimension_mismatch; out_of_range.
   template <Predicate P = no_filter>
   void dipr(std::span<const float> q, float beta, search_workspace& ws, block_result& out,
@@ -304,7 +312,8 @@ class block_index {
     auto& list = ws.list;
     list.clear();
     float best_lower = -std::numeric_limits<float>::infinity();
-    for (std::size_t b = 0; b < blocks(); ++b) {
+    const std::size_t nb = detail::finite_query(q) ? blocks() : 0;
+    for (std::size_t b = 0; b < nb; ++b) {
       const coverage c = passing(b, pred);
       if (c == coverage::none) continue;
       ++out.stats.distance_computations;
@@ -344,7 +353,7 @@ class block_index {
     if constexpr (std::is_same_v<P, no_filter>) {
       return coverage::all;
     } else {
-      const std::size_t first = b * block_size_, last = std::min(n_, first + block_size_);
+      const std::size_t first = b * block_size_, last = first + std::min(block_size_, n_ - first);
       std::size_t pass = 0;
       for (std::size_t t = first; t < last; ++t) pass += pred(static_cast<id_t>(t)) ? 1 : 0;
       return pass == 0 ? coverage::none : (pass == last - first ? coverage::all : coverage::some);

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/metric.hpp"
@@ -32,14 +33,20 @@ class flat_index {
   using metric_type = M;
 
   flat_index() = default;
-  explicit flat_index(Store store) : store_(std::move(store)) {}
+  /// O(1). @throw out_of_range for more than max_index_size vectors (positions become 32-bit
+  /// ids; a larger store would alias invalid_id); invalid_argument for vectors of dimension 0.
+  explicit flat_index(Store store) : store_(std::move(store)) {
+    require_indexable(store_.size(), "flat_index");
+    require_vector_dim(store_.size(), store_.dim(), "flat_index");
+  }
 
   [[nodiscard]] const Store& store() const noexcept { return store_; }
   [[nodiscard]] std::size_t size() const noexcept { return store_.size(); }
   [[nodiscard]] std::size_t dim() const noexcept { return store_.dim(); }
 
   /// Exact k best (ties: lower id first) among ids passing `pred`, padded with invalid_id and
-  /// the worst score when fewer exist. O(n * d + n log k). NaN scores rank last.
+  /// the worst score when fewer exist. O(n * d + n log k). NaN scores rank last; a query
+  /// holding NaN or Inf returns no results (count 0, all padding).
   /// @throw invalid_argument if k == 0 or outputs shorter than k; dimension_mismatch for a
   ///        wrong query length; out_of_range for a predicate beyond the index.
   template <Predicate P = no_filter>
@@ -53,8 +60,10 @@ class flat_index {
     detail::validate_query(query, dim(), "flat_index::topk");
     validate_predicate(pred, size());
     search_stats stats;
-    ws.topk.reset(k);
-    for (std::size_t i = 0; i < size(); ++i) {
+    // The selector never holds more than n entries: a larger k reserves nothing more.
+    ws.topk.reset(std::min(k, size()));
+    const std::size_t n = detail::finite_query(query) ? size() : 0;
+    for (std::size_t i = 0; i < n; ++i) {
       const auto id = static_cast<id_t>(i);
       if (!pred(id)) continue;
       ++stats.distance_computations;
@@ -72,6 +81,7 @@ class flat_index {
 
   /// Exact DIPR: every passing id with score within beta of the best passing score (or of
   /// params.seed_score when better). l0 / max_candidates are ignored (nothing to explore).
+  /// A query holding NaN or Inf gives an empty answer (as dipr_search).
   /// O(n * d + r log r). @throw as dipr_search.
   template <Predicate P = no_filter>
   void dipr(std::span<const float> query, const dipr_params& params, search_workspace& ws,
@@ -85,7 +95,8 @@ class flat_index {
     float best = seeded ? to_key<M>(params.seed_score) : -std::numeric_limits<float>::infinity();
     auto& list = ws.list;
     list.clear();
-    for (std::size_t i = 0; i < size(); ++i) {
+    const std::size_t n = detail::finite_query(query) ? size() : 0;
+    for (std::size_t i = 0; i < n; ++i) {
       const auto id = static_cast<id_t>(i);
       if (!pred(id)) continue;
       ++out.stats.distance_computations;
@@ -111,11 +122,12 @@ knn_result exact_topk(const flat_index<Store, M>& index, matrix_view<const float
   detail::require(k > 0, "exact_topk: k must be > 0, got 0");
   require_dim(index.dim(), queries.cols(), "exact_topk: query dimension");
   validate_predicate(pred, index.size());
+  const std::size_t total = checked_mul(queries.rows(), k, "exact_topk: queries x k");
   knn_result out;
   out.rows = queries.rows();
   out.k = k;
-  out.ids.resize(out.rows * k);
-  out.scores.resize(out.rows * k);
+  out.ids.resize(total);
+  out.scores.resize(total);
   std::vector<search_workspace> ws(threads == 0 ? default_thread_count() : threads);
   parallel_for(queries.rows(), ws.size(), [&](std::size_t i, std::size_t t) {
     index.topk(queries.row_span(i), k, ws[t], std::span<id_t>(out.ids).subspan(i * k, k),

@@ -11,12 +11,18 @@
 #include <utility>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
+#include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/vector_store.hpp"
 
 namespace kvsift {
+
+/// Largest max_degree a graph may have: the degrees are kept as 32-bit counts and the graph
+/// file format (graph_io.hpp) refuses larger ones as corrupted, so a built graph always loads.
+inline constexpr std::size_t max_graph_degree = (std::size_t{1} << 20) - 1;
 
 /// Out-degree summary of a graph.
 struct degree_stats {
@@ -38,16 +44,25 @@ class graph_index {
   graph_index() = default;
 
   /// Takes an adjacency of store.size() x max_degree ids; each row is its neighbours followed
-  /// by invalid_id padding. O(n * max_degree) validation.
-  /// @throw invalid_argument if max_degree == 0, the adjacency size is not n * max_degree, a
-  ///        neighbour id >= n, a valid id follows padding, or entry >= n (for n > 0).
+  /// by invalid_id padding. O(n * max_degree) validation; the shape is checked before any
+  /// element is read.
+  /// @throw invalid_argument if max_degree == 0 or > max_graph_degree, the store holds rows of
+  ///        dimension 0, the adjacency size is not n * max_degree (checked, so a product that
+  ///        would wrap is an error, not a pass), a neighbour id >= n, a valid id follows
+  ///        padding; out_of_range if n > max_index_size or entry >= n (for n > 0).
   graph_index(Store store, std::size_t max_degree, std::vector<id_t> adjacency, id_t entry)
       : store_(std::move(store)), max_degree_(max_degree), adjacency_(std::move(adjacency)) {
     const std::size_t n = store_.size();
+    require_indexable(n, "graph_index");
+    require_vector_dim(n, store_.dim(), "graph_index");
     detail::require(max_degree_ > 0, "graph_index: max_degree must be > 0, got 0");
+    detail::require(max_degree_ <= max_graph_degree,
+                    "graph_index: max_degree must be <= ", max_graph_degree, ", got ", max_degree_);
+    const std::size_t expected =
+        checked_mul(n, max_degree_, "graph_index: adjacency of n x degree");
     detail::require<dimension_mismatch>(
-        adjacency_.size() == n * max_degree_, "graph_index: expected adjacency of ", n, " x ",
-        max_degree_, " = ", n * max_degree_, " ids, got ", adjacency_.size());
+        adjacency_.size() == expected, "graph_index: expected adjacency of ", n, " x ", max_degree_,
+        " = ", expected, " ids, got ", adjacency_.size());
     detail::require<out_of_range>(n == 0 || entry < n, "graph_index: expected entry < ", n,
                                   ", got ", entry);
     degrees_.resize(n);

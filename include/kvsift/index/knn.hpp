@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/detail/simd_kernels.hpp"
 #include "kvsift/core/element.hpp"
 #include "kvsift/core/error.hpp"
@@ -31,19 +32,30 @@ concept KnnEngine = requires(const E& e, matrix_view<const float> q, matrix_view
   { e.search(q, kh, k) } -> std::same_as<knn_result>;
 };
 
-/// Tuning of the CPU engine. Defaults suit d in [64, 256] on a few-MB L2 cache.
+/// Tuning of the CPU engine. Defaults suit d in [64, 256] on a few-MB L2 cache. Block sizes
+/// are clamped, never rejected: 0 counts as 1, a block beyond the queries / keys is the whole
+/// set, and the per-thread score block (query_block x key_block floats) is capped at
+/// `cpu_knn_max_block_floats` by shrinking key_block. Results do not depend on them.
 struct cpu_knn_params {
   std::size_t threads = 0;        ///< 0 = hardware concurrency
   std::size_t query_block = 256;  ///< queries per GEMM block
   std::size_t key_block = 2048;   ///< keys per GEMM block
 };
 
+/// Largest score block (floats) one CPU kNN thread allocates: 256 MiB. A key_block of SIZE_MAX
+/// used to reach Eigen as a negative size; clamped to the keys it still allocated
+/// query_block x n floats.
+inline constexpr std::size_t cpu_knn_max_block_floats = std::size_t{1} << 26;
+
 namespace detail {
 inline void validate_knn(matrix_view<const float> q, std::size_t n, std::size_t d, std::size_t k) {
   detail::require(k > 0, "knn: k must be > 0, got 0");
   detail::require(n > 0, "knn: expected a non-empty key set, got 0 keys");
+  require_indexable(n, "knn: keys");
+  require_vector_dim(n, d, "knn: keys");
   detail::require(q.rows() > 0, "knn: expected at least one query, got 0");
   require_dim(d, q.cols(), "knn: query dimension vs key dimension");
+  (void)checked_mul(q.rows(), k, "knn: queries x k");
 }
 }  // namespace detail
 
@@ -58,8 +70,9 @@ class cpu_knn_engine {
 
   /// k best keys per query by inner product. O(m * n * d) flops + O(m * n log k) selection.
   /// NaN products rank last.
-  /// @throw invalid_argument if k == 0, there are no keys or no queries;
-  ///        dimension_mismatch if query and key dims differ.
+  /// @throw invalid_argument if k == 0, there are no keys or no queries, keys have dimension
+  ///        0, or queries x k overflows size_t; out_of_range for more than max_index_size
+  ///        keys (ids are 32-bit); dimension_mismatch if query and key dims differ.
   template <Element T>
   [[nodiscard]] knn_result search(matrix_view<const float> queries, matrix_view<const T> keys,
                                   std::size_t k) const {
@@ -69,14 +82,15 @@ class cpu_knn_engine {
     knn_result out;
     out.rows = m;
     out.k = k;
-    out.ids.assign(m * k, invalid_id);
+    out.ids.assign(m * k, invalid_id);  // m * k checked by validate_knn
     out.scores.assign(m * k, -std::numeric_limits<float>::infinity());
 
     using row_mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     using cmap = Eigen::Map<const row_mat, 0, Eigen::OuterStride<>>;
-    const std::size_t qb = std::max<std::size_t>(1, params_.query_block);
-    const std::size_t kb = std::max<std::size_t>(1, params_.key_block);
-    const std::size_t nblocks = (m + qb - 1) / qb;
+    const std::size_t qb = std::clamp<std::size_t>(params_.query_block, 1, m);
+    const std::size_t kb = std::clamp<std::size_t>(
+        params_.key_block, 1, std::min(n, std::max<std::size_t>(1, cpu_knn_max_block_floats / qb)));
+    const std::size_t nblocks = checked_ceil_div(m, qb, "knn: query blocks");
 
     parallel_for(nblocks, params_.threads, [&](std::size_t b, std::size_t) {
       const std::size_t q0 = b * qb, qn = std::min(qb, m - q0);

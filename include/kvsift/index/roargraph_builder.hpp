@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/detail/simd_kernels.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
@@ -47,7 +48,8 @@ namespace kvsift {
 /// RoarGraph build parameters (defaults as in the paper's reference settings).
 struct roargraph_params {
   std::size_t nq = 100;  ///< kNN per training query (step 1), >= 2
-  std::size_t M = 35;    ///< projection degree; final max degree is 2 * M
+  /// Projection degree; final max degree is 2 * M. 1 <= M <= `roargraph_max_M`.
+  std::size_t M = 35;
   /// Beam pool of the connectivity searches (step 3) and of the reachability repair, >= M.
   /// Step 3 costs about linearly in it, and graph quality depends on it at scale: on 131072
   /// OOD keys L = 300 (with batch 8192) built x2.25 faster but lost 0.0175 / 0.0147 / 0.0060
@@ -84,6 +86,11 @@ struct roargraph_params {
   /// on OOD). A trade-off by k, so the default keeps the denser graph (docs/algorithms.md).
   bool connectivity_fill = true;
 };
+
+/// Largest `roargraph_params::M`: the final degree 2M stays within `max_graph_degree`, which
+/// `graph_index` and `load_graph` accept, so every graph the builder makes can be saved and
+/// loaded, and n * 2M cannot wrap for any indexable n (< 2^32).
+inline constexpr std::size_t roargraph_max_M = max_graph_degree / 2;
 
 /// Wall-clock seconds per phase of the last build.
 struct roargraph_build_stats {
@@ -216,9 +223,11 @@ class roargraph_builder {
   /// Complexity: O(m n d) for kNN, O(m nq M d) projection, O(n L M d) connectivity.
   /// @param stats    if not null, receives the wall-clock seconds of each phase
   /// @param progress if set, called after each step (see `build_progress`)
-  /// @throw invalid_argument for an empty key set, no training queries, nq < 2, M == 0,
-  ///        L < M; dimension_mismatch if query and key dims differ; non_finite_value for
-  ///        NaN/Inf in keys or queries; whatever the engine or the callback throws.
+  /// @throw invalid_argument for an empty key set, keys of dimension 0, no training queries,
+  ///        nq < 2, M == 0, M > roargraph_max_M, L < M, connectivity_knn > max_index_size,
+  ///        n x 2M overflowing size_t; dimension_mismatch if query and key dims differ;
+  ///        non_finite_value for NaN/Inf in keys or queries; whatever the engine or the callback
+  ///        throws.
   template <MatrixStore Store>
   [[nodiscard]] graph_index<Store, M> build(Store store, matrix_view<const float> train_queries,
                                             roargraph_build_stats* stats = nullptr,
@@ -249,8 +258,8 @@ class roargraph_builder {
   /// Steps 2-4 from a step-1 result computed by `training_knn` over the same keys.
   /// `stats->knn_seconds` is left 0. Complexity as `build` without the kNN.
   /// @throw invalid_argument for an empty key set, bad params (as `build`), a kNN result with
-  ///        no rows, a shape that does not match its arrays, a row without a first neighbour or
-  ///        an id >= n; non_finite_value for NaN/Inf in the keys
+  ///        no rows, a shape that does not match its arrays (rows x k checked for overflow), a row
+  ///        without a first neighbour or an id >= n; non_finite_value for NaN/Inf in the keys
   template <MatrixStore Store>
   [[nodiscard]] graph_index<Store, M> build_from_knn(
       Store store, const knn_result& knn, roargraph_build_stats* stats = nullptr,
@@ -260,9 +269,9 @@ class roargraph_builder {
     detail::require(knn.rows > 0 && knn.k > 0,
                     "roargraph_builder: expected a non-empty kNN result, got ", knn.rows, " x ",
                     knn.k);
-    detail::require(knn.ids.size() == knn.rows * knn.k, "roargraph_builder: kNN result of ",
-                    knn.rows, " x ", knn.k, " holds ", knn.ids.size(), " ids, expected ",
-                    knn.rows * knn.k);
+    const std::size_t knn_ids = checked_mul(knn.rows, knn.k, "roargraph_builder: kNN result");
+    detail::require(knn.ids.size() == knn_ids, "roargraph_builder: kNN result of ", knn.rows, " x ",
+                    knn.k, " holds ", knn.ids.size(), " ids, expected ", knn_ids);
     for (std::size_t i = 0; i < knn.rows; ++i) {
       const auto ids = knn.row_ids(i);
       detail::require(ids[0] != invalid_id, "roargraph_builder: kNN row ", i,
@@ -279,15 +288,31 @@ class roargraph_builder {
   }
 
  private:
+  // Parameters first, then the key set's shape: every size the build derives from them (2M,
+  // n * 2M, the widened and augmented key copies) is checked here, before anything is read or
+  // allocated, rather than found to wrap after the work is done.
   template <Element T>
   void validate_params(matrix_view<const T> keys) const {
-    detail::require(keys.rows() > 0, "roargraph_builder: expected a non-empty key set, got 0 keys");
-    detail::require(keys.rows() < invalid_id, "roargraph_builder: at most ", invalid_id - 1,
-                    " keys supported, got ", keys.rows());
     detail::require(params_.nq >= 2, "roargraph_builder: nq must be >= 2, got ", params_.nq);
     detail::require(params_.M > 0, "roargraph_builder: M must be > 0, got 0");
+    detail::require(params_.M <= roargraph_max_M,
+                    "roargraph_builder: expected M <= ", roargraph_max_M,
+                    " (max degree 2M <= ", max_graph_degree, "), got M = ", params_.M);
     detail::require(params_.L >= params_.M, "roargraph_builder: expected L >= M = ", params_.M,
                     ", got L = ", params_.L);
+    detail::require(params_.connectivity_knn <= max_index_size,
+                    "roargraph_builder: expected connectivity_knn <= ", max_index_size, ", got ",
+                    params_.connectivity_knn);
+    detail::require(keys.rows() > 0, "roargraph_builder: expected a non-empty key set, got 0 keys");
+    require_indexable(keys.rows(), "roargraph_builder: keys");
+    require_vector_dim(keys.rows(), keys.cols(), "roargraph_builder: keys");
+    (void)checked_bytes<id_t>(checked_mul(keys.rows(), 2 * params_.M, "roargraph_builder: n x 2M"),
+                              "roargraph_builder: adjacency bytes");
+    // Widened and augmented (d + 1) copies of the keys for l2 and the connectivity kNN.
+    (void)checked_bytes<float>(
+        checked_mul(keys.rows(), checked_add(keys.cols(), 1, "roargraph_builder: d + 1"),
+                    "roargraph_builder: augmented keys"),
+        "roargraph_builder: augmented key bytes");
   }
 
   template <Element T>
@@ -296,6 +321,13 @@ class roargraph_builder {
     detail::require(train_queries.rows() > 0,
                     "roargraph_builder: expected at least one training query, got 0");
     require_dim(keys.cols(), train_queries.cols(), "roargraph_builder: training query dimension");
+    // The kNN lists (m x min(nq, n)) and the augmented queries (m x (d + 1)).
+    const std::size_t m = train_queries.rows();
+    (void)checked_bytes<float>(
+        checked_mul(m, std::min(params_.nq, keys.rows()), "roargraph_builder: training kNN"),
+        "roargraph_builder: training kNN bytes");
+    (void)checked_bytes<float>(checked_mul(m, keys.cols() + 1, "roargraph_builder: queries"),
+                               "roargraph_builder: query bytes");
     require_finite(keys, "roargraph_builder: keys");
     require_finite(train_queries, "roargraph_builder: training queries");
   }

@@ -99,6 +99,10 @@ bin_contents<T> read_bin_file(const std::filesystem::path& path, const char* for
   read_exact(f.stream, header, header_bytes, where, "header");
   const std::uint64_t n = header[0];
   const std::uint64_t d = header[1];
+  // n rows of dimension 0 need no payload, so any n matched the 8-byte file and loaded as
+  // billions of phantom rows. An empty set is 0 x d (d may be 0).
+  require<io_error>(n == 0 || d > 0, "'", where, "': ", format, " header says ", n, " x ", d,
+                    ": a non-empty set needs a dimension > 0");
   const std::uint64_t count = n * d;  // both < 2^32: cannot overflow
   // count * 4 can overflow 64 bits for a garbage header; such a header cannot match any file.
   require<io_error>(count <= (std::numeric_limits<std::uint64_t>::max() - header_bytes) / sizeof(T),
@@ -122,6 +126,8 @@ inline void write_bin_header(std::ostream& out, std::size_t rows, std::size_t co
                              const char* format, const std::string& where) {
   constexpr std::size_t max = std::numeric_limits<std::uint32_t>::max();
   require(rows <= max && cols <= max, format, " stores uint32 sizes (at most ", max, "), got ",
+          rows, " x ", cols, " for '", where, "'");
+  require(rows == 0 || cols > 0, format, ": expected a dimension > 0 for ", rows, " rows, got ",
           rows, " x ", cols, " for '", where, "'");
   const std::uint32_t header[2] = {static_cast<std::uint32_t>(rows),
                                    static_cast<std::uint32_t>(cols)};
@@ -299,15 +305,17 @@ inline std::string shape_string(const std::vector<std::uint64_t>& shape) {
 /// file nobody is writing).
 /// @throw io_error naming the path if the file is missing or unreadable, smaller than its
 ///        8-byte header, or its size differs from 8 + 4 * n * d ("expected N bytes in the
-///        file, got M bytes"), or the header's sizes overflow.
+///        file, got M bytes"), the header's sizes overflow, or it states n > 0 rows of
+///        dimension 0 (which would need no payload: phantom rows).
 inline dense_matrix<float> read_fbin(const std::filesystem::path& path) {
   auto c = detail::read_bin_file<float>(path, ".fbin");
   return dense_matrix<float>(c.rows, c.cols, std::move(c.data));
 }
 
-/// Writes `m` as .fbin, atomically replacing `path` (via `path + ".tmp"`).
+/// Writes `m` as .fbin, atomically replacing `path` (see detail::atomic_write).
 /// Complexity: O(rows * cols). Thread safety: concurrent writes to distinct paths are safe.
-/// @throw invalid_argument if rows or cols exceed uint32; io_error naming the path if the
+/// @throw invalid_argument if rows or cols exceed uint32, or rows > 0 have dimension 0 (the
+///        readers refuse such files); io_error naming the path if the
 ///        file cannot be written (then `path` is left unchanged).
 inline void write_fbin(const std::filesystem::path& path, matrix_view<const float> m) {
   const std::string where = path.string();
@@ -348,7 +356,8 @@ inline void write_ibin(const std::filesystem::path& path, const id_matrix& ids) 
 /// @throw io_error naming the path and what was expected and found, for: a missing or
 ///        unreadable file, a bad magic, an unsupported format version, a malformed header,
 ///        fortran_order True, a big-endian or unsupported dtype, an array that is not 1-D or
-///        2-D, or a data section shorter (truncated) or longer than the shape requires.
+///        2-D, rows of dimension 0 (shape (n, 0) with n > 0, or (0,)), or a data section
+///        shorter (truncated) or longer than the shape requires.
 inline dense_matrix<float> read_npy(const std::filesystem::path& path) {
   detail::input_file f = detail::open_input_file(path);
   const std::string where = path.string();
@@ -407,6 +416,12 @@ inline dense_matrix<float> read_npy(const std::filesystem::path& path) {
 
   const std::uint64_t rows = h.shape.size() == 1 ? 1 : h.shape[0];
   const std::uint64_t cols = h.shape.back();
+  // As for .fbin: rows of dimension 0 carry no data, so (2^64 - 1, 0) matched an empty payload.
+  // A 2-D array with 0 rows is the empty set; a 1-D array of 0 elements is one 0-dim vector and
+  // is rejected like any other.
+  detail::require<io_error>(rows == 0 || cols > 0, "'", where, "': shape ",
+                            detail::shape_string(h.shape),
+                            " holds rows of dimension 0; a non-empty set needs a dimension > 0");
   const std::uint64_t elem = is_f2 ? 2 : 4;
   const std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
   detail::require<io_error>(cols == 0 || rows <= max / cols / elem, "'", where, "': shape ",
@@ -445,9 +460,11 @@ inline dense_matrix<float> read_npy(const std::filesystem::path& path) {
 /// Writes `m` as a .npy file (format 1.0, dtype '<f4', C order, shape (rows, cols)),
 /// atomically replacing `path`. np.load reads it back as a float32 2-D array.
 /// Complexity: O(rows * cols). Thread safety: concurrent writes to distinct paths are safe.
-/// @throw io_error naming the path if the file cannot be written (then `path` is unchanged).
+/// @throw invalid_argument if rows > 0 have dimension 0 (read_npy refuses them); io_error
+///        naming the path if the file cannot be written (then `path` is unchanged).
 inline void write_npy(const std::filesystem::path& path, matrix_view<const float> m) {
   const std::string where = path.string();
+  require_vector_dim(m.rows(), m.cols(), "write_npy");
   std::string header = detail::concat("{'descr': '<f4', 'fortran_order': False, 'shape': (",
                                       m.rows(), ", ", m.cols(), "), }");
   // NumPy pads the header with spaces so the data starts 64-byte aligned, and ends it in '\n'.

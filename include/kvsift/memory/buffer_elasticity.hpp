@@ -62,11 +62,13 @@ class buffer_elasticity {
   /// Sets the request's mandatory pages for this step (and its length). Growth comes from the
   /// free pages first, then from the request's own buffer, then from the other requests'
   /// buffers in proportion to their length (listed in `taken`). Shrinking frees pages.
-  /// O(active). @throw out_of_range for an unknown request; invalid_argument when the demand
-  /// exceeds what free and buffering pages can cover (nothing changes).
+  /// O(active). @throw out_of_range for an unknown request; invalid_argument for length == 0
+  /// (a request's length is its reclaim weight, as in admit) or when the demand exceeds what
+  /// free and buffering pages can cover (nothing changes).
   void set_mandatory(std::uint64_t request, std::size_t length, std::size_t mandatory,
                      std::vector<reclaimed_pages>& taken) {
     auto it = find(request, "set_mandatory");
+    detail::require(length > 0, "buffer_elasticity::set_mandatory: length must be > 0, got 0");
     taken.clear();
     allocation& a = it->second;
     if (mandatory <= a.mandatory) {
@@ -140,15 +142,21 @@ class buffer_elasticity {
                            std::vector<reclaimed_pages>& taken) {
     std::map<std::uint64_t, std::size_t> took;
     while (want > 0) {
-      std::size_t weight = 0;
-      for (const auto& [id, r] : requests_) weight += (id != skip && r.buffer > 0) ? r.length : 0;
+      // Summed in double: lengths are arbitrary size_t values, and an integer sum wrapped
+      // (shares far off proportion, or a weight of 0 and a NaN share cast to size_t).
+      double weight = 0;
+      for (const auto& [id, r] : requests_) {
+        weight += (id != skip && r.buffer > 0) ? static_cast<double>(r.length) : 0.0;
+      }
       std::size_t round = 0;
       for (auto& [id, r] : requests_) {
         if (id == skip || r.buffer == 0) continue;
-        const std::size_t share = std::min(
-            {r.buffer, want - round,
-             static_cast<std::size_t>(static_cast<double>(want) * static_cast<double>(r.length) /
-                                      static_cast<double>(weight))});
+        // Lengths are > 0 (admit, set_mandatory), so weight > 0 and the ratio is in [0, 1];
+        // the cap is applied in double so the cast never sees a value beyond it.
+        const std::size_t cap = std::min(r.buffer, want - round);
+        const double ideal = static_cast<double>(want) * (static_cast<double>(r.length) / weight);
+        const std::size_t share =
+            ideal >= static_cast<double>(cap) ? cap : static_cast<std::size_t>(ideal);
         r.buffer -= share;
         took[id] += share;
         round += share;

@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/memory/detail/host_device.hpp"
 #include "kvsift/memory/segment_allocator.hpp"
@@ -74,10 +75,9 @@ class page_table {
  public:
   /// Allocates the directory and the whole segment pool up front (nothing is allocated later).
   /// @throw invalid_argument for a zero dimension or pool, segment_pages not a power of two,
-  ///        or a directory beyond 2^32 entries.
-  explicit page_table(const page_table_params& p)
-      : p_(p),
-        segments_per_head_(p.segment_pages == 0 ? 0 : ceil_div(p.pages_per_head, p.segment_pages)) {
+  ///        or a directory (requests x layers x heads x segments per head, checked for
+  ///        overflow) of 2^32 - 1 entries or more.
+  explicit page_table(const page_table_params& p) : p_(p) {
     detail::require(p.requests > 0 && p.layers > 0 && p.heads > 0 && p.pages_per_head > 0,
                     "page_table: expected requests, layers, heads, pages_per_head > 0, got ",
                     p.requests, ", ", p.layers, ", ", p.heads, ", ", p.pages_per_head);
@@ -88,12 +88,19 @@ class page_table {
     detail::require(p.pool_segments < no_page && p.pages_per_head < no_page,
                     "page_table: pool_segments and pages_per_head must be < 2^32 - 1, got ",
                     p.pool_segments, " and ", p.pages_per_head);
-    const std::size_t dir = p.requests * p.layers * p.heads * segments_per_head_;
+    segments_per_head_ = checked_ceil_div(p.pages_per_head, p.segment_pages, "page_table");
+    // Checked: a wrapped product passed the limit with a too-small directory that map() then
+    // wrote past. Since every factor is >= 1, dir < 2^32 also bounds requests, layers and heads,
+    // so the 32-bit fields of the view below hold them exactly.
+    const std::size_t dir =
+        checked_mul(checked_mul(p.requests, p.layers, p.heads, "page_table: directory"),
+                    segments_per_head_, "page_table: directory");
     detail::require(dir < no_page, "page_table: directory of ", dir,
                     " entries exceeds the 32-bit limit; raise segment_pages");
     allocator_ = segment_allocator(p.pool_segments);
     directory_.assign(dir, no_page);
-    pool_.assign(p.pool_segments * p.segment_pages, no_page);
+    pool_.assign(checked_mul(p.pool_segments, p.segment_pages, "page_table: segment pool"),
+                 no_page);
     live_.assign(p.pool_segments, 0);
     // The arrays never reallocate after this point (nor on a move), so the handle is built once.
     view_ = {directory_.data(),
@@ -198,8 +205,6 @@ class page_table {
   }
 
  private:
-  static std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
-
   // The test is inline and branch-predicted; the message is built out of line, so a checked
   // lookup costs about what an unchecked one does.
   void check(page_key k, const char* what) const {

@@ -18,9 +18,11 @@ class pool_exhausted : public invalid_argument {
   using invalid_argument::invalid_argument;
 };
 
-/// Bitmap allocator over segment ids [0, capacity). Allocation returns the lowest free id at
-/// or after a rotating hint, so a freshly freed id is not reused at once (a stale reference
-/// then fails loudly as a double free instead of aliasing new data).
+/// Bitmap allocator over segment ids [0, capacity). Allocation is next-fit: the lowest free id
+/// at or after the one after the last allocated, wrapping around, so a freshly freed id is not
+/// reused while other ids are free (a stale reference then fails loudly as a double free
+/// instead of aliasing new data). The hint used to be a word index, so an id freed in the
+/// current word came back at once; the documented intent is kept and the code now matches it.
 /// Thread safety: const members safe concurrently; allocate/release need external locking.
 class segment_allocator {
  public:
@@ -50,20 +52,27 @@ class segment_allocator {
     return (words_[id / 64] >> (id % 64) & 1u) == 0;
   }
 
-  /// Takes a free segment. O(capacity / 64) worst case, O(1) typical.
-  /// @throw pool_exhausted if every segment is in use (nothing changes).
+  /// Takes a free segment (next-fit, see the class comment). O(capacity / 64) worst case,
+  /// O(1) typical. @throw pool_exhausted if every segment is in use (nothing changes).
   [[nodiscard]] std::size_t allocate() {
     detail::require<pool_exhausted>(free_ > 0, "segment_allocator: pool exhausted, all ", capacity_,
                                     " segments in use");
     const std::size_t n = words_.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t w = (hint_ + i) % n;
-      if (words_[w] != 0) {
-        const auto bit = static_cast<std::size_t>(std::countr_zero(words_[w]));
-        words_[w] &= words_[w] - 1;  // clear the lowest set bit
+    const std::size_t w0 = hint_ / 64;
+    // Bits at or after the hint in its own word first, then the following words, then (after
+    // wrapping around) the low bits of the hint's word.
+    const std::uint64_t high = ~std::uint64_t{0} << (hint_ % 64);
+    for (std::size_t i = 0; i <= n; ++i) {
+      const std::size_t w = (w0 + i) % n;
+      const std::uint64_t mask = i == 0 ? high : (i == n ? ~high : ~std::uint64_t{0});
+      const std::uint64_t avail = words_[w] & mask;
+      if (avail != 0) {
+        const auto bit = static_cast<std::size_t>(std::countr_zero(avail));
+        words_[w] &= ~(std::uint64_t{1} << bit);
         --free_;
-        hint_ = w;
-        return w * 64 + bit;
+        const std::size_t id = w * 64 + bit;
+        hint_ = id + 1 == capacity_ ? 0 : id + 1;
+        return id;
       }
     }
     detail::fail<pool_exhausted>("segment_allocator: bitmap inconsistent");  // unreachable
@@ -89,7 +98,7 @@ class segment_allocator {
 
   std::size_t capacity_ = 0;
   std::size_t free_ = 0;
-  std::size_t hint_ = 0;
+  std::size_t hint_ = 0;              // the id after the last allocated: where next-fit starts
   std::vector<std::uint64_t> words_;  // bit set = free
 };
 

@@ -27,7 +27,8 @@ struct beam_search_params {
 /// `extra_entries` seed the search next to the graph's entry point.
 /// Complexity: O(hops * max_degree * d) (O(hops * max_degree^2 * d) filtered worst case).
 /// Thread safety: safe concurrently on one index with one workspace per thread.
-/// A NaN query scores NaN everywhere, which ranks last: results are valid ids in walk order.
+/// A query holding NaN or Inf returns no results: count 0, every id invalid_id, every score the
+/// metric's worst (checked once at the entry, O(d); its scores would rank arbitrary keys).
 /// @throw invalid_argument if k == 0, L < k, or the outputs are shorter than k;
 ///        dimension_mismatch for a wrong query length; out_of_range for bad entry ids or a
 ///        predicate referring to ids beyond the index.
@@ -50,10 +51,10 @@ search_stats beam_search(const Graph& g, std::span<const float> query,
   search_stats stats;
   std::fill_n(out_ids.begin(), params.k, invalid_id);
   std::fill_n(out_scores.begin(), params.k, worst_score<M>());
-  if (g.size() == 0) return stats;
+  if (g.size() == 0 || !detail::finite_query(query)) return stats;
 
   ws.visited.reset(g.size());
-  ws.pool.reset(params.L);
+  ws.pool.reset(std::min(params.L, g.size()));  // a pool beyond n holds the same: no oversize
   auto visit = [&](id_t id) {
     ++stats.distance_computations;
     ws.pool.insert(to_key<M>(g.score(query.data(), id)), id);

@@ -77,7 +77,10 @@ void emit_dipr(std::vector<scored_id>& list, float best_key, float beta, bool se
     out.scores[i] = from_key<M>(list[i].key);
   }
   out.stats.count = list.size();
-  out.best_score = (std::isinf(best_key) && !seeded) ? worst_score<M>() : from_key<M>(best_key);
+  // Only the "nothing scored" key -inf means no best; a key of +inf is a real (infinite) best.
+  out.best_score = (best_key == -std::numeric_limits<float>::infinity() && !seeded)
+                       ? worst_score<M>()
+                       : from_key<M>(best_key);
 }
 }  // namespace detail
 
@@ -85,7 +88,8 @@ void emit_dipr(std::vector<scored_id>& list, float best_key, float beta, bool se
 /// `seed_score`), as found by the graph walk. With a predicate only passing ids are
 /// considered. Complexity: O(hops * max_degree * d + r log r) for r results.
 /// Thread safety: safe concurrently on one index with one workspace per thread.
-/// A NaN query yields an empty result (every score is NaN and ranks last).
+/// A query holding NaN or Inf yields an empty result (no ids, count 0) and a best_score of
+/// seed_score if one was given, else the metric's worst (checked once at the entry, O(d)).
 /// @throw invalid_argument for beta < 0 or non-finite, l0 == 0, max_candidates < l0, an
 ///        infinite seed_score; dimension_mismatch for a wrong query length; out_of_range for
 ///        bad entry ids or predicate ids.
@@ -103,7 +107,11 @@ void dipr_search(const Graph& g, std::span<const float> query, const dipr_params
   out.capped = false;
   const bool seeded = !std::isnan(params.seed_score);
   float best = seeded ? to_key<M>(params.seed_score) : -std::numeric_limits<float>::infinity();
-  const std::size_t cap = params.max_candidates == 0 ? 64 * params.l0 : params.max_candidates;
+  // 64 * l0 saturates instead of wrapping (a wrapped cap of 0 stopped every search at once).
+  const std::size_t cap = params.max_candidates != 0 ? params.max_candidates
+                          : params.l0 > std::numeric_limits<std::size_t>::max() / 64
+                              ? std::numeric_limits<std::size_t>::max()
+                              : 64 * params.l0;
   auto& scored = ws.list;        // every scored key: the answer is filtered from it
   auto& in_range = ws.frontier;  // max-heap of keys that were within beta when scored
   scored.clear();
@@ -112,10 +120,10 @@ void dipr_search(const Graph& g, std::span<const float> query, const dipr_params
   // ranks_before as "less" would make a min-heap; swap the arguments for a max-heap.
   auto heap_less = [](const scored_id& a, const scored_id& b) { return ranks_before(b, a); };
 
-  if (g.size() != 0) {
+  if (g.size() != 0 && detail::finite_query(query)) {
     ws.visited.reset(g.size());
     ws.expanded.reset(g.size());
-    ws.pool.reset(params.l0);
+    ws.pool.reset(std::min(params.l0, g.size()));  // a beam beyond n holds the same
     auto visit = [&](id_t id) {
       if (out.capped) return;
       ++out.stats.distance_computations;

@@ -121,8 +121,11 @@ class knn_engine {
   [[nodiscard]] const knn_engine_params& params() const noexcept { return params_; }
 
   /**
-   * @brief k best keys per query by inner product (ties: lower id), best first.
-   * @throw kvsift::invalid_argument k == 0, k > n, k > max_knn_k, no queries or keys
+   * @brief k best keys per query by inner product (ties: lower id), best first. For k > n
+   *        each row holds the n keys then invalid_id with score -inf (the KnnEngine contract,
+   *        as cpu_knn_engine).
+   * @throw kvsift::invalid_argument k == 0, min(k, n) > max_knn_k, no queries or keys, an
+   *        m x k result that overflows size_t
    * @throw kvsift::dimension_mismatch query and key dimensions differ
    * @throw kvsift::non_finite_value NaN or Inf in queries or keys (before any CUDA call)
    * @throw kvsift::cuda_error no such device, out of device memory, a failed launch

@@ -8,8 +8,13 @@
 // bytes that actually remain *before* anything is allocated, so a truncated or corrupted file
 // is an io_error, never undefined behaviour or a multi-gigabyte allocation.
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -18,6 +23,8 @@
 #include <istream>
 #include <limits>
 #include <ostream>
+#include <random>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -320,45 +327,151 @@ inline input_file open_input_file(const std::filesystem::path& path) {
   return f;
 }
 
-/// Replaces `path` atomically: `write(std::ostream&)` fills `path + ".tmp"`, which is then
-/// renamed over `path`. Readers see the old file or the complete new one; if `write` throws or
-/// any step fails, the temporary is removed and `path` is untouched. Not durable across a
-/// power loss (no fsync), and two concurrent writers of the same path race on the temporary.
-/// Complexity: that of `write`. Thread safety: distinct paths may be written concurrently.
-/// @throw io_error naming the path if the file cannot be created, written or renamed; any
-///        exception from `write` is propagated.
+/// std::streambuf over a POSIX file descriptor (not owned), so atomic_write writes the very
+/// file it created exclusively instead of reopening it by name. Thread safety: none.
+class fd_streambuf : public std::streambuf {
+ public:
+  explicit fd_streambuf(int fd) : fd_(fd) { setp(buf_.data(), buf_.data() + buf_.size()); }
+  fd_streambuf(const fd_streambuf&) = delete;
+  fd_streambuf& operator=(const fd_streambuf&) = delete;
+  /// errno of the first failed write, 0 if none.
+  [[nodiscard]] int error() const noexcept { return error_; }
+
+ protected:
+  int_type overflow(int_type ch) override {
+    if (!drain()) return traits_type::eof();
+    if (!traits_type::eq_int_type(ch, traits_type::eof())) {
+      *pptr() = traits_type::to_char_type(ch);
+      pbump(1);
+    }
+    return traits_type::not_eof(ch);
+  }
+  int sync() override { return drain() ? 0 : -1; }
+
+ private:
+  bool drain() {
+    const char* p = pbase();
+    std::size_t left = static_cast<std::size_t>(pptr() - pbase());
+    while (left > 0 && error_ == 0) {
+      const ::ssize_t w = ::write(fd_, p, left);
+      if (w < 0) {
+        if (errno != EINTR) error_ = errno;
+        continue;
+      }
+      p += w;
+      left -= static_cast<std::size_t>(w);
+    }
+    setp(buf_.data(), buf_.data() + buf_.size());
+    return error_ == 0;
+  }
+
+  int fd_;
+  int error_ = 0;
+  std::array<char, 1 << 16> buf_{};
+};
+
+/// What an existing non-regular file is, for an error message.
+inline const char* file_kind(mode_t mode) noexcept {
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+/// Replaces `path` atomically: `write(std::ostream&)` fills a new temporary in the target's
+/// directory, named `.<name>.tmp.<pid>.<random>` and created with O_CREAT | O_EXCL (so a
+/// symlink or file planted at a predictable name is never followed or reused), which is
+/// fsynced and renamed over `path`; the directory is then fsynced so the rename survives a
+/// power loss. Readers see the old file or the complete new one. If `path` exists it must be
+/// a regular file (checked with lstat): a symlink, FIFO, device or directory there is refused,
+/// never replaced or written through. An existing file's permission bits are kept; a new one
+/// gets 0666 minus the umask. On every failure (including an exception from `write`) the
+/// temporary is removed and `path` is untouched.
+/// Complexity: that of `write` plus two fsyncs. Thread safety: concurrent writers of the same
+/// or distinct paths are safe (distinct temporaries; the last rename wins).
+/// @throw io_error naming the path (and the errno text) if the target is not a regular file,
+///        or the temporary cannot be created, written, synced or renamed; any exception from
+///        `write` is propagated.
 template <class Write>
 void atomic_write(const std::filesystem::path& path, Write&& write) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  // Removes the temporary on every failure path, including exceptions from `write`.
+  const std::string where = path.string();
+  struct ::stat st {};
+  bool exists = false;
+  if (::lstat(path.c_str(), &st) == 0) {
+    exists = true;
+    require<io_error>(S_ISREG(st.st_mode), "cannot write '", where, "': it is ",
+                      file_kind(st.st_mode), ", expected a regular file or no file; refusing to ",
+                      "replace it");
+  } else {
+    const int e = errno;
+    require<io_error>(e == ENOENT, "cannot write '", where,
+                      "': ", std::generic_category().message(e));
+  }
+  std::filesystem::path dir = path.parent_path();
+  if (dir.empty()) dir = ".";
+
+  // A fresh name per attempt; O_EXCL makes the creation fail rather than follow anything that
+  // already has the name, and the loop only retries on that collision.
+  std::random_device rd;
+  std::filesystem::path tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 64 && fd < 0; ++attempt) {
+    const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
+    tmp = dir / concat(".", path.filename().string(), ".tmp.", ::getpid(), ".", std::hex, r);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    const int e = errno;
+    fail<io_error>("cannot create a temporary in '", dir.string(), "' to write '", where,
+                   "': ", std::generic_category().message(e));
+  }
+  // Closes the descriptor and removes the temporary on every failure path.
   struct tmp_guard {
+    int fd;
     const std::filesystem::path* p;
     bool armed = true;
     ~tmp_guard() {
-      if (armed) {
-        std::error_code ignored;
-        std::filesystem::remove(*p, ignored);
-      }
+      if (fd >= 0) ::close(fd);
+      if (armed) ::unlink(p->c_str());
     }
+  } guard{fd, &tmp};
+  auto fail_errno = [&](const char* step, int e) {
+    fail<io_error>("writing '", where, "' failed: ", step, " of the temporary '", tmp.string(),
+                   "': ", std::generic_category().message(e));
   };
-  // Declared before the stream so the stream is closed before the temporary is removed
-  // (removing an open file fails on Windows).
-  tmp_guard guard{&tmp};
+  if (exists && ::fchmod(fd, st.st_mode & 07777) != 0) fail_errno("fchmod", errno);
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    require<io_error>(out.is_open(), "cannot create '", tmp.string(), "' to write '", path.string(),
-                      "'");
-    std::forward<Write>(write)(static_cast<std::ostream&>(out));
+    fd_streambuf buf(fd);
+    std::ostream out(&buf);
+    std::forward<Write>(write)(out);
     out.flush();
-    out.close();
-    require<io_error>(!out.fail(), "writing '", tmp.string(), "' failed (disk full?)");
+    if (buf.error() != 0) fail_errno("write", buf.error());
+    require<io_error>(static_cast<bool>(out), "writing '", where, "' failed (stream error)");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  require<io_error>(!ec, "cannot rename '", tmp.string(), "' to '", path.string(),
-                    "': ", ec.message());
+  if (::fsync(fd) != 0) fail_errno("fsync", errno);
+  const int fd_to_close = std::exchange(guard.fd, -1);
+  if (::close(fd_to_close) != 0) fail_errno("close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    fail<io_error>("cannot rename '", tmp.string(), "' to '", where,
+                   "': ", std::generic_category().message(e));
+  }
   guard.armed = false;
+  // Durability of the rename itself. Best effort: the new file is in place whatever happens
+  // here, and some file systems refuse fsync on a directory (EINVAL), which is not an error.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    const int rc = ::fsync(dfd);
+    const int e = errno;
+    ::close(dfd);
+    require<io_error>(
+        rc == 0 || e == EINVAL || e == EROFS, "'", where,
+        "' was replaced, but syncing its directory failed: ", std::generic_category().message(e));
+  }
 }
 
 }  // namespace kvsift::detail

@@ -18,13 +18,13 @@ namespace kvsift::detail {
 class slot_cache {
  public:
   slot_cache() = default;
+  // Validated in the first member initialiser, so bad sizes throw before anything sized by
+  // them is allocated (a capacity of 2^40 threw bad_alloc instead of invalid_argument).
   slot_cache(std::size_t capacity, std::size_t keys, const char* who)
-      : who_(who), slot_of_(keys, invalid_id), key_of_(capacity, invalid_id), mark_(keys, 0) {
-    require(capacity > 0, who, ": capacity must be > 0, got 0");
-    require(keys > 0, who, ": the number of logical pages must be > 0, got 0");
-    require(keys < invalid_id && capacity < invalid_id, who,
-            ": at most 2^32 - 2 pages and slots, got ", keys, " and ", capacity);
-  }
+      : who_(validated(capacity, keys, who)),
+        slot_of_(keys, invalid_id),
+        key_of_(capacity, invalid_id),
+        mark_(keys, 0) {}
 
   [[nodiscard]] std::size_t capacity() const noexcept { return key_of_.size(); }
   [[nodiscard]] std::size_t keys() const noexcept { return slot_of_.size(); }
@@ -98,6 +98,14 @@ class slot_cache {
   }
 
  private:
+  static const char* validated(std::size_t capacity, std::size_t keys, const char* who) {
+    require(capacity > 0, who, ": capacity must be > 0, got 0");
+    require(keys > 0, who, ": the number of logical pages must be > 0, got 0");
+    require(keys < invalid_id && capacity < invalid_id, who,
+            ": at most 2^32 - 2 pages and slots, got ", keys, " and ", capacity);
+    return who;
+  }
+
   const char* who_ = "";
   std::vector<id_t> slot_of_;  // key -> slot (the GPU page table of this head)
   std::vector<id_t> key_of_;   // slot -> key

@@ -3,6 +3,7 @@
 // rule for filtered search: a neighbour that fails the predicate is not scored, but its own
 // neighbours are considered, so the walk crosses filtered-out regions.
 
+#include <cmath>
 #include <cstddef>
 #include <span>
 #include <type_traits>
@@ -18,6 +19,15 @@ namespace kvsift::detail {
 inline void validate_query(std::span<const float> query, std::size_t dim, const char* who) {
   require<dimension_mismatch>(query.size() == dim, who, ": expected query dimension ", dim,
                               ", got ", query.size());
+}
+
+/// True if every element of `query` is finite. O(d), once per search at the entry: a query
+/// with NaN/Inf scores NaN or +-inf against every key, so its "best" keys would be arbitrary;
+/// the searches return no results for it instead (see docs/algorithms.md, NaN and Inf).
+[[nodiscard]] inline bool finite_query(std::span<const float> query) noexcept {
+  bool ok = true;
+  for (const float x : query) ok &= std::isfinite(x);
+  return ok;
 }
 
 /// @throw out_of_range if an extra entry id is >= n.

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <kvsift/core/checked_size.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/error.cuh>
@@ -350,14 +351,20 @@ template <Element T>
 knn_result knn_engine::search(matrix_view<const float> queries, matrix_view<const T> keys,
                               std::size_t k) const {
   kvsift::detail::validate_knn(queries, keys.rows(), keys.cols(), k);
-  kvsift::detail::require(k <= keys.rows(), "knn_engine: expected k <= n = ", keys.rows(),
-                          ", got k = ", k);
-  kvsift::detail::require(k <= static_cast<std::size_t>(max_knn_k),
-                          "knn_engine: expected k <= ", max_knn_k, ", got k = ", k);
+  // The KnnEngine contract (like cpu_knn_engine): k > n is not an error, rows are padded with
+  // invalid_id and the worst score. The kernels run with kk = min(k, n) and the host pads, so
+  // only kk is bounded by the kernel limit.
+  const std::size_t kk = std::min(k, keys.rows());
+  kvsift::detail::require(kk <= static_cast<std::size_t>(max_knn_k),
+                          "knn_engine: expected k <= ", max_knn_k, " (or k > n = ", keys.rows(),
+                          ", padded), got k = ", k);
+  const std::size_t m = queries.rows(), n = keys.rows(), d = keys.cols();
+  // Sizes of the result (m x k, host) and of the device buffers, checked before any copy.
+  const std::size_t result_cells = kvsift::checked_mul(m, k, "knn_engine: m x k results");
+  (void)kvsift::checked_bytes<float>(result_cells, "knn_engine: m x k results");
   require_finite(queries, "knn_engine: queries");
   require_finite(keys, "knn_engine: keys");
-  const std::size_t m = queries.rows(), n = keys.rows(), d = keys.cols();
-  const int ki = static_cast<int>(k);
+  const int ki = static_cast<int>(kk);
   const std::size_t ws_bytes = knn_workspace_size(static_cast<std::int64_t>(m),
                                                   static_cast<std::int64_t>(n), ki, params_.policy);
 
@@ -381,8 +388,8 @@ knn_result knn_engine::search(matrix_view<const float> queries, matrix_view<cons
   }
   auto* dq = static_cast<T*>(s.queries.reserve(m * d * sizeof(T)));
   auto* dk = static_cast<T*>(s.keys.reserve(n * d * sizeof(T)));
-  auto* ds = static_cast<float*>(s.scores.reserve(m * k * sizeof(float)));
-  auto* di = static_cast<id_t*>(s.ids.reserve(m * k * sizeof(id_t)));
+  auto* ds = static_cast<float*>(s.scores.reserve(m * kk * sizeof(float)));
+  auto* di = static_cast<id_t*>(s.ids.reserve(m * kk * sizeof(id_t)));
   void* dw = s.workspace.reserve(ws_bytes);
   KVSIFT_CUDA_CHECK(
       cudaMemcpyAsync(dq, q.data(), m * d * sizeof(T), cudaMemcpyHostToDevice, s.stream));
@@ -393,12 +400,14 @@ knn_result knn_engine::search(matrix_view<const float> queries, matrix_view<cons
   knn_result out;
   out.rows = m;
   out.k = k;
-  out.ids.resize(m * k);
-  out.scores.resize(m * k);
-  KVSIFT_CUDA_CHECK(
-      cudaMemcpyAsync(out.ids.data(), di, m * k * sizeof(id_t), cudaMemcpyDeviceToHost, s.stream));
-  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.scores.data(), ds, m * k * sizeof(float),
-                                    cudaMemcpyDeviceToHost, s.stream));
+  out.ids.assign(result_cells, invalid_id);
+  out.scores.assign(result_cells, -std::numeric_limits<float>::infinity());
+  // Rows of kk results land at the start of each k-wide output row (a pitched copy); the
+  // padding (kk < k only when k > n) keeps invalid_id and -inf, as in cpu_knn_engine.
+  KVSIFT_CUDA_CHECK(cudaMemcpy2DAsync(out.ids.data(), k * sizeof(id_t), di, kk * sizeof(id_t),
+                                      kk * sizeof(id_t), m, cudaMemcpyDeviceToHost, s.stream));
+  KVSIFT_CUDA_CHECK(cudaMemcpy2DAsync(out.scores.data(), k * sizeof(float), ds, kk * sizeof(float),
+                                      kk * sizeof(float), m, cudaMemcpyDeviceToHost, s.stream));
   KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   return out;
 }

@@ -104,7 +104,7 @@ inline constexpr int merge_max_threads = 512;
 template <class T, bool InPlace, class Source>
 __global__ void __launch_bounds__(merge_max_threads, 2)
     merge_kernel(Source src, T* out_o, float* out_lse, std::int64_t num_rows, int num_heads,
-                 int head_dim) {
+                 int head_dim, int* status) {
   constexpr int vec = vec_size_v<T>;
   using range = typename Source::range;
   const int vecs = head_dim / vec;
@@ -120,6 +120,10 @@ __global__ void __launch_bounds__(merge_max_threads, 2)
     const bool active = row < num_rows;
     float m = neg_inf();
     float s = 0.0f;
+    // An lse that is NaN or +inf makes the row invalid (the CPU merge throws for it): the row
+    // is not merged. Every thread of the row reads every lse, so all agree on `bad` without a
+    // reduction; thread x = 0 always runs the loop below (vecs >= 1) and reports it.
+    bool bad = false;
     if (active) {
       const std::int64_t p = row / num_heads;
       const int h = static_cast<int>(row - p * num_heads);
@@ -135,6 +139,7 @@ __global__ void __launch_bounds__(merge_max_threads, 2)
           for (int c = 0; c < merge_chunk; ++c) {
             if (j0 + c < states.n) {
               l[c] = states.lse_at(j0 + c);
+              bad |= isnan(l[c]) || l[c] == -neg_inf();
               load_vec(states.o_at(j0 + c) + v * vec, x[c]);
             } else {
               l[c] = neg_inf();
@@ -160,14 +165,23 @@ __global__ void __launch_bounds__(merge_max_threads, 2)
           m = m_new;
         }
         float o[vec];
-        const float inv = m == neg_inf() ? 0.0f : 1.0f / s;
+        const float inv = m == neg_inf() || bad ? 0.0f : 1.0f / s;
 #pragma unroll
-        for (int i = 0; i < vec; ++i) o[i] = acc[i] * inv;
-        store_vec(out_o + row * head_dim + v * vec, o);
+        for (int i = 0; i < vec; ++i) o[i] = bad ? 0.0f : acc[i] * inv;
+        // Invalid rows: out of place they become the empty state; in place they are left as
+        // they were (the CPU merge_into leaves its accumulator unchanged when it throws).
+        if (!(InPlace && bad)) store_vec(out_o + row * head_dim + v * vec, o);
       }
     }
     if constexpr (InPlace) __syncthreads();
-    if (active && threadIdx.x == 0) out_lse[row] = m == neg_inf() ? m : m + logf(s);
+    if (active && threadIdx.x == 0) {
+      if (bad) {
+        if (status != nullptr) atomicOr(status, 1);
+        if constexpr (!InPlace) out_lse[row] = neg_inf();
+      } else {
+        out_lse[row] = m == neg_inf() ? m : m + logf(s);
+      }
+    }
     row = next_row;
     r = next_r;
   }
@@ -192,7 +206,8 @@ inline void require_device_ptr(const void* p, bool needed, const char* what, con
 
 template <class T, bool InPlace, class Source>
 void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows, int num_heads,
-                  int head_dim, cudaStream_t stream, const merge_policy& policy, const char* what) {
+                  int head_dim, cudaStream_t stream, const merge_policy& policy, int* status,
+                  const char* what) {
   kvsift::detail::require(
       policy.threads_per_block >= 32 && policy.threads_per_block <= merge_max_threads, what,
       ": merge_policy.threads_per_block must be in [32, ", merge_max_threads, "], got ",
@@ -217,7 +232,7 @@ void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows
   kvsift::detail::require(blocks <= std::numeric_limits<int>::max(), what,
                           ": too many rows for one launch: ", rows);
   merge_kernel<T, InPlace><<<static_cast<unsigned>(blocks), dim3(bx, by), 0, stream>>>(
-      src, out_o, out_lse, rows, num_heads, head_dim);
+      src, out_o, out_lse, rows, num_heads, head_dim, status);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -228,7 +243,8 @@ namespace kvsift::cuda {
 template <class T>
 void merge_states(const T* states_o, const float* states_lse, std::int64_t num_states,
                   const std::int64_t* indptr, std::int64_t num_pos, int num_heads, int head_dim,
-                  T* out_o, float* out_lse, cudaStream_t stream, const merge_policy& policy) {
+                  T* out_o, float* out_lse, cudaStream_t stream, const merge_policy& policy,
+                  int* status) {
   constexpr const char* what = "kvsift::cuda::merge_states";
   detail::validate_merge_shape<T>(num_pos, num_heads, head_dim, what);
   kvsift::detail::require(num_states >= 0, what, ": num_states must be >= 0, got ", num_states);
@@ -242,13 +258,13 @@ void merge_states(const T* states_o, const float* states_lse, std::int64_t num_s
   const detail::indptr_source<T, detail::device_indptr> src{
       states_o, states_lse, detail::device_indptr{indptr}, num_heads, head_dim};
   detail::launch_merge<T, false>(src, out_o, out_lse, num_pos * num_heads, num_heads, head_dim,
-                                 stream, policy, what);
+                                 stream, policy, status, what);
 }
 
 template <class T>
 void merge_state(const T* v_a, const float* s_a, const T* v_b, const float* s_b, T* v_out,
                  float* s_out, std::int64_t num_rows, int num_heads, int head_dim,
-                 cudaStream_t stream, const merge_policy& policy) {
+                 cudaStream_t stream, const merge_policy& policy, int* status) {
   constexpr const char* what = "kvsift::cuda::merge_state";
   detail::validate_merge_shape<T>(num_rows, num_heads, head_dim, what);
   if (num_rows == 0) return;
@@ -259,13 +275,13 @@ void merge_state(const T* v_a, const float* s_a, const T* v_b, const float* s_b,
                           ": s_a, s_b and s_out must be non-null");
   const detail::pair_source<T> src{v_a, s_a, v_b, s_b, num_heads, head_dim};
   detail::launch_merge<T, false>(src, v_out, s_out, num_rows * num_heads, num_heads, head_dim,
-                                 stream, policy, what);
+                                 stream, policy, status, what);
 }
 
 template <class T>
 void merge_state_in_place(T* v, float* s, const T* v_other, const float* s_other,
                           std::int64_t num_rows, int num_heads, int head_dim, cudaStream_t stream,
-                          const merge_policy& policy) {
+                          const merge_policy& policy, int* status) {
   constexpr const char* what = "kvsift::cuda::merge_state_in_place";
   detail::validate_merge_shape<T>(num_rows, num_heads, head_dim, what);
   if (num_rows == 0) return;
@@ -275,7 +291,7 @@ void merge_state_in_place(T* v, float* s, const T* v_other, const float* s_other
                           ": s and s_other must be non-null");
   const detail::pair_source<T> src{v, s, v_other, s_other, num_heads, head_dim};
   detail::launch_merge<T, true>(src, v, s, num_rows * num_heads, num_heads, head_dim, stream,
-                                policy, what);
+                                policy, status, what);
 }
 
 }  // namespace kvsift::cuda
