@@ -85,13 +85,28 @@ def read_roargraph_index(path):
     """Reference index file: uint32 entry, uint32 n, then per node uint32 size + ids."""
     raw = np.fromfile(path, dtype=np.uint32)
     n, pos, deg = int(raw[1]), 2, np.empty(int(raw[1]), dtype=np.int64)
+    start = np.empty(n, dtype=np.int64)
     for i in range(n):
         deg[i] = raw[pos]
+        start[i] = pos + 1
         pos += 1 + int(raw[pos])
     if pos != raw.size:
         raise SystemExit(f"{path}: {raw.size - pos} trailing words after {n} nodes")
+    if int(raw[0]) >= n:
+        raise SystemExit(f"{path}: entry point {int(raw[0])} >= {n} nodes")
+    # Keys a search can ever return: those reachable from the entry point.
+    seen = np.zeros(n, dtype=bool)
+    seen[int(raw[0])] = True
+    stack = [int(raw[0])]
+    while stack:
+        v = stack.pop()
+        for u in raw[start[v] : start[v] + deg[v]].tolist():
+            if not seen[u]:
+                seen[u] = True
+                stack.append(u)
     return {"entry": int(raw[0]), "n": n, "mean": float(deg.mean()), "min": int(deg.min()),
-            "max": int(deg.max())}
+            "max": int(deg.max()), "zero_out_degree": int((deg == 0).sum()),
+            "reachable_from_entry": int(seen.sum())}
 
 
 def check_gt(keys, evalq, gt_path, metric):
@@ -257,6 +272,7 @@ def summarize(results, ks, targets):
                 continue
             e = {"build_s": r["build_s"],
                  "mean_degree": r["degree"]["mean"] if r.get("degree") else None,
+                 "reachable": (r.get("degree") or {}).get("reachable_from_entry"),
                  "max_recall": max(p["recall"] for p in sw),
                  "recall_at_min_L": sorted(sw, key=lambda p: p["L"])[0]["recall"],
                  "min_L": sorted(sw, key=lambda p: p["L"])[0]["L"]}
@@ -285,8 +301,8 @@ def markdown(name, meta, summary, targets):
              f"{meta['keys']} keys x {meta['dim']}, {meta['train']} training queries, "
              f"{meta['eval']} evaluation queries, metric {meta['metric']}, ground truth top-"
              f"{meta['gt_k']}, build threads {meta['threads']}, search 1 thread", ""]
-    hdr = "| method | k | build s | mean deg | recall@minL (L) | max recall |"
-    sep = "|---|---|---|---|---|---|"
+    hdr = "| method | k | build s | mean deg | reachable | recall@minL (L) | max recall |"
+    sep = "|---|---|---|---|---|---|---|"
     for t in targets:
         hdr += f" QPS@{t} | dist@{t} |"
         sep += "---|---|"
@@ -296,6 +312,7 @@ def markdown(name, meta, summary, targets):
             continue
         method, k = key.split("/k=")
         row = (f"| {method} | {k} | {e['build_s']:.2f} | {fmt(e['mean_degree'], '.1f', '-')} | "
+               f"{fmt(e['reachable'], 'd', '-')} | "
                f"{e['recall_at_min_L']:.4f} ({e['min_L']}) | {e['max_recall']:.4f} |")
         for t in targets:
             a = e[f"at_{t}"]
@@ -304,7 +321,7 @@ def markdown(name, meta, summary, targets):
     for key, r in summary.items():
         if not key.startswith("ratio"):
             continue
-        row = f"| {key} | | {fmt(r['build_s'], '.2f', '-')} | | | |"
+        row = f"| {key} | | {fmt(r['build_s'], '.2f', '-')} | | | | |"
         for t in targets:
             row += f" {fmt(r[f'qps_at_{t}'], '.2f')} | {fmt(r[f'dist_at_{t}'], '.2f')} |"
         lines.append(row)

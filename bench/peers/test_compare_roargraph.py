@@ -56,11 +56,13 @@ class Formats(unittest.TestCase):
     def test_reference_index_degrees(self):
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "g.index")
-            words = [7, 3, 2, 1, 2, 0, 3, 0, 1, 2]  # entry 7; degrees 2, 0, 3
+            # entry 0; 0 -> 1 2, 1 -> (none), 2 -> 0 1 2, 3 -> 0 (nothing reaches 3)
+            words = [0, 4, 2, 1, 2, 0, 3, 0, 1, 2, 1, 0]
             np.array(words, dtype=np.uint32).tofile(p)
             g = cr.read_roargraph_index(p)
-            self.assertEqual((g["entry"], g["n"], g["min"], g["max"]), (7, 3, 0, 3))
-            self.assertAlmostEqual(g["mean"], 5 / 3)
+            self.assertEqual((g["entry"], g["n"], g["min"], g["max"]), (0, 4, 0, 3))
+            self.assertAlmostEqual(g["mean"], 6 / 4)
+            self.assertEqual((g["zero_out_degree"], g["reachable_from_entry"]), (1, 3))
             np.array(words + [9], dtype=np.uint32).tofile(p)
             with self.assertRaises(SystemExit):
                 cr.read_roargraph_index(p)
