@@ -65,6 +65,14 @@ index (the flat scan always runs as the baseline):
   --ef LIST (10,20,50,100,200,400)  --hnsw-M N (16)  --hnsw-ef-construction N (200)
   --nprobe LIST (1,2,4,8,16,32,64)  --nlist N (0 = 4 sqrt(n))
   --save-index F / --load-index F   store / reuse the built graph
+  --save-train-knn F  write the training-query->key exact kNN the build uses (.ibin: uint32 m,
+                 uint32 nq, m*nq ids; the RoarGraph reference's --learn_base_nn_path)
+  --load-train-knn F  build from this .ibin kNN instead of computing it (rows = training
+                 queries, ids < n; the training queries themselves are then not needed)
+reference interchange (feed another implementation the same inputs):
+  --save-gt F    exact top-max(--k) of the evaluation queries, big-ann ground truth layout:
+                 uint32 m, uint32 K, m*K uint32 ids, m*K f32 distances (-score for ip)
+  --save-data DIR   write the workload as DIR/keys.fbin, train.fbin, eval.fbin (e.g. --demo)
 query (latency is always measured on one thread):
   --query topk|dipr|both   (default: topk for files, both for --demo)
   --k LIST       top-k sizes (default 100)          --L LIST   pool sizes (default 100,200,300,500)
@@ -96,6 +104,7 @@ planner (instead of the above; the dump layout of bench/data/dump_qk.py):
 struct options {
   bool demo = false;
   std::string keys, queries, train, json, save_index, load_index;
+  std::string save_train_knn, load_train_knn, save_gt, save_data;
   double train_fraction = 0;
   std::size_t n = 32768, dim = 128, eval = 0;
   float spread = 0.2f;
@@ -264,6 +273,14 @@ options parse(int argc, char** argv) {
       o.save_index = v;
     else if (a == "--load-index")
       o.load_index = v;
+    else if (a == "--save-train-knn")
+      o.save_train_knn = v;
+    else if (a == "--load-train-knn")
+      o.load_train_knn = v;
+    else if (a == "--save-gt")
+      o.save_gt = v;
+    else if (a == "--save-data")
+      o.save_data = v;
     else if (a == "--plan")
       o.plan = v;
     else if (a == "--plan-dump")
@@ -472,6 +489,28 @@ double overlap(const std::vector<kvsift::id_t>& found, const std::vector<kvsift:
   for (auto id : found)
     hits += (id != kvsift::invalid_id && std::binary_search(t.begin(), t.end(), id)) ? 1 : 0;
   return static_cast<double>(hits) / static_cast<double>(count);
+}
+
+/// --save-gt: the first K exact answers per query in the big-ann ground-truth layout the
+/// RoarGraph reference reads (ids, then distances = -key: -inner product, or the l2 distance).
+/// K = min(max(--k), shortest exact list) so every row is complete.
+void write_gt(const std::string& path, const std::vector<std::vector<kvsift::scored_id>>& exact,
+              std::size_t want) {
+  std::size_t K = want;
+  for (const auto& r : exact) K = std::min(K, r.size());
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw kvsift::io_error("cannot write --save-gt file '" + path + "'");
+  const std::uint32_t hdr[2] = {static_cast<std::uint32_t>(exact.size()),
+                                static_cast<std::uint32_t>(K)};
+  f.write(reinterpret_cast<const char*>(hdr), sizeof hdr);
+  for (const auto& r : exact)
+    for (std::size_t j = 0; j < K; ++j) f.write(reinterpret_cast<const char*>(&r[j].id), 4);
+  for (const auto& r : exact)
+    for (std::size_t j = 0; j < K; ++j) {
+      const float dist = -r[j].key;
+      f.write(reinterpret_cast<const char*>(&dist), 4);
+    }
+  if (!f) throw kvsift::io_error("cannot write --save-gt file '" + path + "'");
 }
 
 /// One top-k row: `search(query, ids, scores)` returns search_stats; timed per query.
@@ -699,6 +738,7 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
 
   std::fprintf(stderr, "computing exact answers for %zu queries...\n", E.rows());
   const auto exact = exact_rankings<M>(w.keys, E, pred, o.build.threads);
+  if (!o.save_gt.empty()) write_gt(o.save_gt, exact, *std::max_element(o.k.begin(), o.k.end()));
   const bool topk = o.query != "dipr", dipr = o.query != "topk";
   const float beta = dipr ? (o.beta ? *o.beta : choose_beta(exact, o.dipr_target)) : 0.0f;
 
@@ -725,7 +765,32 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       std::fprintf(stderr, "building RoarGraph over %zu keys from %zu training queries...\n",
                    w.keys.rows(), w.train.rows());
       kvsift::roargraph_build_stats bs;
-      g = kvsift::roargraph_builder<M>(o.build).build(store, w.train.cview(), &bs, progress_bar());
+      const kvsift::roargraph_builder<M> builder(o.build);
+      if (o.save_train_knn.empty() && o.load_train_knn.empty()) {
+        g = builder.build(store, w.train.cview(), &bs, progress_bar());
+      } else {
+        // Step 1 apart, so that the kNN lists can be written for (or read from) another
+        // builder: the RoarGraph reference then builds from exactly the same input.
+        const auto t0 = clock_type::now();
+        kvsift::knn_result knn;
+        if (!o.load_train_knn.empty()) {
+          auto ids = kvsift::read_ibin(o.load_train_knn);
+          knn.rows = ids.rows;
+          knn.k = ids.cols;
+          knn.ids = std::move(ids.data);
+          info << "train kNN: loaded from " << o.load_train_knn << " (" << knn.rows << " x "
+               << knn.k << ")\n";
+        } else {
+          knn = builder.training_knn(w.keys.cview(), w.train.cview());
+        }
+        const double knn_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+        if (!o.save_train_knn.empty()) {
+          kvsift::write_ibin(o.save_train_knn, {knn.ids, knn.rows, knn.k});
+        }
+        g = builder.build_from_knn(store, knn, &bs, progress_bar());
+        bs.knn_seconds = knn_s;
+        bs.total_seconds += knn_s;
+      }
       info << "build: " << bs.total_seconds << " s (kNN " << bs.knn_seconds << " s, projection "
            << bs.projection_seconds << " s, connectivity " << bs.connectivity_seconds << " s), nq "
            << o.build.nq << ", M " << o.build.M << ", L " << o.build.L << ", threads "
@@ -1098,7 +1163,14 @@ int main(int argc, char** argv) {
     if (!o.json.empty()) json.emplace(o.json);
     if (!o.plan.empty()) return run_plan(o);
     const workload w = load(o);
-    if (o.uses("roargraph") && o.load_index.empty() && w.train.rows() == 0) {
+    if (!o.save_data.empty()) {
+      std::filesystem::create_directories(o.save_data);
+      kvsift::write_fbin(std::filesystem::path(o.save_data) / "keys.fbin", w.keys.cview());
+      kvsift::write_fbin(std::filesystem::path(o.save_data) / "train.fbin", w.train.cview());
+      kvsift::write_fbin(std::filesystem::path(o.save_data) / "eval.fbin", w.eval.cview());
+    }
+    if (o.uses("roargraph") && o.load_index.empty() && o.load_train_knn.empty() &&
+        w.train.rows() == 0) {
       usage_error("--index roargraph needs training queries: --train or --train-fraction");
     }
     std::printf(

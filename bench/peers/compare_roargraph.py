@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""kvsift vs the RoarGraph reference (matchyc/RoarGraph) vs hnswlib, on the same inputs.
+
+Per dataset, every method gets:
+  * the same keys, training queries and evaluation queries (.fbin files on disk);
+  * the same training-query -> key exact kNN: kvsift-bench computes it once, builds its graph
+    from it and writes it (--save-train-knn); the reference builds from that file
+    (--learn_base_nn_path). hnswlib builds from the keys alone (it does not use queries);
+  * the same exact ground truth: written by kvsift-bench (--save-gt), read by the reference,
+    and checked here against a numpy brute force (scores, so ties do not matter);
+  * one search thread; the pool size L (hnswlib: ef) swept over the same list.
+
+Reported per (dataset, method, k): build seconds (from the kNN; kvsift's kNN time is
+subtracted), mean out-degree, maximum recall reached, and QPS (1 thread) and distance
+computations per query at recall 0.95 and 0.99, linearly interpolated in recall between the
+two sweep points around the target ("never" when the sweep does not reach it), and the
+kvsift / reference ratios.
+
+Counting: kvsift and hnswlib count every vector scored (entry point included, see
+bench/peers/hnswlib_peer.hpp); the reference's test_search_roargraph counts the scored
+neighbours and not its entry point, i.e. one less per query.
+QPS: kvsift/hnswlib = 1e6 / mean per-query latency; reference = queries / wall time of its
+one-thread loop (same meaning). With --repeat R each search sweep runs R times (kvsift from
+its saved index) and the best QPS per point is kept: the recall does not change.
+
+The reference is not part of kvsift: build it outside the repository (see docs/peers.md)
+and pass its directory with --ref-dir. Only python3 + numpy are needed here.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+DEFAULT_L = "10,12,15,20,25,30,40,50,60,80,100,130,160,200,250,300,400,500,700,1000"
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    log("$ " + " ".join(str(c) for c in cmd))
+    t0 = time.time()
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        log(p.stdout[-4000:])
+        log(p.stderr[-4000:])
+        raise SystemExit(f"command failed with status {p.returncode}: {cmd[0]}")
+    log(f"  ({time.time() - t0:.1f} s)")
+    return p.stdout
+
+
+# --- file formats --------------------------------------------------------------------------
+def read_bin(path, dtype):
+    hdr = np.fromfile(path, dtype=np.uint32, count=2)
+    n, d = int(hdr[0]), int(hdr[1])
+    data = np.fromfile(path, dtype=dtype, offset=8)
+    if data.size != n * d:
+        raise SystemExit(f"{path}: header says {n} x {d}, file holds {data.size} values")
+    return data.reshape(n, d)
+
+
+def write_fbin(path, a):
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    with open(path, "wb") as f:
+        np.array(a.shape, dtype=np.uint32).tofile(f)
+        a.tofile(f)
+
+
+def read_gt(path):
+    hdr = np.fromfile(path, dtype=np.uint32, count=2)
+    m, k = int(hdr[0]), int(hdr[1])
+    raw = np.fromfile(path, dtype=np.uint32, offset=8)
+    if raw.size != 2 * m * k:
+        raise SystemExit(f"{path}: expected {2 * m * k} words after the header, got {raw.size}")
+    return raw[: m * k].reshape(m, k), raw[m * k :].view(np.float32).reshape(m, k)
+
+
+def read_roargraph_index(path):
+    """Reference index file: uint32 entry, uint32 n, then per node uint32 size + ids."""
+    raw = np.fromfile(path, dtype=np.uint32)
+    n, pos, deg = int(raw[1]), 2, np.empty(int(raw[1]), dtype=np.int64)
+    start = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        deg[i] = raw[pos]
+        start[i] = pos + 1
+        pos += 1 + int(raw[pos])
+    if pos != raw.size:
+        raise SystemExit(f"{path}: {raw.size - pos} trailing words after {n} nodes")
+    if int(raw[0]) >= n:
+        raise SystemExit(f"{path}: entry point {int(raw[0])} >= {n} nodes")
+    # Keys a search can ever return: those reachable from the entry point.
+    seen = np.zeros(n, dtype=bool)
+    seen[int(raw[0])] = True
+    stack = [int(raw[0])]
+    while stack:
+        v = stack.pop()
+        for u in raw[start[v] : start[v] + deg[v]].tolist():
+            if not seen[u]:
+                seen[u] = True
+                stack.append(u)
+    return {"entry": int(raw[0]), "n": n, "mean": float(deg.mean()), "min": int(deg.min()),
+            "max": int(deg.max()), "zero_out_degree": int((deg == 0).sum()),
+            "reachable_from_entry": int(seen.sum())}
+
+
+def check_gt(keys, evalq, gt_path, metric):
+    """The ground truth file against a numpy brute force (scores, not ids: ties are free)."""
+    ids, dist = read_gt(gt_path)
+    if ids.shape[0] != evalq.shape[0]:
+        raise SystemExit(f"{gt_path}: {ids.shape[0]} rows, {evalq.shape[0]} evaluation queries")
+    worst = 0.0
+    for s in range(0, evalq.shape[0], 256):
+        q = evalq[s : s + 256].astype(np.float64)
+        if metric == "ip":
+            sc = q @ keys.T.astype(np.float64)
+            best = -np.sort(sc, axis=1)[:, ::-1][:, : ids.shape[1]]
+        else:
+            sc = ((q[:, None, :] - keys[None, :, :]) ** 2).sum(-1)
+            best = np.sort(sc, axis=1)[:, : ids.shape[1]]
+        worst = max(worst, float(np.abs(best - dist[s : s + 256]).max() /
+                                 max(1e-12, float(np.abs(best).max()))))
+    if worst > 1e-4:
+        raise SystemExit(f"{gt_path}: distances differ from numpy's exact ones by {worst:.2e}")
+    return ids.shape[1], worst
+
+
+# --- datasets ------------------------------------------------------------------------------
+def prepare_sample(args, out):
+    """bench/data/sample: keys of one KV head, queries of its GQA group; the manifest's split
+    (first 95% of positions train, last 5% evaluate) applied to every query head."""
+    man = json.load(open(os.path.join(args.sample_dir, "manifest.json")))
+    t0, t1 = man["rows"]["train"]
+    e0, e1 = man["rows"]["eval"]
+    keys = read_bin(os.path.join(args.sample_dir, f"L{args.layer}_k{args.kv_head}.fbin"),
+                    np.float32)
+    train, ev = [], []
+    for h in [int(x) for x in args.heads.split(",")]:
+        q = read_bin(os.path.join(args.sample_dir, f"L{args.layer}_q{h}.fbin"), np.float32)
+        train.append(q[t0:t1])
+        ev.append(q[e0:e1])
+    os.makedirs(out, exist_ok=True)
+    write_fbin(os.path.join(out, "keys.fbin"), keys)
+    write_fbin(os.path.join(out, "train.fbin"), np.concatenate(train))
+    write_fbin(os.path.join(out, "eval.fbin"), np.concatenate(ev))
+
+
+def prepare_demo(args, n, out):
+    os.makedirs(out, exist_ok=True)
+    run([args.kvsift_bench, "--demo", "--n", n, "--dim", args.demo_dim, "--spread",
+         args.demo_spread, "--eval", args.demo_eval, "--index", "flat", "--query", "topk",
+         "--k", "1", "--threads", args.threads, "--save-data", out])
+
+
+# --- measurement ---------------------------------------------------------------------------
+def kvsift_rows(js, method_index, n):
+    """(k, L, recall, qps, dist_comps) per top-k row of one index in a kvsift-bench JSON."""
+    out = []
+    for r in js["rows"]:
+        if r["index"] != method_index or not r["query"].startswith("top-"):
+            continue
+        k = int(r["query"][4:])
+        L = int(r["param"].split("=")[1])
+        out.append({"k": k, "L": L, "recall": r["recall"], "qps": 1e6 / r["mean_us"],
+                    "p50_qps": 1e6 / r["p50_us"], "dist": r["scanned"] * n})
+    return out
+
+
+def best_of(runs):
+    """Per (k, L): the fastest of repeated sweeps (recall and counts are deterministic)."""
+    best = {}
+    for rows in runs:
+        for r in rows:
+            key = (r["k"], r["L"])
+            if key not in best or r["qps"] > best[key]["qps"]:
+                best[key] = r
+    return sorted(best.values(), key=lambda r: (r["k"], r["L"]))
+
+
+def run_kvsift(args, d, ks, Ls):
+    common = [args.kvsift_bench, "--keys", d["keys"], "--queries", d["eval"], "--metric",
+              args.metric, "--k", ",".join(map(str, ks)), "--L", ",".join(map(str, Ls)),
+              "--query", "topk", "--threads", args.threads]
+    idx = os.path.join(d["dir"], "kvsift.graph")
+    js_path = os.path.join(d["dir"], "kvsift.json")
+    first = ["--train", d["train"], "--nq", args.nq, "--M", args.M, "--L-build", args.L_build,
+             "--index", "roargraph,hnsw" if args.hnsw else "roargraph",
+             "--ef", ",".join(map(str, Ls)), "--save-index", idx, "--save-train-knn", d["knn"],
+             "--save-gt", d["gt"], "--json", js_path]
+    stdout = run(common + first)
+    js = json.load(open(js_path))
+    info = js["info"]
+    m = re.search(r"build: ([0-9.e+-]+) s \(kNN ([0-9.e+-]+) s", info)
+    build = {"total_s": float(m.group(1)), "knn_s": float(m.group(2))}
+    build["from_knn_s"] = build["total_s"] - build["knn_s"]
+    deg = re.search(r"degree: min (\d+), mean ([0-9.]+), max (\d+)", info)
+    n = js["keys"]
+    res = {"kvsift": {"build_s": build["from_knn_s"], "build_detail": build,
+                      "degree": {"min": int(deg.group(1)), "mean": float(deg.group(2)),
+                                 "max": int(deg.group(3))},
+                      "sweep": kvsift_rows(js, "roargraph", n)}}
+    if args.hnsw:
+        hb = re.search(r"hnswlib: build ([0-9.e+-]+) s", info)
+        res["hnswlib"] = {"build_s": float(hb.group(1)), "degree": None,
+                          "sweep": kvsift_rows(js, "hnsw", n)}
+    runs = [res["kvsift"]["sweep"]]
+    for _ in range(args.repeat - 1):
+        p = os.path.join(d["dir"], "kvsift_repeat.json")
+        run(common + ["--index", "roargraph", "--load-index", idx, "--json", p])
+        runs.append(kvsift_rows(json.load(open(p)), "roargraph", n))
+    res["kvsift"]["sweep"] = best_of(runs)
+    res["_stdout"] = stdout
+    return res, js
+
+
+def run_reference(args, d, ks, Ls):
+    b = os.path.join(args.ref_dir, "test_build_roargraph")
+    s = os.path.join(args.ref_dir, "test_search_roargraph")
+    idx = os.path.join(d["dir"], "reference.index")
+    out = run([b, "--data_type", "float", "--dist", args.metric, "--base_data_path", d["keys"],
+               "--sampled_query_data_path", d["train"], "--projection_index_save_path", idx,
+               "--learn_base_nn_path", d["knn"], "--M_sq", args.nq, "--M_pjbp", args.M,
+               "--L_pjpq", args.L_build, "-T", args.threads])
+    build_s = float(re.search(r"indexing time: ([0-9.e+-]+)", out).group(1))
+    deg = read_roargraph_index(idx)
+    sweep = []
+    for k in ks:
+        Lk = [L for L in Ls if L >= k]
+        runs = []
+        for _ in range(args.repeat):
+            csv = os.path.join(d["dir"], f"reference_k{k}.csv")
+            run([s, "--data_type", "float", "--dist", args.metric, "--base_data_path", d["keys"],
+                 "--projection_index_save_path", idx, "--gt_path", d["gt"], "--query_path",
+                 d["eval"], "--L_pq"] + Lk + ["--k", k, "-T", "1", "--evaluation_save_path", csv])
+            rows = []
+            for line in open(csv):
+                L, qps, cmps, _lat, rec, _hops = line.strip().split(",")
+                rows.append({"k": k, "L": int(L), "recall": float(rec), "qps": float(qps),
+                             "dist": float(cmps)})
+            runs.append(rows)
+        sweep += best_of(runs)
+    return {"reference": {"build_s": build_s, "degree": deg, "sweep": sweep}}
+
+
+def at_recall(sweep, target):
+    """QPS and distance computations at `target` recall: the first sweep point (in L order)
+    reaching it, interpolated linearly in recall with the point before it; None if never."""
+    pts = sorted(sweep, key=lambda r: r["L"])
+    for i, p in enumerate(pts):
+        if p["recall"] >= target:
+            if i == 0 or pts[i - 1]["recall"] >= p["recall"]:
+                return {"qps": p["qps"], "dist": p["dist"], "L": p["L"], "interpolated": False}
+            a = pts[i - 1]
+            t = (target - a["recall"]) / (p["recall"] - a["recall"])
+            return {"qps": a["qps"] + t * (p["qps"] - a["qps"]),
+                    "dist": a["dist"] + t * (p["dist"] - a["dist"]),
+                    "L": a["L"] + t * (p["L"] - a["L"]), "interpolated": True}
+    return None
+
+
+def summarize(results, ks, targets):
+    summary = {}
+    for method, r in results.items():
+        for k in ks:
+            sw = [p for p in r["sweep"] if p["k"] == k]
+            if not sw:
+                continue
+            e = {"build_s": r["build_s"],
+                 "mean_degree": r["degree"]["mean"] if r.get("degree") else None,
+                 "reachable": (r.get("degree") or {}).get("reachable_from_entry"),
+                 "max_recall": max(p["recall"] for p in sw),
+                 "recall_at_min_L": sorted(sw, key=lambda p: p["L"])[0]["recall"],
+                 "min_L": sorted(sw, key=lambda p: p["L"])[0]["L"]}
+            for t in targets:
+                e[f"at_{t}"] = at_recall(sw, t)
+            summary[f"{method}/k={k}"] = e
+    for k in ks:
+        a, b = summary.get(f"kvsift/k={k}"), summary.get(f"reference/k={k}")
+        if not a or not b:
+            continue
+        ratio = {"build_s": a["build_s"] / b["build_s"] if b["build_s"] else None}
+        for t in targets:
+            x, y = a[f"at_{t}"], b[f"at_{t}"]
+            ratio[f"qps_at_{t}"] = x["qps"] / y["qps"] if x and y else None
+            ratio[f"dist_at_{t}"] = x["dist"] / y["dist"] if x and y else None
+        summary[f"ratio kvsift/reference k={k}"] = ratio
+    return summary
+
+
+def fmt(x, spec, missing="never"):
+    return missing if x is None else format(x, spec)
+
+
+def markdown(name, meta, summary, targets):
+    lines = [f"### {name}", "",
+             f"{meta['keys']} keys x {meta['dim']}, {meta['train']} training queries, "
+             f"{meta['eval']} evaluation queries, metric {meta['metric']}, ground truth top-"
+             f"{meta['gt_k']}, build threads {meta['threads']}, search 1 thread", ""]
+    hdr = "| method | k | build s | mean deg | reachable | recall@minL (L) | max recall |"
+    sep = "|---|---|---|---|---|---|---|"
+    for t in targets:
+        hdr += f" QPS@{t} | dist@{t} |"
+        sep += "---|---|"
+    lines += [hdr, sep]
+    for key, e in summary.items():
+        if key.startswith("ratio"):
+            continue
+        method, k = key.split("/k=")
+        row = (f"| {method} | {k} | {e['build_s']:.2f} | {fmt(e['mean_degree'], '.1f', '-')} | "
+               f"{fmt(e['reachable'], 'd', '-')} | "
+               f"{e['recall_at_min_L']:.4f} ({e['min_L']}) | {e['max_recall']:.4f} |")
+        for t in targets:
+            a = e[f"at_{t}"]
+            row += f" {fmt(a and a['qps'], '.0f')} | {fmt(a and a['dist'], '.0f')} |"
+        lines.append(row)
+    for key, r in summary.items():
+        if not key.startswith("ratio"):
+            continue
+        row = f"| {key} | | {fmt(r['build_s'], '.2f', '-')} | | | | |"
+        for t in targets:
+            row += f" {fmt(r[f'qps_at_{t}'], '.2f')} | {fmt(r[f'dist_at_{t}'], '.2f')} |"
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvsift-bench", required=True, help="kvsift-bench binary")
+    ap.add_argument("--ref-dir", required=True,
+                    help="directory with the reference's test_build_roargraph, test_search_roargraph")
+    ap.add_argument("--hnsw", action="store_true", help="also hnswlib (kvsift-bench --index hnsw)")
+    ap.add_argument("--work", default="/work/data/compare", help="data and outputs (big files)")
+    ap.add_argument("--sample", action="store_true", help="dataset: bench/data/sample")
+    ap.add_argument("--sample-dir", default=os.path.join(os.path.dirname(__file__), "..", "data",
+                                                         "sample"))
+    ap.add_argument("--layer", type=int, default=15)
+    ap.add_argument("--kv-head", type=int, default=0)
+    ap.add_argument("--heads", default="0,1,2", help="query heads of the KV head's GQA group")
+    ap.add_argument("--demo", default="", help="datasets: kvsift-bench --demo sizes, e.g. 32768")
+    ap.add_argument("--demo-dim", default="128")
+    ap.add_argument("--demo-spread", default="0.2")
+    ap.add_argument("--demo-eval", default="1000", help="evaluation queries of --demo")
+    ap.add_argument("--dataset", action="append", default=[],
+                    help="NAME:KEYS:TRAIN:EVAL (.fbin files), repeatable")
+    ap.add_argument("--metric", default="ip", choices=["ip", "l2"])
+    ap.add_argument("--k", default="10,100")
+    ap.add_argument("--L", default=DEFAULT_L)
+    ap.add_argument("--nq", default="100")
+    ap.add_argument("--M", default="35")
+    ap.add_argument("--L-build", dest="L_build", default="500")
+    ap.add_argument("--threads", default=str(os.cpu_count()), help="build threads (all methods)")
+    ap.add_argument("--repeat", type=int, default=1, help="search sweeps per method, best QPS kept")
+    ap.add_argument("--targets", default="0.95,0.99")
+    ap.add_argument("--json", default="", help="write all results here")
+    ap.add_argument("--markdown", default="", help="write the tables here")
+    args = ap.parse_args()
+    if args.hnsw and args.metric != "ip":
+        ap.error("--hnsw: kvsift-bench runs hnswlib for --metric ip only")
+    ks = [int(x) for x in args.k.split(",")]
+    Ls = sorted({int(x) for x in args.L.split(",")})
+    targets = [float(x) for x in args.targets.split(",")]
+
+    datasets = []
+    if args.sample:
+        d = os.path.join(args.work, f"sample_L{args.layer}_kv{args.kv_head}")
+        prepare_sample(args, d)
+        datasets.append((f"sample L{args.layer} KV head {args.kv_head} (q heads {args.heads})", d))
+    for n in [x for x in args.demo.split(",") if x]:
+        d = os.path.join(args.work, f"ood{n}")
+        prepare_demo(args, n, d)
+        datasets.append((f"synthetic OOD {n} x {args.demo_dim} (spread {args.demo_spread})", d))
+    for spec in args.dataset:
+        name, keys, train, ev = spec.split(":")
+        d = os.path.join(args.work, name)
+        os.makedirs(d, exist_ok=True)
+        for src, dst in ((keys, "keys.fbin"), (train, "train.fbin"), (ev, "eval.fbin")):
+            dst = os.path.join(d, dst)
+            if os.path.lexists(dst):
+                os.remove(dst)
+            os.symlink(os.path.abspath(src), dst)
+        datasets.append((name, d))
+    if not datasets:
+        ap.error("no dataset: give --sample, --demo N and/or --dataset")
+
+    report, md = {"args": vars(args), "datasets": {}}, []
+    for name, d in datasets:
+        files = {k: os.path.join(d, f) for k, f in (("keys", "keys.fbin"), ("train", "train.fbin"),
+                                                   ("eval", "eval.fbin"),
+                                                   ("knn", "train_knn.ibin"), ("gt", "gt.bin"))}
+        files["dir"] = d
+        kres, js = run_kvsift(args, files, ks, Ls)
+        keys = read_bin(files["keys"], np.float32)
+        evalq = read_bin(files["eval"], np.float32)
+        gt_k, gt_err = check_gt(keys, evalq, files["gt"], args.metric)
+        knn = read_bin(files["knn"], np.uint32)
+        results = {m: v for m, v in kres.items() if not m.startswith("_")}
+        results.update(run_reference(args, files, ks, Ls))
+        meta = {"keys": keys.shape[0], "dim": keys.shape[1],
+                "train": read_bin(files["train"], np.float32).shape[0], "eval": evalq.shape[0],
+                "metric": args.metric, "gt_k": gt_k, "gt_rel_err_vs_numpy": gt_err,
+                "train_knn": list(knn.shape), "threads": args.threads, "files": files}
+        summary = summarize(results, ks, targets)
+        report["datasets"][name] = {"meta": meta, "summary": summary, "results": results}
+        md.append(markdown(name, meta, summary, targets))
+        print(md[-1], flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
