@@ -23,6 +23,10 @@
 #include "kvsift/search/dipr_search.hpp"
 #include "kvsift/testing/ood_generator.hpp"
 
+#ifdef KVSIFT_TESTS_HNSWLIB
+#include "../../bench/peers/hnswlib_peer.hpp"
+#endif
+
 namespace {
 
 using kvsift::id_t;
@@ -30,8 +34,7 @@ using store_t = kvsift::view_store<float>;
 
 // Exact top-k by inner product, in double precision.
 std::vector<std::vector<id_t>> exact_topk(kvsift::matrix_view<const float> keys,
-                                          kvsift::matrix_view<const float> queries,
-                                          std::size_t k) {
+                                          kvsift::matrix_view<const float> queries, std::size_t k) {
   std::vector<std::vector<id_t>> out(queries.rows());
   std::vector<std::pair<double, id_t>> s(keys.rows());
   for (std::size_t i = 0; i < queries.rows(); ++i) {
@@ -176,8 +179,9 @@ TEST_CASE("RoarGraph beats a key-driven graph: the query projection matters",
   for (const std::size_t L : {10, 20}) {
     const quality a = measure(rg, o.eval, o.truth, 10, L);
     const quality b = measure(key_driven, o.eval, o.truth, 10, L);
-    std::printf("OOD 20000 L=%zu: query-driven recall@10 %.3f scanned %.3f; key-driven %.3f / %.3f\n",
-                L, a.recall, a.scanned, b.recall, b.scanned);
+    std::printf(
+        "OOD 20000 L=%zu: query-driven recall@10 %.3f scanned %.3f; key-driven %.3f / %.3f\n", L,
+        a.recall, a.scanned, b.recall, b.scanned);
     INFO("L = " << L << ": query-driven " << a.recall << ", key-driven " << b.recall);
     CHECK(a.recall >= b.recall + 0.1);
   }
@@ -195,7 +199,8 @@ struct sample_fixture {
 
 const sample_fixture& sample() {
   static const sample_fixture f = [] {
-    const std::filesystem::path dir = std::filesystem::path(KVSIFT_SOURCE_DIR) / "bench/data/sample";
+    const std::filesystem::path dir =
+        std::filesystem::path(KVSIFT_SOURCE_DIR) / "bench/data/sample";
     sample_fixture s;
     s.keys = kvsift::read_vectors(dir / "L15_k0.fbin");
     const std::size_t d = s.keys.cols(), split = 2918;
@@ -208,8 +213,8 @@ const sample_fixture& sample() {
         to.insert(to.end(), q.view().row(i), q.view().row(i) + d);
       }
     }
-    s.train = kvsift::convert<float>(
-        kvsift::matrix_view<const float>(train.data(), train.size() / d, d));
+    s.train =
+        kvsift::convert<float>(kvsift::matrix_view<const float>(train.data(), train.size() / d, d));
     s.eval =
         kvsift::convert<float>(kvsift::matrix_view<const float>(eval.data(), eval.size() / d, d));
     s.truth = exact_topk(s.keys.view(), s.eval.view(), 10);
@@ -230,32 +235,91 @@ const kvsift::graph_index<store_t>& sample_graph() {
 
 }  // namespace
 
-TEST_CASE("RoarGraph on the real sample: recall@10 >= 0.9 scanning <= 15% of the keys",
+TEST_CASE("RoarGraph on the real sample: recall@10 >= 0.97 scanning <= 15% of the keys",
           "[index][roargraph][quality][real]") {
+  // The issue-level bar is 0.9; the build's second entry point (the attention sink, the best
+  // key of most training queries) is what lifts pool 10 from 0.91 to 0.99, so it is guarded.
   const auto& s = sample();
-  const quality q = measure(sample_graph(), s.eval.view(), s.truth, 10, 10);
+  const auto& g = sample_graph();
+  REQUIRE(g.entry_points().size() == 2);
+  CHECK(g.entry_points()[1] == 0);  // key 0, the sink
+  const quality q = measure(g, s.eval.view(), s.truth, 10, 10);
   std::printf("sample L=10: recall@10 %.3f scanned %.3f\n", q.recall, q.scanned);
-  CHECK(q.recall >= 0.9);
+  CHECK(q.recall >= 0.97);
   CHECK(q.scanned <= 0.15);
 }
 
 TEST_CASE("extra entries at the static window reach the attention sink",
           "[index][roargraph][quality][real]") {
   // Key 0 (the attention sink) is the true top-1 of most evaluation queries but lies far
-  // (Euclidean) from every other key, so few edges lead to it. An engine keeps the first and
-  // last tokens anyway; seeding the walk there must find it at the smallest pool.
+  // (Euclidean) from every other key, so few edges lead to it. From the centroid entry alone
+  // the walk misses it; an engine keeps the first and last tokens anyway, and seeding the walk
+  // there must find it at the smallest pool.
   const auto& s = sample();
+  const auto& g = sample_graph();
   const std::size_t n = s.keys.rows();
-  const std::vector<id_t> window = {0, 1, 2, 3, static_cast<id_t>(n - 4), static_cast<id_t>(n - 3),
-                                    static_cast<id_t>(n - 2), static_cast<id_t>(n - 1)};
-  const quality plain = measure(sample_graph(), s.eval.view(), s.truth, 10, 10);
-  const quality seeded = measure(sample_graph(), s.eval.view(), s.truth, 10, 10, window);
-  std::printf("sample L=10: recall@10 %.3f without, %.3f with window entries (scanned %.3f)\n",
-              plain.recall, seeded.recall, seeded.scanned);
+  const kvsift::graph_index<store_t> centroid_only(
+      g.store(), g.max_degree(), std::vector<id_t>(g.adjacency().begin(), g.adjacency().end()),
+      g.entry_point());
+  const std::vector<id_t> window = {0,
+                                    1,
+                                    2,
+                                    3,
+                                    static_cast<id_t>(n - 4),
+                                    static_cast<id_t>(n - 3),
+                                    static_cast<id_t>(n - 2),
+                                    static_cast<id_t>(n - 1)};
+  const quality plain = measure(centroid_only, s.eval.view(), s.truth, 10, 10);
+  const quality seeded = measure(centroid_only, s.eval.view(), s.truth, 10, 10, window);
+  std::printf(
+      "sample L=10, centroid entry only: recall@10 %.3f without, %.3f with window "
+      "entries (scanned %.3f)\n",
+      plain.recall, seeded.recall, seeded.scanned);
   CHECK(seeded.recall >= 0.98);
   CHECK(seeded.recall >= plain.recall + 0.03);
   CHECK(seeded.scanned <= 0.15);
 }
+
+#ifdef KVSIFT_TESTS_HNSWLIB
+TEST_CASE("RoarGraph beats hnswlib on the real sample at equal keys scanned",
+          "[index][roargraph][quality][real][peers]") {
+  // hnswlib (M 16, ef_construction 200, built on one thread so the graph is reproducible)
+  // over the same keys; for each ef, RoarGraph at the pool that scans no more keys must
+  // recall clearly more. Smaller ef scan fewer keys (3-8%) than RoarGraph's smallest pool
+  // (L = k = 10, 8%) at recalls of 0.69-0.88, so they have no equal-scanned counterpart.
+  const auto& s = sample();
+  kvsift_bench::hnsw_peer hnsw(s.keys.view(), 16, 200, 1);
+  std::vector<id_t> ids(10);
+  std::vector<float> scores(10);
+  for (const std::size_t ef : {120, 240, 480}) {
+    quality h;
+    for (std::size_t i = 0; i < s.eval.rows(); ++i) {
+      const auto st = hnsw.search(std::span<const float>(s.eval.view().row(i), s.eval.cols()), ef,
+                                  std::span<id_t>(ids), std::span<float>(scores));
+      std::size_t hit = 0;
+      for (std::size_t j = 0; j < 10; ++j) {
+        hit += std::count(ids.begin(), ids.end(), s.truth[i][j]) > 0 ? 1 : 0;
+      }
+      h.recall += hit / 10.0;
+      h.scanned += static_cast<double>(st.distance_computations) / s.keys.rows();
+    }
+    h.recall /= s.eval.rows();
+    h.scanned /= s.eval.rows();
+    // The largest RoarGraph pool whose scanned fraction does not exceed hnswlib's.
+    quality best;
+    for (const std::size_t L : {10, 15, 20, 30, 40, 60, 80, 100}) {
+      const quality r = measure(sample_graph(), s.eval.view(), s.truth, 10, L);
+      if (r.scanned <= h.scanned) best = r;
+    }
+    std::printf("sample ef=%zu: hnswlib recall@10 %.3f scanned %.3f; RoarGraph %.3f at %.3f\n", ef,
+                h.recall, h.scanned, best.recall, best.scanned);
+    INFO("ef " << ef << ": hnswlib " << h.recall << " at " << h.scanned << ", RoarGraph "
+               << best.recall << " at " << best.scanned);
+    REQUIRE(best.scanned > 0);  // some RoarGraph pool scans no more than hnswlib
+    CHECK(best.recall >= h.recall + 0.05);
+  }
+}
+#endif  // KVSIFT_TESTS_HNSWLIB
 
 #endif  // KVSIFT_SOURCE_DIR
 

@@ -24,6 +24,9 @@ namespace kvsift {
 /// file format (graph_io.hpp) refuses larger ones as corrupted, so a built graph always loads.
 inline constexpr std::size_t max_graph_degree = (std::size_t{1} << 20) - 1;
 
+/// Most entry points a graph_index holds (each costs one scored row per search).
+inline constexpr std::size_t max_entry_points = 64;
+
 /// Out-degree summary of a graph.
 struct degree_stats {
   std::size_t min = 0;
@@ -51,6 +54,16 @@ class graph_index {
   ///        would wrap is an error, not a pass), a neighbour id >= n, a valid id follows
   ///        padding; out_of_range if n > max_index_size or entry >= n (for n > 0).
   graph_index(Store store, std::size_t max_degree, std::vector<id_t> adjacency, id_t entry)
+      : graph_index(std::move(store), max_degree, std::move(adjacency), std::vector<id_t>{entry}) {}
+
+  /// As above with several entry points: a search seeds all of them (the first is
+  /// `entry_point()`). RoarGraph uses two: the key nearest the key centroid and the key that
+  /// is the best key of the most training queries (an attention sink on real data), which
+  /// Euclidean-pruned edges rarely lead to. O(n * max_degree + entries^2).
+  /// @throw as above; invalid_argument for no entry (n > 0), more than max_entry_points, or a
+  ///        repeated entry; out_of_range for an entry >= n
+  graph_index(Store store, std::size_t max_degree, std::vector<id_t> adjacency,
+              std::vector<id_t> entries)
       : store_(std::move(store)), max_degree_(max_degree), adjacency_(std::move(adjacency)) {
     const std::size_t n = store_.size();
     require_indexable(n, "graph_index");
@@ -63,8 +76,18 @@ class graph_index {
     detail::require<dimension_mismatch>(
         adjacency_.size() == expected, "graph_index: expected adjacency of ", n, " x ", max_degree_,
         " = ", expected, " ids, got ", adjacency_.size());
-    detail::require<out_of_range>(n == 0 || entry < n, "graph_index: expected entry < ", n,
-                                  ", got ", entry);
+    if (n > 0) {
+      detail::require(!entries.empty() && entries.size() <= max_entry_points,
+                      "graph_index: expected 1 to ", max_entry_points, " entry points, got ",
+                      entries.size());
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        detail::require<out_of_range>(entries[i] < n, "graph_index: expected entry < ", n, ", got ",
+                                      entries[i]);
+        detail::require(std::find(entries.begin(), entries.begin() + static_cast<std::ptrdiff_t>(i),
+                                  entries[i]) == entries.begin() + static_cast<std::ptrdiff_t>(i),
+                        "graph_index: entry point ", entries[i], " given twice");
+      }
+    }
     degrees_.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
       const id_t* row = adjacency_.data() + i * max_degree_;
@@ -78,14 +101,19 @@ class graph_index {
       }
       degrees_[i] = static_cast<std::uint32_t>(deg);
     }
-    entry_ = n == 0 ? invalid_id : entry;
+    if (n > 0) entries_ = std::move(entries);
   }
 
   [[nodiscard]] const Store& store() const noexcept { return store_; }
   [[nodiscard]] std::size_t size() const noexcept { return store_.size(); }
   [[nodiscard]] std::size_t dim() const noexcept { return store_.dim(); }
   [[nodiscard]] std::size_t max_degree() const noexcept { return max_degree_; }
-  [[nodiscard]] id_t entry_point() const noexcept { return entry_; }
+  /// The first entry point (invalid_id for an empty graph).
+  [[nodiscard]] id_t entry_point() const noexcept {
+    return entries_.empty() ? invalid_id : entries_.front();
+  }
+  /// Every entry point, the first being entry_point(); empty for an empty graph.
+  [[nodiscard]] std::span<const id_t> entry_points() const noexcept { return entries_; }
 
   /// Out-neighbours of node i (no bounds check: hot path). O(1).
   [[nodiscard]] std::span<const id_t> neighbors(id_t i) const noexcept {
@@ -128,7 +156,7 @@ class graph_index {
   std::size_t max_degree_ = 0;
   std::vector<id_t> adjacency_;
   std::vector<std::uint32_t> degrees_;
-  id_t entry_ = invalid_id;
+  std::vector<id_t> entries_;
 };
 
 }  // namespace kvsift

@@ -1,7 +1,8 @@
 #pragma once
 // Saving and loading graph indexes. The file holds the graph only (the vectors stay with the
 // engine): header (magic "KVSGRAPH", version 2, element type, n, dim), the metric's name
-// (16 bytes, zero-padded), a 64-bit fingerprint of the keys, max degree, entry point, the
+// (16 bytes, zero-padded), a 64-bit fingerprint of the keys, max degree, the entry points
+// (count, then ids), the
 // padded n x max_degree adjacency, and a trailing checksum. Loading checks every field against
 // the store it is attached to, so an index saved for other keys or another metric is rejected.
 
@@ -93,7 +94,8 @@ void save_graph(const graph_index<Store, M>& g, const std::filesystem::path& pat
     w.write_pod(detail::metric_tag<M>());
     w.write_pod(fingerprint);
     w.write_pod(static_cast<std::uint64_t>(g.max_degree()));
-    w.write_pod(static_cast<std::uint32_t>(g.entry_point()));
+    w.write_pod(static_cast<std::uint32_t>(g.entry_points().size()));
+    w.write_array(g.entry_points().data(), g.entry_points().size());
     w.write_array(g.adjacency().data(), g.adjacency().size());
     w.write_checksum();
   });
@@ -120,7 +122,10 @@ graph_index<Store, M> load_graph(const std::filesystem::path& path, Store store)
   const auto metric = r.read_pod<std::array<char, detail::metric_name_bytes>>("metric");
   const auto fingerprint = r.read_pod<std::uint64_t>("key fingerprint");
   const auto max_degree = r.read_pod<std::uint64_t>("max degree");
-  const auto entry = r.read_pod<std::uint32_t>("entry point");
+  const auto entry_count = r.read_pod<std::uint32_t>("entry point count");
+  detail::require<io_error>(entry_count <= max_entry_points, "corrupted graph file: ", entry_count,
+                            " entry points, at most ", max_entry_points);
+  auto entries = r.read_vector<id_t>(entry_count, "entry points");
   detail::require<io_error>(max_degree > 0 && max_degree <= max_graph_degree,
                             "corrupted graph file: max degree ", max_degree);
   detail::require<io_error>(h.rows == 0 || max_degree <= r.remaining() / h.rows / sizeof(id_t),
@@ -142,7 +147,7 @@ graph_index<Store, M> load_graph(const std::filesystem::path& path, Store store)
                   detail::hex64(fingerprint), ", the store's keys have fingerprint ",
                   detail::hex64(actual), " (same shape, other keys)");
   return graph_index<Store, M>(std::move(store), static_cast<std::size_t>(max_degree),
-                               std::move(adjacency), entry);
+                               std::move(adjacency), std::move(entries));
 }
 
 }  // namespace kvsift

@@ -117,7 +117,11 @@ void seed(const Graph& g, std::span<const id_t> extra, const P& pred, std::size_
       }
     }
   };
-  if (g.entry_point() != invalid_id) one(g.entry_point());
+  if constexpr (requires { g.entry_points(); }) {
+    for (const id_t e : g.entry_points()) one(e);
+  } else if (g.entry_point() != invalid_id) {
+    one(g.entry_point());
+  }
   for (id_t e : extra) one(e);
   if constexpr (!std::is_same_v<P, no_filter>) {
     if (seeded == 0) {
