@@ -101,7 +101,7 @@ inline constexpr int merge_max_threads = 512;
 /// max and sum from the (cached) lse values, so no reduction is needed; only the in-place
 /// variant must wait for the whole row to have read its lse before overwriting it.
 /// (512, 2) caps registers at 64 so that 32 warps per SM keep enough loads in flight.
-template <class T, bool InPlace, class Source>
+template <class T, bool InPlace, bool Propagate, class Source>
 __global__ void __launch_bounds__(merge_max_threads, 2)
     merge_kernel(Source src, T* out_o, float* out_lse, std::int64_t num_rows, int num_heads,
                  int head_dim, int* status) {
@@ -167,15 +167,17 @@ __global__ void __launch_bounds__(merge_max_threads, 2)
         float o[vec];
         const float inv = m == neg_inf() || bad ? 0.0f : 1.0f / s;
 #pragma unroll
-        for (int i = 0; i < vec; ++i) o[i] = bad ? 0.0f : acc[i] * inv;
+        for (int i = 0; i < vec; ++i) o[i] = bad ? (Propagate ? nanf("") : 0.0f) : acc[i] * inv;
         // Invalid rows: out of place they become the empty state; in place they are left as
         // they were (the CPU merge_into leaves its accumulator unchanged when it throws).
-        if (!(InPlace && bad)) store_vec(out_o + row * head_dim + v * vec, o);
+        if (!(InPlace && bad && !Propagate)) store_vec(out_o + row * head_dim + v * vec, o);
       }
     }
     if constexpr (InPlace) __syncthreads();
     if (active && threadIdx.x == 0) {
-      if (bad) {
+      if (bad && Propagate) {
+        out_lse[row] = nanf("");
+      } else if (bad) {
         if (status != nullptr) atomicOr(status, 1);
         if constexpr (!InPlace) out_lse[row] = neg_inf();
       } else {
@@ -204,7 +206,10 @@ inline void require_device_ptr(const void* p, bool needed, const char* what, con
   kvsift::detail::require(!needed || is_aligned16(p), what, ": ", name, " must be 16-byte aligned");
 }
 
-template <class T, bool InPlace, class Source>
+/// Propagate: an invalid row's output is NaN (o and lse) instead of the empty state. Only for
+/// states the library made itself (sparse_attention's splits), where NaN can only come from a
+/// NaN query and must stay visible in that head's output, as it does without splits.
+template <class T, bool InPlace, class Source, bool Propagate = false>
 void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows, int num_heads,
                   int head_dim, cudaStream_t stream, const merge_policy& policy, int* status,
                   const char* what) {
@@ -231,7 +236,7 @@ void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows
   }
   kvsift::detail::require(blocks <= std::numeric_limits<int>::max(), what,
                           ": too many rows for one launch: ", rows);
-  merge_kernel<T, InPlace><<<static_cast<unsigned>(blocks), dim3(bx, by), 0, stream>>>(
+  merge_kernel<T, InPlace, Propagate><<<static_cast<unsigned>(blocks), dim3(bx, by), 0, stream>>>(
       src, out_o, out_lse, rows, num_heads, head_dim, status);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }

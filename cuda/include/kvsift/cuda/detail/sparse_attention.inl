@@ -266,10 +266,13 @@ void launch_sparse_attention(const float* q, int num_qo_heads, const paged_kv_vi
   KVSIFT_CUDA_CHECK(cudaGetLastError());
   if (splits > 1) {
     const indptr_source<float, fixed_indptr> src{part_o, part_lse, fixed_indptr{splits}, 1, D};
-    // The split states come from the kernel above (finite or -inf lse): no status word here;
-    // sparse_attention's own status keeps its one meaning (an invalid token).
-    launch_merge<float, false>(src, out_o, out_lse, num_qo_heads, 1, D, stream, merge_policy{},
-                               nullptr, "kvsift::cuda::sparse_attention (split merge)");
+    // The split states come from the kernel above: finite or -inf lse, or NaN when the query
+    // holds NaN. That NaN is propagated (as it is without splits) so the head's output shows
+    // it; no status word here, sparse_attention's own status keeps its one meaning (an
+    // invalid token).
+    launch_merge<float, false, decltype(src), true>(src, out_o, out_lse, num_qo_heads, 1, D, stream,
+                                                    merge_policy{}, nullptr,
+                                                    "kvsift::cuda::sparse_attention (split merge)");
   }
 }
 
