@@ -241,6 +241,19 @@ GEMMA3_ROPE_BASE_LOCAL = 10000.0  # RoPE base of the sliding-window layers
 GEMMA3_SWA_PERIOD = 6  # layer il is global iff il % 6 == 5 (5 local : 1 global)
 
 
+# How each Gemma-3 convention was settled: perplexity / next-token accuracy of this pass on the
+# first 1024 tokens (BOS + GPL-3) with that one choice changed (gemma-3-270m Q4_K_M).
+GEMMA3_EVIDENCE = {
+    "chosen (neox RoPE, file norms as stored, embd*sqrt(640), global iff il%6==5)": [14.412, 0.4389],
+    "rope norm (adjacent pairs) instead of neox": [361.005, 0.0821],
+    "norm weights + 1 (file already holds 1+w)": [143087289.864, 0.0020],
+    "no embedding scale": [5021942.242, 0.0029],
+    "every layer global (no sliding window, RoPE base 1e6 everywhere)": [123.439, 0.1945],
+    "every layer local (window 512, RoPE base 1e4)": [19.728, 0.4027],
+    "global iff il%4==3": [20.472, 0.3881],
+}
+
+
 def read_gemma3_config(reader) -> ModelConfig:
     """Read and validate Gemma-3 metadata (``gemma3.*``)."""
     p = "gemma3."
@@ -1083,6 +1096,7 @@ def run_gemma3(args: argparse.Namespace, log, reader, cfg: ModelConfig, gguf_pat
         "attention_scale": cfg.attn_scale,
         "attention_scale_note": "q and k are stored unscaled (post QK-norm, post-RoPE); logits = attention_scale * q.k",
         "norm_offset_added": conv.norm_offset,
+        "convention_evidence_ppl_acc_1024_tokens": GEMMA3_EVIDENCE,
         "embedding_scale": math.sqrt(cfg.n_embd),
         "rms_eps": cfg.rms_eps,
         "perplexity": round(ppl, 4),
