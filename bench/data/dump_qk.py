@@ -843,6 +843,21 @@ def next_token_stats(hidden: np.ndarray, lm_head: np.ndarray, ids: list[int], bl
     return math.exp(nll / len(targets)), correct / len(targets)
 
 
+def rows_next_token_stats(hidden: np.ndarray, lm_head: np.ndarray, ids: list[int], rows: np.ndarray,
+                          block: int = 256) -> tuple[float, float]:
+    """Perplexity and top-1 accuracy of predicting token t+1 from position t, over t in ``rows``."""
+    targets = np.asarray(ids)[rows + 1]
+    nll, correct = 0.0, 0
+    for s in range(0, len(rows), block):
+        e = min(len(rows), s + block)
+        logits = hidden[rows[s:e]] @ lm_head.T
+        m = logits.max(axis=1, keepdims=True)
+        lse = (m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))).astype(np.float64)
+        nll += float(np.sum(lse - logits[np.arange(e - s), targets[s:e]]))
+        correct += int(np.sum(logits.argmax(axis=1) == targets[s:e]))
+    return math.exp(nll / len(rows)), correct / len(rows)
+
+
 # ------------------------------------------------------------------------ output
 
 
@@ -923,6 +938,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--swa-period", type=int, default=GEMMA3_SWA_PERIOD,
                     help="gemma3: layer il is global iff il %% P == P-1 (default 6; 0 = all global, for checking)")
     ap.add_argument("--block", type=int, default=256, help="gemma3: queries per attention block (default 256)")
+    ap.add_argument("--ppl-stride", type=int, default=1,
+                    help="gemma3: score the next-token prediction of every S-th position only (default 1: all); "
+                         "the vocab-262144 logits cost n x 262144 x 640 MACs")
     ap.add_argument("--quiet", action="store_true", help="no per-layer progress")
     return ap.parse_args(argv)
 
@@ -1061,7 +1079,11 @@ def run_gemma3(args: argparse.Namespace, log, reader, cfg: ModelConfig, gguf_pat
     hidden, dumps = gemma3_forward(weights, cfg, ids, set(layers), conv, log)
     t_forward = time.time() - t0
     t0 = time.time()
-    ppl, acc = next_token_stats(hidden, weights.get("token_embd.weight"), ids, block=256)
+    if args.ppl_stride < 1:
+        raise DumpError(f"--ppl-stride must be >= 1, got {args.ppl_stride}")
+    # Positions t = 0, S, 2S, ... predicting token t + 1: an unbiased sample of the whole text.
+    rows = np.arange(0, n_tokens - 1, args.ppl_stride)
+    ppl, acc = rows_next_token_stats(hidden, weights.get("token_embd.weight"), ids, rows)
     t_stats = time.time() - t0
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
     print(f"perplexity {ppl:.3f}  next-token accuracy {acc:.4f}  ({n_tokens} tokens, forward {t_forward:.1f}s, "
@@ -1101,6 +1123,8 @@ def run_gemma3(args: argparse.Namespace, log, reader, cfg: ModelConfig, gguf_pat
         "rms_eps": cfg.rms_eps,
         "perplexity": round(ppl, 4),
         "next_token_accuracy": round(acc, 4),
+        "scored_positions": {"stride": args.ppl_stride, "count": int(len(rows)),
+                             "note": "positions t = 0, S, 2S, ... < n-1, each predicting token t+1"},
         "timing_s": {"forward": round(t_forward, 1), "logits": round(t_stats, 1),
                      "total": round(time.time() - t_start, 1)},
         "peak_rss_gib": round(peak_gib, 2),
