@@ -58,6 +58,21 @@ def write_gguf(path, arch="llama", n_ctx=64):
         w.add_tokenizer_model("gpt2")
         w.add_token_list(byte_tokens())
         w.add_token_merges(["h e"])
+    if arch == "gemma3":
+        w.add_block_count(2)
+        w.add_embedding_length(8)
+        w.add_head_count(2)
+        w.add_head_count_kv(1)
+        w.add_key_length(4)
+        w.add_value_length(4)
+        w.add_feed_forward_length(16)
+        w.add_context_length(n_ctx)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_sliding_window(4)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(["<pad>", "<eos>", "<bos>", "<unk>", "a"])
+        w.add_token_scores([0.0] * 5)
+        w.add_token_types([3, 3, 3, 2, 1])
     w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -110,6 +125,16 @@ def test_unsupported_architecture(tmp_path):
     r = run(tmp_path, "--gguf", str(model))
     assert r.returncode != 0
     assert "unsupported architecture 'gpt2'" in r.stderr
+
+
+@needs_gguf
+def test_gemma3_requires_out_and_matching_model(tmp_path):
+    model = write_gguf(tmp_path / "g3.gguf", arch="gemma3")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--gguf", str(model), "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "give --out DIR outside the repository" in r.stderr
+    r = run(tmp_path, "--gguf", str(model), "--model", "smollm2")
+    assert r.returncode != 0 and "--model smollm2 but" in r.stderr and "'gemma3' model" in r.stderr
 
 
 @needs_gguf
