@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
 """Real-data evaluation of kvsift against hnswlib and faiss, in one command.
 
-Runs kvsift-bench on the SmolLM2-135M Q/K/V dump (bench/data/dump_qk.py) for several layers
-and (query head, KV head) pairs, and writes
-  docs/results/real_eval.md                    markdown tables
-  docs/results/real_recall_vs_scanned.png      recall@k vs fraction of keys scored
-  docs/results/real_recall_vs_latency.png      recall@k vs single-thread latency
-  docs/results/real_error_vs_attended.png      attention-output error vs tokens attended
-  docs/results/real_eval_json/*.json           the raw kvsift-bench output
+Runs kvsift-bench on a Q/K/V dump of bench/data/dump_qk.py (SmolLM2-135M or Gemma-3-270M) for
+several layers and (query head, KV head) pairs, and writes into --out (default: a fresh temporary
+directory, printed; never inside the repository unless --out says so):
+  real_eval.md                    markdown tables
+  real_eval_summary.json          the figures of the summary tables, machine-readable
+  real_recall_vs_scanned.png      recall@k vs fraction of keys scored
+  real_recall_vs_latency.png      recall@k vs single-thread latency
+  real_error_vs_attended.png      attention-output error vs tokens attended
+  real_eval_json/*.json           the raw kvsift-bench output
+
+--layers / --heads default to what the dump's manifest.json says was dumped (every dumped layer,
+the first query head of each dumped KV head), so the committed sample runs as is:
+
+    python3 bench/eval/evaluate.py --dump bench/data/sample --no-plots
 
 Every run measures the flat scan, RoarGraph, DIPR and (when kvsift-bench was built with them)
 hnswlib HNSW and faiss IVF-Flat on the same data in the same process; recall is against the
@@ -21,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -127,7 +135,7 @@ def write_markdown(path, results, indexes, args, total_s):
              f"(`--layers {args.layers} --heads {args.heads} --threads {args.threads}`) in "
              f"{total_s / 60:.1f} min of kvsift-bench runs on this machine (2 shared cores; median latencies on one "
              "thread, still noisy, compare ratios within a row only).\n")
-    L.append(f"Data: SmolLM2-135M-Instruct post-RoPE Q/K/V (`bench/data/dump_qk.py`), "
+    L.append(f"Data: {model_name(args.dump)} post-RoPE Q/K/V (`bench/data/dump_qk.py`, `{args.dump}`), "
              f"{meta['keys']} tokens, head dim {meta['dim']}. Indexes are built on the keys "
              f"(RoarGraph also from the {meta['train_queries']} prefill queries, the first 95% "
              f"of positions); the {meta['eval_queries']} held-out queries (last 5%) are "
@@ -163,13 +171,13 @@ def write_markdown(path, results, indexes, args, total_s):
     L.append("Causal: the held-out query at position p attends [0, p]: the static window "
              "(first 128 + last 512 tokens) plus tokens retrieved from the middle. Recovery = "
              "share of the full softmax mass; error = relative L2 error of the attention "
-             "output vs full attention (scale 1/sqrt(64)). DIPR is window-seeded (seed = best "
+             f"output vs full attention (scale 1/sqrt({meta['dim']})). DIPR is window-seeded (seed = best "
              "window score); beta is in logit units. The top-k error at DIPR's budget is "
              "interpolated linearly between the measured k.\n")
     L.append("| layer | q/kv | window-only err | beta | DIPR tokens attended | DIPR err | "
              "top-k err at same budget | RoarGraph DIPR err | RoarGraph DIPR scanned |")
     L.append("|---" * 9 + "|")
-    wins = []
+    wins = []  # (DIPR error, top-k error at the same budget)
     for r in results:
         qual = r["quality"]
         win = next(x for x in qual if x["method"] == "window")
@@ -181,19 +189,22 @@ def write_markdown(path, results, indexes, args, total_s):
             t = interp([y["attended"] for y in tk + [win]],
                        [y["rel_l2_error"] for y in tk + [win]], x["attended"])
             if t is not None and x["attended"] > win["attended"] + 1:
-                wins.append(x["rel_l2_error"] / t)
+                wins.append((x["rel_l2_error"], t))
             L.append(f"| {r['layer']} | q{r['q_head']}/k{r['kv_head']} | "
                      f"{win['rel_l2_error']:.4f} | {beta} | {x['attended']:.0f} | "
                      f"{x['rel_l2_error']:.4f} | " + ("-" if t is None else f"{t:.4f}") + " | " +
                      ("-" if g is None else f"{g['rel_l2_error']:.4f} | {100 * g['scanned']:.1f}%")
                      + " |")
+    summary = dipr_vs_topk(wins)
     if wins:
-        wins.sort()
+        ratio = ("" if summary["median_ratio"] is None else
+                 f"; median ratio DIPR/top-k error {summary['median_ratio']:.3f} "
+                 f"(min {summary['min_ratio']:.3f}, max {summary['max_ratio']:.3f}, over the "
+                 f"{summary['ratio_count']} settings where top-k's error is not 0)")
         L.append(f"\nOver the {len(wins)} (head, beta) settings that retrieve more than one "
                  f"token on average and fall inside the top-k sweep, DIPR's error is lower than "
-                 f"top-k's at the same average budget in {sum(w < 1 for w in wins)}; median "
-                 f"ratio DIPR/top-k error {wins[len(wins) // 2]:.3f} (min {wins[0]:.3f}, "
-                 f"max {wins[-1]:.3f}).\n")
+                 f"top-k's at the same average budget in {summary['dipr_lower']}, equal in "
+                 f"{summary['equal']}{ratio}.\n")
     L.append("\n## Attention quality: top-k (exact vs RoarGraph)\n")
     L.append("| layer | q/kv | k | tokens attended | exact recovery | exact err | "
              "RoarGraph err | RoarGraph scanned |")
@@ -213,6 +224,33 @@ def write_markdown(path, results, indexes, args, total_s):
              "Raw output: `real_eval_json/`.\n")
     with open(path, "w") as f:
         f.write("\n".join(L))
+    return summary
+
+
+def dipr_vs_topk(pairs):
+    """Summary of (DIPR error, top-k error at the same budget) pairs.
+
+    A ratio is only defined where top-k's error is not 0 (top-k can be exact when its budget
+    covers every token with weight); those pairs still count as DIPR lower / equal / higher.
+    """
+    ratios = sorted(d / t for d, t in pairs if t > 0)
+    return {"settings": len(pairs), "dipr_lower": sum(d < t for d, t in pairs),
+            "equal": sum(d == t for d, t in pairs), "ratio_count": len(ratios),
+            "median_ratio": ratios[len(ratios) // 2] if ratios else None,
+            "min_ratio": ratios[0] if ratios else None, "max_ratio": ratios[-1] if ratios else None}
+
+
+def scanned_summary(results, indexes):
+    """Per (target, index): heads reaching it and the cheapest scanned fractions (the summary table)."""
+    out = {}
+    for k, target in ((100, 0.95), (100, 0.9), (10, 0.95), (10, 0.9)):
+        for i in ["flat"] + indexes:
+            got = sorted(v[0] for v in (min_scanned_at(r["rows"], i, k, target) for r in results)
+                         if v is not None)
+            out[f"recall@{k}>={target}/{i}"] = {
+                "heads_reached": len(got), "heads": len(results),
+                "median_scanned": got[len(got) // 2] if got else None, "max_scanned": got[-1] if got else None}
+    return out
 
 
 def averaged(results, layer, select, key_fields, value_fields):
@@ -229,7 +267,16 @@ def averaged(results, layer, select, key_fields, value_fields):
     return {k: {f: sum(v) / len(v) for f, v in a.items()} for k, a in acc.items()}
 
 
-def plot(results, indexes, layers, out_dir):
+def model_name(dump):
+    """The model named in the dump's manifest.json (older dumps: SmolLM2)."""
+    try:
+        with open(os.path.join(dump, "manifest.json")) as f:
+            return json.load(f)["model"]
+    except (OSError, ValueError, KeyError):
+        return "SmolLM2-135M-Instruct"
+
+
+def plot(results, indexes, layers, out_dir, args_dump):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -258,7 +305,7 @@ def plot(results, indexes, layers, out_dir):
                 ax.set_ylabel("recall")
                 ax.grid(alpha=0.3)
         axes[0][0].legend()
-        fig.suptitle("SmolLM2-135M real Q->K, held-out queries (averaged over heads)")
+        fig.suptitle(f"{model_name(args_dump)} real Q->K, held-out queries (averaged over heads)")
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f"real_recall_vs_{name}.png"), dpi=90)
         plt.close(fig)
@@ -289,21 +336,48 @@ def plot(results, indexes, layers, out_dir):
     plt.close(fig)
 
 
+def defaults_from_manifest(dump):
+    """(layers, heads) text defaults from the dump's manifest.json: every dumped layer, and the
+    first dumped query head of each dumped KV head."""
+    path = os.path.join(dump, "manifest.json")
+    try:
+        with open(path) as f:
+            m = json.load(f)
+        group = {int(q): int(kv) for q, kv in m["gqa_group"].items()}
+        pairs = {}
+        for q in m["query_heads_dumped"]:
+            pairs.setdefault(group[int(q)], int(q))
+        layers = ",".join(str(int(x)) for x in m["layers"])
+        heads = ",".join(f"{q}:{kv}" for kv, q in sorted(pairs.items()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        fail(f"give --layers and --heads, or a dump with a readable manifest.json ({path}: {exc})")
+    return layers, heads
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bench", default=os.path.join(ROOT, "build/bin/kvsift-bench"))
-    ap.add_argument("--dump", default=os.path.join(ROOT, "bench/data/dump"))
-    ap.add_argument("--layers", default="0,5,15,29")
-    ap.add_argument("--heads", default="0:0,4:1,8:2", help="query:kv head pairs")
+    ap.add_argument("--dump", default=os.path.join(ROOT, "bench/data/sample"))
+    ap.add_argument("--layers", help="layers (default: all in the dump's manifest.json)")
+    ap.add_argument("--heads", help="query:kv head pairs (default: first query head of each dumped KV head)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs/results"))
+    ap.add_argument("--out", help="output directory (default: a new temporary directory, printed)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--reuse", action="store_true",
                     help="rebuild the tables and plots from the JSON of an earlier run")
     args = ap.parse_args()
+    if args.reuse and not args.out:
+        fail("--reuse needs --out (the directory of the earlier run)")
+    if not args.layers or not args.heads:
+        layers_d, heads_d = defaults_from_manifest(args.dump)
+        args.layers = args.layers or layers_d
+        args.heads = args.heads or heads_d
     if not args.reuse and not os.access(args.bench, os.X_OK):
         fail(f"no kvsift-bench at {args.bench} (build it: cmake --build build "
              "--target kvsift-bench)")
+    if not args.out:
+        args.out = tempfile.mkdtemp(prefix="kvsift-eval-")
+        print(f"evaluate.py: writing to {args.out}", flush=True)
     try:
         layers = [int(x) for x in args.layers.split(",")]
     except ValueError:
@@ -326,9 +400,13 @@ def main():
     results = [run_one(args, layer, q, kv, indexes, os.path.join(json_dir, f"L{layer}_q{q}_k{kv}.json"))
                for layer in layers for q, kv in pairs]
     total = sum(r.get("wall_s", 0) for r in results)
-    write_markdown(os.path.join(args.out, "real_eval.md"), results, indexes, args, total)
+    dipr = write_markdown(os.path.join(args.out, "real_eval.md"), results, indexes, args, total)
+    with open(os.path.join(args.out, "real_eval_summary.json"), "w") as f:
+        json.dump({"dump": args.dump, "layers": layers, "heads": pairs, "indexes": indexes,
+                   "runs": len(results), "dipr_vs_topk": dipr,
+                   "scanned": scanned_summary(results, indexes)}, f, indent=1)
     if not args.no_plots:
-        plot(results, indexes, layers, args.out)
+        plot(results, indexes, layers, args.out, args.dump)
     print(f"evaluate.py: wrote {args.out}/real_eval.md and plots in {total / 60:.1f} min")
 
 
