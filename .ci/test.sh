@@ -15,7 +15,11 @@ ctest --test-dir build --output-on-failure -j2
 debian_python=/usr/bin/python3
 cmake -S python -B build/python -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$debian_python"
 cmake --build build/python -j"$(nproc)"
-# bench/data/test_dump_qk.py checks dump_qk.py's bad-input paths; it skips itself where gguf
-# is not installed (CI never downloads a model).
-PYTHONPATH="$PWD/build/python" "$debian_python" -m pytest -q -p no:cacheprovider python/tests \
-  bench/data/test_dump_qk.py
+# bench/data/test_dump_qk.py checks dump_qk.py's bad-input paths and the model-free parts of the
+# Gemma-3 pass; its model tests skip where gguf is not installed (CI never downloads a model).
+# bench/eval/test_evaluate.py runs the evaluation on the committed sample and
+# bench/peers/test_compare_roargraph.py the peer driver and kvsift-bench's --save-* flags,
+# both with the kvsift-bench built above.
+KVSIFT_BENCH="$PWD/build/bin/kvsift-bench" PYTHONPATH="$PWD/build/python" "$debian_python" \
+  -m pytest -q -p no:cacheprovider python/tests bench/data/test_dump_qk.py \
+  bench/eval/test_evaluate.py bench/peers/test_compare_roargraph.py
