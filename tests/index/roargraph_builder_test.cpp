@@ -478,3 +478,38 @@ TEST_CASE("roargraph_builder: build_from_knn with a wrapping kNN shape",
   CHECK_THAT(
       msg, Contains("kNN result") && Contains("4294967296 x 4294967296") && Contains("overflows"));
 }
+
+TEST_CASE("roargraph_builder without connectivity gives a searchable graph",
+          "[index][roargraph][rel]") {
+  // Without step 3 the key nearest the centroid often had no out-edges (most keys have none
+  // then): every search stopped at the entry, recall 0. The entry is now chosen among keys
+  // with out-edges.
+  kvsift::view_store<float> store(data().key_view());
+  auto p = small_params();
+  p.connectivity = false;
+  const auto g = kvsift::roargraph_builder<>(p).build(store, train());
+  for (const id_t e : g.entry_points()) CHECK_FALSE(g.neighbors(e).empty());
+  const kvsift::flat_index<kvsift::view_store<float>> flat(store);
+  const double r = recall_at(g, flat, eval(), 10, 100);
+  INFO("recall@10 at L = 100 without connectivity: " << r);
+  CHECK(r > 0.3);
+}
+
+TEST_CASE("roargraph_builder reports the keys its graph cannot reach", "[index][roargraph][rel]") {
+  // The repair stops after a bounded number of passes: the count must match a BFS of the
+  // graph that comes out, whatever it is, so a repair that gave up shows.
+  kvsift::view_store<float> store(data().key_view());
+  for (const std::size_t M : {std::size_t{1}, std::size_t{16}}) {
+    for (const bool connectivity : {true, false}) {
+      auto p = small_params();
+      p.M = M;
+      p.connectivity = connectivity;
+      kvsift::roargraph_build_stats st;
+      const auto g = kvsift::roargraph_builder<>(p).build(store, train(), &st);
+      CAPTURE(M, connectivity);
+      CHECK(st.unreachable_keys == g.size() - reachable(g));
+      if (connectivity && M == 16) CHECK(st.unreachable_keys == 0);
+      if (!connectivity) CHECK(st.unreachable_keys > 0);
+    }
+  }
+}

@@ -107,9 +107,11 @@ struct roargraph_build_stats {
   /// Pairs scored by their pruning; counted by the CPU searches only (0 when the engine runs
   /// them: the GPU scores a warp of kept ids at once, which is not the same count).
   std::size_t connectivity_prune_distance_computations = 0;
-  /// Keys the reachability repair could not attach within its 8 passes (unreachable from the
-  /// entry point, so only a search seeded elsewhere can find them); 0 in every build measured.
-  std::size_t unreachable_after_repair = 0;
+  /// Keys not reachable from the first entry point in the returned graph, so that only a
+  /// search seeded elsewhere can find them. 0 after a build with connectivity (the repair
+  /// attaches every key; it gives up after 8 passes, which no measured build needed, and this
+  /// count is how that would show); most keys without connectivity.
+  std::size_t unreachable_keys = 0;
 };
 
 /// Where a long build stands, passed to a progress callback after every step. For one build
@@ -195,6 +197,26 @@ struct building_graph {
   std::span<const id_t> neighbors(id_t i) const { return adj.neighbors(i); }
   float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
 };
+
+/// Number of nodes reachable from `start` (itself included). O(n + edges).
+inline std::size_t reachable_from(const adjacency_lists& adj, id_t start) {
+  std::vector<char> seen(adj.rows.size(), 0);
+  std::vector<id_t> stack{start};
+  seen[start] = 1;
+  std::size_t count = 1;
+  while (!stack.empty()) {
+    const id_t u = stack.back();
+    stack.pop_back();
+    for (const id_t v : adj.rows[u]) {
+      if (!seen[v]) {
+        seen[v] = 1;
+        ++count;
+        stack.push_back(v);
+      }
+    }
+  }
+  return count;
+}
 
 /// Marks the builder's own (CPU) step-3 searches.
 struct no_searcher {};
@@ -383,11 +405,12 @@ class roargraph_builder {
     if (params_.connectivity) {
       enhance(store, adj, entry, st, [&] { report("connectivity"); });
       const auto t2 = std::chrono::steady_clock::now();
-      st.unreachable_after_repair = repair_reachability(store, adj, entry);
+      repair_reachability(store, adj, entry);
       st.repair_seconds = detail::seconds_since(t2);
       report("repair");
     }
     st.connectivity_seconds = detail::seconds_since(t1);
+    st.unreachable_keys = n - detail::reachable_from(adj, entry);
 
     const std::size_t R = degree_cap();
     std::vector<id_t> flat(n * R, invalid_id);
@@ -677,11 +700,8 @@ class roargraph_builder {
   // order, to a reachable key found by searching for it: one with a free slot if the search
   // finds one, else the best found, whose lowest-ranked edge gives way. A replaced edge can
   // cut off another key, so repeat until nothing is unreachable (bounded; each pass is BFS).
-  // Returns the number of keys still unreachable after the last pass (0 unless the passes
-  // ran out, which no measured build has needed).
   template <MatrixStore Store>
-  std::size_t repair_reachability(const Store& store, detail::adjacency_lists& adj,
-                                  id_t entry) const {
+  void repair_reachability(const Store& store, detail::adjacency_lists& adj, id_t entry) const {
     const std::size_t n = store.size(), R = degree_cap();
     const std::size_t L = std::min(params_.L, n);
     const detail::building_graph<Store, KM> g{store, adj, entry};
@@ -730,11 +750,8 @@ class roargraph_builder {
         mark_from(static_cast<id_t>(x));
         changed = true;
       }
-      if (!changed) return 0;
+      if (!changed) return;
     }
-    std::fill(reached.begin(), reached.end(), 0);
-    mark_from(entry);
-    return static_cast<std::size_t>(std::count(reached.begin(), reached.end(), 0));
   }
 
   template <MatrixStore Store>
