@@ -212,6 +212,19 @@ def find_packaged_gemma3() -> Path:
     return path
 
 
+def head_layout(cfg, kv_heads):
+    """Manifest fields that describe the heads (shared by every model's manifest)."""
+    return {
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_head_kv": cfg.n_head_kv,
+        "head_dim": cfg.head_dim,
+        "kv_heads_dumped": kv_heads,
+        "query_heads_dumped": [h for g in kv_heads for h in range(g * cfg.group, (g + 1) * cfg.group)],
+        "gqa_group": {str(h): h // cfg.group for h in range(cfg.n_head)},
+    }
+
+
 def sha256_file(path: Path) -> str:
     """Hex SHA-256 of a file."""
     h = hashlib.sha256()
@@ -1053,13 +1066,7 @@ def run(args: argparse.Namespace, log) -> int:
         "tokenizer": "GPT-2 byte-level BPE from GGUF metadata, smollm pre-tokenizer, no BOS",
         "token_count": n_tokens,
         "layers": layers,
-        "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head,
-        "n_head_kv": cfg.n_head_kv,
-        "head_dim": cfg.head_dim,
-        "kv_heads_dumped": kv_heads,
-        "query_heads_dumped": [h for g in kv_heads for h in range(g * cfg.group, (g + 1) * cfg.group)],
-        "gqa_group": {str(h): h // cfg.group for h in range(cfg.n_head)},
+        **head_layout(cfg, kv_heads),
         "rope_base": cfg.rope_base,
         "rope_mode": args.rope_mode,
         "rms_eps": cfg.rms_eps,
@@ -1142,13 +1149,7 @@ def run_gemma3(args: argparse.Namespace, log, reader, cfg: ModelConfig, gguf_pat
         "bos_token_id": bos if add_bos else None,
         "layers": layers,
         "global_layers": global_layers,
-        "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head,
-        "n_head_kv": cfg.n_head_kv,
-        "head_dim": cfg.head_dim,
-        "kv_heads_dumped": kv_heads,
-        "query_heads_dumped": [h for g in kv_heads for h in range(g * cfg.group, (g + 1) * cfg.group)],
-        "gqa_group": {str(h): h // cfg.group for h in range(cfg.n_head)},
+        **head_layout(cfg, kv_heads),
         "rope_base": cfg.rope_base,
         "rope_base_local": cfg.rope_base_local,
         "rope_mode": conv.rope_mode,

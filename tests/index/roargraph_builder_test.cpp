@@ -31,6 +31,14 @@ const kvsift::testing::ood_data& data() {
 kvsift::matrix_view<const float> train() { return data().query_view().row_range(0, 300); }
 kvsift::matrix_view<const float> eval() { return data().query_view().row_range(300, 100); }
 
+// Small integers in keys and queries: every score is exact, so results are deterministic.
+void fill_small_integers(std::vector<float>& keys, std::vector<float>* q = nullptr) {
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
+  for (std::size_t i = 0; q != nullptr && i < q->size(); ++i) {
+    (*q)[i] = static_cast<float>((i * 5) % 11) - 5;
+  }
+}
+
 kvsift::roargraph_params small_params(std::size_t threads = 2) {
   kvsift::roargraph_params p;
   p.nq = 50;
@@ -200,8 +208,7 @@ TEST_CASE("roargraph_builder: connectivity from exact key neighbours", "[index][
 
   // More neighbours asked than keys exist: all other keys are candidates.
   std::vector<float> keys(40 * 8), q(10 * 8);
-  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
-  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 5) % 11) - 5;
+  fill_small_integers(keys, &q);
   kvsift::roargraph_params tiny{.nq = 4, .M = 4, .L = 8, .threads = 1, .connectivity_knn = 100};
   const auto gt = kvsift::roargraph_builder<>(tiny).build(
       kvsift::owning_store<float>(kvsift::matrix_view<const float>(keys.data(), 40, 8)),
@@ -328,8 +335,7 @@ TEST_CASE("roargraph_builder: connectivity searches on the engine equal the CPU 
 
 TEST_CASE("roargraph_builder: bad input", "[index][roargraph]") {
   std::vector<float> keys(40 * 8), q(10 * 8);
-  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
-  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 5) % 11) - 5;
+  fill_small_integers(keys, &q);
   using store_t = kvsift::owning_store<float>;
   const kvsift::matrix_view<const float> kv(keys.data(), 40, 8), qv(q.data(), 10, 8);
   kvsift::roargraph_params p;
@@ -395,8 +401,7 @@ TEST_CASE("roargraph_builder: bad input", "[index][roargraph]") {
 TEST_CASE("roargraph_builder: overflow-sized M is rejected before any work",
           "[index][roargraph][rel]") {
   std::vector<float> keys(40 * 8), q(10 * 8);
-  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
-  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 5) % 11) - 5;
+  fill_small_integers(keys, &q);
   const kvsift::matrix_view<const float> kv(keys.data(), 40, 8), qv(q.data(), 10, 8);
   std::size_t steps = 0;
   const kvsift::build_progress_callback count = [&](const kvsift::build_progress&) { ++steps; };
@@ -439,8 +444,7 @@ TEST_CASE("roargraph_builder: keys of dimension 0 are rejected", "[index][roargr
 TEST_CASE("roargraph_builder: connectivity_knn that would wrap is rejected up front",
           "[index][roargraph][rel]") {
   std::vector<float> keys(40 * 8), q(10 * 8);
-  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
-  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 5) % 11) - 5;
+  fill_small_integers(keys, &q);
   const kvsift::matrix_view<const float> kv(keys.data(), 40, 8), qv(q.data(), 10, 8);
   kvsift::roargraph_params p;
   p.nq = 4;
@@ -462,7 +466,7 @@ TEST_CASE("roargraph_builder: connectivity_knn that would wrap is rejected up fr
 TEST_CASE("roargraph_builder: build_from_knn with a wrapping kNN shape",
           "[index][roargraph][rel]") {
   std::vector<float> keys(40 * 8);
-  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<float>((i * 7) % 13) - 6;
+  fill_small_integers(keys);
   kvsift::roargraph_params p;
   p.nq = 4;
   p.M = 4;
