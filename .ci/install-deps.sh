@@ -10,6 +10,8 @@ set -euo pipefail
 packages=(build-essential cmake libeigen3-dev libxsimd-dev catch2 libbenchmark-dev clang-format
           python3 python3-dev pybind11-dev python3-numpy python3-pytest libhnswlib-dev
           libfaiss-dev)
+# Extra packages a caller needs beyond these (e.g. .ci/run: clang and its fuzzer runtime).
+packages+=("$@")
 
 missing=()
 for pkg in "${packages[@]}"; do
