@@ -258,6 +258,24 @@ def field_value(reader, key: str, default=None):
     return field.contents()
 
 
+def common_config(reader, p: str, rope_base: float, rope_dim: int) -> dict:
+    """The ModelConfig fields every architecture reads alike under the metadata prefix ``p``;
+    ``rope_base`` and ``rope_dim`` are the defaults when the file does not state them."""
+    n_head = int(field_value(reader, p + "attention.head_count"))
+    return dict(
+        n_layer=int(field_value(reader, p + "block_count")),
+        n_head=n_head,
+        n_head_kv=int(field_value(reader, p + "attention.head_count_kv", n_head)),
+        n_embd=int(field_value(reader, p + "embedding_length")),
+        n_ff=int(field_value(reader, p + "feed_forward_length")),
+        n_ctx=int(field_value(reader, p + "context_length")),
+        rope_base=float(field_value(reader, p + "rope.freq_base", rope_base)),
+        rope_dim=int(field_value(reader, p + "rope.dimension_count", rope_dim)),
+        rms_eps=float(field_value(reader, p + "attention.layer_norm_rms_epsilon")),
+        name=str(field_value(reader, "general.name", "unknown")),
+    )
+
+
 def read_config(reader) -> ModelConfig:
     """Read and validate the architecture metadata (llama or gemma3)."""
     arch = field_value(reader, "general.architecture")
@@ -268,18 +286,7 @@ def read_config(reader) -> ModelConfig:
     p = "llama."
     n_embd = int(field_value(reader, p + "embedding_length"))
     n_head = int(field_value(reader, p + "attention.head_count"))
-    cfg = ModelConfig(
-        n_layer=int(field_value(reader, p + "block_count")),
-        n_head=n_head,
-        n_head_kv=int(field_value(reader, p + "attention.head_count_kv", n_head)),
-        n_embd=n_embd,
-        n_ff=int(field_value(reader, p + "feed_forward_length")),
-        n_ctx=int(field_value(reader, p + "context_length")),
-        rope_base=float(field_value(reader, p + "rope.freq_base", 10000.0)),
-        rope_dim=int(field_value(reader, p + "rope.dimension_count", n_embd // n_head)),
-        rms_eps=float(field_value(reader, p + "attention.layer_norm_rms_epsilon")),
-        name=str(field_value(reader, "general.name", "unknown")),
-    )
+    cfg = ModelConfig(**common_config(reader, p, rope_base=10000.0, rope_dim=n_embd // n_head))
     if cfg.n_head % cfg.n_head_kv or cfg.n_embd % cfg.n_head:
         raise DumpError("inconsistent head counts in GGUF metadata")
     if cfg.rope_dim != cfg.head_dim:
@@ -309,24 +316,13 @@ GEMMA3_EVIDENCE = {
 def read_gemma3_config(reader) -> ModelConfig:
     """Read and validate Gemma-3 metadata (``gemma3.*``)."""
     p = "gemma3."
-    n_embd = int(field_value(reader, p + "embedding_length"))
-    n_head = int(field_value(reader, p + "attention.head_count"))
     key_length = int(field_value(reader, p + "attention.key_length"))
     value_length = int(field_value(reader, p + "attention.value_length", key_length))
     # Gemma-3 scales q by query_pre_attn_scalar^-1/2; the GGUF does not store the scalar and
     # llama.cpp uses key_length for every size but 27B (not supported here).
     pre_attn = float(field_value(reader, p + "attention.query_pre_attn_scalar", float(key_length)))
     cfg = ModelConfig(
-        n_layer=int(field_value(reader, p + "block_count")),
-        n_head=n_head,
-        n_head_kv=int(field_value(reader, p + "attention.head_count_kv", n_head)),
-        n_embd=n_embd,
-        n_ff=int(field_value(reader, p + "feed_forward_length")),
-        n_ctx=int(field_value(reader, p + "context_length")),
-        rope_base=float(field_value(reader, p + "rope.freq_base", 1000000.0)),
-        rope_dim=int(field_value(reader, p + "rope.dimension_count", key_length)),
-        rms_eps=float(field_value(reader, p + "attention.layer_norm_rms_epsilon")),
-        name=str(field_value(reader, "general.name", "unknown")),
+        **common_config(reader, p, rope_base=1000000.0, rope_dim=key_length),
         arch="gemma3",
         key_length=key_length,
         sliding_window=int(field_value(reader, p + "attention.sliding_window")),
