@@ -49,11 +49,17 @@ namespace kvsift {
   return r;
 }
 
+/// ceil(a / b) without the `a + b - 1` wrap. Precondition: b > 0 (`checked_ceil_div` checks
+/// it). O(1); noexcept, for hot or noexcept callers that already know b > 0.
+[[nodiscard]] constexpr std::size_t ceil_div(std::size_t a, std::size_t b) noexcept {
+  return a / b + (a % b != 0 ? 1 : 0);
+}
+
 /// ceil(a / b) without the `a + b - 1` wrap; `b` must be positive (throws otherwise).
 [[nodiscard]] inline std::size_t checked_ceil_div(std::size_t a, std::size_t b,
                                                   std::string_view what) {
   detail::require(b > 0, what, ": divisor must be positive, got 0");
-  return a / b + (a % b != 0 ? 1 : 0);
+  return ceil_div(a, b);
 }
 
 /// `x * sizeof(T)` bytes, checked; the size of a buffer of `x` elements of `T`.

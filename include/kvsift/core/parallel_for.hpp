@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
+
 namespace kvsift {
 
 /// Number of threads to use when the caller passes 0: the hardware concurrency (at least 1).
@@ -40,7 +42,7 @@ void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk
   // Clamped to n so neither the thread count (n + chunk - 1 wrapped for a huge chunk) nor the
   // shared cursor (begin + chunk) can overflow.
   chunk = std::clamp<std::size_t>(chunk, 1, n);
-  threads = std::min(threads, n / chunk + (n % chunk != 0 ? 1 : 0));
+  threads = std::min(threads, ceil_div(n, chunk));
   if (threads <= 1) {
     for (std::size_t i = 0; i < n; ++i) fn(i, std::size_t{0});
     return;

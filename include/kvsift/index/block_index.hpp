@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/matrix_view.hpp"
@@ -245,7 +246,7 @@ class block_index {
   [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
   [[nodiscard]] std::size_t blocks() const noexcept {
     // Not (n + block_size - 1) / block_size: that wrapped to 0 blocks for a huge block_size.
-    return block_size_ == 0 ? 0 : n_ / block_size_ + (n_ % block_size_ != 0 ? 1 : 0);
+    return block_size_ == 0 ? 0 : ceil_div(n_, block_size_);
   }
   [[nodiscard]] const R& representative() const noexcept { return rep_; }
   /// Bytes of the summaries (what the GPU keeps resident for this index), f32.
