@@ -198,24 +198,26 @@ struct building_graph {
   float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
 };
 
-/// Number of nodes reachable from `start` (itself included). O(n + edges).
-inline std::size_t reachable_from(const adjacency_lists& adj, id_t start) {
-  std::vector<char> seen(adj.rows.size(), 0);
-  std::vector<id_t> stack{start};
-  seen[start] = 1;
-  std::size_t count = 1;
+/// Marks every node reachable from `start` in `reached` (left marked from earlier calls, so the
+/// repair can grow one reachable set) and returns how many it newly marked. O(n + edges).
+inline std::size_t mark_reachable(const adjacency_lists& adj, id_t start,
+                                  std::vector<char>& reached, std::vector<id_t>& stack) {
+  if (reached[start]) return 0;
+  stack.assign(1, start);
+  reached[start] = 1;
+  std::size_t marked = 1;
   while (!stack.empty()) {
     const id_t u = stack.back();
     stack.pop_back();
     for (const id_t v : adj.rows[u]) {
-      if (!seen[v]) {
-        seen[v] = 1;
-        ++count;
+      if (!reached[v]) {
+        reached[v] = 1;
+        ++marked;
         stack.push_back(v);
       }
     }
   }
-  return count;
+  return marked;
 }
 
 /// Marks the builder's own (CPU) step-3 searches.
@@ -399,8 +401,7 @@ class roargraph_builder {
     // Without step 3 most keys have no out-edges (only pivots and their reverse edges do); an
     // entry without out-edges ends every search at one key, so it is chosen among keys with
     // edges there.
-    const id_t entry =
-        params_.connectivity ? centroid_entry(keys, adj, false) : centroid_entry(keys, adj, true);
+    const id_t entry = centroid_entry(keys, adj, /*with_edges_only=*/!params_.connectivity);
     t1 = std::chrono::steady_clock::now();
     if (params_.connectivity) {
       enhance(store, adj, entry, st, [&] { report("connectivity"); });
@@ -410,7 +411,11 @@ class roargraph_builder {
       report("repair");
     }
     st.connectivity_seconds = detail::seconds_since(t1);
-    st.unreachable_keys = n - detail::reachable_from(adj, entry);
+    {
+      std::vector<char> reached(n, 0);
+      std::vector<id_t> stack;
+      st.unreachable_keys = n - detail::mark_reachable(adj, entry, reached, stack);
+    }
 
     const std::size_t R = degree_cap();
     std::vector<id_t> flat(n * R, invalid_id);
@@ -710,20 +715,7 @@ class roargraph_builder {
     std::vector<float> scores(L);
     std::vector<char> reached(n);
     std::vector<id_t> stack;
-    auto mark_from = [&](id_t start) {
-      stack.assign(1, start);
-      reached[start] = 1;
-      while (!stack.empty()) {
-        const id_t u = stack.back();
-        stack.pop_back();
-        for (id_t v : adj.rows[u]) {
-          if (!reached[v]) {
-            reached[v] = 1;
-            stack.push_back(v);
-          }
-        }
-      }
-    };
+    auto mark_from = [&](id_t start) { (void)detail::mark_reachable(adj, start, reached, stack); };
     for (int pass = 0; pass < 8; ++pass) {
       std::fill(reached.begin(), reached.end(), 0);
       mark_from(entry);
