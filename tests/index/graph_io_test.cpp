@@ -24,6 +24,14 @@ struct temp_file {
   ~temp_file() { std::filesystem::remove(path); }
 };
 
+// 600 OOD keys of dimension 16 and the RoarGraph built over them, for the file tests.
+struct small_graph {
+  testing::ood_data data = testing::make_ood({.keys = 600, .queries = 80, .dim = 16});
+  view_store<float> store{data.key_view()};
+  graph_index<view_store<float>> g = roargraph_builder<>({.nq = 20, .M = 8, .L = 40, .threads = 1})
+                                         .build(store, data.query_view());
+};
+
 std::vector<char> slurp(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};
@@ -37,14 +45,8 @@ void spit(const std::filesystem::path& p, const std::vector<char>& bytes) {
 }  // namespace
 
 TEST_CASE("graph index save/load round trip and corruption", "[index][io]") {
-  testing::ood_params p;
-  p.keys = 600;
-  p.queries = 80;
-  p.dim = 16;
-  const auto data = testing::make_ood(p);
-  view_store<float> store(data.key_view());
-  const auto g = roargraph_builder<>({.nq = 20, .M = 8, .L = 40, .threads = 1})
-                     .build(store, data.query_view());
+  const small_graph sg;
+  const auto& [data, store, g] = sg;
   temp_file f("kvsift_graph");
   save_graph(g, f.path);
 
@@ -87,14 +89,8 @@ TEST_CASE("graph index save/load round trip and corruption", "[index][io]") {
 // metric. Version 2 records the metric and a key fingerprint and checks both on load.
 TEST_CASE("load_graph rejects other keys of the same shape, another metric, version 1",
           "[index][io][rel]") {
-  testing::ood_params p;
-  p.keys = 600;
-  p.queries = 80;
-  p.dim = 16;
-  const auto data = testing::make_ood(p);
-  view_store<float> store(data.key_view());
-  const auto g = roargraph_builder<>({.nq = 20, .M = 8, .L = 40, .threads = 1})
-                     .build(store, data.query_view());
+  const small_graph sg;
+  const auto& [data, store, g] = sg;
   temp_file f("kvsift_graph_fp");
   save_graph(g, f.path);
   CHECK_NOTHROW(load_graph(f.path, store));
