@@ -286,13 +286,18 @@ int main(int argc, char** argv) {
                 double(hit) / double(Q * K), sc / double(Q), paged_ms, dense_ms,
                 exact_ms / paged_ms, found / double(Q));
   };
-  for (const int L : {100, 128, 160, 200, 256, 320, 400}) {
-    kc::decode_search_params p;
-    p.k = K;
-    p.L = L;
-    run(p, "top-100", L);
+  for (const int expand : {1, 2, 4}) {
+    for (const int L : {100, 128, 160, 200, 256, 320, 400}) {
+      kc::decode_search_params p;
+      p.k = K;
+      p.L = L;
+      p.expand_width = expand;
+      char label[64];
+      std::snprintf(label, sizeof label, "top-100 expand_width %d", expand);
+      run(p, label, L);
+    }
   }
-  for (const float beta : {2.0f, 3.0f, 4.0f}) {
+  for (const float beta : {0.5f, 1.0f, 1.5f}) {
     kc::decode_search_params p;
     p.mode = kc::decode_search_mode::dipr;
     p.beta = beta;

@@ -346,8 +346,10 @@ kc::decode_search_params topk(int k, int L, kc::graph_metric metric) {
   return p;
 }
 
-kc::decode_search_params dipr(float beta, int l0, int max_results) {
+kc::decode_search_params dipr(float beta, int l0, int max_results,
+                              kc::graph_metric metric = kc::graph_metric::inner_product) {
   kc::decode_search_params p;
+  p.metric = metric;
   p.mode = kc::decode_search_mode::dipr;
   p.beta = beta;
   p.l0 = l0;
@@ -398,9 +400,43 @@ TEST_CASE_CUDA(decode_search_dipr_matches_cpu) {
   CHECK((compare<kvsift::inner_product, float>(s, plain, dipr(3.0f, 16, 0), kDense) == 0));
   CHECK((compare<kvsift::inner_product, __half>(s, seeded, dipr(5.0f, 32, 0), kPaged) == 0));
   CHECK((compare<kvsift::inner_product, float>(s, seeded, dipr(0.0f, 8, 0), kDense) == 0));
-  CHECK((compare<kvsift::l2, float>(s, plain, dipr(6.0f, 16, 0), kDense) == 0));
+  CHECK(
+      (compare<kvsift::l2, float>(s, plain, dipr(6.0f, 16, 0, kc::graph_metric::l2), kDense) == 0));
   // A cap the wide range reaches: the stop must happen at the same visit as on the CPU.
   CHECK((compare<kvsift::inner_product, float>(s, plain, dipr(12.0f, 8, 40), kDense) == 0));
+}
+
+TEST_CASE_CUDA(decode_search_wider_expansion_returns_true_scores) {
+  // expand_width > 1 walks differently from the CPU: check what must still hold (distinct
+  // ids of the query's graph, true scores, best first) and that it finds as much of the exact
+  // top-k as the CPU walk (within a small margin) on this data.
+  const graph_set s = make_set({2000, 3000}, 32, 24, 2);
+  const query_batch qb = make_queries(s, 400, false, false);
+  auto p = topk(20, 64, kc::graph_metric::inner_product);
+  const gpu_result one = run_gpu<float>(s, qb, p, kDense);
+  p.expand_width = 4;
+  const gpu_result four = run_gpu<float>(s, qb, p, kDense);
+  std::size_t hit1 = 0, hit4 = 0, bad = 0;
+  for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+    const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(qb.graph[i]));
+    const float* q = qb.q.data() + i * s.d;
+    std::vector<std::pair<float, id_t>> all;
+    for (id_t k = 0; k < g.size(); ++k) all.push_back({g.score(q, k), k});
+    std::sort(all.begin(), all.end(), [](auto a, auto b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    const float kth = all[19].first;
+    for (std::size_t j = 0; j < 20; ++j) {
+      const id_t a = one.ids[i * 20 + j], b = four.ids[i * 20 + j];
+      if (b >= g.size() || four.scores[i * 20 + j] != g.score(q, b)) ++bad;
+      if (j > 0 && four.scores[i * 20 + j] > four.scores[i * 20 + j - 1]) ++bad;
+      hit1 += a < g.size() && g.score(q, a) >= kth;
+      hit4 += b < g.size() && g.score(q, b) >= kth;
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(four.status == 0u);
+  CHECK(hit4 + hit1 / 50 >= hit1);
 }
 
 TEST_CASE_CUDA(decode_search_nonfinite_query_returns_nothing) {

@@ -63,7 +63,8 @@ struct ds_config {
   int k = 0;         // top-k results
   int capacity = 0;  // output row length: k or max_results
   float beta = 0.0f;
-  int inc = 0;                  // candidate list length, max(width, 32)
+  int expand = 1;               // top-k: pool entries expanded per step
+  int inc = 0;                  // candidate list length, max(width, 32) * expand
   int words = 0;                // visited bitset words (multiple of 4)
   std::int64_t slot_words = 0;  // uint32 words of workspace per running search
   int slots = 0;
@@ -95,8 +96,11 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
     require(p.k >= 1, who, ": expected k >= 1, got ", p.k);
     require(p.L >= p.k && p.L <= max_decode_search_L, who, ": expected k = ", p.k,
             " <= L <= ", max_decode_search_L, ", got L = ", p.L);
+    require(p.expand_width >= 1 && p.expand_width <= 8, who,
+            ": expected 1 <= expand_width <= 8, got ", p.expand_width);
     c.pool = p.L;
     c.k = p.k;
+    c.expand = p.expand_width;
     c.capacity = p.k;
   }
   require(set.width >= 1 && set.width <= max_graph_search_width, who,
@@ -105,7 +109,7 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
           ": expected 1 <= max_keys < ", gs_expanded, ", got ", set.max_keys);
   require(m > 0 && m <= std::int64_t{INT_MAX}, who, ": expected 1 <= queries <= ", INT_MAX,
           ", got ", m);
-  c.inc = std::max(set.width, 32);
+  c.inc = std::max(set.width, 32) * c.expand;
   c.words = static_cast<int>(gs_words(set.max_keys));
   const std::int64_t cap_even = (c.capacity + 1) / 2 * 2;  // 16-byte aligned lists
   c.slot_words = c.words + (dipr ? c.words + 2 * 2 * cap_even : 0);
@@ -326,7 +330,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     };
 
     // Expansion of u: its fresh neighbours into inc in the CPU's visit order; returns how many.
-    auto expand = [&](std::uint32_t u) {
+    auto expand = [&](std::uint32_t u, int at) {
       const id_t* nbrs = adj + static_cast<std::size_t>(u) * width;
       int fresh_n = 0;
       if constexpr (!Filtered) {
@@ -344,7 +348,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
             }
           }
           const unsigned b = __ballot_sync(full, fresh);
-          if (fresh) inc[fresh_n + __popc(b & lower_lanes)].id = v;
+          if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v;
           fresh_n += __popc(b);
         }
         __syncwarp();
@@ -380,7 +384,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           const int before = __popc(pb & lower_lanes);
           if (pass && lane < stop && before < room) {
             ds_mark(visited, v);
-            inc[fresh_n + before].id = v;
+            inc[at + fresh_n + before].id = v;
           }
           fresh_n += min(__popc(pb), room);
           __syncwarp();
@@ -392,7 +396,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           const std::uint32_t fv = __shfl_sync(full, v, stop);
           if (lane == 0) ds_mark(visited, fv);
           __syncwarp();
-          fresh_n += through(fv, fresh_n, deg - fresh_n);
+          fresh_n += through(fv, at + fresh_n, deg - fresh_n);
           i += stop + 1;
         }
         return fresh_n;
@@ -455,7 +459,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           }
         }
         pick = __reduce_min_sync(full, pick);
-        std::uint32_t next;
+        std::uint32_t next = invalid_id;
         if constexpr (Dipr) {
           const bool beam = pick != INT_MAX;
           const gs_entry top = hn > 0 ? heap[0] : gs_entry{neg_inf(), invalid_id};
@@ -478,13 +482,31 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           was = __shfl_sync(full, was, 0);
           if ((was >> (next & 31u)) & 1u) continue;  // reached through both parts
         } else {
+          // The best `expand` unexpanded entries in pool order, their fresh neighbours visited
+          // as one batch (expand = 1 is the CPU's walk).
           if (pick == INT_MAX) break;
-          next = pool[pick].id;
-          __syncwarp();
-          if (lane == 0) pool[pick].id = next | gs_expanded;
+          int nv = 0;
+          for (int e = 0; e < c.expand; ++e) {
+            const std::uint32_t u = pool[pick].id;
+            __syncwarp();
+            if (lane == 0) pool[pick].id = u | gs_expanded;
+            __syncwarp();
+            nv += expand(u, nv);
+            int after = INT_MAX;
+            for (int i = pick + 1 + lane; i < cnt; i += 32) {
+              if ((pool[i].id & gs_expanded) == 0u) {
+                after = i;
+                break;
+              }
+            }
+            pick = __reduce_min_sync(full, after);
+            if (pick == INT_MAX) break;
+          }
+          if (nv > 0) visit(nv);
+          continue;
         }
         __syncwarp();
-        const int nv = expand(next);
+        const int nv = expand(next, 0);
         if (nv > 0) visit(nv);
       }
     }
