@@ -294,7 +294,7 @@ kvsift::dipr_params dipr_params_of(float beta, std::size_t l0, std::size_t max_c
   return p;
 }
 
-/// Runs `one(query_span, ws, ids, scores) -> search_stats` for a (d,) or (m, d) query array,
+/// Runs `one(i, query_span, ws, ids, scores) -> search_stats` for a (d,) or (m, d) query array,
 /// over queries in parallel (one workspace per thread), with the GIL released.
 template <class One>
 search_result batched_topk(const py::handle& queries_h, std::size_t k, std::size_t threads,
@@ -341,8 +341,8 @@ search_result batched_topk(const py::handle& queries_h, std::size_t k, std::size
     std::vector<std::vector<id_t>> ids32(ws.size());
     kvsift::parallel_for(m, ws.size(), [&](std::size_t i, std::size_t w) {
       ids32[w].resize(k);
-      const kvsift::search_stats s =
-          one(q.row_span(i), ws[w], std::span<id_t>(ids32[w]), std::span<float>(scores + i * k, k));
+      const kvsift::search_stats s = one(i, q.row_span(i), ws[w], std::span<id_t>(ids32[w]),
+                                         std::span<float>(scores + i * k, k));
       std::copy(ids32[w].begin(), ids32[w].end(), ids + i * k);
       dist[i] = static_cast<std::int64_t>(s.distance_computations);
       hops[i] = static_cast<std::int64_t>(s.hops);
@@ -443,9 +443,10 @@ search_result flat_topk(const py_flat& self, const py::handle& queries, std::siz
   const filter_t f = filter_of(filter);
   return std::visit(
       [&](const auto& index, const auto& pred) {
-        return batched_topk(queries, k, threads, [&](auto q, auto& ws, auto ids, auto scores) {
-          return index.topk(q, k, ws, ids, scores, pred);
-        });
+        return batched_topk(queries, k, threads,
+                            [&](std::size_t, auto q, auto& ws, auto ids, auto scores) {
+                              return index.topk(q, k, ws, ids, scores, pred);
+                            });
       },
       self.index(), f);
 }
@@ -459,12 +460,60 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
   const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search: L")};
   return std::visit(
       [&](const auto& index, const auto& pred) {
-        return batched_topk(queries, k, threads, [&](auto q, auto& ws, auto ids, auto scores) {
-          return kvsift::beam_search(index, q, p, ws, ids, scores, pred,
-                                     std::span<const id_t>(extra));
-        });
+        return batched_topk(queries, k, threads,
+                            [&](std::size_t, auto q, auto& ws, auto ids, auto scores) {
+                              return kvsift::beam_search(index, q, p, ws, ids, scores, pred,
+                                                         std::span<const id_t>(extra));
+                            });
       },
       self.index(), f);
+}
+
+/// Top-k of query head h of `queries` (H, d) in `indexes[h / (H / len(indexes))]`: one call
+/// for the query heads of a decode step over the per-KV-head indexes (GQA), heads in parallel.
+search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
+                           std::size_t L, const py::object& filter, std::size_t threads) {
+  using one_index = std::variant<const py_graph*, const py_flat*>;
+  std::vector<one_index> idx;
+  for (const auto& h : indexes) {
+    if (py::isinstance<py_graph>(h)) {
+      idx.emplace_back(&h.cast<const py_graph&>());
+    } else if (py::isinstance<py_flat>(h)) {
+      idx.emplace_back(&h.cast<const py_flat&>());
+    } else {
+      throw py::type_error("search_heads: expected a list of RoarGraphIndex or FlatIndex, got " +
+                           std::string(py::str(py::type::of(h).attr("__name__"))));
+    }
+  }
+  const tensor qt = tensor_of(queries, "queries");
+  const std::int64_t heads = qt.ndim() == 2 ? qt.shape[0] : -1;
+  require<kvsift::dimension_mismatch>(
+      !idx.empty() && heads >= 0 && static_cast<std::size_t>(heads) % idx.size() == 0,
+      "search_heads: expected (H, d) queries with H a multiple of the ", idx.size(),
+      " indexes (one per KV head), got ", qt.ndim(), "-D queries of ", heads, " rows");
+  const std::size_t group = static_cast<std::size_t>(heads) / idx.size();
+  const filter_t f = filter_of(filter);
+  const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search_heads: L")};
+  return std::visit(
+      [&](const auto& pred) {
+        return batched_topk(
+            queries, k, threads, [&](std::size_t h, auto q, auto& ws, auto ids, auto scores) {
+              return std::visit(
+                  [&](const auto* index) {
+                    return std::visit(
+                        [&](const auto& i) -> kvsift::search_stats {
+                          if constexpr (std::is_same_v<decltype(index), const py_flat*>) {
+                            return i.topk(q, k, ws, ids, scores, pred);
+                          } else {
+                            return kvsift::beam_search(i, q, p, ws, ids, scores, pred);
+                          }
+                        },
+                        index->index());
+                  },
+                  idx[h / group]);
+            });
+      },
+      f);
 }
 
 // One workspace per Python thread: single-query calls allocate nothing once warmed up.
@@ -691,6 +740,124 @@ std::pair<py::array_t<float>, float> with_kv(const py::handle& keys_h, const py:
     fn(kv, st);
   });
   return {to_numpy(st.o), st.lse};
+}
+
+// ----------------------------------------------------------------------------- batched heads
+
+/// Runs `one(q_row, q_head, kv_head, kv, state)` for every query head of q (H, d) over K/V with
+/// kv_heads KV heads: the GQA mapping, query head h reads KV head h / (H / kv_heads). Heads run
+/// on `threads` threads (0 = all) with the GIL released -> (o (H, d), lse (H,)).
+template <class One>
+std::pair<py::array_t<float>, py::array_t<float>> over_heads(const py::handle& q_h,
+                                                             const py::handle& keys_h,
+                                                             const py::handle& values_h,
+                                                             std::size_t threads, One&& one) {
+  const tensor qt = tensor_of(q_h, "q");
+  require_dtype(qt, dtypes::f32, "q");
+  const auto q = matrix_of<float>(qt, "q");
+  return visit_kv(keys_h, values_h, [&](const auto& kv) {
+    const std::size_t heads = q.rows();
+    const std::size_t d = q.cols();
+    const std::size_t hkv = kv.kv_heads();
+    require<kvsift::dimension_mismatch>(d == kv.head_dim(), "q: expected head dim ", kv.head_dim(),
+                                        " (that of keys), got ", d);
+    require<kvsift::dimension_mismatch>(
+        hkv > 0 && heads % hkv == 0, "q: expected a number of query heads that is a multiple of ",
+        "the ", hkv, " KV heads (GQA groups), got ", heads);
+    const std::size_t group = heads / hkv;
+    py::array_t<float> o(
+        std::vector<py::ssize_t>{static_cast<py::ssize_t>(heads), static_cast<py::ssize_t>(d)});
+    py::array_t<float> lse(static_cast<py::ssize_t>(heads));
+    float* op = o.mutable_data();
+    float* lp = lse.mutable_data();
+    {
+      py::gil_scoped_release release;
+      const std::size_t t =
+          std::min(heads, threads == 0 ? kvsift::default_thread_count() : threads);
+      std::vector<kvsift::partial_state> st(std::max<std::size_t>(t, 1));
+      kvsift::parallel_for(heads, st.size(), [&](std::size_t h, std::size_t w) {
+        one(q.row_span(h), h, h / group, kv, st[w]);
+        std::copy(st[w].o.begin(), st[w].o.end(), op + h * d);
+        lp[h] = st[w].lse;
+      });
+    }
+    return std::pair(std::move(o), std::move(lse));
+  });
+}
+
+/// Token lists of a (H, k) integer array, one row per query head (what a batched search
+/// returns): INVALID_ID entries are padding and skipped, other values must be valid ids.
+/// -> flat ids and row starts (H + 1). O(H k).
+std::pair<std::vector<id_t>, std::vector<std::size_t>> token_rows_of(const py::handle& h,
+                                                                     std::size_t heads) {
+  tensor t = tensor_of(h, "tokens");
+  if ((t.kind != 'i' && t.kind != 'u') || t.itemsize > 8 || (t.itemsize & (t.itemsize - 1)) != 0) {
+    fail<kvsift::invalid_argument>("tokens: expected an integer array of token ids, got dtype ",
+                                   kvsift_python::dtype_name(t));
+  }
+  require_native_order(t, "tokens");
+  require<kvsift::dimension_mismatch>(
+      t.ndim() == 2 && t.shape[0] == static_cast<std::int64_t>(heads),
+      "tokens: expected a 2-D array (", heads, " query heads x k), got ", t.ndim(),
+      " dimension(s) of ", t.ndim() > 0 ? t.shape[0] : 0, " rows");
+  const auto k = static_cast<std::size_t>(t.shape[1]);
+  std::vector<id_t> ids;
+  ids.reserve(kvsift::checked_mul(heads, k, "tokens: heads x k"));
+  std::vector<std::size_t> starts{0};
+  for (std::size_t r = 0; r < heads; ++r) {
+    for (std::size_t c = 0; c < k; ++c) {
+      const std::byte* p = t.data + static_cast<std::int64_t>(r) * t.strides[0] +
+                           static_cast<std::int64_t>(c) * t.strides[1];
+      tensor one = {};
+      one.data = p;
+      one.kind = t.kind;
+      one.itemsize = t.itemsize;
+      one.strides = {0};
+      const std::int64_t v = int_at(one, 0);
+      if (v == static_cast<std::int64_t>(kvsift::invalid_id)) continue;
+      require<kvsift::out_of_range>(v >= 0 && v < static_cast<std::int64_t>(kvsift::invalid_id),
+                                    "tokens: expected ids in [0, ", kvsift::invalid_id,
+                                    ") or INVALID_ID, got ", v, " at (", r, ", ", c, ")");
+      ids.push_back(static_cast<id_t>(v));
+    }
+    starts.push_back(ids.size());
+  }
+  return {std::move(ids), std::move(starts)};
+}
+
+/// Elementwise merge of H partial states: (o_a, lse_a) and (o_b, lse_b) of shapes (H, d), (H,).
+std::pair<py::array_t<float>, py::array_t<float>> merge_states(const py::handle& o_a_h,
+                                                               const py::handle& lse_a_h,
+                                                               const py::handle& o_b_h,
+                                                               const py::handle& lse_b_h) {
+  const tensor ta = tensor_of(o_a_h, "o_a");
+  const tensor tb = tensor_of(o_b_h, "o_b");
+  require_dtype(ta, dtypes::f32, "o_a");
+  require_dtype(tb, dtypes::f32, "o_b");
+  const auto a = matrix_of<float>(ta, "o_a");
+  const auto b = matrix_of<float>(tb, "o_b");
+  const auto la = vector_of(lse_a_h, "lse_a");
+  const auto lb = vector_of(lse_b_h, "lse_b");
+  require<kvsift::dimension_mismatch>(a.rows() == b.rows() && a.cols() == b.cols(),
+                                      "merge_states: expected o_a and o_b of one shape, got (",
+                                      a.rows(), ", ", a.cols(), ") and (", b.rows(), ", ", b.cols(),
+                                      ")");
+  require<kvsift::dimension_mismatch>(
+      la.s.size() == a.rows() && lb.s.size() == a.rows(), "merge_states: expected ", a.rows(),
+      " lse values per side (one per state), got ", la.s.size(), " and ", lb.s.size());
+  const std::size_t heads = a.rows();
+  const std::size_t d = a.cols();
+  py::array_t<float> o(
+      std::vector<py::ssize_t>{static_cast<py::ssize_t>(heads), static_cast<py::ssize_t>(d)});
+  py::array_t<float> lse(static_cast<py::ssize_t>(heads));
+  float* op = o.mutable_data();
+  float* lp = lse.mutable_data();
+  for (std::size_t h = 0; h < heads; ++h) {
+    std::copy_n(a.row(h), d, op + h * d);
+    lp[h] = la.s[h];
+    kvsift::merge_into(std::span<float>(op + h * d, d), lp[h], {b.row_span(h), lb.s[h]});
+  }
+  return {std::move(o), std::move(lse)};
 }
 
 }  // namespace
@@ -1015,6 +1182,49 @@ PYBIND11_MODULE(kvsift, m) {
       },
       py::arg("o_a"), py::arg("lse_a"), py::arg("o_b"), py::arg("lse_b"),
       "Log-sum-exp merge of two partial states over disjoint token sets -> (o, lse). O(d).");
+  m.def(
+      "dense_attention_heads",
+      [](const py::handle& q, const py::handle& keys, const py::handle& values, std::size_t first,
+         std::size_t last, float scale, std::size_t threads) {
+        return over_heads(q, keys, values, threads,
+                          [&](auto qs, std::size_t, std::size_t g, const auto& kv, auto& st) {
+                            kvsift::dense_attention(qs, g, first, last, kv, {.scale = scale}, st);
+                          });
+      },
+      py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("first"), py::arg("last"),
+      py::kw_only(), py::arg("scale") = 0.0f, py::arg("threads") = 1,
+      "Attention of every query head of q (H, d) float32 over tokens [first, last) of K/V "
+      "(n, kv_heads, d) (or (n, d), one KV head) -> (o (H, d), lse (H,)). GQA: query head h "
+      "reads KV head h // (H // kv_heads). threads: heads in parallel (0 = all; 1 is fastest "
+      "for one decode step of short lists). O(H (last - first) d).");
+  m.def(
+      "sparse_attention_heads",
+      [](const py::handle& q, const py::handle& keys, const py::handle& values,
+         const py::handle& tokens, float scale, std::size_t threads) {
+        const tensor qt = tensor_of(q, "q");
+        const std::size_t heads = qt.ndim() >= 1 ? static_cast<std::size_t>(qt.shape[0]) : 0;
+        const auto [ids, starts] = token_rows_of(tokens, heads);
+        return over_heads(q, keys, values, threads,
+                          [&](auto qs, std::size_t h, std::size_t g, const auto& kv, auto& st) {
+                            const std::span<const id_t> row(ids.data() + starts[h],
+                                                            starts[h + 1] - starts[h]);
+                            kvsift::sparse_attention(qs, g, row, kv, {.scale = scale}, st);
+                          });
+      },
+      py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("tokens"), py::kw_only(),
+      py::arg("scale") = 0.0f, py::arg("threads") = 1,
+      "Attention of every query head of q (H, d) over its own token list: row h of tokens "
+      "(H, k) integer (what search_heads returns; INVALID_ID entries are padding and skipped). "
+      "GQA mapping and result as dense_attention_heads. O(H k d).");
+  m.def("merge_states", &merge_states, py::arg("o_a"), py::arg("lse_a"), py::arg("o_b"),
+        py::arg("lse_b"),
+        "Merges H pairs of partial states: o_a, o_b (H, d) float32, lse_a, lse_b (H,) -> "
+        "(o (H, d), lse (H,)). Each pair is merge(). O(H d).");
+  m.def("search_heads", &search_heads, py::arg("indexes"), py::arg("queries"), py::arg("k"),
+        py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
+        "Top-k for every query head of a decode step: queries (H, d) float32, indexes one "
+        "RoarGraphIndex or FlatIndex per KV head; query head h searches indexes[h // (H // "
+        "len(indexes))] -> SearchResult with ids/scores (H, k). L: beam pool (graph only).");
   m.def(
       "merge_n",
       [](const py::handle& os_h, const py::handle& lses_h) {
