@@ -19,7 +19,8 @@ namespace kvsift {
 
 /**
  * @brief An `insertable_graph` behind a `std::shared_mutex`: any number of threads search it
- *        through `read` at once; `insert` waits for them and excludes them while it runs.
+ *        through `read` at once; `insert` waits for the running searches, excludes them while
+ *        it runs, and is not starved (searches that start after it wait for it).
  *
  * Thread safety: every member is safe to call concurrently from any thread. A search must
  * not keep spans or pointers into the graph (neighbors, rows) past its `read` callback.
@@ -34,12 +35,14 @@ class shared_insertable_graph {
   /// @throw what `f` throws (the lock is released)
   template <class F>
   decltype(auto) read(F&& f) const {
+    { const std::lock_guard turn(gate_); }  // waits while an insert is waiting or running
     std::shared_lock lock(mutex_);
     return std::forward<F>(f)(std::as_const(graph_));
   }
 
   /// `insertable_graph::insert` under an exclusive lock; same result, cost and guarantees.
   id_t insert(matrix_view<const T> keys) {
+    const std::lock_guard turn(gate_);
     std::unique_lock lock(mutex_);
     return graph_.insert(keys);
   }
@@ -51,6 +54,10 @@ class shared_insertable_graph {
   }
 
  private:
+  // glibc's shared_mutex prefers readers: with searches back to back an insert never got the
+  // lock (the concurrency test hung). Readers pass the gate one at a time before taking the
+  // shared lock; an insert holds the gate while it waits, so new searches queue behind it.
+  mutable std::mutex gate_;
   mutable std::shared_mutex mutex_;
   insertable_graph<T, M> graph_;
 };
