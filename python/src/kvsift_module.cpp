@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -34,6 +35,7 @@
 #include "kvsift/index/flat_index.hpp"
 #include "kvsift/index/gqa_sampling.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
+#include "kvsift/index/shared_insertable_graph.hpp"
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
 #include "kvsift/search/planner.hpp"
@@ -550,6 +552,43 @@ dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, s
   return to_python(r);
 }
 
+// ----------------------------------------------------------------------------- insertable graph
+
+/// A RoarGraph index over float32 keys it owns (copied), into which decode-time keys are
+/// inserted (insertable_graph). Searches share it, inserts are exclusive (a reader-writer
+/// lock): both release the GIL.
+using py_insertable = kvsift::shared_insertable_graph<float>;
+
+std::unique_ptr<py_insertable> make_insertable(const py::handle& keys_h, const py::handle& train_h,
+                                               const kvsift::roargraph_params& p,
+                                               const kvsift::graph_insert_params& ip) {
+  const py::array keys = as_array(keys_h, "keys");
+  const py::array train = as_array(train_h, "train_queries");
+  require_dtype(keys, dtypes::f32, "keys");
+  require_dtype(train, dtypes::f32, "train_queries");
+  const auto k = matrix_of<float>(keys, "keys");
+  const auto t = matrix_of<float>(train, "train_queries");
+  py::gil_scoped_release release;
+  return std::make_unique<py_insertable>(
+      kvsift::build_insertable(kvsift::roargraph_builder<>(p), k, t, ip));
+}
+
+id_t insertable_insert(py_insertable& self, const py::handle& keys_h) {
+  const py::array keys = as_array(keys_h, "keys");
+  require_dtype(keys, dtypes::f32, "keys");
+  const auto k = matrix_of<float>(keys, "keys");
+  py::gil_scoped_release release;
+  return self.insert(k);
+}
+
+search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,
+                                std::size_t L, std::size_t threads) {
+  const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search: L")};
+  return batched_topk(queries, k, threads, [&](auto q, auto& ws, auto ids, auto scores) {
+    return self.read([&](const auto& g) { return kvsift::beam_search(g, q, p, ws, ids, scores); });
+  });
+}
+
 // ----------------------------------------------------------------------------- block index
 
 /// Coarse block index (Quest min/max summaries). Unlike the other indexes it keeps no reference
@@ -976,6 +1015,34 @@ PYBIND11_MODULE(kvsift, m) {
            py::arg("filter") = py::none(), py::arg("entries") = py::none(),
            "DIPRS graph search: keys with score >= best - beta; seed_score (e.g. the best "
            "window score) tightens pruning from the first hop.");
+
+  py::class_<py_insertable>(m, "InsertableGraphIndex",
+                            "RoarGraph over float32 keys (n, d), copied, that grows: insert() adds "
+                            "decode-time keys by RoarGraph's update rule. Searches may run from "
+                            "several threads; an insert waits for them and excludes them.")
+      .def(py::init([](const py::handle& keys, const py::handle& train, std::size_t nq,
+                       std::size_t M, std::size_t L, std::size_t threads, std::size_t insert_L,
+                       std::size_t query_neighbors) {
+             kvsift::roargraph_params p;
+             p.nq = bounded_count(nq, "InsertableGraphIndex: nq");
+             p.M = bounded_count(M, "InsertableGraphIndex: M");
+             p.L = bounded_count(L, "InsertableGraphIndex: L");
+             p.threads = threads;
+             kvsift::graph_insert_params ip;
+             ip.L = insert_L;
+             ip.query_neighbors = query_neighbors;
+             return make_insertable(keys, train, p, ip);
+           }),
+           py::arg("keys"), py::arg("train_queries"), py::kw_only(), py::arg("nq") = 100,
+           py::arg("M") = 35, py::arg("L") = 500, py::arg("threads") = 0, py::arg("insert_L") = 32,
+           py::arg("query_neighbors") = 4)
+      .def_property_readonly("size", &py_insertable::size)
+      .def("insert", &insertable_insert, py::arg("keys"),
+           "Inserts float32 keys (count, d) in order; returns the id of the first. All keys are "
+           "checked (dimension, NaN/Inf, id space) before any is inserted.")
+      .def("search", &insertable_search, py::arg("queries"), py::arg("k"), py::kw_only(),
+           py::arg("L") = 100, py::arg("threads") = 0,
+           "Approximate top-k (beam search, pool L >= k) of (d,) or (m, d) float32 queries.");
 
   py::class_<block_output>(m, "BlockResult",
                            "Blocks of a block-index search, best first, with their scores.")

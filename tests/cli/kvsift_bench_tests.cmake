@@ -16,6 +16,13 @@ add_test(NAME kvsift_bench_real_sample
                  --train-fraction 0.95 --k 10 --L 50,100 --query both --l0 50)
 set_tests_properties(kvsift_bench_real_sample PROPERTIES PASS_REGULAR_EXPRESSION
                                                          "roargraph +top-10 +L=100")
+# --insert-fraction: an index built on 80% of the keys receives the rest one by one; the
+# insert line must report a time per key and the inserted index its recall rows.
+add_test(NAME kvsift_bench_insert_fraction
+         COMMAND kvsift-bench --demo --n 3000 --dim 32 --eval 40 --k 10 --L 40 --query topk
+                 --insert-fraction 0.2 --threads 2)
+set_tests_properties(kvsift_bench_insert_fraction PROPERTIES PASS_REGULAR_EXPRESSION
+                     "inserted 600 keys one by one: mean [0-9.e+]+ us/key.*roargraph\\+insert +top-10 +L=40 +(1\\.0000|0\\.[6-9])")
 add_test(NAME kvsift_bench_rejects_unknown_option COMMAND kvsift-bench --demo --frobnicate 1)
 set_tests_properties(kvsift_bench_rejects_unknown_option PROPERTIES WILL_FAIL TRUE)
 # Bad input, each case checking the exit status AND the message (and the files a --json
