@@ -562,8 +562,8 @@ using py_insertable = kvsift::shared_insertable_graph<float>;
 std::unique_ptr<py_insertable> make_insertable(const py::handle& keys_h, const py::handle& train_h,
                                                const kvsift::roargraph_params& p,
                                                const kvsift::graph_insert_params& ip) {
-  const py::array keys = as_array(keys_h, "keys");
-  const py::array train = as_array(train_h, "train_queries");
+  const tensor keys = tensor_of(keys_h, "keys");
+  const tensor train = tensor_of(train_h, "train_queries");
   require_dtype(keys, dtypes::f32, "keys");
   require_dtype(train, dtypes::f32, "train_queries");
   const auto k = matrix_of<float>(keys, "keys");
@@ -574,7 +574,7 @@ std::unique_ptr<py_insertable> make_insertable(const py::handle& keys_h, const p
 }
 
 id_t insertable_insert(py_insertable& self, const py::handle& keys_h) {
-  const py::array keys = as_array(keys_h, "keys");
+  const tensor keys = tensor_of(keys_h, "keys");
   require_dtype(keys, dtypes::f32, "keys");
   const auto k = matrix_of<float>(keys, "keys");
   py::gil_scoped_release release;
@@ -584,9 +584,11 @@ id_t insertable_insert(py_insertable& self, const py::handle& keys_h) {
 search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,
                                 std::size_t L, std::size_t threads) {
   const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search: L")};
-  return batched_topk(queries, k, threads, [&](auto q, auto& ws, auto ids, auto scores) {
-    return self.read([&](const auto& g) { return kvsift::beam_search(g, q, p, ws, ids, scores); });
-  });
+  return batched_topk(
+      queries, k, threads, [&](std::size_t, auto q, auto& ws, auto ids, auto scores) {
+        return self.read(
+            [&](const auto& g) { return kvsift::beam_search(g, q, p, ws, ids, scores); });
+      });
 }
 
 // ----------------------------------------------------------------------------- block index
