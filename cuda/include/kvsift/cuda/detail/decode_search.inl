@@ -117,6 +117,35 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
   return c;
 }
 
+/// Raw scores of a f32 query (shared memory) against two key rows (either may be null: its
+/// score is left alone), the loads of both rows interleaved so that they are in flight
+/// together.
+template <bool L2, class T>
+__device__ __forceinline__ void ds_score_pair(const float* q, const T* __restrict__ a,
+                                              const T* __restrict__ b, int d, bool vec, float& sa,
+                                              float& sb) {
+  if (vec && a != nullptr && b != nullptr) {
+    constexpr int V = vec_size_v<T>;
+    float acc_a = 0.0f, acc_b = 0.0f;
+#pragma unroll 4
+    for (int j = 0; j < d; j += V) {
+      float x[V], y[V];
+      load_vec(a + j, x);
+      load_vec(b + j, y);
+#pragma unroll
+      for (int t = 0; t < V; ++t) {
+        acc_a = gs_accumulate<L2>(acc_a, q[j + t], x[t]);
+        acc_b = gs_accumulate<L2>(acc_b, q[j + t], y[t]);
+      }
+    }
+    sa = acc_a;
+    sb = acc_b;
+    return;
+  }
+  if (a != nullptr) sa = gs_score<L2>(q, a, d, vec);
+  if (b != nullptr) sb = gs_score<L2>(q, b, d, vec);
+}
+
 /// Inclusive prefix maximum over the warp's lanes.
 __device__ __forceinline__ float ds_prefix_max(float x, int lane) {
 #pragma unroll
@@ -253,11 +282,19 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     // Visits inc[0, nv) in order: score each, then the CPU's `visit` for each (pool insert;
     // DIPR: running best, in-range push, cap).
     auto visit = [&](int nv) {
-      for (int j = lane; j < nv; j += 32) {
-        const std::uint32_t v = inc[j].id;
-        const T* r = row_of(v);
-        if (r == nullptr) status |= decode_status_bad_id;
-        inc[j].key = r != nullptr ? gs_key<L2>(gs_score<L2>(q, r, d, c.vec)) : neg_inf();
+      // Two rows per lane per round, their loads interleaved: a round costs one memory latency
+      // for up to 64 rows instead of two.
+      for (int j0 = 0; j0 < nv; j0 += 64) {
+        const int ja = j0 + lane, jb = ja + 32;
+        const T* ra = ja < nv ? row_of(inc[ja].id) : nullptr;
+        const T* rb = jb < nv ? row_of(inc[jb].id) : nullptr;
+        if ((ja < nv && ra == nullptr) || (jb < nv && rb == nullptr)) {
+          status |= decode_status_bad_id;
+        }
+        float sa = 0.0f, sb = 0.0f;
+        ds_score_pair<L2>(q, ra, rb, d, c.vec, sa, sb);
+        if (ja < nv) inc[ja].key = ra != nullptr ? gs_key<L2>(sa) : neg_inf();
+        if (jb < nv) inc[jb].key = rb != nullptr ? gs_key<L2>(sb) : neg_inf();
       }
       __syncwarp();
       if constexpr (Dipr) {
@@ -334,21 +371,32 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       const id_t* nbrs = adj + static_cast<std::size_t>(u) * width;
       int fresh_n = 0;
       if constexpr (!Filtered) {
-        for (int r0 = 0; r0 < width; r0 += 32) {
-          const int r = r0 + lane;
-          std::uint32_t v = invalid_id;
-          bool fresh = false;
-          if (r < width) {
-            v = nbrs[r];
-            if (v != invalid_id && v >= static_cast<std::uint32_t>(n)) {
-              status |= decode_status_bad_id;
-            } else if (v != invalid_id) {
-              const std::uint32_t bit = 1u << (v & 31u);
-              fresh = (atomicOr(&visited[v >> 5], bit) & bit) == 0u;
-            }
+        // All of the row's ids are loaded, then all visited-set updates issued, before any
+        // result is used: one load latency and one atomic latency per expansion, not one per
+        // 32 neighbours.
+        constexpr int rounds = max_graph_search_width / 32;
+        std::uint32_t v[rounds];
+        std::uint32_t was[rounds];
+#pragma unroll
+        for (int t = 0; t < rounds; ++t) {
+          const int r = t * 32 + lane;
+          v[t] = r < width ? nbrs[r] : invalid_id;
+        }
+#pragma unroll
+        for (int t = 0; t < rounds; ++t) {
+          was[t] = ~0u;
+          if (v[t] != invalid_id && v[t] >= static_cast<std::uint32_t>(n)) {
+            status |= decode_status_bad_id;
+          } else if (v[t] != invalid_id) {
+            was[t] = atomicOr(&visited[v[t] >> 5], 1u << (v[t] & 31u));
           }
+        }
+#pragma unroll
+        for (int t = 0; t < rounds; ++t) {
+          if (t * 32 >= width) break;
+          const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
           const unsigned b = __ballot_sync(full, fresh);
-          if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v;
+          if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v[t];
           fresh_n += __popc(b);
         }
         __syncwarp();
