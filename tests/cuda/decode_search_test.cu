@@ -451,7 +451,9 @@ TEST_CASE_CUDA(decode_search_nonfinite_query_returns_nothing) {
   std::printf("    top-k counts %u %u %u %u\n", t.counts[0], t.counts[1], t.counts[2], t.counts[3]);
   CHECK(t.counts[0] == 0);
   CHECK(t.counts[1] == 0);
-  CHECK(t.counts[2] == 10);
+  CHECK(t.counts[2] > 0);  // (as many as the random graph's walk finds: the CPU's count)
+  CHECK((compare<kvsift::inner_product, float>(s, qb, topk(10, 10, kc::graph_metric::inner_product),
+                                               kDense) == 0));
   CHECK(t.ids[0] == kvsift::invalid_id && t.scores[0] == -std::numeric_limits<float>::infinity());
   const gpu_result d = run_gpu<float>(s, qb, dipr(2.0f, 8, 0), kDense);
   std::printf("    DIPR counts %u %u %u %u\n", d.counts[0], d.counts[1], d.counts[2], d.counts[3]);
