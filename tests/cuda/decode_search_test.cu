@@ -478,9 +478,9 @@ TEST_CASE_CUDA(decode_search_device_errors_set_status) {
       run_gpu<float>(s, qb, topk(10, 10, kc::graph_metric::inner_product), kDense);
   CHECK((r2.status & kc::decode_status_bad_id) != 0u);
   CHECK((r2.status & kc::decode_status_bad_graph) == 0u);
-  // An empty filter range is a query error, not an empty answer by accident.
+  // A reversed filter range is a query error, not an empty answer by accident.
   query_batch qf = make_queries(s, 2, false, true);
-  qf.first[0] = 5;
+  qf.first[0] = 6;
   qf.last[0] = 5;
   const gpu_result r3 = run_gpu<float>(make_set({300, 200}, 16, 16, 1), qf,
                                        topk(10, 10, kc::graph_metric::inner_product), kDense);

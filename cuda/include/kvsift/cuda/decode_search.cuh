@@ -96,7 +96,8 @@ struct decode_queries {
   const float* seed_score = nullptr;
   /// Optional [m] each: only ids in [filter_first[i], filter_last[i]) may be returned (e.g.
   /// [0, n - window) to leave the static window to the window attention); the walk crosses
-  /// filtered-out keys with the 2-hop rule. Both or neither.
+  /// filtered-out keys with the 2-hop rule. An empty range (first == last) returns no results.
+  /// Both or neither.
   const std::uint32_t* filter_first = nullptr;
   const std::uint32_t* filter_last = nullptr;
 };
@@ -105,7 +106,7 @@ struct decode_queries {
 inline constexpr std::uint32_t decode_status_bad_graph = 1;  ///< graph id or size out of range
 inline constexpr std::uint32_t decode_status_bad_id = 2;     ///< neighbour/entry/page out of range
 inline constexpr std::uint32_t decode_status_capped = 4;     ///< a DIPR search hit max_results
-/// A filter that is empty or reaches past the graph, or an infinite seed score.
+/// A filter with first > last or reaching past the graph, or an infinite seed score.
 inline constexpr std::uint32_t decode_status_bad_query = 8;
 
 /// Device outputs for m queries; capacity = k (top-k) or the resolved max_results (DIPR).

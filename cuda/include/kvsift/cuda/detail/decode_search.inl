@@ -235,9 +235,11 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     if constexpr (Filtered) {
       first = qs.filter_first[qi];
       last = qs.filter_last[qi];
-      if (ok && !(first < last && last <= n)) {
+      if (ok && !(first <= last && last <= n)) {
         status |= decode_status_bad_query;
         ok = false;
+      } else if (first == last) {
+        ok = false;  // nothing passes: no results, not an error (a context that is all window)
       }
     }
     float best = neg_inf();  // DIPR: best key seen

@@ -12,6 +12,14 @@
 
 namespace kvsift::cuda::detail {
 
+/// Alignment of every piece a kernel family carves out of a caller's workspace (cudaMalloc's).
+inline constexpr std::size_t workspace_alignment = 256;
+
+/// n rounded up to the workspace alignment (one definition for every header that carves).
+inline std::size_t align_up(std::size_t n) {
+  return (n + workspace_alignment - 1) / workspace_alignment * workspace_alignment;
+}
+
 /// Restores the calling thread's current device on scope exit.
 class device_guard {
  public:

@@ -225,8 +225,6 @@ inline void check_cublas(cublasStatus_t st, const char* expr, const char* file, 
 #define KVSIFT_CUBLAS_CHECK(expr) \
   ::kvsift::cuda::detail::check_cublas((expr), #expr, __FILE__, __LINE__)
 
-inline std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 struct knn_layout {
   std::int64_t qt, kt;
   std::size_t scores_bytes, best_bytes;

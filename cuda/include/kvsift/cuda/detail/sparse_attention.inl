@@ -12,6 +12,7 @@
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/merge.inl>
 #include <kvsift/cuda/detail/vec.cuh>
+#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda::detail {
@@ -215,12 +216,6 @@ __global__ void __launch_bounds__(attention_threads)
   if (threadIdx.x == 0) {
     out_lse[out_row] = big_m == neg_inf() ? big_m : (big_m + log2f(big_s)) * ln2;
   }
-}
-
-inline constexpr std::size_t workspace_alignment = 256;
-
-inline std::size_t align_up(std::size_t n) {
-  return (n + workspace_alignment - 1) / workspace_alignment * workspace_alignment;
 }
 
 inline int resolve_num_splits(int num_qo_heads, const sparse_attention_params& params,

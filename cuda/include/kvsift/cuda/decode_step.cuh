@@ -1,0 +1,76 @@
+#pragma once
+// One decode step of retrieval attention for one layer on the GPU, every stage on the caller's
+// stream and no host synchronisation:
+//
+//   decode_search over each KV head's graph, the static window excluded by an id range
+//   -> decode_results_to_csr -> sparse_attention over the retrieved tokens
+//   -> sparse_attention over the static window (the first `sink` tokens and the last `window`)
+//   -> merge_state of the two partial states (exact log-sum-exp merge).
+//
+// The two token sets are disjoint by construction, so the merged state is exactly attention
+// over their union: with a retrieval that finds every middle token it equals full attention
+// (tests/cuda/decode_step_test.cu checks this against a double-precision reference).
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include <kvsift/cuda/decode_search.cuh>
+#include <kvsift/cuda/error.cuh>
+#include <kvsift/cuda/merge.cuh>
+#include <kvsift/cuda/paged_kv_view.cuh>
+#include <kvsift/cuda/sparse_attention.cuh>
+
+namespace kvsift::cuda {
+
+/// Per-call parameters of `decode_step`; defaults documented per field.
+struct decode_step_params {
+  decode_search_params search{};  ///< retrieval: top-k (default k 100, L 128) or DIPR
+  int sink = 4;      ///< first tokens of every KV head always attended (attention sinks), >= 0
+  int window = 512;  ///< last tokens of every KV head always attended, >= 0
+  /// Attention logit scale; std::nullopt (default) = 1 / sqrt(head_dim). Must be finite.
+  std::optional<float> scale;
+};
+
+/**
+ * @brief Bytes of workspace `decode_step` needs (ids, CSR lists and partial states of both
+ *        token sets, the search's and the attention's workspaces).
+ * @throw kvsift::invalid_argument bad sizes or parameters (as decode_search and
+ *        sparse_attention_workspace_size), sink or window negative
+ * @throw kvsift::cuda_error a device query failed
+ * @note O(1), host only.
+ */
+inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_qo_heads,
+                                              int head_dim, const decode_step_params& p = {});
+
+/**
+ * @brief Retrieval attention of one decode query per query head.
+ *
+ * Graph g indexes every token of KV head g of `kv` (n_g = its row count in `set`; page-table
+ * row g); query head h uses graph h / (num_qo_heads / set.num_graphs) (GQA). The window of
+ * head g is tokens [0, min(sink, n_g)) and [max(sink, n_g - window), n_g); retrieval searches
+ * the tokens between (none when the window covers the head). Output: o = attention over the
+ * union, lse its natural-log normaliser, as `sparse_attention`.
+ *
+ * @param q        device, [num_qo_heads][head_dim] f32
+ * @param out_o    device, [num_qo_heads][head_dim] f32
+ * @param out_lse  device, [num_qo_heads] f32
+ * @param status   optional device word (caller zeroes): decode_search's status bits
+ * @throw kvsift::invalid_argument kv.num_kv_heads != set.num_graphs, a GQA ratio that does not
+ *        divide, a too-small workspace, and whatever decode_search, sparse_attention and
+ *        merge_state throw for these arguments
+ * @note Six launches plus the search's and the attention's; asynchronous; never allocates.
+ *       Work: the search (see decode_search) plus O((k + sink + window) * head_dim) per query
+ *       head. Thread safety: no state; concurrent calls need separate workspaces and outputs.
+ */
+template <class T>
+void decode_step(const graph_set_ref& set, const paged_kv_view<T>& kv, const float* q,
+                 int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
+                 std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p = {},
+                 std::uint32_t* status = nullptr);
+
+}  // namespace kvsift::cuda
+
+#include <kvsift/cuda/detail/decode_step.inl>

@@ -1,0 +1,177 @@
+#pragma once
+// Host dispatch behind <kvsift/cuda/decode_step.cuh> (internal): one preparation kernel (graph
+// of each query head, its retrieval range, its window token list), then the library's own
+// decode_search, CSR compaction, sparse_attention and merge_state.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include <kvsift/core/error.hpp>
+
+namespace kvsift::cuda::detail {
+
+/// Per query head h: graph = h / group, retrieval range [sink', w_lo) and the window ids
+/// [0, sink') + [w_lo, n) padded to sink + window, with their count.
+template <class Id>
+__global__ void dstep_prepare_kernel(const std::int64_t* row_offset, int heads, int group, int sink,
+                                     int window, std::int32_t* graph, std::uint32_t* first,
+                                     std::uint32_t* last, Id* win_ids, std::uint32_t* win_counts) {
+  const int h = static_cast<int>(blockIdx.x);
+  if (h >= heads) return;
+  const int g = h / group;
+  const std::int64_t n = row_offset[g + 1] - row_offset[g];
+  const std::int64_t s = n < sink ? n : sink;
+  const std::int64_t lo = n - window > s ? n - window : s;
+  const int cap = sink + window;
+  if (threadIdx.x == 0) {
+    graph[h] = g;
+    first[h] = static_cast<std::uint32_t>(s);
+    last[h] = static_cast<std::uint32_t>(lo);
+    win_counts[h] = static_cast<std::uint32_t>(s + (n - lo));
+  }
+  for (int j = static_cast<int>(threadIdx.x); j < cap; j += static_cast<int>(blockDim.x)) {
+    std::int64_t t = -1;
+    if (j < s) {
+      t = j;
+    } else if (j - s < n - lo) {
+      t = lo + (j - s);
+    }
+    win_ids[static_cast<std::size_t>(h) * cap + j] = t < 0 ? invalid_id : static_cast<Id>(t);
+  }
+}
+
+/// Carves the workspace into 256-byte aligned pieces in a fixed order.
+struct dstep_layout {
+  std::size_t graph = 0, first = 0, last = 0, ids = 0, counts = 0, indptr = 0, indices = 0;
+  std::size_t win_ids = 0, win_counts = 0, win_indptr = 0, win_indices = 0;
+  std::size_t o_r = 0, lse_r = 0, o_w = 0, lse_w = 0, search_ws = 0, attn_ws = 0, total = 0;
+  std::size_t search_bytes = 0, attn_bytes = 0;
+  int capacity = 0;
+};
+
+inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim,
+                               const decode_step_params& p) {
+  using kvsift::detail::require;
+  require(p.sink >= 0 && p.window >= 0, "decode_step: expected sink >= 0 and window >= 0, got ",
+          p.sink, " and ", p.window);
+  require(p.sink + p.window >= 1 && p.sink <= (1 << 20) && p.window <= (1 << 20),
+          "decode_step: expected 1 <= sink + window <= 2^21, got ", p.sink, " + ", p.window);
+  require(heads >= 1 && set.num_graphs >= 1 && heads % set.num_graphs == 0,
+          "decode_step: expected num_qo_heads a positive multiple of num_graphs = ", set.num_graphs,
+          ", got ", heads);
+  dstep_layout l;
+  l.capacity = decode_search_capacity(p.search);
+  const auto H = static_cast<std::size_t>(heads);
+  const auto cap = static_cast<std::size_t>(l.capacity);
+  const auto wcap = static_cast<std::size_t>(p.sink + p.window);
+  const auto d = static_cast<std::size_t>(head_dim);
+  std::size_t at = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t here = at;
+    at += (bytes + 255) / 256 * 256;
+    return here;
+  };
+  l.graph = take(H * 4);
+  l.first = take(H * 4);
+  l.last = take(H * 4);
+  l.ids = take(H * cap * sizeof(id_t));
+  l.counts = take(H * 4);
+  l.indptr = take((H + 1) * 8);
+  l.indices = take(H * cap * 4);
+  l.win_ids = take(H * wcap * sizeof(id_t));
+  l.win_counts = take(H * 4);
+  l.win_indptr = take((H + 1) * 8);
+  l.win_indices = take(H * wcap * 4);
+  l.o_r = take(H * d * 4);
+  l.lse_r = take(H * 4);
+  l.o_w = take(H * d * 4);
+  l.lse_w = take(H * 4);
+  l.search_bytes = decode_search_workspace_size(set, heads, p.search);
+  l.search_ws = take(l.search_bytes);
+  sparse_attention_params ap;
+  ap.scale = p.scale;
+  l.attn_bytes = sparse_attention_workspace_size(heads, head_dim, ap);
+  l.attn_ws = take(l.attn_bytes);
+  l.total = at;
+  return l;
+}
+
+}  // namespace kvsift::cuda::detail
+
+namespace kvsift::cuda {
+
+inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_qo_heads,
+                                              int head_dim, const decode_step_params& p) {
+  return detail::dstep_plan(set, num_qo_heads, head_dim, p).total;
+}
+
+template <class T>
+void decode_step(const graph_set_ref& set, const paged_kv_view<T>& kv, const float* q,
+                 int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
+                 std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
+                 std::uint32_t* status) {
+  using kvsift::detail::require;
+  const detail::dstep_layout l = detail::dstep_plan(set, num_qo_heads, head_dim, p);
+  require(kv.num_kv_heads == set.num_graphs, "decode_step: expected one graph per KV head (",
+          kv.num_kv_heads, "), got ", set.num_graphs, " graphs");
+  require(workspace_bytes >= l.total, "decode_step: workspace of ", workspace_bytes,
+          " bytes is too small, expected >= ", l.total);
+  require(workspace != nullptr, "decode_step: null workspace");
+  int device = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  detail::require_stream_on(stream, device, "decode_step");
+  detail::require_device_pointer(set.row_offset, device, "decode_step", "row offsets");
+  detail::require_device_pointer(workspace, device, "decode_step", "workspace");
+  auto* base = static_cast<unsigned char*>(workspace);
+  auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
+  auto* graph = static_cast<std::int32_t*>(at(l.graph));
+  auto* first = static_cast<std::uint32_t*>(at(l.first));
+  auto* last = static_cast<std::uint32_t*>(at(l.last));
+  auto* ids = static_cast<id_t*>(at(l.ids));
+  auto* counts = static_cast<std::uint32_t*>(at(l.counts));
+  auto* indptr = static_cast<std::int64_t*>(at(l.indptr));
+  auto* indices = static_cast<std::int32_t*>(at(l.indices));
+  auto* win_ids = static_cast<id_t*>(at(l.win_ids));
+  auto* win_counts = static_cast<std::uint32_t*>(at(l.win_counts));
+  auto* win_indptr = static_cast<std::int64_t*>(at(l.win_indptr));
+  auto* win_indices = static_cast<std::int32_t*>(at(l.win_indices));
+  auto* o_r = static_cast<float*>(at(l.o_r));
+  auto* lse_r = static_cast<float*>(at(l.lse_r));
+  auto* o_w = static_cast<float*>(at(l.o_w));
+  auto* lse_w = static_cast<float*>(at(l.lse_w));
+
+  const int group = num_qo_heads / set.num_graphs;
+  detail::dstep_prepare_kernel<id_t><<<static_cast<unsigned>(num_qo_heads), 128, 0, stream>>>(
+      set.row_offset, num_qo_heads, group, p.sink, p.window, graph, first, last, win_ids,
+      win_counts);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+
+  decode_queries qs;
+  qs.q = q;
+  qs.ld = head_dim;
+  qs.graph = graph;
+  qs.filter_first = first;
+  qs.filter_last = last;
+  decode_search_outputs out;
+  out.ids = ids;
+  out.counts = counts;
+  out.status = status;
+  decode_search(set, kv, qs, num_qo_heads, p.search, out, at(l.search_ws), l.search_bytes, stream);
+  decode_results_to_csr(ids, counts, num_qo_heads, l.capacity, indptr, indices, stream);
+  decode_results_to_csr(win_ids, win_counts, num_qo_heads, p.sink + p.window, win_indptr,
+                        win_indices, stream);
+
+  sparse_attention_params ap;
+  ap.scale = p.scale;
+  void* aw = l.attn_bytes > 0 ? at(l.attn_ws) : nullptr;
+  sparse_attention(q, num_qo_heads, head_dim, kv, indptr, indices, o_r, lse_r, aw, l.attn_bytes,
+                   stream, ap);
+  sparse_attention(q, num_qo_heads, head_dim, kv, win_indptr, win_indices, o_w, lse_w, aw,
+                   l.attn_bytes, stream, ap);
+  merge_state(o_r, lse_r, o_w, lse_w, out_o, out_lse, 1, num_qo_heads, head_dim, stream);
+}
+
+}  // namespace kvsift::cuda

@@ -1,0 +1,170 @@
+// The composed decode step (search -> CSR -> sparse attention over retrieved tokens + window
+// attention -> merge) against full attention in double precision: with a pool that holds every
+// middle token, retrieval finds them all, and window + retrieval is exactly all tokens, so the
+// output must equal full attention. A head whose context is all window (retrieval empty) and
+// GQA sharing are in the same batch.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include <kvsift/cuda/decode_step.cuh>
+
+#include "cuda_test.cuh"
+#include "test_util.cuh"
+
+namespace {
+
+using namespace kvsift::cuda_test;
+using kvsift::id_t;
+namespace kc = kvsift::cuda;
+
+struct step_result {
+  std::vector<float> o, lse, want_o, want_lse;
+  std::uint32_t status = 0;
+};
+
+/// Graphs of the given sizes over random f32 keys; each graph a ring (i -> i + 1) plus random
+/// edges, so every token is reachable; entry inside the retrieval range.
+step_result run_step(const std::vector<int>& sizes, int group, int d,
+                     const kc::decode_step_params& p) {
+  const int G = static_cast<int>(sizes.size());
+  const int H = G * group;
+  const int width = 12, page = 16;
+  const int max_n = *std::max_element(sizes.begin(), sizes.end());
+  const int max_pages = (max_n + page - 1) / page;
+  std::vector<std::int64_t> off{0};
+  for (const int n : sizes) off.push_back(off.back() + n);
+  std::vector<id_t> adj(static_cast<std::size_t>(off.back()) * width, kvsift::invalid_id);
+  std::vector<id_t> ent(static_cast<std::size_t>(G), kvsift::invalid_id);
+  std::vector<float> keys, vals;
+  std::vector<std::int32_t> table(static_cast<std::size_t>(G) * max_pages, -1);
+  int pages = 0;
+  for (int g = 0; g < G; ++g) {
+    const int n = sizes[g];
+    for (int i = 0; i < n; ++i) {
+      id_t* row = adj.data() + (off[g] + i) * width;
+      row[0] = static_cast<id_t>((i + 1) % n);
+      for (int j = 1; j < width && j < n - 1; ++j) {
+        id_t v;
+        do {
+          v = static_cast<id_t>(uniform_int(0, n - 1));
+        } while (v == static_cast<id_t>(i) || std::find(row, row + j, v) != row + j);
+        row[j] = v;
+      }
+    }
+    ent[g] = static_cast<id_t>(std::min(n - 1, p.sink + 1));
+    for (int t = 0; t < (n + page - 1) / page; ++t) table[g * max_pages + t] = pages++;
+  }
+  keys.resize(static_cast<std::size_t>(pages) * page * d, 1e30f);
+  vals.resize(keys.size(), 1e30f);
+  std::vector<std::vector<float>> hk(G), hv(G);
+  for (int g = 0; g < G; ++g) {
+    for (int t = 0; t < sizes[g]; ++t) {
+      const std::size_t at =
+          (static_cast<std::size_t>(table[g * max_pages + t / page]) * page + t % page) * d;
+      for (int j = 0; j < d; ++j) {
+        keys[at + j] = uniform(-1.0f, 1.0f);
+        vals[at + j] = uniform(-1.0f, 1.0f);
+        hk[g].push_back(keys[at + j]);
+        hv[g].push_back(vals[at + j]);
+      }
+    }
+  }
+  std::vector<float> q(static_cast<std::size_t>(H) * d);
+  for (auto& x : q) x = uniform(-2.0f, 2.0f);
+
+  device_buffer<id_t> dadj(adj), dent(ent);
+  device_buffer<std::int64_t> doff(off);
+  device_buffer<float> dk(keys), dv(vals), dq(q), o(static_cast<std::size_t>(H) * d), lse(H);
+  device_buffer<std::int32_t> dt(table);
+  device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0});
+  kc::graph_set_ref set{dadj.get(), doff.get(), dent.get(), G, width, 1, max_n};
+  kc::paged_kv_view<float> kv{dk.get(), dv.get(), pages, page, d, dt.get(), G, max_pages};
+  const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p);
+  device_buffer<char> ws(wb);
+  kc::decode_step(set, kv, dq.get(), H, d, o.get(), lse.get(), ws.get(), wb, nullptr, p,
+                  status.get());
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+
+  step_result r;
+  r.o = o.download();
+  r.lse = lse.download();
+  r.status = status.download()[0];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int h = 0; h < H; ++h) {
+    const int g = h / group, n = sizes[g];
+    std::vector<double> s(n);
+    double mx = -1e300;
+    for (int t = 0; t < n; ++t) {
+      double acc = 0;
+      for (int j = 0; j < d; ++j) acc += double(q[h * d + j]) * hk[g][t * d + j];
+      s[t] = acc * scale;
+      mx = std::max(mx, s[t]);
+    }
+    double z = 0;
+    for (int t = 0; t < n; ++t) z += std::exp(s[t] - mx);
+    r.want_lse.push_back(static_cast<float>(mx + std::log(z)));
+    for (int j = 0; j < d; ++j) {
+      double acc = 0;
+      for (int t = 0; t < n; ++t) acc += std::exp(s[t] - mx) / z * hv[g][t * d + j];
+      r.want_o.push_back(static_cast<float>(acc));
+    }
+  }
+  return r;
+}
+
+int mismatches(const step_result& r) {
+  int bad = 0;
+  for (std::size_t i = 0; i < r.o.size(); ++i) bad += !(std::fabs(r.o[i] - r.want_o[i]) <= 2e-5);
+  for (std::size_t i = 0; i < r.lse.size(); ++i)
+    bad += !(std::fabs(r.lse[i] - r.want_lse[i]) <= 2e-5);
+  if (bad != 0) std::printf("    %d mismatches (o[0] %g vs %g)\n", bad, r.o[0], r.want_o[0]);
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE_CUDA(decode_step_full_retrieval_equals_full_attention) {
+  kc::decode_step_params p;
+  p.sink = 4;
+  p.window = 32;
+  p.search.k = 1000;
+  p.search.L = 1000;
+  // 30 tokens: all window, retrieval empty. Others: window + a middle retrieval must find whole.
+  const step_result r = run_step({300, 30, 1000}, 4, 64, p);
+  CHECK(mismatches(r) == 0);
+  CHECK(r.status == 0u);
+  p.search.expand_width = 4;  // the wider walk finds everything too at this pool
+  CHECK(mismatches(run_step({500, 800}, 2, 128, p)) == 0);
+}
+
+TEST_CASE_CUDA(decode_step_dipr_with_infinite_beta_equals_full_attention) {
+  // DIPR with a range wider than any score gap keeps every scored token: with l0 >= the middle
+  // the walk scores them all.
+  kc::decode_step_params p;
+  p.sink = 2;
+  p.window = 16;
+  p.search.mode = kc::decode_search_mode::dipr;
+  p.search.beta = 1e30f;
+  p.search.l0 = 1000;
+  p.search.max_results = 4096;
+  CHECK(mismatches(run_step({700, 10}, 2, 64, p)) == 0);
+}
+
+TEST_CASE_CUDA(decode_step_rejects_bad_input) {
+  kc::decode_step_params p;
+  p.sink = -1;
+  kc::graph_set_ref set;
+  set.num_graphs = 2;
+  set.width = 8;
+  set.max_keys = 10;
+  CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 4, 64, p); }), "sink >= 0"));
+  p.sink = 4;
+  CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 3, 64, p); }),
+                 "multiple of num_graphs = 2"));
+  p.search.L = 5;
+  CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 4, 64, p); }), "<= L"));
+}
