@@ -10,9 +10,9 @@
 #include <limits>
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/detail/merge.inl>
 #include <kvsift/cuda/detail/vec.cuh>
-#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda::detail {
