@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
 #pragma unroll
         for (int t = 0; t < rounds; ++t) {
-          if (t * 32 >= width) break;
+          if (t * 32 >= width) continue;  // (not break: the loop stays fully unrolled)
           const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
           const unsigned b = __ballot_sync(full, fresh);
           if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v[t];

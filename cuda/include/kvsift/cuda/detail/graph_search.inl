@@ -153,26 +153,33 @@ __device__ inline int gs_merge(gs_entry* pool, int cnt, int L, gs_entry* inc, gs
   const bool is_full = cnt == L;
   const float worst_key = is_full ? pool[L - 1].key : 0.0f;
   const std::uint32_t worst_id = is_full ? pool[L - 1].id : 0u;
+  // Survivors compacted to the front of inc (each chunk read whole before any lane writes, and
+  // a write never lands past the entry it came from), then ranked among themselves only: late
+  // in a search few of an expansion's candidates beat the pool's worst, so this is
+  // O(survivors^2 / 32) per lane instead of O(survivors * candidates / 32).
+  const unsigned lower_lanes = (1u << lane) - 1u;
   int keep_n = 0;
   for (int j0 = 0; j0 < n; j0 += 32) {
     const int j = j0 + lane;
+    gs_entry e{0.0f, invalid_id};
     bool keep = false;
     if (j < n) {
-      const gs_entry e = inc[j];
+      e = inc[j];
       keep = e.id != invalid_id && (!is_full || gs_better(e.key, e.id, worst_key, worst_id));
-      if (!keep) inc[j].id = invalid_id;
     }
-    keep_n += __popc(__ballot_sync(full, keep));
+    const unsigned b = __ballot_sync(full, keep);
+    __syncwarp();
+    if (keep) inc[keep_n + __popc(b & lower_lanes)] = e;
+    keep_n += __popc(b);
+    __syncwarp();
   }
-  __syncwarp();
   if (keep_n == 0) return cnt;
-  for (int j = lane; j < n; j += 32) {
+  for (int j = lane; j < keep_n; j += 32) {
     const gs_entry e = inc[j];
-    if (e.id == invalid_id) continue;
     int rank = 0;
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < keep_n; ++i) {
       const gs_entry o = inc[i];
-      if (o.id != invalid_id && gs_better(o.key, o.id, e.key, e.id)) ++rank;
+      rank += gs_better(o.key, o.id, e.key, e.id) ? 1 : 0;
     }
     srt[rank] = e;
   }
