@@ -197,6 +197,7 @@ struct building_graph {
   std::span<const id_t> neighbors(id_t i) const { return adj.neighbors(i); }
   float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
 };
+static_assert(Graph<building_graph<view_store<float>, l2>>);
 
 /// Marks every node reachable from `start` in `reached` (left marked from earlier calls, so the
 /// repair can grow one reachable set) and returns how many it newly marked. O(n + edges).
