@@ -58,7 +58,7 @@ class cpu_knn_engine {
                                   std::size_t k) const {
     detail::validate_knn(queries, keys.rows(), keys.cols(), k);
     const std::size_t m = queries.rows(), n = keys.rows(), d = keys.cols();
-    const std::size_t kk = std::min(k, n);
+    const std::size_t results_per_query = std::min(k, n);
     knn_result out;
     out.rows = m;
     out.k = k;
@@ -78,7 +78,7 @@ class cpu_knn_engine {
                 Eigen::OuterStride<>(static_cast<Eigen::Index>(queries.stride())));
       row_mat scores(static_cast<Eigen::Index>(qn), static_cast<Eigen::Index>(kb));
       std::vector<float> widened;  // only for 16-bit keys
-      std::vector<topk_selector> sel(qn, topk_selector(kk));
+      std::vector<topk_selector> sel(qn, topk_selector(results_per_query));
       for (std::size_t k0 = 0; k0 < n; k0 += kb) {
         const std::size_t kn = std::min(kb, n - k0);
         const float* kptr;
