@@ -14,6 +14,7 @@
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/metric.hpp"
+#include "kvsift/core/metric_concept.hpp"
 #include "kvsift/core/parallel_for.hpp"
 #include "kvsift/core/topk.hpp"
 #include "kvsift/core/vector_store.hpp"

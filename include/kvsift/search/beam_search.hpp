@@ -8,7 +8,7 @@
 #include <span>
 
 #include "kvsift/core/error.hpp"
-#include "kvsift/core/metric.hpp"
+#include "kvsift/core/metric_concept.hpp"
 #include "kvsift/search/detail/graph_walk.hpp"
 #include "kvsift/search/graph.hpp"
 #include "kvsift/search/predicate.hpp"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "kvsift/core/error.hpp"
-#include "kvsift/core/metric.hpp"
+#include "kvsift/core/metric_concept.hpp"
 #include "kvsift/core/topk.hpp"
 #include "kvsift/search/detail/dipr_answer.hpp"
 #include "kvsift/search/detail/graph_walk.hpp"

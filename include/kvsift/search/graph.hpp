@@ -8,7 +8,7 @@
 #include <span>
 
 #include "kvsift/core/ids.hpp"
-#include "kvsift/core/metric.hpp"
+#include "kvsift/core/metric_concept.hpp"
 
 namespace kvsift {
 

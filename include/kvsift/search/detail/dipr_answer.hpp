@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "kvsift/core/metric.hpp"
+#include "kvsift/core/metric_concept.hpp"
 #include "kvsift/core/topk.hpp"
 #include "kvsift/search/search_params.hpp"
 
