@@ -29,6 +29,7 @@
 #include <sys/stat.h>  // stat
 #include <unistd.h>    // isatty, write, fsync, close, unlink
 
+#include "insert_run.hpp"
 #include "kvsift/attention/quality.hpp"
 #include "kvsift/index/block_index.hpp"
 #include "kvsift/kvsift.hpp"
@@ -64,6 +65,9 @@ index (the flat scan always runs as the baseline):
   --nq N (100)  --M N (35)  --L-build N (500)  --threads N (0 = all cores; build and oracle)
   --ef LIST (10,20,50,100,200,400)  --hnsw-M N (16)  --hnsw-ef-construction N (200)
   --nprobe LIST (1,2,4,8,16,32,64)  --nlist N (0 = 4 sqrt(n))
+  --insert-fraction F  also build on the first (1-F) of the keys (and the training queries of
+                 those positions), insert the rest one by one, and report insert time per key
+                 and the top-k rows of that index as roargraph+insert, next to the full build
   --save-index F / --load-index F   store / reuse the built graph
   --save-train-knn F  write the training-query->key exact kNN the build uses (.ibin: uint32 m,
                  uint32 nq, m*nq ids; the RoarGraph reference's --learn_base_nn_path)
@@ -105,7 +109,7 @@ struct options {
   bool demo = false;
   std::string keys, queries, train, json, save_index, load_index;
   std::string save_train_knn, load_train_knn, save_gt, save_data;
-  double train_fraction = 0;
+  double train_fraction = 0, insert_fraction = 0;
   std::size_t n = 32768, dim = 128, eval = 0;
   float spread = 0.2f;
   std::string index = "roargraph", metric = "ip", query;
@@ -231,6 +235,8 @@ options parse(int argc, char** argv) {
       o.build.M = parse_size(a, v);
     else if (a == "--L-build")
       o.build.L = parse_size(a, v);
+    else if (a == "--insert-fraction")
+      o.insert_fraction = parse_real(a, v);
     else if (a == "--threads")
       o.build.threads = parse_size(a, v);
     else if (a == "--query")
@@ -339,6 +345,14 @@ options parse(int argc, char** argv) {
   }
   if (!o.demo && (o.keys.empty() || o.queries.empty())) {
     usage_error("expected --demo, or --keys and --queries");
+  }
+  if (o.insert_fraction != 0 &&
+      (!(o.insert_fraction > 0 && o.insert_fraction < 1) || !o.uses("roargraph") ||
+       !o.load_index.empty() || !o.load_train_knn.empty())) {
+    usage_error(
+        "--insert-fraction: expected a value in (0, 1) with --index roargraph and no "
+        "--load-index / --load-train-knn, got " +
+        std::to_string(o.insert_fraction));
   }
   if (o.train_fraction < 0 || o.train_fraction >= 1) {
     usage_error("--train-fraction: expected a value in [0, 1), got " +
@@ -807,6 +821,28 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
                          exact, n, [&](auto q, auto ids, auto scores) {
                            return kvsift::beam_search(g, q, {k, L}, ws, ids, scores, pred);
                          }));
+      }
+    }
+    if (o.insert_fraction > 0) {
+      // Rows positional when --train-fraction split --queries: row i is position i's query.
+      const bool positional = !o.demo && o.train.empty();
+      std::fprintf(stderr, "building on the first %.0f%% of the keys, inserting the rest...\n",
+                   100 * (1 - o.insert_fraction));
+      const auto ins = kvsift_bench::build_then_insert<M>(w.keys.cview(), w.train.cview(),
+                                                          o.insert_fraction, positional, o.build);
+      info << "insert: built on " << ins.base_keys << " keys / " << ins.base_train
+           << " training queries in " << ins.build_seconds << " s, inserted " << ins.inserted
+           << " keys one by one: mean " << ins.mean_us << " us/key, p50 " << ins.p50_us << ", p99 "
+           << ins.p99_us << " (one thread); degree mean " << ins.graph.degrees().mean << "\n";
+      for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
+        for (std::size_t L : o.L) {
+          if (L < k) continue;
+          rows.push_back(measure_topk(
+              {"roargraph+insert", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E,
+              exact, n, [&](auto q, auto ids, auto scores) {
+                return kvsift::beam_search(ins.graph, q, {k, L}, ws, ids, scores, pred);
+              }));
+        }
       }
     }
     for (std::size_t l0 : dipr ? o.l0 : std::vector<std::size_t>{}) {

@@ -49,11 +49,15 @@ ALLOWED = {
                "attention"},
     "cuda": {"core", "memory", "attention", "index-concepts"},
 }
-# A RoarGraph build runs beam searches (step 3 and the reachability repair), so the builder
-# and what composes it may include the search algorithms; no other index/ header may.
+# A RoarGraph build runs beam searches (step 3 and the reachability repair), and so does an
+# insert (the new key's search for its neighbours): the builder, what composes it and the
+# insertable graph may include the search algorithms; no other index/ header may.
 INDEX_MAY_SEARCH = {
     "index/roargraph_builder.hpp",
+    "index/detail/roargraph_builder.inl",
     "index/build_pipeline.hpp",
+    "index/insertable_graph.hpp",
+    "index/detail/insertable_graph.inl",
 }
 
 

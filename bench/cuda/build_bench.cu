@@ -1,4 +1,4 @@
-// RoarGraph build of one KV head with the CUDA engine (issue 6): 131072 keys x dim 128, a GQA
+// RoarGraph build of one KV head with the CUDA engine: 131072 keys x dim 128, a GQA
 // group of 4 query heads, 10% of each head's queries sampled for training. Step 1 (kNN) and the
 // searches + pruning of step 3 (connectivity) run on the GPU, projection and the merging of
 // step 3 on all host cores. Reports the phase breakdown (kNN, projection, connectivity, and

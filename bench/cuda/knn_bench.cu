@@ -1,4 +1,4 @@
-// GPU exact kNN (kvsift::cuda::knn) on the issue-6 workload: 131072 queries x 131072 keys x
+// GPU exact kNN (kvsift::cuda::knn) on the build-time workload: 131072 queries x 131072 keys x
 // dim 128, k = 100, f16 (synthetic OOD attention data). Baselines measured in the same run:
 //   - the cuBLAS GEMM alone over the same tiles (what the top-k selection adds on top of it);
 //   - the CPU engine (kvsift::cpu_knn_engine, Eigen) on all host cores, run on the first

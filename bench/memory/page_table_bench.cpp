@@ -1,5 +1,5 @@
 // Two-level page table against a flat worst-case table (the baseline, measured in the same
-// run) for the configuration: 128K-token contexts, batch 32, 32 layers, 8 KV heads,
+// run) for the target configuration: 128K-token contexts, batch 32, 32 layers, 8 KV heads,
 // 16-token pages (8192 logical pages per head), every (request, layer, head) mapping the
 // first 10% of its pages.
 //   bm_page_table_metadata/<segment_pages>: counters flat_MiB, two_level_MiB, ratio

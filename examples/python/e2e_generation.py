@@ -30,7 +30,7 @@ of the context), fraction of the context scored by the index (for coarse block t
 summaries scored, each standing for block_size keys), and per-token time split into
 search / attention (kvsift calls) / rest (the numpy model).
 
-    python3 examples/python/e2e_generation.py --context 4096 --out docs/results/e2e_smollm2
+    python3 examples/python/e2e_generation.py --context 4096 --out bench/results/e2e_smollm2
 """
 
 from __future__ import annotations

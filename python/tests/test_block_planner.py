@@ -87,7 +87,7 @@ def test_filters_restrict_blocks_and_tokens(data, block):
     r = block.topk(q, 16, filter=ks.IdRange(130, 500))
     assert sorted(r.blocks.tolist()) == list(range(2, 8))  # blocks touching [130, 500)
     t = block.tokens(r.blocks, filter=ks.IdRange(130, 500))
-    assert sorted(t.tolist()) == list(range(130, 500)) and t.dtype == np.uint32
+    assert sorted(t.tolist()) == list(range(130, 500)) and t.dtype == np.int64
     r = block.dipr(q, 1e3, filter=ks.IdBelow(100))
     assert sorted(r.blocks.tolist()) == [0, 1]
     assert block.tokens(np.array([1, 0]), filter=ks.IdBelow(100)).tolist() == list(range(64, 100)) + list(range(64))

@@ -223,7 +223,7 @@ def test_sample_gqa_queries(data):
 
 def test_wrong_dtype_shape_and_order_raise(data):
     keys, queries = data
-    with pytest.raises(ks.InvalidArgument, match="float32 or float16, got float64"):
+    with pytest.raises(ks.InvalidArgument, match="float32, float16 or bfloat16, got float64"):
         ks.FlatIndex(keys.astype(np.float64))
     with pytest.raises(ks.DimensionMismatch, match="2-D"):
         ks.FlatIndex(keys.ravel())

@@ -385,7 +385,7 @@ struct huge_kv {
 };
 }  // namespace
 
-// Audit item 4: page_size * head_dim wrapped to 0 (then divided by) and kv_heads * pages wrapped
+// Regression: page_size * head_dim wrapped to 0 (then divided by) and kv_heads * pages wrapped
 // so an empty page table passed; item 20: more tokens than 32-bit ids can name.
 TEST_CASE("paged_kv and kv_view reject overflow-sized shapes", "[attention][rel]") {
   using Catch::Matchers::Contains;

@@ -100,7 +100,7 @@ TEST_CASE("candidate_pool cursor order matches sorted order under random use",
   }
 }
 
-// Audit item 15: reset reserved capacity + 1 entries up front, so a huge capacity wrapped
+// Regression: reset reserved capacity + 1 entries up front, so a huge capacity wrapped
 // (SIZE_MAX + 1 = 0) or threw length_error instead of giving a pool bounded by what is
 // inserted.
 TEST_CASE("candidate_pool with a huge capacity keeps everything inserted", "[core][rel]") {

@@ -56,7 +56,7 @@ TEST_CASE("parallel_for propagates an exception", "[core][parallel_for]") {
   CHECK(kvsift::default_thread_count() >= 1);
 }
 
-// Audit item 7: a thread that cannot be created used to unwind past the joinable threads
+// Regression: a thread that cannot be created used to unwind past the joinable threads
 // already started, which calls std::terminate. The failure is injected through the test seam
 // detail::parallel_for_spawn_hook (it throws std::system_error before worker 3 would be
 // created, as std::thread's constructor does when the system is out of threads). Mutation

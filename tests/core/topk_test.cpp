@@ -62,7 +62,7 @@ TEST_CASE("topk_selector edge cases", "[core][topk]") {
   CHECK(s.size() == 0);
 }
 
-// Audit item 17: with k = 0, accepts() read the front of an empty heap.
+// Regression: with k = 0, accepts() read the front of an empty heap.
 TEST_CASE("topk_selector with k = 0 keeps nothing and reads nothing", "[core][rel]") {
   kvsift::topk_selector t(0);
   CHECK_FALSE(t.accepts(1.0f, 3));

@@ -274,7 +274,7 @@ TEST_CASE("block_index: bad input", "[block_index]") {
   CHECK(res.stats.count == 0);
 }
 
-// Audit item 14: (n + block_size - 1) / block_size wrapped to 0 blocks for a huge block size,
+// Regression: (n + block_size - 1) / block_size wrapped to 0 blocks for a huge block size,
 // so every search silently returned nothing.
 TEST_CASE("block_index: a block size beyond n makes one block", "[block_index][rel]") {
   const auto keys = local_keys(64, 14);
@@ -296,7 +296,7 @@ TEST_CASE("block_index: a block size beyond n makes one block", "[block_index][r
   }
 }
 
-// Audit item 11: a query holding NaN or Inf returns nothing, from topk and dipr alike.
+// Contract: a query holding NaN or Inf returns nothing, from topk and dipr alike.
 TEST_CASE("block_index: a non-finite query returns no blocks", "[block_index][rel]") {
   const auto keys = local_keys(64, 14);
   const kvsift::block_index<> idx(keys.cview(), 8);
@@ -316,7 +316,7 @@ TEST_CASE("block_index: a non-finite query returns no blocks", "[block_index][re
   }
 }
 
-// Audit item 20: token positions become 32-bit ids; more keys than that must be refused
+// Regression: token positions become 32-bit ids; more keys than that must be refused
 // before any row is read (a view of 2^32 rows over 64 floats: stride 16, never dereferenced).
 TEST_CASE("block_index: more keys than 32-bit ids is refused before reading",
           "[block_index][rel]") {

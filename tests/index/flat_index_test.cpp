@@ -134,7 +134,7 @@ TEST_CASE("flat_index NaN query and bad input", "[index][flat_index]") {
   CHECK_THAT(msg, Contains("100") && Contains("2000"));
 }
 
-// Audit item 11 (decided contract): a query holding NaN or Inf returns no results.
+// Contract: a query holding NaN or Inf returns no results.
 TEST_CASE("flat_index: a non-finite query returns no results", "[index][flat_index][rel]") {
   const auto& f = fx();
   kvsift::search_workspace ws;
@@ -160,7 +160,7 @@ TEST_CASE("flat_index: a non-finite query returns no results", "[index][flat_ind
   }
 }
 
-// Audit item 15: k was reserved before it was bounded by n.
+// Regression: k was reserved before it was bounded by n.
 TEST_CASE("flat_index: k far beyond n pads instead of reserving", "[index][flat_index][rel]") {
   std::vector<float> keys = {1, 0, 0, 1, 1, 1};
   const kvsift::flat_index<store_t> flat(
@@ -178,7 +178,7 @@ TEST_CASE("flat_index: k far beyond n pads instead of reserving", "[index][flat_
   CHECK(ids[3] == kvsift::invalid_id);
 }
 
-// Audit item 20: positions become 32-bit ids, so a store of 2^32 rows (a view over 8 floats,
+// Regression: positions become 32-bit ids, so a store of 2^32 rows (a view over 8 floats,
 // never read) is refused at construction; rows of dimension 0 too; and the batched oracle
 // checks queries x k before sizing its output.
 TEST_CASE("flat_index rejects overflow-sized and degenerate stores", "[index][flat_index][rel]") {

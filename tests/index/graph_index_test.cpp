@@ -92,7 +92,7 @@ struct shape_store {
 };
 }  // namespace
 
-// Audit item 2: n * max_degree wrapped past the size check (2 x 2^63 = 0 = an empty adjacency)
+// Regression: n * max_degree wrapped past the size check (2 x 2^63 = 0 = an empty adjacency)
 // and the rows were then read from the empty array.
 TEST_CASE("graph_index rejects overflow-sized shapes before reading", "[index][graph_index][rel]") {
   const float x[4] = {1, 2, 3, 4};

@@ -85,7 +85,7 @@ TEST_CASE("graph index save/load round trip and corruption", "[index][io]") {
   }
 }
 
-// Audit item 13: a graph file used to be accepted for any keys of the same shape, and for any
+// Regression: a graph file used to be accepted for any keys of the same shape, and for any
 // metric. Version 2 records the metric and a key fingerprint and checks both on load.
 TEST_CASE("load_graph rejects other keys of the same shape, another metric, version 1",
           "[index][io][rel]") {

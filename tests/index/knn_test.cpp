@@ -185,7 +185,7 @@ TEST_CASE("cpu_knn_engine rejects bad input", "[index][knn]") {
   CHECK_THAT(msg, Contains("expected dimension 4") && Contains("got 3"));
 }
 
-// Audit item 8: key_block = SIZE_MAX reached Eigen as a negative size (abort); block sizes are
+// Regression: key_block = SIZE_MAX reached Eigen as a negative size (abort); block sizes are
 // now clamped, so any value gives the oracle's answer.
 TEST_CASE("cpu_knn_engine clamps absurd block sizes", "[index][knn][rel]") {
   const fixture f = make(61, 19, 23, 24, 17);
@@ -198,7 +198,7 @@ TEST_CASE("cpu_knn_engine clamps absurd block sizes", "[index][knn][rel]") {
   }
 }
 
-// Audit items 1 and 20: keys of dimension 0, more keys than 32-bit ids, and a queries x k
+// Regressions: keys of dimension 0, more keys than 32-bit ids, and a queries x k
 // product that overflows are refused before anything is read or allocated.
 TEST_CASE("cpu_knn_engine rejects degenerate and overflow-sized shapes", "[index][knn][rel]") {
   using Catch::Matchers::Contains;

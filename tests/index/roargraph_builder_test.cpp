@@ -396,7 +396,7 @@ TEST_CASE("roargraph_builder: bad input", "[index][roargraph]") {
   }
 }
 
-// Audit item 1: M had no upper bound, so 2M and n * 2M wrapped and the flat adjacency came out
+// Regression: M had no upper bound, so 2M and n * 2M wrapped and the flat adjacency came out
 // empty (or too small) and was written past; the bound must fire before any work (no progress
 // step reported).
 TEST_CASE("roargraph_builder: overflow-sized M is rejected before any work",
@@ -462,7 +462,7 @@ TEST_CASE("roargraph_builder: connectivity_knn that would wrap is rejected up fr
   CHECK(steps == 0);
 }
 
-// Audit item 3: knn.rows * knn.k wrapped to 0, so an empty id array passed the size check and
+// Regression: knn.rows * knn.k wrapped to 0, so an empty id array passed the size check and
 // row 0 was read from it.
 TEST_CASE("roargraph_builder: build_from_knn with a wrapping kNN shape",
           "[index][roargraph][rel]") {

@@ -237,7 +237,7 @@ const kvsift::graph_index<store_t>& sample_graph() {
 
 TEST_CASE("RoarGraph on the real sample: recall@10 >= 0.97 scanning <= 15% of the keys",
           "[index][roargraph][quality][real]") {
-  // The issue-level bar is 0.9; the build's second entry point (the attention sink, the best
+  // The project's recall bar is 0.9; the build's second entry point (the attention sink, the best
   // key of most training queries) is what lifts pool 10 from 0.91 to 0.99, so it is guarded.
   const auto& s = sample();
   const auto& g = sample_graph();

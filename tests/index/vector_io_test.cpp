@@ -568,7 +568,7 @@ TEST_CASE("read_header rejects a shape that overflows", "[io]") {
              Catch::Contains("overflows"));
 }
 
-// Audit item 10: rows of dimension 0 need no payload, so a header of (2^32 - 1) x 0 or a shape
+// Regression: rows of dimension 0 need no payload, so a header of (2^32 - 1) x 0 or a shape
 // of (2^64 - 1, 0) matched an empty data section and loaded as billions of phantom rows.
 TEST_CASE("vector files with rows of dimension 0 are rejected", "[io][rel]") {
   temp_dir dir;

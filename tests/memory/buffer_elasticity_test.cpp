@@ -102,7 +102,7 @@ TEST_CASE("buffer_elasticity rejects bad input", "[memory]") {
   REQUIRE_THROWS_AS((void)b.allocation_of(9), kvsift::out_of_range);
 }
 
-// Audit item 6: set_mandatory stored length 0 (a reclaim weight of 0: 0/0 = NaN cast to
+// Regression: set_mandatory stored length 0 (a reclaim weight of 0: 0/0 = NaN cast to
 // size_t), and lengths summed in size_t wrapped, so shares came out far off proportion.
 TEST_CASE("buffer_elasticity: zero and overflow-sized lengths", "[memory][rel]") {
   buffer_elasticity b(1000);

@@ -141,7 +141,7 @@ TEST_CASE("page_table rejects bad shapes, keys and the pool running out", "[memo
                     kvsift::dimension_mismatch);
 }
 
-// Audit item 5: requests * layers * heads * segments wrapped (2^32 x 2^32 = 0), so the
+// Regression: requests * layers * heads * segments wrapped (2^32 x 2^32 = 0), so the
 // directory came out empty while map() indexed it with 32-bit-truncated layers and heads.
 TEST_CASE("page_table rejects a directory size that overflows", "[memory][rel]") {
   page_table_params p;
@@ -160,7 +160,7 @@ TEST_CASE("page_table rejects a directory size that overflows", "[memory][rel]")
   CHECK_THAT(msg, Catch::Contains("overflows"));
 }
 
-// Audit item 16: the class comment promises that a freshly freed id is not reused at once, but
+// Regression: the class comment promises that a freshly freed id is not reused at once, but
 // the hint was a word index, so an id freed in the current word came straight back.
 TEST_CASE("segment_allocator does not hand a freed id straight back", "[memory][rel]") {
   kvsift::segment_allocator a(200);

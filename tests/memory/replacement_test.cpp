@@ -216,7 +216,7 @@ TEST_CASE("replacement policies reject bad input before changing state", "[memor
   REQUIRE(st.misses() == 0);
 }
 
-// Audit item 15: the slot maps were allocated before the sizes were validated, so an
+// Regression: the slot maps were allocated before the sizes were validated, so an
 // overflow-sized capacity threw bad_alloc (or took the memory) instead of invalid_argument.
 TEST_CASE("replacement policies validate sizes before allocating", "[memory][rel]") {
   constexpr std::size_t huge = std::size_t{1} << 50;  // 4 PiB of slots: no allocation can succeed

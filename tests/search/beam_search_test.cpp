@@ -100,7 +100,7 @@ TEST_CASE("beam_search rejects bad input", "[search][beam]") {
   CHECK_THAT(msg, Contains("2000"));
 }
 
-// Audit item 11 (decided contract): a query holding NaN or Inf returns no results: count 0,
+// Contract: a query holding NaN or Inf returns no results: count 0,
 // every id invalid_id, every score the metric's worst, unfiltered and filtered alike. The old
 // behaviour returned real ids in walk order with -inf scores.
 TEST_CASE("beam_search: a non-finite query returns no results", "[search][beam][rel]") {
@@ -126,7 +126,7 @@ TEST_CASE("beam_search: a non-finite query returns no results", "[search][beam][
   }
 }
 
-// Audit item 15: the pool was reserved at L before anything bounded it by n, so a huge L
+// Regression: the pool was reserved at L before anything bounded it by n, so a huge L
 // threw length_error (or reserved gigabytes) instead of searching: a pool beyond n holds n.
 TEST_CASE("beam_search: a pool far larger than the index equals a pool of n",
           "[search][beam][rel]") {

@@ -97,7 +97,7 @@ TEST_CASE("dipr_search rejects bad input", "[search][dipr]") {
              Contains("4000"));
 }
 
-// Audit item 11: a query holding NaN or Inf yields an empty answer, with a worst best_score
+// Contract: a query holding NaN or Inf yields an empty answer, with a worst best_score
 // (or the seed when one was given), unfiltered and filtered, graph and flat alike.
 TEST_CASE("dipr_search: a non-finite query returns an empty answer", "[search][dipr][rel]") {
   const auto& f = fx();
@@ -125,7 +125,7 @@ TEST_CASE("dipr_search: a non-finite query returns an empty answer", "[search][d
   }
 }
 
-// Audit item 12: best_score came back -inf whenever the best key was infinite, +inf included.
+// Regression: best_score came back -inf whenever the best key was infinite, +inf included.
 TEST_CASE("dipr_search: an infinite best score is reported as +inf", "[search][dipr][rel]") {
   std::vector<float> keys = {3e38f, 1.0f, 2.0f};  // 3 keys of dimension 1
   const store_t s(kvsift::matrix_view<const float>(keys.data(), 3, 1));
@@ -142,7 +142,7 @@ TEST_CASE("dipr_search: an infinite best score is reported as +inf", "[search][d
   CHECK(r.best_score == std::numeric_limits<float>::infinity());
 }
 
-// Audit item 15: l0 and the automatic cap 64 * l0 were used unclamped: a huge l0 reserved
+// Regression: l0 and the automatic cap 64 * l0 were used unclamped: a huge l0 reserved
 // (or threw length_error) and 64 * l0 could wrap to a cap of 0.
 TEST_CASE("dipr_search: a huge l0 behaves as l0 = n", "[search][dipr][rel]") {
   const auto& f = fx();

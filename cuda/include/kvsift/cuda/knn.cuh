@@ -9,7 +9,7 @@
 // the row ends, go with the running top-k through a block-wide 8-bit radix select. After the
 // first tiles almost every score is dropped on load. One path serves every k <= 1024 (H100,
 // 131072^2 x 128, f16: k = 100 in 2.9x and k = 1000 in 4.7x the time of the GEMM alone; see
-// docs/results/h100_knn_bench.txt); there is no separate register/warp select for small k,
+// bench/results/h100_knn_bench.txt); there is no separate register/warp select for small k,
 // which is where more speed would come from. Ranking is exactly the CPU engine's
 // (<kvsift/index/knn.hpp>): higher score first, ties to the lower id, NaN scores as -inf, -0 equal
 // to +0. Every (score, id) pair is packed into one 64-bit key that orders the same way, which makes

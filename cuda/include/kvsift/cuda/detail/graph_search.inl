@@ -135,6 +135,72 @@ __device__ __forceinline__ float gs_key(float s) {
   return L2 ? -s : s;
 }
 
+/// Merges the scored candidates inc[0, n) (ids distinct, not in the pool; an id of invalid_id
+/// marks a candidate to ignore) into the sorted pool[0, cnt) of capacity L and returns the new
+/// count. When the pool is full only candidates better than its worst survive. `inc` is
+/// clobbered; `srt` needs room for n entries. Warp-synchronous: every lane calls it.
+///
+/// Survivors are sorted by rank (ids are distinct, so ranks are), then merged in place. Final
+/// positions come from binary searches in the other sorted list; the survivors' are computed
+/// first (in inc, no longer needed), while the pool is intact. A pool entry only moves up (to
+/// i + the survivors ranking before it), so chunks of 32 entries are moved from the last chunk
+/// down, each read whole before any lane writes: a write lands in the chunk itself or in
+/// chunks already moved, never on an entry not yet read. Final positions are distinct, so the
+/// survivors' writes come last without clobbering moved entries.
+__device__ inline int gs_merge(gs_entry* pool, int cnt, int L, gs_entry* inc, gs_entry* srt, int n,
+                               int lane) {
+  constexpr unsigned full = 0xffffffffu;
+  const bool is_full = cnt == L;
+  const float worst_key = is_full ? pool[L - 1].key : 0.0f;
+  const std::uint32_t worst_id = is_full ? pool[L - 1].id : 0u;
+  int keep_n = 0;
+  for (int j0 = 0; j0 < n; j0 += 32) {
+    const int j = j0 + lane;
+    bool keep = false;
+    if (j < n) {
+      const gs_entry e = inc[j];
+      keep = e.id != invalid_id && (!is_full || gs_better(e.key, e.id, worst_key, worst_id));
+      if (!keep) inc[j].id = invalid_id;
+    }
+    keep_n += __popc(__ballot_sync(full, keep));
+  }
+  __syncwarp();
+  if (keep_n == 0) return cnt;
+  for (int j = lane; j < n; j += 32) {
+    const gs_entry e = inc[j];
+    if (e.id == invalid_id) continue;
+    int rank = 0;
+    for (int i = 0; i < n; ++i) {
+      const gs_entry o = inc[i];
+      if (o.id != invalid_id && gs_better(o.key, o.id, e.key, e.id)) ++rank;
+    }
+    srt[rank] = e;
+  }
+  __syncwarp();
+  for (int j = lane; j < keep_n; j += 32) {
+    inc[j].id = static_cast<std::uint32_t>(j + gs_count_better(pool, cnt, srt[j].key, srt[j].id));
+  }
+  __syncwarp();
+  for (int c0 = (cnt - 1) / 32 * 32; c0 >= 0; c0 -= 32) {
+    const int i = c0 + lane;
+    gs_entry e{};
+    int pos = L;
+    if (i < cnt) {
+      e = pool[i];
+      pos = i + gs_count_better(srt, keep_n, e.key, e.id);
+    }
+    __syncwarp();
+    if (pos < L) pool[pos] = e;
+    __syncwarp();
+  }
+  for (int j = lane; j < keep_n; j += 32) {
+    const int pos = static_cast<int>(inc[j].id);
+    if (pos < L) pool[pos] = srt[j];
+  }
+  __syncwarp();
+  return min(L, cnt + keep_n);
+}
+
 struct gs_layout {
   int d_pad = 0;       // floats of the query, multiple of 4
   int warp_bytes = 0;  // shared memory per warp, multiple of 16
@@ -230,69 +296,14 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
       }
       __syncwarp();
 
-      // Score them; when the pool is full only those better than its worst survive.
-      const bool is_full = cnt == L;
-      const float worst_key = is_full ? pool[L - 1].key : 0.0f;
-      const std::uint32_t worst_id = is_full ? pool[L - 1].id : 0u;
-      int keep_n = 0;
-      for (int j0 = 0; j0 < fresh_n; j0 += 32) {
-        const int j = j0 + lane;
-        bool keep = false;
-        if (j < fresh_n) {
-          const std::uint32_t v = inc[j].id;
-          const float k = gs_key<L2>(gs_score<L2>(q, row_of(v), d, vec));
-          keep = !is_full || gs_better(k, v, worst_key, worst_id);
-          inc[j] = {k, keep ? v : invalid_id};
-        }
-        keep_n += __popc(__ballot_sync(full, keep));
+      // Score them, then merge the survivors into the pool.
+      for (int j = lane; j < fresh_n; j += 32) {
+        const std::uint32_t v = inc[j].id;
+        inc[j].key = gs_key<L2>(gs_score<L2>(q, row_of(v), d, vec));
       }
       scored += static_cast<std::uint32_t>(fresh_n);
       __syncwarp();
-      if (keep_n == 0) continue;
-
-      // Survivors sorted by rank (ids are distinct, so ranks are).
-      for (int j = lane; j < fresh_n; j += 32) {
-        const gs_entry e = inc[j];
-        if (e.id == invalid_id) continue;
-        int rank = 0;
-        for (int i = 0; i < fresh_n; ++i) {
-          const gs_entry o = inc[i];
-          if (o.id != invalid_id && gs_better(o.key, o.id, e.key, e.id)) ++rank;
-        }
-        srt[rank] = e;
-      }
-      __syncwarp();
-
-      // Merge the survivors into the pool in place, keeping the L best. Final positions come
-      // from binary searches in the other sorted list; the survivors' are computed first (in
-      // inc, no longer needed), while the pool is intact. A pool entry only moves up (to i +
-      // the survivors ranking before it), so chunks of 32 entries are moved from the last chunk
-      // down, each read whole before any lane writes: a write lands in the chunk itself or in
-      // chunks already moved, never on an entry not yet read. Final positions are distinct, so
-      // the survivors' writes come last without clobbering moved entries.
-      for (int j = lane; j < keep_n; j += 32) {
-        inc[j].id =
-            static_cast<std::uint32_t>(j + gs_count_better(pool, cnt, srt[j].key, srt[j].id));
-      }
-      __syncwarp();
-      for (int c0 = (cnt - 1) / 32 * 32; c0 >= 0; c0 -= 32) {
-        const int i = c0 + lane;
-        gs_entry e{};
-        int pos = L;
-        if (i < cnt) {
-          e = pool[i];
-          pos = i + gs_count_better(srt, keep_n, e.key, e.id);
-        }
-        __syncwarp();
-        if (pos < L) pool[pos] = e;
-        __syncwarp();
-      }
-      for (int j = lane; j < keep_n; j += 32) {
-        const int pos = static_cast<int>(inc[j].id);
-        if (pos < L) pool[pos] = srt[j];
-      }
-      __syncwarp();
-      cnt = min(L, cnt + keep_n);
+      cnt = gs_merge(pool, cnt, L, inc, srt, fresh_n, lane);
     }
 
     const std::size_t row0 = static_cast<std::size_t>(qi) * L;

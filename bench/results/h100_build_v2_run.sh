@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Exact commands of the issue-6 follow-up device run (H100, connectivity speed-up): build
+# Exact commands of the connectivity speed-up device run (H100): build
 # build_bench and the CUDA tests with nvcc in parallel, run build_bench (before/after in one
 # run), then the CUDA tests with what time is left. Run from the repository root with the
 # header-only dependencies under ../.devdeps/include. Logs go to $OUT (default /tmp/out).

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Exact commands of the issue-6 device runs (H100): build with nvcc, CUDA tests, the kNN tests
+# Exact commands of the GPU kNN / build device runs (H100): build with nvcc, CUDA tests, the kNN tests
 # under compute-sanitizer memcheck, then the benchmarks. Run from the repository root with the
 # header-only dependencies under ../.devdeps/include. Logs go to $OUT (default /tmp/out).
-# Run 1: `docs/results/h100_knn_run.sh` with build_bench given --per-head 0 (first version).
-# Run 2: FALLBACK=../.dev-knn1 docs/results/h100_knn_run.sh: FALLBACK is a tree whose
+# Run 1: `bench/results/h100_knn_run.sh` with build_bench given --per-head 0 (first version).
+# Run 2: FALLBACK=../.dev-knn1 bench/results/h100_knn_run.sh: FALLBACK is a tree whose
 # build_bench is used instead if this tree's CUDA tests fail (a kernel change under test).
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Exact commands of the issue-6 GPU connectivity device run (H100): build the CUDA tests (one
+# Exact commands of the GPU connectivity device run (H100): build the CUDA tests (one
 # nvcc per file, in parallel) and build_bench with nvcc, run the CUDA tests, build_bench, then
 # the graph-search tests under compute-sanitizer (memcheck with leak check, racecheck,
 # synccheck). Run from the repository root with the header-only dependencies under

@@ -1,0 +1,194 @@
+#pragma once
+// Batched graph search for decode queries on the GPU: one launch serves every (request, query
+// head) of a decode step, each over its own graph (one per (request, KV head), shared by the
+// query heads of a GQA group), top-k or DIPR, optionally filtered by an id range with the
+// 2-hop walk. Results come out as padded rows (`ids`, `scores`, `counts`) and, through
+// `decode_results_to_csr`, as the CSR token lists `sparse_attention` reads.
+//
+// Each search is the CPU search step for step (`beam_search`, `dipr_search`, the ACORN 2-hop
+// rule of `search/detail/graph_walk.hpp`): same seeding, same pool order (higher key first,
+// ties to the lower id), same expansion choice, same stopping rule. With scores that are exact
+// in f32 (small integers) the GPU returns the CPU's results id for id; otherwise only the
+// summation order of the dot products differs. One warp runs one search (see graph_search.cuh
+// for why: a graph walk is bound by the latency of reading rows, and lane-per-row keeps 32 row
+// reads in flight).
+//
+// Keys are read where they live: either one dense matrix holding every graph's keys, or the
+// head-wise paged K pool through its page table (`paged_kv_view`), so no second copy of the
+// keys exists. All graphs of a step sit in one device structure (`graph_set_ref`): the rows of
+// every adjacency concatenated, with per-graph offsets.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include <kvsift/core/ids.hpp>
+#include <kvsift/cuda/error.cuh>
+#include <kvsift/cuda/graph_search.cuh>
+#include <kvsift/cuda/paged_kv_view.cuh>
+
+namespace kvsift::cuda {
+
+/// Largest pool (top-k L, DIPR l0), top-k k and DIPR answer the kernel supports.
+inline constexpr int max_decode_search_L = 1024;
+inline constexpr int max_decode_search_results = 1 << 16;
+
+/**
+ * @brief Device handle of many graphs in one structure (one per (request, KV head)).
+ *
+ * Graph g owns the adjacency rows [row_offset[g], row_offset[g + 1]): key i of graph g has its
+ * neighbours (ids local to graph g, < n_g = row_offset[g + 1] - row_offset[g]) in row
+ * row_offset[g] + i, padded with invalid_id. Its entry points are entries[g * max_entries ..],
+ * padded with invalid_id (a graph's search seeds all of them, like `graph_index`).
+ * Trivially copyable; all pointers are device pointers.
+ */
+struct graph_set_ref {
+  const id_t* adjacency = nullptr;           ///< [row_offset[num_graphs]][width]
+  const std::int64_t* row_offset = nullptr;  ///< [num_graphs + 1], non-decreasing, from 0
+  const id_t* entries = nullptr;             ///< [num_graphs][max_entries]
+  int num_graphs = 0;
+  int width = 0;        ///< adjacency row width, 1..max_graph_search_width
+  int max_entries = 1;  ///< entry slots per graph, 1..64
+  /// Largest n_g (host-known; sizes the per-search visited sets). Graphs larger than this are
+  /// a device-side error (status bit `decode_status_bad_graph`).
+  std::int64_t max_keys = 0;
+};
+
+/// Keys of every graph in one dense matrix: key i of graph g is row row_offset[g] + i (the
+/// adjacency's row numbering), `ld` elements apart. T = float, __half or __nv_bfloat16.
+template <class T>
+struct dense_keys_ref {
+  const T* keys = nullptr;
+  std::int64_t ld = 0;
+  int dim = 0;
+};
+
+/// Top-k (best k of a pool of L) or DIPR (every key within beta of the best).
+enum class decode_search_mode { topk, dipr };
+
+/// Per-call parameters of `decode_search`; defaults documented per field.
+struct decode_search_params {
+  decode_search_mode mode = decode_search_mode::topk;
+  graph_metric metric = graph_metric::inner_product;  ///< attention scores are dot products
+  int k = 100;                                        ///< top-k: results per query, 1..L
+  int L = 128;                                        ///< top-k: pool size, k..max_decode_search_L
+  /// top-k: pool entries expanded per step, 1..8. 1 (default) is the CPU's walk: results equal
+  /// `beam_search` id for id. Larger values expand the best `expand_width` unexpanded entries
+  /// together, which cuts the sequential steps of a search (the GPU's latency chain) at the
+  /// price of some extra scoring; results then differ from the CPU's in what the walk finds.
+  int expand_width = 1;
+  float beta = 1.0f;  ///< DIPR: range width in raw score units (unscaled q.k), finite, >= 0
+  int l0 = 64;        ///< DIPR: exploration beam, 1..max_decode_search_L
+  /// DIPR: cap on the answer and on in-range candidates (0 = 64 * l0, as `dipr_params`), at
+  /// most max_decode_search_results. A search that reaches it stops (status bit
+  /// `decode_status_capped`).
+  int max_results = 0;
+};
+
+/// The queries of one launch. All pointers are device pointers; optional ones may be null.
+struct decode_queries {
+  const float* q = nullptr;             ///< [m][ld] f32 query vectors (dim = the keys' dim)
+  std::int64_t ld = 0;                  ///< row stride of q in floats, >= dim
+  const std::int32_t* graph = nullptr;  ///< [m] graph of each query, in [0, num_graphs)
+  /// Optional [m]: DIPR window seeding (the best raw score already seen, e.g. in the static
+  /// window); NaN = none. Ignored by top-k.
+  const float* seed_score = nullptr;
+  /// Optional [m] each: only ids in [filter_first[i], filter_last[i]) may be returned (e.g.
+  /// [0, n - window) to leave the static window to the window attention); the walk crosses
+  /// filtered-out keys with the 2-hop rule. Both or neither.
+  const std::uint32_t* filter_first = nullptr;
+  const std::uint32_t* filter_last = nullptr;
+};
+
+/// Status bits ORed into `decode_search_outputs::status` (device, caller zeroes it).
+inline constexpr std::uint32_t decode_status_bad_graph = 1;  ///< graph id or size out of range
+inline constexpr std::uint32_t decode_status_bad_id = 2;     ///< neighbour/entry/page out of range
+inline constexpr std::uint32_t decode_status_capped = 4;     ///< a DIPR search hit max_results
+/// A filter that is empty or reaches past the graph, or an infinite seed score.
+inline constexpr std::uint32_t decode_status_bad_query = 8;
+
+/// Device outputs for m queries; capacity = k (top-k) or the resolved max_results (DIPR).
+/// Any pointer but `ids`/`counts` may be null to skip it.
+struct decode_search_outputs {
+  id_t* ids = nullptr;              ///< [m][capacity], invalid_id padded; top-k best first
+  float* scores = nullptr;          ///< [m][capacity] raw scores (dot, or squared distance)
+  std::uint32_t* counts = nullptr;  ///< [m] results per query
+  float* best_scores = nullptr;     ///< [m] DIPR: best raw score seen (seed included)
+  std::uint32_t* scored = nullptr;  ///< [m] vectors scored
+  std::uint32_t* status = nullptr;  ///< one word of decode_status_* bits (optional)
+};
+
+/**
+ * @brief Result capacity per query (k, or DIPR's max_results with 0 resolved to 64 * l0).
+ * @throw kvsift::invalid_argument parameters out of range (see decode_search_params)
+ * @note O(1), host only.
+ */
+inline int decode_search_capacity(const decode_search_params& p);
+
+/**
+ * @brief Bytes of workspace `decode_search` needs for m queries over `set` (visited sets per
+ *        concurrently running search, at most 8192 at once; DIPR adds an expanded set and two
+ *        in-range lists of max_results entries each).
+ * @throw kvsift::invalid_argument m or set.max_keys not positive, parameters out of range
+ * @note O(1), host only.
+ */
+inline std::size_t decode_search_workspace_size(const graph_set_ref& set, std::int64_t m,
+                                                const decode_search_params& p);
+
+/**
+ * @brief Searches every query over its graph, keys in one dense matrix.
+ *
+ * Query i searches graph queries.graph[i] with queries.q[i]; results in row i of `out`.
+ * Top-k returns min(k, pool) ids best first, as `beam_search` with pool L; DIPR returns every
+ * scored key within beta of the best, as `dipr_search` with (beta, l0, max_results,
+ * seed_score), in discovery order (sort on the caller's side if order matters; attention does
+ * not care). A query holding NaN or Inf returns no results (DIPR best = seed or the worst
+ * score), as on the CPU.
+ *
+ * @throw kvsift::invalid_argument bad sizes or parameters, a too-small workspace, null
+ *        required pointers, host pointers, a stream or pointer of another device, only one of
+ *        the two filter arrays
+ * @throw kvsift::dimension_mismatch queries.ld < dim
+ * @throw kvsift::cuda_error a launch failed
+ * @note Work per query O(hops * width * d) like the CPU search; asynchronous on `stream`,
+ *       never allocates, never synchronises. Device-side errors (graph id, neighbour, entry or
+ *       page id out of range, a bad filter or seed) skip the bad item, never read out of bounds,
+ * and set a status bit. Thread safety: no state; concurrent calls need separate workspaces.
+ */
+template <class T>
+void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
+                   const decode_queries& queries, std::int64_t m, const decode_search_params& p,
+                   const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
+                   cudaStream_t stream);
+
+/**
+ * @brief As above with the keys in head-wise paged K memory: graph g reads its key t from
+ *        page-table row g of `kv` (token t of "KV head" g), so num_graphs <= kv.num_kv_heads.
+ *        The V pool is not read.
+ * @throw as above; kvsift::dimension_mismatch kv.head_dim is not the queries' dim (here the
+ *        keys' dim is kv.head_dim); kvsift::invalid_argument num_graphs > kv.num_kv_heads
+ */
+template <class T>
+void decode_search(const graph_set_ref& set, const paged_kv_view<T>& kv,
+                   const decode_queries& queries, std::int64_t m, const decode_search_params& p,
+                   const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
+                   cudaStream_t stream);
+
+/**
+ * @brief Compacts padded result rows into CSR for `sparse_attention`: indptr[i + 1] =
+ *        indptr[i] + counts[i], indices = the ids of row i in order, as int32.
+ *
+ * `indices` needs room for m * capacity ids (the worst case; the host does not know the
+ * total without a synchronisation). One launch of one block (m <= 2^20) for the scan, one for
+ * the copy.
+ * @throw kvsift::invalid_argument m out of range, capacity < 1, null or host pointers
+ * @note O(m * capacity); asynchronous; counts > capacity are clamped to capacity.
+ */
+inline void decode_results_to_csr(const id_t* ids, const std::uint32_t* counts, std::int64_t m,
+                                  int capacity, std::int64_t* indptr, std::int32_t* indices,
+                                  cudaStream_t stream);
+
+}  // namespace kvsift::cuda
+
+#include <kvsift/cuda/detail/decode_search.inl>

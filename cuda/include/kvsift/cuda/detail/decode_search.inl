@@ -1,0 +1,803 @@
+#pragma once
+// Kernel and host dispatch behind <kvsift/cuda/decode_search.cuh> (internal).
+//
+// One warp runs one search, as in graph_search.inl, whose pool order, scoring and in-place pool
+// merge (`gs_merge`) it shares. Per warp, shared memory holds the query (f32), the pool (L for
+// top-k, l0 for DIPR) and two candidate lists of max(width, 32) entries; per concurrently
+// running search, global memory (L2 in practice) holds a visited bitset and, for DIPR, an
+// expanded bitset, the in-range max-heap and the in-range list the answer is filtered from.
+//
+// Where the CPU search depends on the order of visits (DIPR's running best and its cap; the
+// 2-hop rule's visited marks and gather cap), the warp processes candidates 32 at a time in
+// that order: prefix maxima and ballot prefix counts give each lane the state the CPU would
+// have when it reaches that candidate.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/graph_search.inl>
+#include <kvsift/cuda/detail/vec.cuh>
+#include <kvsift/cuda/error.cuh>
+
+namespace kvsift::cuda::detail {
+
+inline constexpr int ds_warps_per_block = 4;
+
+/// Key rows of a dense matrix: graph g's key i is row base + i.
+template <class T>
+struct ds_dense_source {
+  const T* keys;
+  std::int64_t ld;
+  __device__ const T* row(int, std::int64_t base, std::uint32_t id) const {
+    return keys + static_cast<std::size_t>(base + id) * static_cast<std::size_t>(ld);
+  }
+  /// Keys graph g can address (the adjacency bounds them; no page table to overflow).
+  __device__ std::int64_t capacity(int) const { return INT64_MAX; }
+};
+
+/// Key rows in head-wise pages: graph g's key t is token t of page-table row g. Null for a
+/// page id outside the pool (the caller flags it).
+template <class T>
+struct ds_paged_source {
+  paged_kv_view<T> kv;
+  __device__ const T* row(int g, std::int64_t, std::uint32_t id) const {
+    const std::int32_t page =
+        kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + id / kv.page_size];
+    if (page < 0 || page >= kv.num_pages) return nullptr;
+    return kv.k_pages + (static_cast<std::size_t>(page) * kv.page_size + id % kv.page_size) *
+                            static_cast<std::size_t>(kv.head_dim);
+  }
+  __device__ std::int64_t capacity(int) const {
+    return static_cast<std::int64_t>(kv.max_pages_per_head) * kv.page_size;
+  }
+};
+
+/// What the kernel needs of the parameters, resolved on the host.
+struct ds_config {
+  int pool = 0;      // L (top-k) or l0 (DIPR)
+  int k = 0;         // top-k results
+  int capacity = 0;  // output row length: k or max_results
+  float beta = 0.0f;
+  int expand = 1;               // top-k: pool entries expanded per step
+  int inc = 0;                  // candidate list length, max(width, 32) * expand
+  int words = 0;                // visited bitset words (multiple of 4)
+  std::int64_t slot_words = 0;  // uint32 words of workspace per running search
+  int slots = 0;
+  int d = 0;
+  gs_layout lay{};
+  bool vec = false;
+};
+
+inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const decode_search_params& p,
+                            const char* who) {
+  using kvsift::detail::require;
+  ds_config c;
+  const bool dipr = p.mode == decode_search_mode::dipr;
+  if (dipr) {
+    require(std::isfinite(p.beta) && p.beta >= 0.0f, who, ": expected finite beta >= 0, got ",
+            p.beta);
+    require(p.l0 >= 1 && p.l0 <= max_decode_search_L, who,
+            ": expected 1 <= l0 <= ", max_decode_search_L, ", got ", p.l0);
+    require(
+        p.max_results == 0 || (p.max_results >= p.l0 && p.max_results <= max_decode_search_results),
+        who, ": expected l0 = ", p.l0, " <= max_results <= ", max_decode_search_results,
+        " (or 0 for 64 * l0), got ", p.max_results);
+    c.pool = p.l0;
+    c.capacity =
+        p.max_results != 0 ? p.max_results : std::min(64 * p.l0, max_decode_search_results);
+    c.beta = p.beta;
+  } else {
+    require(p.mode == decode_search_mode::topk, who, ": unknown search mode");
+    require(p.k >= 1, who, ": expected k >= 1, got ", p.k);
+    require(p.L >= p.k && p.L <= max_decode_search_L, who, ": expected k = ", p.k,
+            " <= L <= ", max_decode_search_L, ", got L = ", p.L);
+    require(p.expand_width >= 1 && p.expand_width <= 8, who,
+            ": expected 1 <= expand_width <= 8, got ", p.expand_width);
+    c.pool = p.L;
+    c.k = p.k;
+    c.expand = p.expand_width;
+    c.capacity = p.k;
+  }
+  require(set.width >= 1 && set.width <= max_graph_search_width, who,
+          ": expected 1 <= adjacency width <= ", max_graph_search_width, ", got ", set.width);
+  require(set.max_keys > 0 && set.max_keys < std::int64_t{gs_expanded}, who,
+          ": expected 1 <= max_keys < ", gs_expanded, ", got ", set.max_keys);
+  require(m > 0 && m <= std::int64_t{INT_MAX}, who, ": expected 1 <= queries <= ", INT_MAX,
+          ", got ", m);
+  c.inc = std::max(set.width, 32) * c.expand;
+  c.words = static_cast<int>(gs_words(set.max_keys));
+  const std::int64_t cap_even = (c.capacity + 1) / 2 * 2;  // 16-byte aligned lists
+  c.slot_words = c.words + (dipr ? c.words + 2 * 2 * cap_even : 0);
+  c.slots = static_cast<int>(gs_slots(m));
+  return c;
+}
+
+/// Raw scores of a f32 query (shared memory) against two key rows (either may be null: its
+/// score is left alone), the loads of both rows interleaved so that they are in flight
+/// together.
+template <bool L2, class T>
+__device__ __forceinline__ void ds_score_pair(const float* q, const T* __restrict__ a,
+                                              const T* __restrict__ b, int d, bool vec, float& sa,
+                                              float& sb) {
+  if (vec && a != nullptr && b != nullptr) {
+    constexpr int V = vec_size_v<T>;
+    float acc_a = 0.0f, acc_b = 0.0f;
+#pragma unroll 4
+    for (int j = 0; j < d; j += V) {
+      float x[V], y[V];
+      load_vec(a + j, x);
+      load_vec(b + j, y);
+#pragma unroll
+      for (int t = 0; t < V; ++t) {
+        acc_a = gs_accumulate<L2>(acc_a, q[j + t], x[t]);
+        acc_b = gs_accumulate<L2>(acc_b, q[j + t], y[t]);
+      }
+    }
+    sa = acc_a;
+    sb = acc_b;
+    return;
+  }
+  if (a != nullptr) sa = gs_score<L2>(q, a, d, vec);
+  if (b != nullptr) sb = gs_score<L2>(q, b, d, vec);
+}
+
+/// Inclusive prefix maximum over the warp's lanes.
+__device__ __forceinline__ float ds_prefix_max(float x, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x = fmaxf(x, y);
+  }
+  return x;
+}
+
+/// Maximum over the warp's lanes, in every lane.
+__device__ __forceinline__ float ds_warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+/// Max-heap (ranks_before order) in global memory, operated by one lane.
+__device__ inline void ds_heap_push(gs_entry* h, int& n, gs_entry e) {
+  int i = n++;
+  while (i > 0) {
+    const int parent = (i - 1) >> 1;
+    if (!gs_better(e.key, e.id, h[parent].key, h[parent].id)) break;
+    h[i] = h[parent];
+    i = parent;
+  }
+  h[i] = e;
+}
+
+__device__ inline void ds_heap_pop(gs_entry* h, int& n) {
+  const gs_entry last = h[--n];
+  int i = 0;
+  for (;;) {
+    int c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && gs_better(h[c + 1].key, h[c + 1].id, h[c].key, h[c].id)) ++c;
+    if (!gs_better(h[c].key, h[c].id, last.key, last.id)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  if (n > 0) h[i] = last;
+}
+
+__device__ __forceinline__ bool ds_test(const std::uint32_t* bits, std::uint32_t v) {
+  return (bits[v >> 5] >> (v & 31u)) & 1u;
+}
+
+__device__ __forceinline__ void ds_mark(std::uint32_t* bits, std::uint32_t v) {
+  atomicOr(&bits[v >> 5], 1u << (v & 31u));
+}
+
+template <class T, class Src, bool L2, bool Dipr, bool Filtered>
+__global__ void __launch_bounds__(ds_warps_per_block * 32)
+    decode_search_kernel(graph_set_ref set, Src src, decode_queries qs, int m, ds_config c,
+                         decode_search_outputs out, std::uint32_t* ws) {
+  extern __shared__ __align__(16) unsigned char ds_smem[];
+  constexpr unsigned full = 0xffffffffu;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int slot = static_cast<int>(blockIdx.x) * ds_warps_per_block + warp;
+  if (slot >= c.slots) return;  // warp-level only: the kernel has no block barrier
+  unsigned char* base_smem = ds_smem + static_cast<std::size_t>(warp) * c.lay.warp_bytes;
+  float* const q = reinterpret_cast<float*>(base_smem);
+  gs_entry* const pool = reinterpret_cast<gs_entry*>(q + c.lay.d_pad);
+  gs_entry* const inc = pool + c.pool;
+  gs_entry* const srt = inc + c.inc;
+  std::uint32_t* const visited = ws + static_cast<std::size_t>(slot) * c.slot_words;
+  std::uint32_t* const expanded = visited + c.words;
+  gs_entry* const heap = reinterpret_cast<gs_entry*>(expanded + c.words);
+  gs_entry* const range = heap + (c.capacity + 1) / 2 * 2;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  const int d = c.d;
+  const int width = set.width;
+  std::uint32_t status = 0;
+
+  for (int qi = slot; qi < m; qi += c.slots) {
+    const int g = qs.graph[qi];
+    std::int64_t base = 0, n = 0;
+    bool ok = g >= 0 && g < set.num_graphs;
+    if (ok) {
+      base = set.row_offset[g];
+      n = set.row_offset[g + 1] - base;
+      ok = base >= 0 && n >= 0 && n <= set.max_keys && n <= src.capacity(g);
+    }
+    if (!ok) status |= decode_status_bad_graph;
+    std::uint32_t first = 0, last = ok ? static_cast<std::uint32_t>(n) : 0u;
+    if constexpr (Filtered) {
+      first = qs.filter_first[qi];
+      last = qs.filter_last[qi];
+      if (ok && !(first < last && last <= n)) {
+        status |= decode_status_bad_query;
+        ok = false;
+      }
+    }
+    float best = neg_inf();  // DIPR: best key seen
+    bool seeded = false;
+    if constexpr (Dipr) {
+      if (qs.seed_score != nullptr) {
+        const float s = qs.seed_score[qi];
+        if (isinf(s)) {
+          status |= decode_status_bad_query;
+          ok = false;
+        } else if (!isnan(s)) {
+          seeded = true;
+          best = gs_key<L2>(s);
+        }
+      }
+    }
+    bool finite = true;
+    if (ok) {
+      for (int j = lane; j < d; j += 32) {
+        const float x = qs.q[static_cast<std::size_t>(qi) * qs.ld + j];
+        finite &= isfinite(x);
+        q[j] = x;
+      }
+      finite = __all_sync(full, finite);
+    }
+    const bool run = ok && finite && n > 0;
+    int cnt = 0;         // pool entries
+    int rn = 0, hn = 0;  // DIPR: in-range list and heap entries
+    bool capped = false;
+    std::uint32_t scored = 0;
+
+    if (run) {
+      uint4* v4 = reinterpret_cast<uint4*>(visited);
+      const int clear = Dipr ? 2 * c.words : c.words;  // expanded follows visited
+      for (int w = lane; w < clear / 4; w += 32) v4[w] = make_uint4(0u, 0u, 0u, 0u);
+      __syncwarp();
+    }
+    auto in_filter = [&](std::uint32_t v) { return !Filtered || (v >= first && v < last); };
+    auto row_of = [&](std::uint32_t v) { return src.row(g, base, v); };
+    const id_t* adj = set.adjacency + static_cast<std::size_t>(base) * width;
+
+    // Visits inc[0, nv) in order: score each, then the CPU's `visit` for each (pool insert;
+    // DIPR: running best, in-range push, cap).
+    auto visit = [&](int nv) {
+      // Two rows per lane per round, their loads interleaved: a round costs one memory latency
+      // for up to 64 rows instead of two.
+      for (int j0 = 0; j0 < nv; j0 += 64) {
+        const int ja = j0 + lane, jb = ja + 32;
+        const T* ra = ja < nv ? row_of(inc[ja].id) : nullptr;
+        const T* rb = jb < nv ? row_of(inc[jb].id) : nullptr;
+        if ((ja < nv && ra == nullptr) || (jb < nv && rb == nullptr)) {
+          status |= decode_status_bad_id;
+        }
+        float sa = 0.0f, sb = 0.0f;
+        ds_score_pair<L2>(q, ra, rb, d, c.vec, sa, sb);
+        if (ja < nv) inc[ja].key = ra != nullptr ? gs_key<L2>(sa) : neg_inf();
+        if (jb < nv) inc[jb].key = rb != nullptr ? gs_key<L2>(sb) : neg_inf();
+      }
+      __syncwarp();
+      if constexpr (Dipr) {
+        for (int j0 = 0; j0 < nv; j0 += 32) {
+          const int j = j0 + lane;
+          const bool live = j < nv && !capped;
+          const gs_entry e = live ? inc[j] : gs_entry{neg_inf(), invalid_id};
+          const float run_best = fmaxf(best, ds_prefix_max(e.key, lane));
+          const bool in_range = live && e.key >= run_best - c.beta;
+          const unsigned rb = __ballot_sync(full, in_range);
+          // The visit that brings the in-range count to the cap is the last one made.
+          const int room = c.capacity - rn;
+          int last_lane = 31;
+          if (__popc(rb) >= room && !capped) {
+            unsigned b = rb;
+            for (int t = 1; t < room; ++t) b &= b - 1;  // drop the lowest room - 1 bits
+            last_lane = __ffs(b) - 1;
+            capped = true;
+          }
+          const bool done = live && lane <= last_lane;
+          if (!done && j < nv) inc[j].id = invalid_id;  // not visited: no pool insert
+          const bool take = in_range && lane <= last_lane;
+          const unsigned tb = __ballot_sync(full, take);
+          if (take) range[rn + __popc(tb & lower_lanes)] = e;
+          if (lane == 0) {
+            for (unsigned b = tb; b != 0u; b &= b - 1) {
+              ds_heap_push(heap, hn, inc[j0 + __ffs(b) - 1]);
+            }
+          }
+          hn = __shfl_sync(full, hn, 0);
+          rn += __popc(tb);
+          scored += static_cast<std::uint32_t>(__popc(__ballot_sync(full, done)));
+          best = fmaxf(best, ds_warp_max(done ? e.key : neg_inf()));
+          __syncwarp();
+        }
+      } else {
+        scored += static_cast<std::uint32_t>(nv);
+      }
+      cnt = gs_merge(pool, cnt, c.pool, inc, srt, nv, lane);
+    };
+
+    // The 2-hop walk-through of a filtered-out node v: its unvisited passing neighbours, at
+    // most `room` of them (all when room < 0), are marked and appended to inc[at, ...).
+    auto through = [&](std::uint32_t v, int at, int room) {
+      const id_t* nb = adj + static_cast<std::size_t>(v) * width;
+      int got = 0;
+      for (int r0 = 0; r0 < width && (room < 0 || got < room); r0 += 32) {
+        const int r = r0 + lane;
+        std::uint32_t w = invalid_id;
+        bool cand = false;
+        if (r < width) {
+          w = nb[r];
+          if (w != invalid_id && w >= static_cast<std::uint32_t>(n)) {
+            status |= decode_status_bad_id;
+          } else if (w != invalid_id) {
+            cand = !ds_test(visited, w) && in_filter(w);
+          }
+        }
+        const unsigned b = __ballot_sync(full, cand);
+        const int before = __popc(b & lower_lanes);
+        const bool take = cand && (room < 0 || got + before < room);
+        if (take) {
+          ds_mark(visited, w);
+          inc[at + got + before].id = w;
+        }
+        got += room < 0 ? __popc(b) : min(__popc(b), room - got);
+        __syncwarp();
+      }
+      return got;
+    };
+
+    // Expansion of u: its fresh neighbours into inc in the CPU's visit order; returns how many.
+    auto expand = [&](std::uint32_t u, int at) {
+      const id_t* nbrs = adj + static_cast<std::size_t>(u) * width;
+      int fresh_n = 0;
+      if constexpr (!Filtered) {
+        // All of the row's ids are loaded, then all visited-set updates issued, before any
+        // result is used: one load latency and one atomic latency per expansion, not one per
+        // 32 neighbours.
+        constexpr int rounds = max_graph_search_width / 32;
+        std::uint32_t v[rounds];
+        std::uint32_t was[rounds];
+#pragma unroll
+        for (int t = 0; t < rounds; ++t) {
+          const int r = t * 32 + lane;
+          v[t] = r < width ? nbrs[r] : invalid_id;
+        }
+#pragma unroll
+        for (int t = 0; t < rounds; ++t) {
+          was[t] = ~0u;
+          if (v[t] != invalid_id && v[t] >= static_cast<std::uint32_t>(n)) {
+            status |= decode_status_bad_id;
+          } else if (v[t] != invalid_id) {
+            was[t] = atomicOr(&visited[v[t] >> 5], 1u << (v[t] & 31u));
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < rounds; ++t) {
+          if (t * 32 >= width) break;
+          const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
+          const unsigned b = __ballot_sync(full, fresh);
+          if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v[t];
+          fresh_n += __popc(b);
+        }
+        __syncwarp();
+        return fresh_n;
+      } else {
+        // The row's degree (ids before the padding) caps what one expansion gathers (ACORN).
+        int deg = width;
+        for (int r0 = 0; r0 < width; r0 += 32) {
+          const int r = r0 + lane;
+          const unsigned b = __ballot_sync(full, r < width && nbrs[r] == invalid_id);
+          if (b != 0u) {
+            deg = r0 + __ffs(b) - 1;
+            break;
+          }
+        }
+        int i = 0;
+        while (i < deg && fresh_n < deg) {
+          const int r = i + lane;
+          const std::uint32_t v = r < deg ? nbrs[r] : invalid_id;
+          bool unvisited = false;
+          if (r < deg) {
+            if (v >= static_cast<std::uint32_t>(n)) {
+              status |= decode_status_bad_id;
+            } else {
+              unvisited = !ds_test(visited, v);
+            }
+          }
+          const bool pass = unvisited && in_filter(v);
+          const unsigned fb = __ballot_sync(full, unvisited && !pass);
+          const int stop = fb != 0u ? __ffs(fb) - 1 : 32;
+          const unsigned pb = __ballot_sync(full, pass && lane < stop);
+          const int room = deg - fresh_n;
+          const int before = __popc(pb & lower_lanes);
+          if (pass && lane < stop && before < room) {
+            ds_mark(visited, v);
+            inc[at + fresh_n + before].id = v;
+          }
+          fresh_n += min(__popc(pb), room);
+          __syncwarp();
+          if (fresh_n >= deg) break;
+          if (stop == 32) {
+            i += 32;
+            continue;
+          }
+          const std::uint32_t fv = __shfl_sync(full, v, stop);
+          if (lane == 0) ds_mark(visited, fv);
+          __syncwarp();
+          fresh_n += through(fv, at + fresh_n, deg - fresh_n);
+          i += stop + 1;
+        }
+        return fresh_n;
+      }
+    };
+
+    if (run) {
+      // Seeds: the graph's entry points in order, each visited or walked through.
+      int seeded_n = 0;
+      for (int e = 0; e < set.max_entries && !capped; ++e) {
+        const std::uint32_t s = set.entries[static_cast<std::size_t>(g) * set.max_entries + e];
+        if (s == invalid_id) continue;
+        if (s >= static_cast<std::uint32_t>(n)) {
+          status |= decode_status_bad_id;
+          continue;
+        }
+        if (ds_test(visited, s)) continue;
+        __syncwarp();
+        if (lane == 0) ds_mark(visited, s);
+        int nv = 0;
+        if (in_filter(s)) {
+          if (lane == 0) inc[0].id = s;
+          nv = 1;
+        }
+        __syncwarp();
+        if (nv == 0) nv = through(s, 0, -1);
+        seeded_n += nv;
+        if (nv > 0) visit(nv);
+      }
+      if constexpr (Filtered) {
+        // No seed passed: the first passing ids in id order, as many as the pool holds.
+        const int want = c.pool;
+        if (seeded_n == 0) {
+          for (std::uint32_t b0 = first;; b0 += 32) {
+            const std::uint32_t v = b0 + static_cast<std::uint32_t>(lane);
+            const bool cand = v < last && !ds_test(visited, v);
+            const unsigned b = __ballot_sync(full, cand);
+            const int before = __popc(b & lower_lanes);
+            const int room = want - seeded_n;
+            if (cand && before < room) {
+              ds_mark(visited, v);
+              inc[before].id = v;
+            }
+            const int nv = min(__popc(b), room);
+            __syncwarp();
+            seeded_n += nv;
+            if (nv > 0) visit(nv);
+            if (seeded_n >= want || capped || last - b0 <= 32) break;  // (no wrap past last)
+          }
+        }
+      }
+
+      for (;;) {
+        if (capped) break;
+        int pick = INT_MAX;
+        for (int i = lane; i < cnt; i += 32) {
+          if ((pool[i].id & gs_expanded) == 0u) {
+            pick = i;
+            break;
+          }
+        }
+        pick = __reduce_min_sync(full, pick);
+        std::uint32_t next = invalid_id;
+        if constexpr (Dipr) {
+          const bool beam = pick != INT_MAX;
+          const gs_entry top = hn > 0 ? heap[0] : gs_entry{neg_inf(), invalid_id};
+          const bool in_range = hn > 0 && top.key >= best - c.beta;
+          if (beam && (!in_range || pool[pick].key >= top.key)) {
+            next = pool[pick].id;
+            __syncwarp();
+            if (lane == 0) pool[pick].id = next | gs_expanded;
+          } else if (in_range) {
+            next = top.id;
+            __syncwarp();
+            if (lane == 0) ds_heap_pop(heap, hn);
+            hn = __shfl_sync(full, hn, 0);
+          } else {
+            break;
+          }
+          __syncwarp();
+          std::uint32_t was = 0;
+          if (lane == 0) was = atomicOr(&expanded[next >> 5], 1u << (next & 31u));
+          was = __shfl_sync(full, was, 0);
+          if ((was >> (next & 31u)) & 1u) continue;  // reached through both parts
+        } else {
+          // The best `expand` unexpanded entries in pool order, their fresh neighbours visited
+          // as one batch (expand = 1 is the CPU's walk).
+          if (pick == INT_MAX) break;
+          int nv = 0;
+          for (int e = 0; e < c.expand; ++e) {
+            const std::uint32_t u = pool[pick].id;
+            __syncwarp();
+            if (lane == 0) pool[pick].id = u | gs_expanded;
+            __syncwarp();
+            nv += expand(u, nv);
+            int after = INT_MAX;
+            for (int i = pick + 1 + lane; i < cnt; i += 32) {
+              if ((pool[i].id & gs_expanded) == 0u) {
+                after = i;
+                break;
+              }
+            }
+            pick = __reduce_min_sync(full, after);
+            if (pick == INT_MAX) break;
+          }
+          if (nv > 0) visit(nv);
+          continue;
+        }
+        __syncwarp();
+        const int nv = expand(next, 0);
+        if (nv > 0) visit(nv);
+      }
+    }
+
+    // Outputs.
+    const std::size_t row0 = static_cast<std::size_t>(qi) * c.capacity;
+    const float worst = L2 ? -neg_inf() : neg_inf();
+    int count = 0;
+    if constexpr (Dipr) {
+      const bool any = best != neg_inf();
+      const float threshold = best - c.beta;
+      for (int j0 = 0; j0 < rn; j0 += 32) {
+        const int j = j0 + lane;
+        const bool keep = any && j < rn && range[j].key >= threshold;
+        const unsigned b = __ballot_sync(full, keep);
+        if (keep) {
+          const int at = count + __popc(b & lower_lanes);
+          out.ids[row0 + at] = range[j].id;
+          if (out.scores != nullptr) out.scores[row0 + at] = L2 ? -range[j].key : range[j].key;
+        }
+        count += __popc(b);
+      }
+      if (lane == 0 && out.best_scores != nullptr) {
+        out.best_scores[qi] = (best == neg_inf() && !seeded) ? worst : (L2 ? -best : best);
+      }
+      if (capped) status |= decode_status_capped;
+    } else {
+      count = min(c.k, cnt);
+      for (int i = lane; i < count; i += 32) {
+        out.ids[row0 + i] = pool[i].id & ~gs_expanded;
+        if (out.scores != nullptr) out.scores[row0 + i] = L2 ? -pool[i].key : pool[i].key;
+      }
+    }
+    for (int i = count + lane; i < c.capacity; i += 32) {
+      out.ids[row0 + i] = invalid_id;
+      if (out.scores != nullptr) out.scores[row0 + i] = worst;
+    }
+    if (lane == 0) {
+      out.counts[qi] = static_cast<std::uint32_t>(count);
+      if (out.scored != nullptr) out.scored[qi] = scored;
+    }
+    __syncwarp();  // the next search reuses this warp's shared memory and workspace
+  }
+  status = __reduce_or_sync(full, status);
+  if (lane == 0 && status != 0u && out.status != nullptr) atomicOr(out.status, status);
+}
+
+/// indptr[0] = 0, indptr[i + 1] = indptr[i] + min(counts[i], capacity). One block.
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    ds_scan_kernel(const std::uint32_t* counts, std::int64_t m, int capacity,
+                   std::int64_t* indptr) {
+  __shared__ std::int64_t part[Threads];
+  const int t = static_cast<int>(threadIdx.x);
+  const std::int64_t per = (m + Threads - 1) / Threads;
+  const std::int64_t lo = t * per < m ? t * per : m;
+  const std::int64_t hi = lo + per < m ? lo + per : m;
+  std::int64_t sum = 0;
+  for (std::int64_t i = lo; i < hi; ++i)
+    sum += min(counts[i], static_cast<std::uint32_t>(capacity));
+  part[t] = sum;
+  __syncthreads();
+  for (int o = 1; o < Threads; o <<= 1) {  // Hillis-Steele inclusive scan
+    const std::int64_t add = t >= o ? part[t - o] : 0;
+    __syncthreads();
+    part[t] += add;
+    __syncthreads();
+  }
+  std::int64_t run = part[t] - sum;
+  if (t == 0) indptr[0] = 0;
+  for (std::int64_t i = lo; i < hi; ++i) {
+    run += min(counts[i], static_cast<std::uint32_t>(capacity));
+    indptr[i + 1] = run;
+  }
+}
+
+template <class Id>
+__global__ void ds_compact_kernel(const Id* ids, const std::uint32_t* counts, std::int64_t m,
+                                  int capacity, const std::int64_t* indptr, std::int32_t* indices) {
+  const std::int64_t total = m * capacity;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = t / capacity, j = t % capacity;
+    if (j < static_cast<std::int64_t>(counts[i])) {
+      indices[indptr[i] + j] = static_cast<std::int32_t>(ids[t]);
+    }
+  }
+}
+
+template <class T, class Src>
+void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, bool vec,
+                          const void* keys_ptr, const decode_queries& qs, std::int64_t m,
+                          const decode_search_params& p, const decode_search_outputs& out,
+                          void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  using kvsift::detail::require;
+  constexpr const char* who = "decode_search";
+  static_assert(is_supported_element_v<T>,
+                "decode_search: keys must be float, __half or __nv_bfloat16");
+  ds_config c = ds_resolve(set, m, p, who);
+  require(set.num_graphs >= 1, who, ": expected at least one graph, got ", set.num_graphs);
+  require(set.max_entries >= 1 && set.max_entries <= 64, who,
+          ": expected 1 <= max_entries <= 64, got ", set.max_entries);
+  require(dim > 0, who, ": expected a positive key dimension, got ", dim);
+  kvsift::detail::require<dimension_mismatch>(
+      qs.ld >= dim, who, ": expected a query row stride >= dim = ", dim, ", got ", qs.ld);
+  require(out.ids != nullptr && out.counts != nullptr, who,
+          ": the ids and counts outputs are required");
+  require((qs.filter_first == nullptr) == (qs.filter_last == nullptr), who,
+          ": expected both filter_first and filter_last, or neither");
+  const std::size_t need = static_cast<std::size_t>(c.slots) *
+                           static_cast<std::size_t>(c.slot_words) * sizeof(std::uint32_t);
+  require(workspace_bytes >= need, who, ": workspace of ", workspace_bytes,
+          " bytes is too small, expected >= ", need);
+  int device = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  require_stream_on(stream, device, who);
+  require_device_pointer(set.adjacency, device, who, "adjacency");
+  require_device_pointer(set.row_offset, device, who, "row offsets");
+  require_device_pointer(set.entries, device, who, "entries");
+  require_device_pointer(keys_ptr, device, who, "keys");
+  require_device_pointer(qs.q, device, who, "queries");
+  require_device_pointer(qs.graph, device, who, "query graphs");
+  require_device_pointer(workspace, device, who, "workspace");
+  for (const void* o :
+       {static_cast<const void*>(qs.seed_score), static_cast<const void*>(qs.filter_first),
+        static_cast<const void*>(qs.filter_last), static_cast<const void*>(out.ids),
+        static_cast<const void*>(out.scores), static_cast<const void*>(out.counts),
+        static_cast<const void*>(out.best_scores), static_cast<const void*>(out.scored),
+        static_cast<const void*>(out.status)}) {
+    if (o != nullptr) require_device_pointer(o, device, who, "an optional input or output");
+  }
+  c.d = dim;
+  c.vec = vec;
+  c.lay.d_pad = (dim + 3) / 4 * 4;
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(c.lay.d_pad) +
+                            sizeof(gs_entry) * (static_cast<std::size_t>(c.pool) + 2 * c.inc);
+  c.lay.warp_bytes = static_cast<int>((bytes + 15) / 16 * 16);
+  const std::size_t smem = static_cast<std::size_t>(c.lay.warp_bytes) * ds_warps_per_block;
+  int smem_max = 0;
+  KVSIFT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  require(smem <= static_cast<std::size_t>(smem_max), who, ": pool ", c.pool, ", d = ", dim,
+          " and width ", set.width, " need ", smem,
+          " bytes of shared memory per block, the device has ", smem_max);
+  const auto blocks =
+      static_cast<unsigned>((c.slots + ds_warps_per_block - 1) / ds_warps_per_block);
+  auto* ws = static_cast<std::uint32_t*>(workspace);
+  auto launch = [&](auto kernel) {
+    KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+    kernel<<<blocks, ds_warps_per_block * 32, smem, stream>>>(set, src, qs, static_cast<int>(m), c,
+                                                              out, ws);
+    KVSIFT_CUDA_CHECK(cudaGetLastError());
+  };
+  const bool l2 = p.metric == graph_metric::l2;
+  const bool dipr = p.mode == decode_search_mode::dipr;
+  const bool filtered = qs.filter_first != nullptr;
+  // Eight instantiations; each is a straight-line kernel for its case.
+  auto pick = [&]<bool L2>() {
+    if (dipr) {
+      filtered ? launch(decode_search_kernel<T, Src, L2, true, true>)
+               : launch(decode_search_kernel<T, Src, L2, true, false>);
+    } else {
+      filtered ? launch(decode_search_kernel<T, Src, L2, false, true>)
+               : launch(decode_search_kernel<T, Src, L2, false, false>);
+    }
+  };
+  l2 ? pick.template operator()<true>() : pick.template operator()<false>();
+}
+
+}  // namespace kvsift::cuda::detail
+
+namespace kvsift::cuda {
+
+inline int decode_search_capacity(const decode_search_params& p) {
+  graph_set_ref probe;
+  probe.width = 1;
+  probe.max_keys = 1;
+  return detail::ds_resolve(probe, 1, p, "decode_search").capacity;
+}
+
+inline std::size_t decode_search_workspace_size(const graph_set_ref& set, std::int64_t m,
+                                                const decode_search_params& p) {
+  const detail::ds_config c = detail::ds_resolve(set, m, p, "decode_search_workspace_size");
+  return static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(c.slot_words) *
+         sizeof(std::uint32_t);
+}
+
+template <class T>
+void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
+                   const decode_queries& queries, std::int64_t m, const decode_search_params& p,
+                   const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
+                   cudaStream_t stream) {
+  kvsift::detail::require(keys.ld >= keys.dim,
+                          "decode_search: expected a key row stride >= dim = ", keys.dim, ", got ",
+                          keys.ld);
+  const bool vec = detail::is_aligned16(keys.keys) && keys.dim % detail::vec_size_v<T> == 0 &&
+                   (keys.ld * static_cast<std::int64_t>(sizeof(T))) % 16 == 0;
+  detail::decode_search_launch<T>(set, detail::ds_dense_source<T>{keys.keys, keys.ld}, keys.dim,
+                                  vec, keys.keys, queries, m, p, out, workspace, workspace_bytes,
+                                  stream);
+}
+
+template <class T>
+void decode_search(const graph_set_ref& set, const paged_kv_view<T>& kv,
+                   const decode_queries& queries, std::int64_t m, const decode_search_params& p,
+                   const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
+                   cudaStream_t stream) {
+  using kvsift::detail::require;
+  require(kv.page_size > 0 && kv.max_pages_per_head > 0 && kv.num_pages > 0,
+          "decode_search: expected positive page_size, max_pages_per_head and num_pages, got ",
+          kv.page_size, ", ", kv.max_pages_per_head, ", ", kv.num_pages);
+  require(set.num_graphs <= kv.num_kv_heads, "decode_search: ", set.num_graphs,
+          " graphs need as many page-table rows, the view has ", kv.num_kv_heads);
+  int device = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  detail::require_device_pointer(kv.page_table, device, "decode_search", "page table");
+  const bool vec = detail::is_aligned16(kv.k_pages) && kv.head_dim % detail::vec_size_v<T> == 0;
+  detail::decode_search_launch<T>(set, detail::ds_paged_source<T>{kv}, kv.head_dim, vec, kv.k_pages,
+                                  queries, m, p, out, workspace, workspace_bytes, stream);
+}
+
+inline void decode_results_to_csr(const id_t* ids, const std::uint32_t* counts, std::int64_t m,
+                                  int capacity, std::int64_t* indptr, std::int32_t* indices,
+                                  cudaStream_t stream) {
+  using kvsift::detail::require;
+  constexpr const char* who = "decode_results_to_csr";
+  require(m >= 1 && m <= (std::int64_t{1} << 20), who, ": expected 1 <= m <= 2^20, got ", m);
+  require(capacity >= 1, who, ": expected capacity >= 1, got ", capacity);
+  int device = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  detail::require_stream_on(stream, device, who);
+  detail::require_device_pointer(ids, device, who, "ids");
+  detail::require_device_pointer(counts, device, who, "counts");
+  detail::require_device_pointer(indptr, device, who, "indptr");
+  detail::require_device_pointer(indices, device, who, "indices");
+  detail::ds_scan_kernel<1024><<<1, 1024, 0, stream>>>(counts, m, capacity, indptr);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  const std::int64_t total = m * capacity;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 8192));
+  detail::ds_compact_kernel<id_t>
+      <<<blocks, 256, 0, stream>>>(ids, counts, m, capacity, indptr, indices);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace kvsift::cuda

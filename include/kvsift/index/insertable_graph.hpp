@@ -1,0 +1,196 @@
+#pragma once
+// A RoarGraph index that grows during decode: generated tokens' keys join it one by one by
+// RoarGraph's update rule (RetrievalAttention, appendix C), without a rebuild.
+//
+// For a new key x the rule is the build's own, applied to one key:
+//   1. score x against every kept prefill training query; the `query_neighbors` queries that
+//      score x highest are its nearest queries (x would be near the top of their answers);
+//   2. candidates: the keys of those queries' kNN lists (the keys those queries attend to,
+//      which is what the projection, step 2 of the build, links) plus the keys a graph search
+//      from x finds (pool L, Euclidean, as step 3 of the build searches);
+//   3. x's edges: the candidates RNG-pruned around x with the build's pruning
+//      (`detail::rng_prune`, Euclidean, filled up to `degree`);
+//   4. each kept query's kNN list takes x in place of its worst key when x scores better, so
+//      the lists stay the exact top-nq of their query over all keys, inserted ones included;
+//   5. reverse edges y -> x for every chosen y and for the pivot (best key) of every list x
+//      entered in 4 (the projection links a query's pivot to its other kNN keys; without
+//      these edges recall after inserting 20% of OOD keys dropped by 0.03-0.04): appended
+//      while y's row has room, otherwise y's row is re-pruned with x as one more candidate
+//      (the build's rule for full rows), which may drop x or another edge; if no row kept x,
+//      x replaces the lowest-ranked edge of its nearest chosen neighbour, so every inserted
+//      key has an in-edge.
+//
+// Memory kept for the rule, beyond the graph (n x max_degree ids) and the keys: the training
+// queries (m x d f32) and their kNN lists (m x nq ids + m x nq f32 scores). At m = n / 10,
+// nq = 100, d = 128 that is 131 bytes per key, against 280 for the graph at degree 70.
+//
+// The index owns its keys (copied once at construction) and grows them geometrically, so an
+// insert appends to amortised-constant storage and never copies all keys.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvsift/core/element.hpp"
+#include "kvsift/core/ids.hpp"
+#include "kvsift/core/matrix_view.hpp"
+#include "kvsift/core/metric.hpp"
+#include "kvsift/core/vector_store.hpp"
+#include "kvsift/index/graph_index.hpp"
+#include "kvsift/index/knn_result.hpp"
+#include "kvsift/index/roargraph_builder.hpp"
+#include "kvsift/search/search_workspace.hpp"
+
+namespace kvsift {
+
+/// Settings of `insertable_graph::insert`.
+struct graph_insert_params {
+  /// Out-edges chosen for a new key; 0 = max_degree / 2 (the build's M). <= max_degree.
+  std::size_t degree = 0;
+  /// Pool of the Euclidean graph search from the new key (the build's step 3 uses its L); the
+  /// search dominates the insert cost. >= 1.
+  std::size_t L = 32;
+  /// Nearest training queries whose kNN keys become candidates; 0 = graph search alone
+  /// (an ablation: the query-aware part of the rule off).
+  std::size_t query_neighbors = 4;
+  /// Keep each training query's kNN list the exact top-nq over all keys (step 5 above).
+  bool update_query_knn = true;
+  /// Fill pruned lists up to their degree with pruned candidates, as the build does
+  /// (`roargraph_params::connectivity_fill`).
+  bool fill = true;
+};
+
+/// Memory held by an `insertable_graph`, in bytes (sizes, not capacities).
+struct insertable_graph_memory {
+  std::size_t keys = 0;       ///< n x d x sizeof(T)
+  std::size_t graph = 0;      ///< n x max_degree ids + n degrees
+  std::size_t queries = 0;    ///< m x d f32 training queries
+  std::size_t query_knn = 0;  ///< m x nq ids and scores
+};
+
+/**
+ * @brief A graph index (same search interface as `graph_index`: beam_search and dipr_search
+ *        take it) over keys it owns, into which keys can be inserted.
+ *
+ * Thread safety: const members (the searches) are safe to call concurrently; `insert` needs
+ * exclusive access: no search may run on this object during an insert (it appends to, and may
+ * reallocate, the key and adjacency arrays that searches read). `shared_insertable_graph`
+ * (<kvsift/index/shared_insertable_graph.hpp>) enforces that rule with a reader-writer lock.
+ */
+template <Element T, Metric M = inner_product>
+class insertable_graph {
+ public:
+  using value_type = T;
+  using metric_type = M;
+
+  insertable_graph() = default;
+
+  /**
+   * @brief Takes a built graph, the training queries of its build and their kNN lists over
+   *        the graph's keys (`roargraph_builder::training_knn`); copies all three.
+   *
+   * Complexity: O(n d + n max_degree + m nq d) (the kNN lists are rescored with M).
+   * @throw invalid_argument for an empty graph, no training queries, a kNN result whose rows
+   *        differ from the query count or whose arrays do not match rows x k (checked for
+   *        overflow), a kNN id >= n, bad params (degree > max_degree, L == 0);
+   *        dimension_mismatch for queries of another dimension; non_finite_value for NaN/Inf
+   *        in the queries.
+   */
+  template <VectorStore Store>
+  requires std::same_as<typename Store::value_type, T> insertable_graph(
+      const graph_index<Store, M>& built, matrix_view<const float> train_queries,
+      const knn_result& train_knn, const graph_insert_params& params = {});
+
+  [[nodiscard]] std::size_t size() const noexcept { return degrees_.size(); }
+  [[nodiscard]] std::size_t dim() const noexcept { return dim_; }
+  [[nodiscard]] std::size_t max_degree() const noexcept { return R_; }
+  [[nodiscard]] const graph_insert_params& params() const noexcept { return params_; }
+  /// The build's entry points; inserted keys never become entries.
+  [[nodiscard]] id_t entry_point() const noexcept { return entries_.front(); }
+  [[nodiscard]] std::span<const id_t> entry_points() const noexcept { return entries_; }
+  /// Out-neighbours of node i (no bounds check). O(1).
+  [[nodiscard]] std::span<const id_t> neighbors(id_t i) const noexcept {
+    return {adj_.data() + static_cast<std::size_t>(i) * R_, degrees_[i]};
+  }
+  /// Stored key i (no bounds check). O(1).
+  [[nodiscard]] const T* row(id_t i) const noexcept {
+    return keys_.data() + static_cast<std::size_t>(i) * dim_;
+  }
+  /// Raw metric score of a f32 query against key i. O(d).
+  [[nodiscard]] float score(const float* query, id_t i) const noexcept {
+    return M::score(query, row(i), dim_);
+  }
+  /// Hints the CPU to fetch key i. O(row bytes / 64).
+  void prefetch(id_t i) const noexcept {
+    const char* p = reinterpret_cast<const char*>(row(i));
+    for (std::size_t off = 0; off < dim_ * sizeof(T); off += 64) __builtin_prefetch(p + off);
+  }
+  /// O(n).
+  [[nodiscard]] degree_stats degrees() const noexcept;
+  /// O(1).
+  [[nodiscard]] insertable_graph_memory memory() const noexcept;
+
+  /**
+   * @brief Inserts `keys` (count x d) in row order; key i gets id size() + i (before the call).
+   *
+   * Each key: O(m d) to score the training queries, one graph search of pool L
+   * (O(hops x max_degree x d)), RNG pruning of its candidates (O(candidates x degree x d) worst
+   * case) and, per chosen neighbour with a full row, one re-pruning (O(max_degree^2 d)).
+   * Storage grows geometrically (amortised O(d + max_degree) per key, never a copy of all keys
+   * per insert). An empty batch (0 rows) is a no-op.
+   *
+   * Strong guarantee for every error it throws: all keys are validated, and the storage for
+   * the whole batch is reserved, before the first key changes anything. (Only a
+   * std::bad_alloc from per-key scratch after that leaves the keys inserted so far in place,
+   * with a valid graph.)
+   *
+   * @return the id of the first inserted key (size() for an empty batch)
+   * @throw dimension_mismatch for rows of another dimension; non_finite_value for NaN/Inf in
+   *        any key; out_of_range if size() + count would exceed max_index_size (ids are 32-bit);
+   *        invalid_argument if the grown arrays' sizes overflow
+   * @note Thread safety: exclusive; see the class comment.
+   */
+  id_t insert(matrix_view<const T> keys);
+
+  /// A `graph_index` over a copy of the current keys and graph (to save it with graph_io, or
+  /// to search it without the insert state). O(n d + n max_degree).
+  [[nodiscard]] graph_index<owning_store<T>, M> snapshot() const;
+
+ private:
+  void insert_one(const T* key);
+  void link_back(id_t x, std::span<const id_t> chosen);
+
+  std::size_t dim_ = 0, R_ = 0, degree_ = 0;
+  graph_insert_params params_{};
+  std::vector<T> keys_;    // n x d
+  std::vector<id_t> adj_;  // n x R, padded with invalid_id
+  std::vector<std::uint32_t> degrees_;
+  std::vector<id_t> entries_;
+  std::size_t m_ = 0, nq_ = 0;
+  std::vector<float> queries_;        // m x d
+  std::vector<id_t> knn_ids_;         // m x nq, unordered after inserts, invalid_id = empty
+  std::vector<float> knn_keys_;       // m x nq rank keys (to_key<M>), -inf for empty slots
+  std::vector<std::uint32_t> worst_;  // per query: slot of its worst kNN entry
+  // Scratch of the insert (exclusive, so members): no allocation per key once warmed up.
+  search_workspace ws_;
+  std::vector<float> xf_, scratch_, qkeys_;
+  std::vector<id_t> ids_, kept_, merged_, targets_;
+  std::vector<float> scores_;
+  std::vector<scored_id> cands_;
+};
+
+/// Builds a RoarGraph index with `builder` over `keys` from `train_queries` and returns it
+/// ready for inserts (the training kNN of the build is kept, not recomputed).
+/// Complexity: the build's, plus the copies of `insertable_graph`'s constructor.
+/// @throw what `roargraph_builder::build` and the `insertable_graph` constructor throw
+template <Metric M, KnnEngine Engine, Element T>
+[[nodiscard]] insertable_graph<T, M> build_insertable(const roargraph_builder<M, Engine>& builder,
+                                                      matrix_view<const T> keys,
+                                                      matrix_view<const float> train_queries,
+                                                      const graph_insert_params& params = {});
+
+}  // namespace kvsift
+
+#include "kvsift/index/detail/insertable_graph.inl"

@@ -1,0 +1,91 @@
+"""Batched decode-step APIs: every query head in one call (GQA mapping h -> h // group) must
+equal the per-head loop it replaces, bit for bit (same kernels), and reject wrong shapes."""
+
+import numpy as np
+import pytest
+
+import kvsift as ks
+
+H, HKV, D, N = 8, 2, 16, 600
+
+
+@pytest.fixture(scope="module")
+def step():
+    rng = np.random.default_rng(11)
+    K = rng.standard_normal((N, HKV, D)).astype(np.float32)
+    V = rng.standard_normal((N, HKV, D)).astype(np.float32)
+    q = rng.standard_normal((H, D)).astype(np.float32)
+    train = [rng.standard_normal((200, D)).astype(np.float32) for _ in range(HKV)]
+    graphs = [ks.RoarGraphIndex(K[:, g, :], train[g], nq=20, M=12, L=48) for g in range(HKV)]
+    return K, V, q, graphs
+
+
+def per_head(q, fn):
+    outs = [fn(h, q[h], h // (H // HKV)) for h in range(H)]
+    return np.stack([o for o, _ in outs]), np.array([l for _, l in outs], np.float32)
+
+
+@pytest.mark.parametrize("threads", [1, 0])
+def test_decode_step_equals_the_per_head_loop(step, threads):
+    K, V, q, graphs = step
+    r = ks.search_heads(graphs, q, 20, L=64, filter=ks.IdRange(8, N - 32), threads=threads)
+    assert r.ids.shape == (H, 20) and r.ids.dtype == np.int64
+    for h in range(H):
+        one = graphs[h // (H // HKV)].search(q[h], 20, L=64, filter=ks.IdRange(8, N - 32))
+        np.testing.assert_array_equal(r.ids[h], one.ids)
+    ids = r.ids.copy()
+    ids[:, -3:] = ks.INVALID_ID  # padding, as a short search returns it
+    o_w, l_w = ks.dense_attention_heads(q, K, V, 0, 8, threads=threads)
+    o_r, l_r = ks.sparse_attention_heads(q, K, V, ids, threads=threads)
+    o, lse = ks.merge_states(o_w, l_w, o_r, l_r)
+    want_w = per_head(q, lambda h, qh, g: ks.dense_attention(qh, K, V, 0, 8, kv_head=g))
+    want_r = per_head(q, lambda h, qh, g: ks.sparse_attention(qh, K, V, ids[h][ids[h] != ks.INVALID_ID], kv_head=g))
+    np.testing.assert_array_equal(o_w, want_w[0])
+    np.testing.assert_array_equal(l_w, want_w[1])
+    np.testing.assert_array_equal(o_r, want_r[0])
+    np.testing.assert_array_equal(l_r, want_r[1])
+    for h in range(H):
+        oh, lh = ks.merge(want_w[0][h], want_w[1][h], want_r[0][h], want_r[1][h])
+        np.testing.assert_array_equal(o[h], oh)
+        assert lse[h] == np.float32(lh)
+
+
+def test_gqa_mapping_reads_the_groups_kv_head(step):
+    K, V, q, _ = step
+    # Zero KV head 1: query heads 4..7 (group 1) then see all-equal logits and zero values.
+    K2, V2 = K.copy(), V.copy()
+    K2[:, 1], V2[:, 1] = 0, 0
+    o, lse = ks.dense_attention_heads(q, K2, V2, 0, N)
+    assert np.all(o[4:] == 0) and np.allclose(lse[4:], np.log(N))
+    assert np.all(np.abs(o[:4]).sum(axis=1) > 0)
+
+
+def test_batched_apis_reject_wrong_shapes(step):
+    K, V, q, graphs = step
+    with pytest.raises(ks.DimensionMismatch, match="multiple of the 2 KV heads"):
+        ks.dense_attention_heads(q[:3], K, V, 0, 4)
+    with pytest.raises(ks.DimensionMismatch, match="head dim 16"):
+        ks.dense_attention_heads(q[:, :8], K, V, 0, 4)
+    with pytest.raises(ks.DimensionMismatch, match="8 query heads x k"):
+        ks.sparse_attention_heads(q, K, V, np.zeros((7, 3), np.int64))
+    with pytest.raises(ks.OutOfRange, match="at \\(1, 2\\)"):
+        bad = np.zeros((H, 3), np.int64)
+        bad[1, 2] = -5
+        ks.sparse_attention_heads(q, K, V, bad)
+    with pytest.raises(ks.OutOfRange):
+        ks.sparse_attention_heads(q, K, V, np.full((H, 3), N, np.int64))
+    with pytest.raises(ks.InvalidArgument, match="integer array"):
+        ks.sparse_attention_heads(q, K, V, np.zeros((H, 3), np.float32))
+    with pytest.raises(ks.DimensionMismatch, match="multiple of the 3 indexes"):
+        ks.search_heads(graphs + graphs[:1], q, 4)
+    with pytest.raises(TypeError, match="RoarGraphIndex or FlatIndex"):
+        ks.search_heads([graphs[0], 3], q, 4)
+    with pytest.raises(ks.DimensionMismatch, match="one shape"):
+        ks.merge_states(q, np.zeros(H, np.float32), q[:4], np.zeros(4, np.float32))
+    with pytest.raises(ks.DimensionMismatch, match="lse values"):
+        ks.merge_states(q, np.zeros(H, np.float32), q, np.zeros(3, np.float32))
+    with pytest.raises(ks.InvalidArgument):
+        ks.merge_states(q, np.full(H, np.nan, np.float32), q, np.zeros(H, np.float32))
+    # Empty step: zero heads give empty results.
+    o, lse = ks.dense_attention_heads(q[:0], K, V, 0, 4)
+    assert o.shape == (0, D) and lse.shape == (0,)

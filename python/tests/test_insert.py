@@ -1,0 +1,64 @@
+"""InsertableGraphIndex: keys inserted after the build are found, recall over all keys stays
+close to a full build, and bad input is refused before anything changes."""
+
+import numpy as np
+import pytest
+
+import kvsift as ks
+
+N, D, BASE = 3000, 32, 2400
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(3)
+    centers = rng.standard_normal((24, D)).astype(np.float32) * 2.0
+    keys = centers[rng.integers(0, 24, N)] + rng.standard_normal((N, D)).astype(np.float32)
+    queries = keys[rng.integers(0, N, 500)] * 0.5 + rng.standard_normal((500, D)).astype(
+        np.float32)
+    return np.ascontiguousarray(keys, np.float32), np.ascontiguousarray(queries, np.float32)
+
+
+def recall(found, keys, queries, k):
+    exact = np.argsort(-(queries @ keys.T), axis=1, kind="stable")[:, :k]
+    return np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)])
+
+
+def test_insert_then_search_matches_full_build(data):
+    keys, queries = data
+    train, evals = queries[:300], queries[300:]
+    index = ks.InsertableGraphIndex(keys[:BASE], train[:240], nq=40, M=12, L=64, threads=2)
+    assert index.size == BASE
+    for i in range(BASE, N, 50):  # batches of 50, as a few decode steps
+        assert index.insert(keys[i:i + 50]) == i
+    assert index.size == N
+    full = ks.RoarGraphIndex(keys, train, nq=40, M=12, L=64, threads=2)
+    got = recall(index.search(evals, 10, L=40).ids, keys, evals, 10)
+    ref = recall(full.search(evals, 10, L=40).ids, keys, evals, 10)
+    assert got >= ref - 0.05, (got, ref)
+    # An inserted key is found by its own direction when it is the exact best key.
+    best = np.argmax(keys[BASE:] @ keys.T, axis=1)
+    own = [x for x in range(BASE, N) if best[x - BASE] == x][:50]
+    assert len(own) >= 10
+    res = index.search(keys[own], 10, L=40).ids
+    assert np.mean([x in r for x, r in zip(own, res)]) >= 0.95
+
+
+def test_insert_bad_input_changes_nothing(data):
+    keys, queries = data
+    index = ks.InsertableGraphIndex(keys[:500], queries[:60], nq=20, M=4, L=32, threads=1)
+    with pytest.raises(ks.DimensionMismatch, match="expected dimension 32, got 31"):
+        index.insert(keys[500:502, :31].copy())
+    bad = keys[500:503].copy()
+    bad[2, 5] = np.nan
+    with pytest.raises(ks.NonFiniteValue):
+        index.insert(bad)
+    bad[2, 5] = np.inf
+    with pytest.raises(ks.NonFiniteValue):
+        index.insert(bad)
+    with pytest.raises(ValueError):
+        index.insert(keys[500:503].astype(np.float16))
+    assert index.size == 500
+    assert index.insert(np.zeros((0, D), np.float32)) == 500  # empty batch: no-op
+    assert index.insert(keys[500:503]) == 500
+    assert index.size == 503

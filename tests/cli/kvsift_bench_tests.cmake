@@ -1,0 +1,56 @@
+# Smoke tests of the kvsift-bench CLI, registered with CTest. Included from bench/CMakeLists.txt
+# right after the kvsift-bench target is defined (it needs that scope's peer detection:
+# KVSIFT_BENCH_PEERS, KVSIFT_HNSWLIB_INCLUDE_DIR, faiss_FOUND). Test names are part of CI's
+# interface: keep them stable.
+
+# The CLI end to end on a small synthetic workload, and its refusal of a bad option.
+add_test(NAME kvsift_bench_demo
+         COMMAND kvsift-bench --demo --n 3000 --eval 40 --L 100,200 --l0 50,100)
+set_tests_properties(kvsift_bench_demo PROPERTIES PASS_REGULAR_EXPRESSION
+                                                  "roargraph +dipr +l0=100")
+# Real Q/K from SmolLM2-135M (bench/data/sample, committed): layer 15, query head 0 over
+# KV head 0, the first 95% of positions train the index, the last 5% are evaluated.
+add_test(NAME kvsift_bench_real_sample
+         COMMAND kvsift-bench --keys "${PROJECT_SOURCE_DIR}/bench/data/sample/L15_k0.fbin"
+                 --queries "${PROJECT_SOURCE_DIR}/bench/data/sample/L15_q0.fbin"
+                 --train-fraction 0.95 --k 10 --L 50,100 --query both --l0 50)
+set_tests_properties(kvsift_bench_real_sample PROPERTIES PASS_REGULAR_EXPRESSION
+                                                         "roargraph +top-10 +L=100")
+# --insert-fraction: an index built on 80% of the keys receives the rest one by one; the
+# insert line must report a time per key and the inserted index its recall rows.
+add_test(NAME kvsift_bench_insert_fraction
+         COMMAND kvsift-bench --demo --n 3000 --dim 32 --eval 40 --k 10 --L 40 --query topk
+                 --insert-fraction 0.2 --threads 2)
+set_tests_properties(kvsift_bench_insert_fraction PROPERTIES PASS_REGULAR_EXPRESSION
+                     "inserted 600 keys one by one: mean [0-9.e+]+ us/key.*roargraph\\+insert +top-10 +L=40 +(1\\.0000|0\\.[6-9])")
+add_test(NAME kvsift_bench_rejects_unknown_option COMMAND kvsift-bench --demo --frobnicate 1)
+set_tests_properties(kvsift_bench_rejects_unknown_option PROPERTIES WILL_FAIL TRUE)
+# Bad input, each case checking the exit status AND the message (and the files a --json
+# run leaves): tests/cli/kvsift_bench_bad_input.sh CASE.
+foreach(case IN ITEMS unknown_option empty_queries plan_short_queries json_full_disk
+                      json_unwritable_dir json_atomic strict_numbers)
+  add_test(NAME kvsift_bench_bad_input_${case}
+           COMMAND bash "${PROJECT_SOURCE_DIR}/tests/cli/kvsift_bench_bad_input.sh"
+                   $<TARGET_FILE:kvsift-bench> ${case})
+endforeach()
+set(kvsift_sample "${PROJECT_SOURCE_DIR}/bench/data/sample")
+add_test(NAME kvsift_bench_rejects_mismatched_dims
+         COMMAND kvsift-bench --keys "${kvsift_sample}/L15_k0.fbin"
+                 --queries "${PROJECT_SOURCE_DIR}/bench/data/testdata/dim32.fbin")
+set_tests_properties(kvsift_bench_rejects_mismatched_dims PROPERTIES PASS_REGULAR_EXPRESSION
+                     "error: .*dimension vs --keys: expected dimension 64, got 32")
+# Attention quality (causal, window + retrieval vs full attention) on the real sample.
+add_test(NAME kvsift_bench_quality_sample
+         COMMAND kvsift-bench --keys "${kvsift_sample}/L15_k0.fbin"
+                 --queries "${kvsift_sample}/L15_q0.fbin" --values "${kvsift_sample}/L15_v0.fbin"
+                 --train-fraction 0.95 --k 10 --L 50 --attn-k 32 --attn-beta 8 --threads 2)
+set_tests_properties(kvsift_bench_quality_sample PROPERTIES PASS_REGULAR_EXPRESSION
+                     "roargraph dipr +beta=8,l0=100")
+if(KVSIFT_BENCH_PEERS AND KVSIFT_HNSWLIB_INCLUDE_DIR AND faiss_FOUND)
+  add_test(NAME kvsift_bench_peers_sample
+           COMMAND kvsift-bench --keys "${kvsift_sample}/L15_k0.fbin"
+                   --queries "${kvsift_sample}/L15_q0.fbin" --train-fraction 0.95
+                   --index hnsw,ivf --k 10 --ef 20,50 --nprobe 4,8 --threads 2)
+  set_tests_properties(kvsift_bench_peers_sample PROPERTIES PASS_REGULAR_EXPRESSION
+                       "hnsw +top-10 +ef=50.*ivf +top-10 +nprobe=8")
+endif()

@@ -1,0 +1,578 @@
+// The GPU decode search against the CPU `beam_search` and `dipr_search` it mirrors.
+//
+// As in graph_search_test.cu, keys and queries are small integers: every score is exact in f32
+// whatever the summation order (and exactly representable in f16/bf16), so the GPU sees the
+// CPU's scores bit for bit and must return the same results, tie rule included, and score the
+// same number of vectors (which checks that it walks the same way, not only that it lands on
+// the same answer). Integer data has many tied scores, which exercises the tie rules.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 554
+#include <kvsift/core/metric.hpp>
+#include <kvsift/cuda/decode_search.cuh>
+#include <kvsift/search/beam_search.hpp>
+#include <kvsift/search/dipr_search.hpp>
+#pragma nv_diagnostic pop
+
+#include "cuda_test.cuh"
+#include "test_util.cuh"
+
+namespace {
+
+using namespace kvsift::cuda_test;
+using kvsift::id_t;
+namespace kc = kvsift::cuda;
+
+/// CPU model of one graph of the set (keys as f32, exact for the integer data).
+template <class M>
+struct cpu_graph {
+  using metric_type = M;
+  const float* keys;
+  std::size_t n, d, width;
+  const id_t* adj;
+  std::vector<id_t> entries;
+  std::size_t size() const { return n; }
+  std::size_t dim() const { return d; }
+  id_t entry_point() const { return entries.empty() ? kvsift::invalid_id : entries[0]; }
+  std::span<const id_t> entry_points() const { return entries; }
+  std::span<const id_t> neighbors(id_t u) const {
+    const id_t* b = adj + u * width;
+    return {b, static_cast<std::size_t>(std::find(b, b + width, kvsift::invalid_id) - b)};
+  }
+  float score(const float* q, id_t i) const { return M::score(q, keys + i * d, d); }
+};
+
+/// A set of graphs over integer keys, in both layouts (dense and paged), on host and device.
+struct graph_set {
+  std::size_t d = 0, width = 0, max_entries = 0;
+  std::vector<std::size_t> sizes;
+  std::vector<std::int64_t> offsets;  // [G + 1]
+  std::vector<float> keys;            // rows of all graphs
+  std::vector<id_t> adj, entries;
+};
+
+graph_set make_set(const std::vector<std::size_t>& sizes, std::size_t d, std::size_t width,
+                   std::size_t max_entries) {
+  graph_set s;
+  s.d = d;
+  s.width = width;
+  s.max_entries = max_entries;
+  s.sizes = sizes;
+  s.offsets.push_back(0);
+  for (const std::size_t n : sizes) s.offsets.push_back(s.offsets.back() + std::int64_t(n));
+  const auto total = static_cast<std::size_t>(s.offsets.back());
+  s.keys = integer_matrix(total, d, 3);
+  s.adj.assign(total * width, kvsift::invalid_id);
+  s.entries.assign(sizes.size() * max_entries, kvsift::invalid_id);
+  for (std::size_t g = 0; g < sizes.size(); ++g) {
+    const std::size_t n = sizes[g];
+    for (std::size_t i = 0; i < n; ++i) {
+      // Most rows full (a real graph), some short, a few empty (dead ends).
+      const int r = uniform_int(0, 9);
+      const std::size_t deg = std::min(n - 1, r == 0 ? 0 : r == 1 ? width / 3 : width);
+      std::vector<id_t> row;
+      while (row.size() < deg) {
+        const auto v = static_cast<id_t>(uniform_int(0, static_cast<int>(n) - 1));
+        if (v != i && std::find(row.begin(), row.end(), v) == row.end()) row.push_back(v);
+      }
+      std::copy(row.begin(), row.end(), s.adj.begin() + (s.offsets[g] + i) * width);
+    }
+    if (n == 0) continue;
+    const std::size_t ne = std::min<std::size_t>(n, uniform_int(1, int(max_entries)));
+    std::vector<id_t> e;
+    while (e.size() < ne) {
+      const auto v = static_cast<id_t>(uniform_int(0, static_cast<int>(n) - 1));
+      if (std::find(e.begin(), e.end(), v) == e.end()) e.push_back(v);
+    }
+    std::copy(e.begin(), e.end(), s.entries.begin() + g * max_entries);
+  }
+  return s;
+}
+
+template <class M>
+cpu_graph<M> cpu_view(const graph_set& s, std::size_t g) {
+  cpu_graph<M> c{s.keys.data() + s.offsets[g] * s.d,    s.sizes[g], s.d, s.width,
+                 s.adj.data() + s.offsets[g] * s.width, {}};
+  for (std::size_t e = 0; e < s.max_entries; ++e) {
+    const id_t v = s.entries[g * s.max_entries + e];
+    if (v != kvsift::invalid_id) c.entries.push_back(v);
+  }
+  return c;
+}
+
+struct query_batch {
+  std::vector<float> q;  // m x d
+  std::vector<std::int32_t> graph;
+  std::vector<float> seed;                 // NaN = none
+  std::vector<std::uint32_t> first, last;  // empty = no filter
+};
+
+struct gpu_result {
+  std::vector<id_t> ids;
+  std::vector<float> scores, best;
+  std::vector<std::uint32_t> counts, scored;
+  std::uint32_t status = 0;
+  int capacity = 0;
+};
+
+/// Runs decode_search on the device over dense or paged keys (element type T).
+template <class T>
+gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_search_params& p,
+                   bool paged, int page_size = 16) {
+  const std::size_t m = qb.graph.size();
+  const std::size_t total = s.keys.size() / s.d;
+  const int G = static_cast<int>(s.sizes.size());
+  device_buffer<id_t> adj(s.adj), ent(s.entries);
+  device_buffer<std::int64_t> off(s.offsets);
+  kc::graph_set_ref set;
+  set.adjacency = adj.get();
+  set.row_offset = off.get();
+  set.entries = ent.get();
+  set.num_graphs = G;
+  set.width = static_cast<int>(s.width);
+  set.max_entries = static_cast<int>(s.max_entries);
+  set.max_keys = std::max<std::int64_t>(1, *std::max_element(s.sizes.begin(), s.sizes.end()));
+
+  device_buffer<float> dq(qb.q), dseed(qb.seed);
+  device_buffer<std::int32_t> dg(qb.graph);
+  device_buffer<std::uint32_t> dfirst(qb.first), dlast(qb.last);
+  kc::decode_queries qs;
+  qs.q = dq.get();
+  qs.ld = static_cast<std::int64_t>(s.d);
+  qs.graph = dg.get();
+  qs.seed_score = qb.seed.empty() ? nullptr : dseed.get();
+  qs.filter_first = qb.first.empty() ? nullptr : dfirst.get();
+  qs.filter_last = qb.last.empty() ? nullptr : dlast.get();
+
+  gpu_result r;
+  r.capacity = kc::decode_search_capacity(p);
+  const auto cap = static_cast<std::size_t>(r.capacity);
+  device_buffer<id_t> ids(m * cap);
+  device_buffer<float> scores(m * cap), best(m);
+  device_buffer<std::uint32_t> counts(m), scored(m), status(std::vector<std::uint32_t>{0});
+  kc::decode_search_outputs out{ids.get(),  scores.get(), counts.get(),
+                                best.get(), scored.get(), status.get()};
+  const std::size_t wb = kc::decode_search_workspace_size(set, std::int64_t(m), p);
+  device_buffer<char> ws(wb);
+
+  if (!paged) {
+    std::vector<T> kt(total * s.d);
+    for (std::size_t i = 0; i < kt.size(); ++i) kt[i] = from_float<T>(s.keys[i]);
+    device_buffer<T> dk(kt);
+    kc::dense_keys_ref<T> keys{dk.get(), std::int64_t(s.d), int(s.d)};
+    kc::decode_search(set, keys, qs, std::int64_t(m), p, out, ws.get(), wb, nullptr);
+    KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    // Pages of each graph scattered over the pool in a random order; unused slots hold 1e30
+    // so a stray read shows.
+    const int max_pages = static_cast<int>((set.max_keys + page_size - 1) / page_size);
+    std::vector<std::int32_t> table(std::size_t(G) * max_pages, -1);
+    std::vector<std::int32_t> order;
+    int pages = 0;
+    for (int g = 0; g < G; ++g) {
+      for (int pg = 0; pg < int((s.sizes[g] + page_size - 1) / page_size); ++pg) pages++;
+    }
+    for (int i = 0; i < pages + 3; ++i) order.push_back(i);
+    std::shuffle(order.begin(), order.end(), rng());
+    std::vector<T> pool(std::size_t(pages + 3) * page_size * s.d, from_float<T>(1e30f));
+    int next = 0;
+    for (int g = 0; g < G; ++g) {
+      for (std::size_t t = 0; t < s.sizes[g]; ++t) {
+        if (t % page_size == 0) table[std::size_t(g) * max_pages + t / page_size] = order[next++];
+        const std::int32_t page = table[std::size_t(g) * max_pages + t / page_size];
+        for (std::size_t j = 0; j < s.d; ++j) {
+          pool[(std::size_t(page) * page_size + t % page_size) * s.d + j] =
+              from_float<T>(s.keys[(s.offsets[g] + t) * s.d + j]);
+        }
+      }
+    }
+    device_buffer<T> dk(pool);
+    device_buffer<std::int32_t> dt(table);
+    kc::paged_kv_view<T> kv;
+    kv.k_pages = dk.get();
+    kv.v_pages = dk.get();
+    kv.num_pages = pages + 3;
+    kv.page_size = page_size;
+    kv.head_dim = int(s.d);
+    kv.page_table = dt.get();
+    kv.num_kv_heads = G;
+    kv.max_pages_per_head = max_pages;
+    kc::decode_search(set, kv, qs, std::int64_t(m), p, out, ws.get(), wb, nullptr);
+    KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  r.ids = ids.download();
+  r.scores = scores.download();
+  r.best = best.download();
+  r.counts = counts.download();
+  r.scored = scored.download();
+  r.status = status.download()[0];
+  return r;
+}
+
+query_batch make_queries(const graph_set& s, std::size_t m, bool seeds, bool filters) {
+  query_batch qb;
+  qb.q = integer_matrix(m, s.d, 3);
+  for (std::size_t i = 0; i < m; ++i) {
+    int g = 0;
+    do {
+      g = uniform_int(0, int(s.sizes.size()) - 1);
+    } while (s.sizes[g] == 0 && filters);
+    qb.graph.push_back(g);
+    if (seeds) {
+      // A third without a seed, the rest with a seed at or above typical best scores.
+      qb.seed.push_back(uniform_int(0, 2) == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                               : float(uniform_int(5, 25)));
+    }
+    if (filters) {
+      const auto n = static_cast<std::uint32_t>(s.sizes[g]);
+      const int kind = uniform_int(0, 3);
+      std::uint32_t a = 0, b = n;
+      if (kind == 0) b = std::max<std::uint32_t>(1, n - std::min<std::uint32_t>(n - 1, 64));
+      if (kind == 1) b = std::max<std::uint32_t>(1, n / 10);  // selective: 2-hop + fallback
+      if (kind == 2) {
+        a = std::uint32_t(uniform_int(0, int(n) - 1));
+        b = std::uint32_t(uniform_int(int(a) + 1, int(n)));
+      }
+      qb.first.push_back(a);
+      qb.last.push_back(b);
+    }
+  }
+  return qb;
+}
+
+/// Counts queries where the GPU differs from the CPU search (ids, scores, count, vectors
+/// scored; DIPR also best score and capping).
+template <class M, class T>
+int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_params& p,
+            bool paged) {
+  const gpu_result r = run_gpu<T>(s, qb, p, paged);
+  const bool dipr = p.mode == kc::decode_search_mode::dipr;
+  const auto cap = static_cast<std::size_t>(r.capacity);
+  kvsift::search_workspace ws;
+  int bad = 0;
+  bool any_capped = false;
+  for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+    const auto g = cpu_view<M>(s, std::size_t(qb.graph[i]));
+    const std::span<const float> q(qb.q.data() + i * s.d, s.d);
+    std::vector<id_t> want_ids;
+    std::vector<float> want_scores;
+    std::size_t want_scored = 0;
+    float want_best = 0;
+    auto run = [&](const auto& pred) {
+      if (dipr) {
+        kvsift::dipr_params dp;
+        dp.beta = p.beta;
+        dp.l0 = std::size_t(p.l0);
+        dp.max_candidates = cap;
+        dp.seed_score = qb.seed.empty() ? std::numeric_limits<float>::quiet_NaN() : qb.seed[i];
+        kvsift::dipr_result res;
+        kvsift::dipr_search(g, q, dp, ws, res, pred);
+        want_ids = res.ids;
+        want_scores = res.scores;
+        want_scored = res.stats.distance_computations;
+        want_best = res.best_score;
+        any_capped |= res.capped;
+      } else {
+        std::vector<id_t> ids(std::size_t(p.k));
+        std::vector<float> sc(std::size_t(p.k));
+        kvsift::beam_search_params bp;
+        bp.k = std::size_t(p.k);
+        bp.L = std::size_t(p.L);
+        const auto st = kvsift::beam_search(g, q, bp, ws, ids, sc, pred);
+        ids.resize(st.count);
+        sc.resize(st.count);
+        want_ids = ids;
+        want_scores = sc;
+        want_scored = st.distance_computations;
+      }
+    };
+    if (qb.first.empty()) {
+      run(kvsift::no_filter{});
+    } else {
+      run(kvsift::id_range{qb.first[i], qb.last[i]});
+    }
+    const std::uint32_t count = r.counts[i];
+    std::vector<std::pair<float, id_t>> got;
+    for (std::size_t j = 0; j < count && j < cap; ++j) {
+      got.push_back({r.scores[i * cap + j], r.ids[i * cap + j]});
+    }
+    if (dipr) {  // discovery order on the GPU: sort as the CPU does (best first, ties by id)
+      const bool l2 = p.metric == kc::graph_metric::l2;
+      std::sort(got.begin(), got.end(), [&](const auto& a, const auto& b) {
+        return (l2 ? a.first < b.first : a.first > b.first) ||
+               (a.first == b.first && a.second < b.second);
+      });
+    }
+    bool same = count == want_ids.size() && r.scored[i] == want_scored;
+    for (std::size_t j = 0; same && j < want_ids.size(); ++j) {
+      same = got[j].second == want_ids[j] && got[j].first == want_scores[j];
+    }
+    for (std::size_t j = count; same && j < cap; ++j)
+      same = r.ids[i * cap + j] == kvsift::invalid_id;
+    if (dipr) same = same && r.best[i] == want_best;
+    if (!same) {
+      if (bad < 3) {
+        std::printf(
+            "    query %zu (graph %d, n %zu): gpu count %u scored %u best %g, cpu %zu / %zu / %g\n",
+            i, qb.graph[i], g.size(), count, r.scored[i], dipr ? r.best[i] : 0.0, want_ids.size(),
+            want_scored, dipr ? want_best : 0.0);
+      }
+      ++bad;
+    }
+  }
+  const bool gpu_capped = (r.status & kc::decode_status_capped) != 0u;
+  if (gpu_capped != any_capped) ++bad;
+  if ((r.status & ~kc::decode_status_capped) != 0u) ++bad;
+  return bad;
+}
+
+constexpr bool kDense = false, kPaged = true;
+
+kc::decode_search_params topk(int k, int L, kc::graph_metric metric) {
+  kc::decode_search_params p;
+  p.k = k;
+  p.L = L;
+  p.metric = metric;
+  return p;
+}
+
+kc::decode_search_params dipr(float beta, int l0, int max_results,
+                              kc::graph_metric metric = kc::graph_metric::inner_product) {
+  kc::decode_search_params p;
+  p.metric = metric;
+  p.mode = kc::decode_search_mode::dipr;
+  p.beta = beta;
+  p.l0 = l0;
+  p.max_results = max_results;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE_CUDA(decode_search_topk_matches_cpu) {
+  // Sizes across a 1-key graph, graphs below and above L, and one past the 8192-slot batch.
+  const graph_set s = make_set({1, 40, 700, 3000, 5000}, 32, 24, 3);
+  const query_batch qb = make_queries(s, 9000, false, false);
+  CHECK((compare<kvsift::inner_product, float>(s, qb, topk(10, 32, kc::graph_metric::inner_product),
+                                               kDense) == 0));
+  CHECK((compare<kvsift::inner_product, __half>(
+             s, qb, topk(100, 128, kc::graph_metric::inner_product), kPaged) == 0));
+  CHECK(
+      (compare<kvsift::l2, __nv_bfloat16>(s, qb, topk(16, 16, kc::graph_metric::l2), kDense) == 0));
+  CHECK((compare<kvsift::l2, float>(s, qb, topk(5, 300, kc::graph_metric::l2), kPaged) == 0));
+}
+
+TEST_CASE_CUDA(decode_search_topk_wide_rows_match_cpu) {
+  // Width above 32 (several ballot chunks per row), d not a multiple of the vector width.
+  const graph_set s = make_set({900, 2500}, 20, 70, 2);
+  const query_batch qb = make_queries(s, 500, false, false);
+  CHECK((compare<kvsift::inner_product, float>(s, qb, topk(50, 64, kc::graph_metric::inner_product),
+                                               kDense) == 0));
+  CHECK((compare<kvsift::inner_product, float>(s, qb, topk(50, 64, kc::graph_metric::inner_product),
+                                               kPaged) == 0));
+}
+
+TEST_CASE_CUDA(decode_search_filtered_matches_cpu) {
+  // id ranges: the static window excluded, a selective prefix (2-hop walk and the fallback
+  // seeding), random ranges.
+  const graph_set s = make_set({60, 1200, 4000}, 32, 24, 2);
+  const query_batch qb = make_queries(s, 2000, false, true);
+  CHECK((compare<kvsift::inner_product, float>(s, qb, topk(20, 40, kc::graph_metric::inner_product),
+                                               kDense) == 0));
+  CHECK((compare<kvsift::l2, __half>(s, qb, topk(20, 40, kc::graph_metric::l2), kPaged) == 0));
+  CHECK((compare<kvsift::inner_product, float>(s, qb, dipr(4.0f, 16, 0), kDense) == 0));
+}
+
+TEST_CASE_CUDA(decode_search_dipr_matches_cpu) {
+  const graph_set s = make_set({1, 50, 900, 4000}, 32, 24, 3);
+  const query_batch plain = make_queries(s, 3000, false, false);
+  const query_batch seeded = make_queries(s, 3000, true, false);
+  CHECK((compare<kvsift::inner_product, float>(s, plain, dipr(3.0f, 16, 0), kDense) == 0));
+  CHECK((compare<kvsift::inner_product, __half>(s, seeded, dipr(5.0f, 32, 0), kPaged) == 0));
+  CHECK((compare<kvsift::inner_product, float>(s, seeded, dipr(0.0f, 8, 0), kDense) == 0));
+  CHECK(
+      (compare<kvsift::l2, float>(s, plain, dipr(6.0f, 16, 0, kc::graph_metric::l2), kDense) == 0));
+  // A cap the wide range reaches: the stop must happen at the same visit as on the CPU.
+  CHECK((compare<kvsift::inner_product, float>(s, plain, dipr(12.0f, 8, 40), kDense) == 0));
+}
+
+TEST_CASE_CUDA(decode_search_wider_expansion_returns_true_scores) {
+  // expand_width > 1 walks differently from the CPU: check what must still hold (distinct
+  // ids of the query's graph, true scores, best first) and that it finds as much of the exact
+  // top-k as the CPU walk (within a small margin) on this data.
+  const graph_set s = make_set({2000, 3000}, 32, 24, 2);
+  const query_batch qb = make_queries(s, 400, false, false);
+  auto p = topk(20, 64, kc::graph_metric::inner_product);
+  const gpu_result one = run_gpu<float>(s, qb, p, kDense);
+  p.expand_width = 4;
+  const gpu_result four = run_gpu<float>(s, qb, p, kDense);
+  std::size_t hit1 = 0, hit4 = 0, bad = 0;
+  for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+    const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(qb.graph[i]));
+    const float* q = qb.q.data() + i * s.d;
+    std::vector<std::pair<float, id_t>> all;
+    for (id_t k = 0; k < g.size(); ++k) all.push_back({g.score(q, k), k});
+    std::sort(all.begin(), all.end(), [](auto a, auto b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    const float kth = all[19].first;
+    for (std::size_t j = 0; j < 20; ++j) {
+      const id_t a = one.ids[i * 20 + j], b = four.ids[i * 20 + j];
+      if (b >= g.size() || four.scores[i * 20 + j] != g.score(q, b)) ++bad;
+      if (j > 0 && four.scores[i * 20 + j] > four.scores[i * 20 + j - 1]) ++bad;
+      hit1 += a < g.size() && g.score(q, a) >= kth;
+      hit4 += b < g.size() && g.score(q, b) >= kth;
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(four.status == 0u);
+  CHECK(hit4 + hit1 / 50 >= hit1);
+}
+
+TEST_CASE_CUDA(decode_search_nonfinite_query_returns_nothing) {
+  const graph_set s = make_set({500}, 16, 16, 1);
+  query_batch qb = make_queries(s, 4, true, false);
+  qb.q[1] = std::numeric_limits<float>::quiet_NaN();
+  qb.q[16 + 3] = std::numeric_limits<float>::infinity();
+  // Query 3's seed is far below any score, so its best comes from the data.
+  qb.seed = {std::numeric_limits<float>::quiet_NaN(), 7.0f, std::numeric_limits<float>::quiet_NaN(),
+             -1000.0f};
+  const gpu_result t = run_gpu<float>(s, qb, topk(10, 10, kc::graph_metric::inner_product), kDense);
+  std::printf("    top-k counts %u %u %u %u\n", t.counts[0], t.counts[1], t.counts[2], t.counts[3]);
+  CHECK(t.counts[0] == 0);
+  CHECK(t.counts[1] == 0);
+  CHECK(t.counts[2] > 0);  // (as many as the random graph's walk finds: the CPU's count)
+  CHECK((compare<kvsift::inner_product, float>(s, qb, topk(10, 10, kc::graph_metric::inner_product),
+                                               kDense) == 0));
+  CHECK(t.ids[0] == kvsift::invalid_id && t.scores[0] == -std::numeric_limits<float>::infinity());
+  const gpu_result d = run_gpu<float>(s, qb, dipr(2.0f, 8, 0), kDense);
+  std::printf("    DIPR counts %u %u %u %u\n", d.counts[0], d.counts[1], d.counts[2], d.counts[3]);
+  CHECK(d.counts[0] == 0);
+  CHECK(d.counts[1] == 0);
+  CHECK(d.counts[3] > 0);
+  CHECK(d.best[0] == -std::numeric_limits<float>::infinity());  // no seed: the worst score
+  CHECK(d.best[1] == 7.0f);                                     // the seed, as on the CPU
+  CHECK((compare<kvsift::inner_product, float>(s, qb, dipr(2.0f, 8, 0), kDense) == 0));
+}
+
+TEST_CASE_CUDA(decode_search_device_errors_set_status) {
+  graph_set s = make_set({300, 200}, 16, 16, 1);
+  query_batch qb = make_queries(s, 4, false, false);
+  qb.graph[1] = 7;                                              // no such graph
+  s.adj[(s.offsets[0] + s.entries[0]) * s.width] = 299 + 1000;  // neighbour past the graph
+  const gpu_result r = run_gpu<float>(s, qb, topk(10, 10, kc::graph_metric::inner_product), kDense);
+  CHECK((r.status & kc::decode_status_bad_graph) != 0u);
+  CHECK(r.counts[1] == 0 && r.ids[10] == kvsift::invalid_id);
+  qb.graph = {0, 0, 0, 0};
+  const gpu_result r2 =
+      run_gpu<float>(s, qb, topk(10, 10, kc::graph_metric::inner_product), kDense);
+  CHECK((r2.status & kc::decode_status_bad_id) != 0u);
+  CHECK((r2.status & kc::decode_status_bad_graph) == 0u);
+  // An empty filter range is a query error, not an empty answer by accident.
+  query_batch qf = make_queries(s, 2, false, true);
+  qf.first[0] = 5;
+  qf.last[0] = 5;
+  const gpu_result r3 = run_gpu<float>(make_set({300, 200}, 16, 16, 1), qf,
+                                       topk(10, 10, kc::graph_metric::inner_product), kDense);
+  CHECK((r3.status & kc::decode_status_bad_query) != 0u && r3.counts[0] == 0);
+}
+
+TEST_CASE_CUDA(decode_results_to_csr_compacts_rows) {
+  const std::vector<id_t> ids = {
+      1, 2, 3, kvsift::invalid_id, 9, 8, kvsift::invalid_id, kvsift::invalid_id, 4, 5, 6, 7};
+  const std::vector<std::uint32_t> counts = {3, 0, 4};
+  device_buffer<id_t> di(ids);
+  device_buffer<std::uint32_t> dc(counts);
+  device_buffer<std::int64_t> indptr(4);
+  device_buffer<std::int32_t> indices(12);
+  kc::decode_results_to_csr(di.get(), dc.get(), 3, 4, indptr.get(), indices.get(), nullptr);
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ip = indptr.download();
+  const auto ix = indices.download();
+  CHECK(ip == (std::vector<std::int64_t>{0, 3, 3, 7}));
+  CHECK((std::vector<std::int32_t>(ix.begin(), ix.begin() + 7) ==
+         std::vector<std::int32_t>{1, 2, 3, 4, 5, 6, 7}));
+  // Many rows: the one-block scan's per-thread segments.
+  const std::size_t m = 5000;
+  std::vector<std::uint32_t> c2(m);
+  std::vector<id_t> i2(m * 2);
+  std::vector<std::int64_t> want(m + 1, 0);
+  for (std::size_t i = 0; i < m; ++i) {
+    c2[i] = std::uint32_t(uniform_int(0, 2));
+    i2[2 * i] = id_t(i);
+    i2[2 * i + 1] = id_t(i + 1);
+    want[i + 1] = want[i] + c2[i];
+  }
+  device_buffer<id_t> d2(i2);
+  device_buffer<std::uint32_t> dc2(c2);
+  device_buffer<std::int64_t> ip2(m + 1);
+  device_buffer<std::int32_t> ix2(m * 2);
+  kc::decode_results_to_csr(d2.get(), dc2.get(), std::int64_t(m), 2, ip2.get(), ix2.get(), nullptr);
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(ip2.download() == want);
+}
+
+TEST_CASE_CUDA(decode_search_rejects_bad_input) {
+  const graph_set s = make_set({100}, 16, 16, 1);
+  device_buffer<id_t> adj(s.adj), ent(s.entries);
+  device_buffer<std::int64_t> off(s.offsets);
+  device_buffer<float> keys(s.keys), q(std::size_t(16));
+  device_buffer<std::int32_t> graph(std::vector<std::int32_t>{0});
+  device_buffer<id_t> ids(std::size_t(100));
+  device_buffer<std::uint32_t> counts(std::size_t(1));
+  kc::graph_set_ref set{adj.get(), off.get(), ent.get(), 1, 16, 1, 100};
+  kc::dense_keys_ref<float> k{keys.get(), 16, 16};
+  kc::decode_queries qs{q.get(), 16, graph.get()};
+  kc::decode_search_outputs out{ids.get(), nullptr, counts.get()};
+  kc::decode_search_params p = topk(10, 20, kc::graph_metric::inner_product);
+  const std::size_t wb = kc::decode_search_workspace_size(set, 1, p);
+  device_buffer<char> ws(wb);
+  auto msg = [&](kc::graph_set_ref st, kc::dense_keys_ref<float> kk, kc::decode_queries qq,
+                 std::int64_t m, kc::decode_search_params pp, kc::decode_search_outputs oo,
+                 std::size_t bytes) {
+    return message_of([&] { kc::decode_search(st, kk, qq, m, pp, oo, ws.get(), bytes, nullptr); });
+  };
+  CHECK(msg(set, k, qs, 1, p, out, wb) == "(no exception)");
+  auto bad = p;
+  bad.L = 5;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "k = 10 <= L"));
+  bad = p;
+  bad.L = 5000;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "got L = 5000"));
+  bad = dipr(-1.0f, 8, 0);
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "beta >= 0"));
+  bad = dipr(1.0f, 8, 4);
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "max_results"));
+  CHECK(contains(msg(set, k, qs, 0, p, out, wb), "1 <= queries"));
+  CHECK(contains(msg(set, k, qs, 1, p, out, wb - 4), "too small"));
+  auto q2 = qs;
+  q2.ld = 8;
+  CHECK(contains(msg(set, k, q2, 1, p, out, wb), "stride >= dim = 16"));
+  q2 = qs;
+  std::uint32_t host_first = 0;
+  q2.filter_first = &host_first;
+  CHECK(contains(msg(set, k, q2, 1, p, out, wb), "both filter_first and filter_last"));
+  auto o2 = out;
+  o2.counts = nullptr;
+  CHECK(contains(msg(set, k, qs, 1, p, o2, wb), "required"));
+  auto s2 = set;
+  s2.width = 0;
+  CHECK(contains(msg(s2, k, qs, 1, p, out, wb), "adjacency width"));
+  s2 = set;
+  s2.max_keys = 0;
+  CHECK(contains(msg(s2, k, qs, 1, p, out, wb), "max_keys"));
+  s2 = set;
+  std::vector<id_t> host_adj(s.adj);
+  s2.adjacency = host_adj.data();
+  CHECK(contains(msg(s2, k, qs, 1, p, out, wb), "adjacency"));
+}
