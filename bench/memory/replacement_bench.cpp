@@ -22,7 +22,7 @@
 #include "kvsift/core/parallel_for.hpp"
 #include "kvsift/core/vector_store.hpp"
 #include "kvsift/index/flat_index.hpp"
-#include "kvsift/index/vector_io.hpp"
+#include "kvsift/io/vector_io.hpp"
 #include "kvsift/memory/belady.hpp"
 #include "kvsift/memory/bucketed_lru.hpp"
 #include "kvsift/memory/exact_lru.hpp"

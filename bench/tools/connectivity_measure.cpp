@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <kvsift/index/gqa_sampling.hpp>
 #include <kvsift/index/roargraph_builder.hpp>
-#include <kvsift/index/vector_io.hpp>
+#include <kvsift/io/vector_io.hpp>
 #include <kvsift/search/beam_search.hpp>
 #include <kvsift/testing/ood_generator.hpp>
 #include <string>

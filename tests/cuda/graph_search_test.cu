@@ -68,6 +68,7 @@ struct flat_graph {
   }
   float score(const float* q, id_t i) const { return M::score(q, keys.row(i), keys.cols()); }
 };
+static_assert(kvsift::Graph<flat_graph<kvsift::l2, float>>);
 
 template <class T>
 using device_t = typename kvsift::cuda::detail::device_element<T>::type;

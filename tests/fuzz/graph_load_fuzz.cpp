@@ -15,8 +15,8 @@
 
 #include "fuzz_support.hpp"
 #include "kvsift/core/vector_store.hpp"
-#include "kvsift/index/detail/binary_io.hpp"
 #include "kvsift/index/graph_io.hpp"
+#include "kvsift/io/detail/binary_io.hpp"
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
 #include "kvsift/search/predicate.hpp"

@@ -12,7 +12,7 @@
 
 #include "kvsift/index/graph_io.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
-#include "kvsift/index/vector_io.hpp"
+#include "kvsift/io/vector_io.hpp"
 #include "kvsift/testing/ood_generator.hpp"
 
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// Fuzz target (b): the .fbin / .ibin / .npy readers (index/vector_io.hpp) and the .npy header
+// Fuzz target (b): the .fbin / .ibin / .npy readers (io/vector_io.hpp) and the .npy header
 // dictionary parser on arbitrary bytes. Byte 0 selects the reader; the rest is the file (or, for
 // the parser, the header text). A read either throws kvsift's io_error / invalid_argument or
 // returns a matrix whose size agrees with the file; it never reads out of bounds or allocates
@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "fuzz_support.hpp"
-#include "kvsift/index/vector_io.hpp"
+#include "kvsift/io/vector_io.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1) return 0;

@@ -1,4 +1,4 @@
-// atomic_write (index/detail/binary_io.hpp): the file replacement under every index and vector
+// atomic_write (io/detail/binary_io.hpp): the file replacement under every index and vector
 // writer. The attacks and accidents it must survive: a symlink, FIFO or device at the target,
 // a symlink planted at the old predictable temporary name, an unwritable directory, a writer
 // that fails half-way. In each case the original must be intact and no temporary left behind.
@@ -15,7 +15,7 @@
 #include <string>
 
 #include "../test_support.hpp"
-#include "kvsift/index/detail/binary_io.hpp"
+#include "kvsift/io/detail/binary_io.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;

@@ -280,6 +280,7 @@ class reference_searcher {
       return kvsift::l2::score(q, s->keys_.row(i), s->keys_.cols());
     }
   };
+  static_assert(kvsift::Graph<graph>);
 
   kvsift::matrix_view<const float> keys_;
   std::size_t width_;

@@ -18,7 +18,7 @@
 #include "kvsift/index/graph_index.hpp"
 #include "kvsift/index/knn.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
-#include "kvsift/index/vector_io.hpp"
+#include "kvsift/io/vector_io.hpp"
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
 #include "kvsift/testing/ood_generator.hpp"

@@ -1,4 +1,4 @@
-#include "kvsift/index/vector_io.hpp"
+#include "kvsift/io/vector_io.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../test_support.hpp"
-#include "kvsift/index/detail/binary_io.hpp"
+#include "kvsift/io/detail/binary_io.hpp"
 
 namespace fs = std::filesystem;
 

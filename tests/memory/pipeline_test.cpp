@@ -11,10 +11,11 @@
 
 #include "../test_support.hpp"
 #include "kvsift/core/dense_matrix.hpp"
+#include "kvsift/decode/graph_token_retrieval.hpp"
+#include "kvsift/decode/sparse_algorithm.hpp"
 #include "kvsift/index/flat_index.hpp"
 #include "kvsift/memory/bucketed_lru.hpp"
-#include "kvsift/memory/graph_token_retrieval.hpp"
-#include "kvsift/memory/pipeline.hpp"
+#include "kvsift/memory/offload.hpp"
 #include "kvsift/testing/ood_generator.hpp"
 
 using kvsift::id_t;

@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -8,7 +10,9 @@
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/vector_store.hpp"
 #include "kvsift/index/block_index.hpp"
+#include "kvsift/index/graph_index.hpp"
 #include "kvsift/index/knn.hpp"
+#include "kvsift/search/graph.hpp"
 #include "kvsift/search/predicate.hpp"
 
 namespace {
@@ -106,7 +110,72 @@ struct float_bounds_representative {
   std::size_t floats_per_block() const { return 0; }
 };
 
+// Graph models: one entry point, several entry points, and what each must not lack.
+struct one_entry_graph {
+  using metric_type = kvsift::l2;
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  kvsift::id_t entry_point() const { return kvsift::invalid_id; }
+  std::span<const kvsift::id_t> neighbors(kvsift::id_t) const { return {}; }
+  float score(const float*, kvsift::id_t) const { return 0; }
+};
+struct many_entries_graph {
+  using metric_type = kvsift::inner_product;
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  std::span<const kvsift::id_t> entry_points() const { return {}; }
+  std::span<const kvsift::id_t> neighbors(kvsift::id_t) const { return {}; }
+  float score(const float*, kvsift::id_t) const { return 0; }
+};
+struct no_entry_graph {
+  using metric_type = kvsift::l2;
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  std::span<const kvsift::id_t> neighbors(kvsift::id_t) const { return {}; }
+  float score(const float*, kvsift::id_t) const { return 0; }
+};
+struct no_metric_graph {
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  kvsift::id_t entry_point() const { return kvsift::invalid_id; }
+  std::span<const kvsift::id_t> neighbors(kvsift::id_t) const { return {}; }
+  float score(const float*, kvsift::id_t) const { return 0; }
+};
+struct bad_metric_graph : one_entry_graph {
+  using metric_type = no_score_metric;
+};
+// Neighbours as 64-bit ids: the walk's visited set and pools hold 32-bit ids.
+struct wide_ids_graph {
+  using metric_type = kvsift::l2;
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  kvsift::id_t entry_point() const { return kvsift::invalid_id; }
+  std::span<const std::uint64_t> neighbors(kvsift::id_t) const { return {}; }
+  float score(const float*, kvsift::id_t) const { return 0; }
+};
+// Scoring through a non-const member: searches share one const graph across threads.
+struct mutable_score_graph {
+  using metric_type = kvsift::l2;
+  std::size_t size() const { return 0; }
+  std::size_t dim() const { return 0; }
+  kvsift::id_t entry_point() const { return kvsift::invalid_id; }
+  std::span<const kvsift::id_t> neighbors(kvsift::id_t) const { return {}; }
+  float score(const float*, kvsift::id_t) { return 0; }
+};
+
 }  // namespace
+
+// Graph
+static_assert(kvsift::Graph<kvsift::graph_index<kvsift::view_store<float>, kvsift::l2>>);
+static_assert(kvsift::Graph<kvsift::graph_index<kvsift::owning_store<kvsift::half>>>);
+static_assert(kvsift::Graph<one_entry_graph>);
+static_assert(kvsift::Graph<many_entries_graph>);
+static_assert(!kvsift::Graph<no_entry_graph>);
+static_assert(!kvsift::Graph<no_metric_graph>);
+static_assert(!kvsift::Graph<bad_metric_graph>);
+static_assert(!kvsift::Graph<wide_ids_graph>);
+static_assert(!kvsift::Graph<mutable_score_graph>);
+static_assert(!kvsift::Graph<int>);
 
 // BlockRepresentative
 static_assert(kvsift::BlockRepresentative<kvsift::minmax_representative>);

@@ -5,11 +5,12 @@
 #include <span>
 #include <vector>
 
+#include "kvsift/decode/graph_token_retrieval.hpp"
+#include "kvsift/decode/sparse_algorithm.hpp"
 #include "kvsift/memory/belady.hpp"
 #include "kvsift/memory/bucketed_lru.hpp"
 #include "kvsift/memory/exact_lru.hpp"
-#include "kvsift/memory/graph_token_retrieval.hpp"
-#include "kvsift/memory/pipeline.hpp"
+#include "kvsift/memory/offload.hpp"
 
 namespace {
 

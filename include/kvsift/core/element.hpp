@@ -103,11 +103,15 @@ constexpr std::string_view to_string(element_type t) noexcept {
   return "unknown";
 }
 
-/// The element types kvsift stores vectors in.
+namespace detail {
 template <class T>
-concept Element = std::is_same_v < std::remove_const_t<T>,
-float > || std::is_same_v<std::remove_const_t<T>, half> ||
-    std::is_same_v<std::remove_const_t<T>, bfloat16>;
+inline constexpr bool is_element_v =
+    std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+}  // namespace detail
+
+/// The element types kvsift stores vectors in: f32, f16 and bf16, const-qualified or not.
+template <class T>
+concept Element = detail::is_element_v<std::remove_const_t<T>>;
 
 template <Element T>
 constexpr element_type element_type_of() noexcept {

@@ -33,9 +33,7 @@
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/topk.hpp"
-#include "kvsift/search/detail/graph_walk.hpp"
-#include "kvsift/search/predicate.hpp"
-#include "kvsift/search/search_workspace.hpp"
+#include "kvsift/search/vocabulary.hpp"
 
 namespace kvsift {
 

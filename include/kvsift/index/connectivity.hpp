@@ -25,7 +25,7 @@ struct connectivity_batch {
 };
 
 /// A step-3 searcher over one key set and an n x width adjacency it keeps a copy of:
-/// - `set_rows(rows, flat)`: row rows[i] becomes flat[i * width, (i + 1) * width), padded with
+/// - `set_rows(rows, padded)`: row rows[i] becomes padded[i * width, (i + 1) * width), padded with
 ///   invalid_id;
 /// - `search(rows, entry, L, degree, out)`: for each key row x, a best-first search with key x
 ///   as the l2 query, pool L, from `entry`, over the rows as set; the pool minus x, best first,

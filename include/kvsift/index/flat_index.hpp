@@ -17,10 +17,8 @@
 #include "kvsift/core/parallel_for.hpp"
 #include "kvsift/core/vector_store.hpp"
 #include "kvsift/index/knn_result.hpp"
-#include "kvsift/search/detail/graph_walk.hpp"
-#include "kvsift/search/dipr_search.hpp"
-#include "kvsift/search/predicate.hpp"
-#include "kvsift/search/search_workspace.hpp"
+#include "kvsift/search/detail/dipr_answer.hpp"
+#include "kvsift/search/vocabulary.hpp"
 
 namespace kvsift {
 

@@ -17,6 +17,7 @@
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/vector_store.hpp"
+#include "kvsift/search/graph.hpp"
 
 namespace kvsift {
 
@@ -158,5 +159,8 @@ class graph_index {
   std::vector<std::uint32_t> degrees_;
   std::vector<id_t> entries_;
 };
+
+static_assert(Graph<graph_index<view_store<float>, inner_product>>);
+static_assert(Graph<graph_index<owning_store<half>, l2>>);
 
 }  // namespace kvsift

@@ -17,8 +17,8 @@
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/vector_store.hpp"
-#include "kvsift/index/detail/binary_io.hpp"
 #include "kvsift/index/graph_index.hpp"
+#include "kvsift/io/detail/binary_io.hpp"
 
 namespace kvsift {
 

@@ -1,12 +1,12 @@
 #pragma once
 // Exact maximum-inner-product kNN on the CPU: blocked GEMM with Eigen (query block x key
 // block) followed by a per-row bounded top-k merge. This is step 1 of the RoarGraph build and
-// the training-time oracle; a CUDA engine models the same `KnnEngine` concept.
+// the training-time oracle; a CUDA engine models the same `KnnEngine` concept
+// (<kvsift/index/knn_engine.hpp>, which does not include Eigen).
 
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
-#include <concepts>
 #include <cstddef>
 #include <limits>
 #include <type_traits>
@@ -19,18 +19,10 @@
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/parallel_for.hpp"
 #include "kvsift/core/topk.hpp"
+#include "kvsift/index/knn_engine.hpp"
 #include "kvsift/index/knn_result.hpp"
 
 namespace kvsift {
-
-/// Exact query -> key top-k by inner product. Engines receive f32 queries and keys of any
-/// element type and return best-first rows (ties: lower id wins), padded when k > n.
-template <class E>
-concept KnnEngine = requires(const E& e, matrix_view<const float> q, matrix_view<const float> kf,
-                             matrix_view<const half> kh, std::size_t k) {
-  { e.search(q, kf, k) } -> std::same_as<knn_result>;
-  { e.search(q, kh, k) } -> std::same_as<knn_result>;
-};
 
 /// Tuning of the CPU engine. Defaults suit d in [64, 256] on a few-MB L2 cache. Block sizes
 /// are clamped, never rejected: 0 counts as 1, a block beyond the queries / keys is the whole
@@ -46,18 +38,6 @@ struct cpu_knn_params {
 /// used to reach Eigen as a negative size; clamped to the keys it still allocated
 /// query_block x n floats.
 inline constexpr std::size_t cpu_knn_max_block_floats = std::size_t{1} << 26;
-
-namespace detail {
-inline void validate_knn(matrix_view<const float> q, std::size_t n, std::size_t d, std::size_t k) {
-  detail::require(k > 0, "knn: k must be > 0, got 0");
-  detail::require(n > 0, "knn: expected a non-empty key set, got 0 keys");
-  require_indexable(n, "knn: keys");
-  require_vector_dim(n, d, "knn: keys");
-  detail::require(q.rows() > 0, "knn: expected at least one query, got 0");
-  require_dim(d, q.cols(), "knn: query dimension vs key dimension");
-  (void)checked_mul(q.rows(), k, "knn: queries x k");
-}
-}  // namespace detail
 
 /// CPU exact kNN engine. Thread safety: `search` is const and safe to call concurrently
 /// (each call uses its own threads and buffers).
@@ -78,7 +58,7 @@ class cpu_knn_engine {
                                   std::size_t k) const {
     detail::validate_knn(queries, keys.rows(), keys.cols(), k);
     const std::size_t m = queries.rows(), n = keys.rows(), d = keys.cols();
-    const std::size_t kk = std::min(k, n);
+    const std::size_t results_per_query = std::min(k, n);
     knn_result out;
     out.rows = m;
     out.k = k;
@@ -98,7 +78,7 @@ class cpu_knn_engine {
                 Eigen::OuterStride<>(static_cast<Eigen::Index>(queries.stride())));
       row_mat scores(static_cast<Eigen::Index>(qn), static_cast<Eigen::Index>(kb));
       std::vector<float> widened;  // only for 16-bit keys
-      std::vector<topk_selector> sel(qn, topk_selector(kk));
+      std::vector<topk_selector> sel(qn, topk_selector(results_per_query));
       for (std::size_t k0 = 0; k0 < n; k0 += kb) {
         const std::size_t kn = std::min(kb, n - k0);
         const float* kptr;

@@ -8,18 +8,14 @@
 #include <span>
 
 #include "kvsift/core/error.hpp"
-#include "kvsift/core/metric.hpp"
+#include "kvsift/core/metric_concept.hpp"
 #include "kvsift/search/detail/graph_walk.hpp"
+#include "kvsift/search/graph.hpp"
 #include "kvsift/search/predicate.hpp"
+#include "kvsift/search/search_params.hpp"
 #include "kvsift/search/search_workspace.hpp"
 
 namespace kvsift {
-
-/// Per-call parameters of beam search.
-struct beam_search_params {
-  std::size_t k = 10;   ///< results wanted (> 0)
-  std::size_t L = 100;  ///< pool size (>= k): larger is slower and more accurate
-};
 
 /// Finds the (approximately) k best keys for `query`. Writes up to k results best-first into
 /// out_ids / out_scores (raw metric scores); the rest is padded with invalid_id and the
@@ -32,12 +28,11 @@ struct beam_search_params {
 /// @throw invalid_argument if k == 0, L < k, or the outputs are shorter than k;
 ///        dimension_mismatch for a wrong query length; out_of_range for bad entry ids or a
 ///        predicate referring to ids beyond the index.
-template <class Graph, Predicate P = no_filter>
-search_stats beam_search(const Graph& g, std::span<const float> query,
-                         const beam_search_params& params, search_workspace& ws,
-                         std::span<id_t> out_ids, std::span<float> out_scores, const P& pred = {},
-                         std::span<const id_t> extra_entries = {}) {
-  using M = typename Graph::metric_type;
+template <Graph G, Predicate P = no_filter>
+search_stats beam_search(const G& g, std::span<const float> query, const beam_search_params& params,
+                         search_workspace& ws, std::span<id_t> out_ids, std::span<float> out_scores,
+                         const P& pred = {}, std::span<const id_t> extra_entries = {}) {
+  using M = typename G::metric_type;
   detail::require(params.k > 0, "beam_search: k must be > 0, got 0");
   detail::require(params.L >= params.k, "beam_search: expected L >= k = ", params.k,
                   ", got L = ", params.L);

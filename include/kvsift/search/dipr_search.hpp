@@ -21,68 +21,16 @@
 #include <vector>
 
 #include "kvsift/core/error.hpp"
-#include "kvsift/core/metric.hpp"
+#include "kvsift/core/metric_concept.hpp"
 #include "kvsift/core/topk.hpp"
+#include "kvsift/search/detail/dipr_answer.hpp"
 #include "kvsift/search/detail/graph_walk.hpp"
+#include "kvsift/search/graph.hpp"
 #include "kvsift/search/predicate.hpp"
+#include "kvsift/search/search_params.hpp"
 #include "kvsift/search/search_workspace.hpp"
 
 namespace kvsift {
-
-/// Per-call parameters of DIPR search. Scores are raw metric scores (for inner product: the
-/// unscaled logit q.k), so beta is in the same units.
-struct dipr_params {
-  float beta = 1.0f;    ///< range width (>= 0, finite)
-  std::size_t l0 = 64;  ///< capacity threshold of the exploration phase (> 0)
-  /// Hard cap on in-range candidates and on the answer (0 = 64 * l0). A search that reaches
-  /// it stops, returns the best `max_candidates` found and sets `capped`.
-  std::size_t max_candidates = 0;
-  /// Window seeding: the best raw score the caller has already seen elsewhere (e.g. in the
-  /// static window on the GPU). NaN = none. Tightens pruning from the first hop.
-  float seed_score = std::numeric_limits<float>::quiet_NaN();
-};
-
-/// Output of a DIPR search; reuse one object across calls to avoid allocation.
-struct dipr_result {
-  std::vector<id_t> ids;      ///< best-first
-  std::vector<float> scores;  ///< raw metric scores, best-first
-  search_stats stats;
-  float best_score = 0;  ///< best raw score seen (including seed_score)
-  bool capped = false;   ///< hit max_candidates: the answer may be incomplete
-};
-
-namespace detail {
-inline void validate_dipr(const dipr_params& p, const char* who) {
-  require(std::isfinite(p.beta) && p.beta >= 0.0f, who, ": expected finite beta >= 0, got ",
-          p.beta);
-  require(p.l0 > 0, who, ": l0 must be > 0, got 0");
-  require(p.max_candidates == 0 || p.max_candidates >= p.l0, who,
-          ": expected max_candidates >= l0 = ", p.l0, " (or 0 for auto), got ", p.max_candidates);
-  require(!std::isinf(p.seed_score), who, ": expected a finite seed_score or NaN, got ",
-          p.seed_score);
-}
-
-/// Keeps list entries within beta of best, sorted best-first, into `out` as raw scores.
-template <Metric M>
-void emit_dipr(std::vector<scored_id>& list, float best_key, float beta, bool seeded,
-               dipr_result& out) {
-  const float threshold = best_key - beta;
-  if (best_key == -std::numeric_limits<float>::infinity()) list.clear();  // only NaN scores
-  std::erase_if(list, [&](const scored_id& s) { return !(s.key >= threshold); });
-  std::sort(list.begin(), list.end(), ranks_before);
-  out.ids.resize(list.size());
-  out.scores.resize(list.size());
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    out.ids[i] = list[i].id;
-    out.scores[i] = from_key<M>(list[i].key);
-  }
-  out.stats.count = list.size();
-  // Only the "nothing scored" key -inf means no best; a key of +inf is a real (infinite) best.
-  out.best_score = (best_key == -std::numeric_limits<float>::infinity() && !seeded)
-                       ? worst_score<M>()
-                       : from_key<M>(best_key);
-}
-}  // namespace detail
 
 /// DIPRS over a graph index: every key with score within beta of the best (of the index and
 /// `seed_score`), as found by the graph walk. With a predicate only passing ids are
@@ -93,11 +41,11 @@ void emit_dipr(std::vector<scored_id>& list, float best_key, float beta, bool se
 /// @throw invalid_argument for beta < 0 or non-finite, l0 == 0, max_candidates < l0, an
 ///        infinite seed_score; dimension_mismatch for a wrong query length; out_of_range for
 ///        bad entry ids or predicate ids.
-template <class Graph, Predicate P = no_filter>
-void dipr_search(const Graph& g, std::span<const float> query, const dipr_params& params,
+template <Graph G, Predicate P = no_filter>
+void dipr_search(const G& g, std::span<const float> query, const dipr_params& params,
                  search_workspace& ws, dipr_result& out, const P& pred = {},
                  std::span<const id_t> extra_entries = {}) {
-  using M = typename Graph::metric_type;
+  using M = typename G::metric_type;
   detail::validate_dipr(params, "dipr_search");
   detail::validate_query(query, g.dim(), "dipr_search");
   detail::validate_entries(extra_entries, g.size(), "dipr_search");

@@ -28,8 +28,8 @@
 #include <cstdint>
 #include <memory>
 
-// The host headers below are plain C++ (Eigen inside: kvsift::cuda defines EIGEN_NO_CUDA for
-// CUDA sources, keep it defined if you include this header by other means). nvcc warns (554)
+// The host headers below are plain C++ (no Eigen: the KnnEngine concept lives apart from the
+// CPU engine). nvcc warns (554)
 // that the const-to-const conversion operator of matrix_view<const T> is never called: it is
 // disabled by its requires-clause, which that diagnostic does not see.
 #pragma nv_diagnostic push
@@ -37,7 +37,7 @@
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/ids.hpp>
 #include <kvsift/core/matrix_view.hpp>
-#include <kvsift/index/knn.hpp>
+#include <kvsift/index/knn_engine.hpp>
 #include <kvsift/index/knn_result.hpp>
 #pragma nv_diagnostic pop
 #include <kvsift/cuda/error.cuh>

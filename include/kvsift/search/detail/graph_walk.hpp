@@ -3,47 +3,27 @@
 // rule for filtered search: a neighbour that fails the predicate is not scored, but its own
 // neighbours are considered, so the walk crosses filtered-out regions.
 
-#include <cmath>
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <type_traits>
 
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
+#include "kvsift/search/detail/query_checks.hpp"
+#include "kvsift/search/graph.hpp"
 #include "kvsift/search/predicate.hpp"
 #include "kvsift/search/search_workspace.hpp"
 
 namespace kvsift::detail {
-
-/// @throw dimension_mismatch if the query length differs from the index dimension.
-inline void validate_query(std::span<const float> query, std::size_t dim, const char* who) {
-  require<dimension_mismatch>(query.size() == dim, who, ": expected query dimension ", dim,
-                              ", got ", query.size());
-}
-
-/// True if every element of `query` is finite. O(d), once per search at the entry: a query
-/// with NaN/Inf scores NaN or +-inf against every key, so its "best" keys would be arbitrary;
-/// the searches return no results for it instead (see docs/algorithms.md, NaN and Inf).
-[[nodiscard]] inline bool finite_query(std::span<const float> query) noexcept {
-  bool ok = true;
-  for (const float x : query) ok &= std::isfinite(x);
-  return ok;
-}
-
-/// @throw out_of_range if an extra entry id is >= n.
-inline void validate_entries(std::span<const id_t> entries, std::size_t n, const char* who) {
-  for (id_t e : entries) {
-    require<out_of_range>(e < n, who, ": expected entry ids < ", n, ", got ", e);
-  }
-}
 
 /// Calls `visit(id)` for every not-yet-visited neighbour of `u` that passes `pred`. With a
 /// real filter, failing neighbours are walked through to their own neighbours (2 hops), and,
 /// as in ACORN, the passing nodes gathered per expansion are truncated to u's degree: without
 /// the cap a selective filter makes every expansion score up to degree^2 nodes, and the walk
 /// degenerates into scoring nearly every passing key.
-template <class Graph, Predicate P, class Visit>
-void expand(const Graph& g, id_t u, const P& pred, search_workspace& ws, Visit&& visit) {
+template <Graph G, Predicate P, class Visit>
+void expand(const G& g, id_t u, const P& pred, search_workspace& ws, Visit&& visit) {
   const auto nbrs = g.neighbors(u);
   if constexpr (std::is_same_v<P, no_filter>) {
     if constexpr (requires { g.prefetch(u); }) {
@@ -94,8 +74,8 @@ void expand(const Graph& g, id_t u, const P& pred, search_workspace& ws, Visit&&
 /// walked through like failing neighbours. If no seed yields a passing node (a filter that
 /// excludes the whole neighbourhood of the entry), the first passing ids in id order are
 /// used, so a satisfiable filter never returns an empty answer by accident.
-template <class Graph, Predicate P, class Visit>
-void seed(const Graph& g, std::span<const id_t> extra, const P& pred, std::size_t fallback,
+template <Graph G, Predicate P, class Visit>
+void seed(const G& g, std::span<const id_t> extra, const P& pred, std::size_t fallback,
           search_workspace& ws, Visit&& visit) {
   std::size_t seeded = 0;
   auto counted = [&](id_t id) {

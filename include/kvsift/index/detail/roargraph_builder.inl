@@ -1,0 +1,525 @@
+#pragma once
+// Step bodies of roargraph_builder (declared, with the reasons for each step, in
+// <kvsift/index/roargraph_builder.hpp>, which includes this file at its end).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace kvsift {
+
+template <Metric M, KnnEngine Engine>
+template <Element T>
+void roargraph_builder<M, Engine>::validate_params(matrix_view<const T> keys) const {
+  detail::require(params_.nq >= 2, "roargraph_builder: nq must be >= 2, got ", params_.nq);
+  detail::require(params_.M > 0, "roargraph_builder: M must be > 0, got 0");
+  detail::require(params_.M <= roargraph_max_M,
+                  "roargraph_builder: expected M <= ", roargraph_max_M,
+                  " (max degree 2M <= ", max_graph_degree, "), got M = ", params_.M);
+  detail::require(params_.L >= params_.M, "roargraph_builder: expected L >= M = ", params_.M,
+                  ", got L = ", params_.L);
+  detail::require(params_.connectivity_knn <= max_index_size,
+                  "roargraph_builder: expected connectivity_knn <= ", max_index_size, ", got ",
+                  params_.connectivity_knn);
+  detail::require(keys.rows() > 0, "roargraph_builder: expected a non-empty key set, got 0 keys");
+  require_indexable(keys.rows(), "roargraph_builder: keys");
+  require_vector_dim(keys.rows(), keys.cols(), "roargraph_builder: keys");
+  (void)checked_bytes<id_t>(checked_mul(keys.rows(), 2 * params_.M, "roargraph_builder: n x 2M"),
+                            "roargraph_builder: adjacency bytes");
+  // Widened and augmented (d + 1) copies of the keys for l2 and the connectivity kNN.
+  (void)checked_bytes<float>(
+      checked_mul(keys.rows(), checked_add(keys.cols(), 1, "roargraph_builder: d + 1"),
+                  "roargraph_builder: augmented keys"),
+      "roargraph_builder: augmented key bytes");
+}
+
+template <Metric M, KnnEngine Engine>
+template <Element T>
+void roargraph_builder<M, Engine>::validate(matrix_view<const T> keys,
+                                            matrix_view<const float> train_queries) const {
+  validate_params(keys);
+  detail::require(train_queries.rows() > 0,
+                  "roargraph_builder: expected at least one training query, got 0");
+  require_dim(keys.cols(), train_queries.cols(), "roargraph_builder: training query dimension");
+  // The kNN lists (m x min(nq, n)) and the augmented queries (m x (d + 1)).
+  const std::size_t m = train_queries.rows();
+  (void)checked_bytes<float>(
+      checked_mul(m, std::min(params_.nq, keys.rows()), "roargraph_builder: training kNN"),
+      "roargraph_builder: training kNN bytes");
+  (void)checked_bytes<float>(checked_mul(m, keys.cols() + 1, "roargraph_builder: queries"),
+                             "roargraph_builder: query bytes");
+  require_finite(keys, "roargraph_builder: keys");
+  require_finite(train_queries, "roargraph_builder: training queries");
+}
+
+template <Metric M, KnnEngine Engine>
+std::size_t roargraph_builder<M, Engine>::steps_after_knn(std::size_t n) const {
+  if (!params_.connectivity) return 1;
+  return 2 + connectivity_rounds(n);
+}
+
+template <Metric M, KnnEngine Engine>
+std::size_t roargraph_builder<M, Engine>::max_batch(std::size_t n) const {
+  return params_.connectivity_knn > 0 ? n : std::max<std::size_t>(1, params_.batch);
+}
+
+template <Metric M, KnnEngine Engine>
+std::size_t roargraph_builder<M, Engine>::connectivity_rounds(std::size_t n) const {
+  const std::size_t most = max_batch(n);
+  std::size_t rounds = 0;
+  std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
+  for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) ++rounds;
+  return rounds;
+}
+
+template <Metric M, KnnEngine Engine>
+template <MatrixStore Store>
+graph_index<Store, M> roargraph_builder<M, Engine>::finish(
+    Store store, const knn_result& knn, std::chrono::steady_clock::time_point t0,
+    roargraph_build_stats st, roargraph_build_stats* stats, const build_progress_callback& progress,
+    std::size_t done, std::size_t total) const {
+  const auto keys = store.view();
+  const std::size_t n = keys.rows();
+  auto report = [&](std::string_view phase) {
+    ++done;
+    if (progress) progress({done, total, detail::seconds_since(t0), phase});
+  };
+  auto t1 = std::chrono::steady_clock::now();
+  detail::adjacency_lists adj = project(store, knn);
+  st.projection_seconds = detail::seconds_since(t1);
+  report("projection");
+
+  // Without step 3 most keys have no out-edges (only pivots and their reverse edges do); an
+  // entry without out-edges ends every search at one key, so it is chosen among keys with
+  // edges there.
+  const id_t entry = centroid_entry(keys, adj, /*with_edges_only=*/!params_.connectivity);
+  t1 = std::chrono::steady_clock::now();
+  if (params_.connectivity) {
+    enhance(store, adj, entry, st, [&] { report("connectivity"); });
+    const auto t2 = std::chrono::steady_clock::now();
+    repair_reachability(store, adj, entry);
+    st.repair_seconds = detail::seconds_since(t2);
+    report("repair");
+  }
+  st.connectivity_seconds = detail::seconds_since(t1);
+  {
+    std::vector<char> reached(n, 0);
+    std::vector<id_t> stack;
+    st.unreachable_keys = n - detail::mark_reachable(adj, entry, reached, stack);
+  }
+
+  const std::size_t R = degree_cap();
+  std::vector<id_t> padded_adjacency(n * R, invalid_id);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::copy_n(adj.rows[i].begin(), std::min(R, adj.rows[i].size()),
+                padded_adjacency.begin() + i * R);
+  }
+  st.total_seconds = detail::seconds_since(t0);
+  if (stats != nullptr) *stats = st;
+  // A second entry: the key that is the best key of the most training queries. On real
+  // attention data that is the attention sink (key 0 is the top-1 of 316 of 462 evaluation
+  // queries of the committed sample), far in Euclidean terms from every other key, so few
+  // pruned edges lead to it: seeding it took recall@10 at pool 10 from 0.91 to 0.99 there.
+  std::vector<id_t> entries{entry};
+  const id_t mode = pivot_mode(knn, n);
+  if (mode != entry && !adj.rows[mode].empty()) entries.push_back(mode);
+  return graph_index<Store, M>(std::move(store), R, std::move(padded_adjacency),
+                               std::move(entries));
+}
+
+template <Metric M, KnnEngine Engine>
+template <Element T>
+knn_result roargraph_builder<M, Engine>::query_knn(matrix_view<const T> keys,
+                                                   matrix_view<const float> q) const {
+  const std::size_t k = std::min(params_.nq, keys.rows());
+  if constexpr (std::is_same_v<M, inner_product>) {
+    return engine_.search(q, keys, k);
+  } else {
+    return l2_knn(keys, q, k);
+  }
+}
+
+template <Metric M, KnnEngine Engine>
+template <Element T>
+knn_result roargraph_builder<M, Engine>::key_knn(matrix_view<const T> keys, std::size_t k) const {
+  const std::size_t n = keys.rows(), d = keys.cols();
+  std::vector<float> xs(n * d);
+  for (std::size_t i = 0; i < n; ++i) detail::widen(keys.row(i), &xs[i * d], d);
+  return l2_knn(keys, matrix_view<const float>(xs.data(), n, d), k);
+}
+
+template <Metric M, KnnEngine Engine>
+template <Element T>
+knn_result roargraph_builder<M, Engine>::l2_knn(matrix_view<const T> keys,
+                                                matrix_view<const float> q, std::size_t k) const {
+  // argmin |q - x|^2 = argmax (q, 1) . (2x, -|x|^2): l2 through any inner-product engine.
+  const std::size_t d = keys.cols();
+  std::vector<float> qa(q.rows() * (d + 1)), xa(keys.rows() * (d + 1));
+  for (std::size_t i = 0; i < q.rows(); ++i) {
+    std::copy_n(q.row(i), d, &qa[i * (d + 1)]);
+    qa[i * (d + 1) + d] = 1.0f;
+  }
+  for (std::size_t i = 0; i < keys.rows(); ++i) {
+    float* r = &xa[i * (d + 1)];
+    detail::widen(keys.row(i), r, d);
+    r[d] = -detail::dot_f32(r, r, d);
+    for (std::size_t j = 0; j < d; ++j) r[j] *= 2.0f;
+  }
+  return engine_.search(matrix_view<const float>(qa.data(), q.rows(), d + 1),
+                        matrix_view<const float>(xa.data(), keys.rows(), d + 1), k);
+}
+
+template <Metric M, KnnEngine Engine>
+template <MatrixStore Store>
+detail::adjacency_lists roargraph_builder<M, Engine>::project(const Store& store,
+                                                              const knn_result& knn) const {
+  const std::size_t n = store.size(), M_ = params_.M;
+  std::vector<std::vector<id_t>> pooled(n);  // candidates gathered per pivot, query order
+  for (std::size_t qi = 0; qi < knn.rows; ++qi) {
+    const auto ids = knn.row_ids(qi);
+    const id_t pivot = ids[0];
+    for (std::size_t j = 1; j < ids.size() && ids[j] != invalid_id; ++j) {
+      pooled[pivot].push_back(ids[j]);
+    }
+  }
+  detail::adjacency_lists adj;
+  adj.rows.resize(n);
+  std::vector<std::vector<float>> scratch(thread_count());
+  parallel_for(
+      n, scratch.size(),
+      [&](std::size_t p, std::size_t t) {
+        auto& c = pooled[p];
+        if (c.empty()) return;
+        std::sort(c.begin(), c.end());
+        c.erase(std::unique(c.begin(), c.end()), c.end());
+        std::erase(c, static_cast<id_t>(p));
+        adj.rows[p] = prune_around(store, static_cast<id_t>(p), c, M_, true, scratch[t]);
+      },
+      64);
+  // Reverse edges: requests collected in pivot order, then each target merges its own.
+  std::vector<std::vector<id_t>> reverse(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    for (id_t c : adj.rows[p]) reverse[c].push_back(static_cast<id_t>(p));
+  }
+  detail::adjacency_lists out;
+  out.rows.resize(n);
+  parallel_for(
+      n, scratch.size(),
+      [&](std::size_t x, std::size_t t) {
+        std::vector<id_t> merged = adj.rows[x];
+        for (id_t r : reverse[x]) {
+          if (std::find(merged.begin(), merged.end(), r) == merged.end()) merged.push_back(r);
+        }
+        out.rows[x] = merged.size() <= M_
+                          ? std::move(merged)
+                          : prune_around(store, static_cast<id_t>(x), merged, M_, true, scratch[t]);
+      },
+      64);
+  return out;
+}
+
+template <Metric M, KnnEngine Engine>
+template <MatrixStore Store, class OnRound>
+void roargraph_builder<M, Engine>::enhance(const Store& store, detail::adjacency_lists& adj,
+                                           id_t entry, roargraph_build_stats& st,
+                                           OnRound&& on_round) const {
+  if constexpr (ConnectivityEngine<Engine, typename Store::value_type>) {
+    if (params_.engine_connectivity && params_.connectivity_knn == 0 && store.size() > 1) {
+      auto searcher = engine_.make_connectivity_searcher(store.view(), degree_cap());
+      enhance_rounds(store, adj, entry, st, on_round, &searcher);
+      return;
+    }
+  }
+  enhance_rounds(store, adj, entry, st, on_round, static_cast<detail::no_searcher*>(nullptr));
+}
+
+template <Metric M, KnnEngine Engine>
+template <MatrixStore Store, class OnRound, class Searcher>
+void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::adjacency_lists& adj,
+                                                  id_t entry, roargraph_build_stats& st,
+                                                  OnRound& on_round, Searcher* searcher) const {
+  constexpr bool on_engine = !std::is_same_v<Searcher, detail::no_searcher>;
+  const std::size_t n = store.size(), R = degree_cap();
+  const bool fill = params_.connectivity_fill;
+  const std::size_t L = std::min(params_.L, n);
+  const detail::building_graph<Store, key_metric> g{store, adj, entry};
+  knn_result key_neighbors;  // with connectivity_knn: each key's exact nearest keys (l2)
+  if (params_.connectivity_knn > 0 && n > 1) {
+    const auto t_knn = std::chrono::steady_clock::now();
+    key_neighbors = key_knn(store.view(), std::min(params_.connectivity_knn + 1, n));
+    st.connectivity_search_seconds += detail::seconds_since(t_knn);
+  }
+  const std::size_t threads = thread_count();
+  std::vector<search_workspace> ws(threads);
+  std::vector<std::vector<float>> scratch(threads);
+  struct buffers {
+    std::vector<id_t> ids;
+    std::vector<float> scores;
+    std::vector<scored_id> cands;
+  };
+  std::vector<buffers> buf(threads);
+  std::vector<std::size_t> scored(threads, 0), pruned(threads, 0);
+
+  std::vector<id_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<id_t>(i);
+  std::mt19937_64 rng(params_.seed);
+  for (std::size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+
+  const std::size_t most = max_batch(n);
+  // found_neighbors[i]: the pruned neighbours found for the round's i-th key.
+  std::vector<std::vector<id_t>> found_neighbors(std::min(most, n));
+  struct edge {
+    id_t from, to;
+  };
+  std::vector<edge> edges;
+  // Per source key: how many of the round's new edges leave it, and where they end in `grouped`.
+  std::vector<std::uint32_t> new_edge_count(n, 0), new_edge_end(n, 0);
+  std::vector<id_t> touched, grouped;
+  connectivity_batch engine_out;
+  std::size_t engine_scored = 0;
+  std::vector<id_t> padded_rows;  // rows sent to the engine's searcher, padded to R
+  if constexpr (on_engine) {
+    std::vector<id_t> all(n);
+    for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<id_t>(i);
+    upload_rows(*searcher, adj, all, R, padded_rows, threads);
+  }
+  std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
+  for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) {
+    const std::size_t bn = std::min(batch, n - b0);
+    const auto t_search = std::chrono::steady_clock::now();
+    if constexpr (on_engine) {
+      searcher->search(std::span<const id_t>(order).subspan(b0, bn), entry, L, params_.M,
+                       engine_out);
+      engine_scored += engine_out.scored;
+      for (std::size_t i = 0; i < bn; ++i) {
+        const id_t* row = engine_out.kept.data() + i * engine_out.degree;
+        found_neighbors[i].assign(row, row + engine_out.counts[i]);
+      }
+    } else {
+      parallel_for(
+          bn, threads,
+          [&](std::size_t i, std::size_t t) {
+            const id_t x = order[b0 + i];
+            auto& b = buf[t];
+            b.cands.clear();
+            if (key_neighbors.rows > 0) {
+              // The engine's scores are shifted by |x|^2: rescore exactly for the RNG rule.
+              detail::pair_scorer<Store, key_metric> ps(store);
+              ps.set_pivot(x);
+              for (const id_t y : key_neighbors.row_ids(x)) {
+                if (y != x && y != invalid_id) b.cands.push_back({ps.key(y), y});
+              }
+              detail::rng_prune<Store, key_metric>(store, b.cands, params_.M, fill, scratch[t],
+                                                   found_neighbors[i], &pruned[t]);
+              return;
+            }
+            b.ids.resize(L);
+            b.scores.resize(L);
+            ws[t].query.resize(store.dim());
+            detail::widen(store.row(x), ws[t].query.data(), store.dim());
+            const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L}, ws[t],
+                                       std::span<id_t>(b.ids), std::span<float>(b.scores));
+            scored[t] += s.distance_computations;
+            for (std::size_t j = 0; j < s.count; ++j) {
+              if (b.ids[j] != x) b.cands.push_back({to_key<key_metric>(b.scores[j]), b.ids[j]});
+            }
+            detail::rng_prune<Store, key_metric>(store, b.cands, params_.M, fill, scratch[t],
+                                                 found_neighbors[i], &pruned[t]);
+          },
+          // One key per grab: a search takes ~2 ms at L = 500, so grabbing 8 left threads idle
+          // up to 8 searches at each of the ~130 round barriers, and the first rounds (32, 64
+          // keys) used only 4 and 8 threads. The graph does not depend on it.
+          1);
+    }
+    st.connectivity_search_seconds += detail::seconds_since(t_search);
+    const auto t_merge = std::chrono::steady_clock::now();
+    // The round's new edges, both ways, in generation order, grouped by source with a stable
+    // counting sort over flat arrays: a vector per key made this serial step cost more than
+    // the parallel re-pruning at 131072 keys (cache misses on 131072 vector headers).
+    edges.clear();
+    touched.clear();
+    for (std::size_t i = 0; i < bn; ++i) {
+      const id_t x = order[b0 + i];
+      for (const id_t y : found_neighbors[i]) {
+        edges.push_back({x, y});
+        edges.push_back({y, x});
+      }
+    }
+    for (const auto& e : edges) {
+      if (new_edge_count[e.from]++ == 0) touched.push_back(e.from);
+    }
+    std::sort(touched.begin(), touched.end());
+    std::uint32_t offset = 0;
+    for (const id_t x : touched) {
+      new_edge_end[x] = offset;
+      offset += new_edge_count[x];
+    }
+    grouped.resize(edges.size());
+    for (const auto& e : edges) grouped[new_edge_end[e.from]++] = e.to;
+    parallel_for(
+        touched.size(), threads,
+        [&](std::size_t i, std::size_t t) {
+          const id_t x = touched[i];
+          auto& row = adj.rows[x];
+          const std::uint32_t end = new_edge_end[x], begin = end - new_edge_count[x];
+          for (std::uint32_t j = begin; j < end; ++j) {
+            const id_t y = grouped[j];
+            if (y != x && std::find(row.begin(), row.end(), y) == row.end()) row.push_back(y);
+          }
+          new_edge_count[x] = 0;
+          if (row.size() > R) row = prune_around(store, x, row, R, fill, scratch[t]);
+        },
+        16);
+    if constexpr (on_engine) upload_rows(*searcher, adj, touched, R, padded_rows, threads);
+    st.connectivity_merge_seconds += detail::seconds_since(t_merge);
+    on_round();
+  }
+  st.connectivity_distance_computations += engine_scored;
+  for (const std::size_t c : scored) st.connectivity_distance_computations += c;
+  for (const std::size_t c : pruned) st.connectivity_prune_distance_computations += c;
+}
+
+template <Metric M, KnnEngine Engine>
+template <class Searcher>
+void roargraph_builder<M, Engine>::upload_rows(Searcher& searcher,
+                                               const detail::adjacency_lists& adj,
+                                               const std::vector<id_t>& rows, std::size_t R,
+                                               std::vector<id_t>& padded_rows,
+                                               std::size_t threads) {
+  padded_rows.resize(rows.size() * R);
+  parallel_for(
+      rows.size(), threads,
+      [&](std::size_t i, std::size_t) {
+        const auto& row = adj.rows[rows[i]];
+        const std::size_t k = std::min(R, row.size());
+        std::copy_n(row.begin(), k, padded_rows.begin() + i * R);
+        std::fill(padded_rows.begin() + i * R + k, padded_rows.begin() + (i + 1) * R, invalid_id);
+      },
+      1024);
+  searcher.set_rows(std::span<const id_t>(rows), std::span<const id_t>(padded_rows));
+}
+
+template <Metric M, KnnEngine Engine>
+template <MatrixStore Store>
+void roargraph_builder<M, Engine>::repair_reachability(const Store& store,
+                                                       detail::adjacency_lists& adj,
+                                                       id_t entry) const {
+  const std::size_t n = store.size(), R = degree_cap();
+  const std::size_t L = std::min(params_.L, n);
+  const detail::building_graph<Store, key_metric> g{store, adj, entry};
+  search_workspace ws;
+  std::vector<id_t> ids(L);
+  std::vector<float> scores(L);
+  std::vector<char> reached(n);
+  std::vector<id_t> stack;
+  auto mark_from = [&](id_t start) { (void)detail::mark_reachable(adj, start, reached, stack); };
+  for (int pass = 0; pass < 8; ++pass) {
+    std::fill(reached.begin(), reached.end(), 0);
+    mark_from(entry);
+    bool changed = false;
+    for (std::size_t x = 0; x < n; ++x) {
+      if (reached[x]) continue;
+      ws.query.resize(store.dim());
+      detail::widen(store.row(x), ws.query.data(), store.dim());
+      const auto s = beam_search(g, std::span<const float>(ws.query), {L, L}, ws,
+                                 std::span<id_t>(ids), std::span<float>(scores));
+      id_t host = invalid_id;
+      for (std::size_t j = 0; j < s.count && host == invalid_id; ++j) {
+        if (reached[ids[j]] && adj.rows[ids[j]].size() < R) host = ids[j];
+      }
+      for (std::size_t j = 0; j < s.count && host == invalid_id; ++j) {
+        if (reached[ids[j]]) host = ids[j];
+      }
+      if (host == invalid_id) host = entry;
+      auto& row = adj.rows[host];
+      if (row.size() >= R)
+        row.back() = static_cast<id_t>(x);
+      else
+        row.push_back(static_cast<id_t>(x));
+      mark_from(static_cast<id_t>(x));
+      changed = true;
+    }
+    if (!changed) return;
+  }
+}
+
+template <Metric M, KnnEngine Engine>
+template <MatrixStore Store>
+std::vector<id_t> roargraph_builder<M, Engine>::prune_around(const Store& store, id_t pivot,
+                                                             const std::vector<id_t>& ids,
+                                                             std::size_t degree, bool fill,
+                                                             std::vector<float>& scratch) const {
+  detail::pair_scorer<Store, key_metric> ps(store);
+  ps.set_pivot(pivot);
+  std::vector<scored_id> cands;
+  cands.reserve(ids.size());
+  for (id_t c : ids) cands.push_back({ps.key(c), c});
+  std::vector<id_t> kept;
+  detail::rng_prune<Store, key_metric>(store, cands, degree, fill, scratch, kept);
+  return kept;
+}
+
+template <Metric M, KnnEngine Engine>
+id_t roargraph_builder<M, Engine>::pivot_mode(const knn_result& knn, std::size_t n) {
+  std::vector<std::uint32_t> count(n, 0);
+  for (std::size_t qi = 0; qi < knn.rows; ++qi) {
+    const id_t p = knn.row_ids(qi)[0];
+    if (p != invalid_id) ++count[p];
+  }
+  return static_cast<id_t>(std::max_element(count.begin(), count.end()) - count.begin());
+}
+
+template <Metric M, KnnEngine Engine>
+template <Element T>
+id_t roargraph_builder<M, Engine>::centroid_entry(matrix_view<const T> keys,
+                                                  const detail::adjacency_lists& adj,
+                                                  bool with_edges_only) {
+  const std::size_t n = keys.rows(), d = keys.cols();
+  std::vector<double> acc(d, 0.0);
+  std::vector<float> row(d);
+  for (std::size_t i = 0; i < n; ++i) {
+    detail::widen(keys.row(i), row.data(), d);
+    for (std::size_t j = 0; j < d; ++j) acc[j] += row[j];
+  }
+  std::vector<float> centroid(d);
+  for (std::size_t j = 0; j < d; ++j) centroid[j] = static_cast<float>(acc[j] / n);
+  id_t best = 0;
+  float best_dist = std::numeric_limits<float>::infinity();
+  bool any_edges = false;
+  for (std::size_t i = 0; i < n && with_edges_only; ++i) any_edges |= !adj.rows[i].empty();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (any_edges && adj.rows[i].empty()) continue;
+    const float dist = l2::score(centroid.data(), keys.row(i), d);
+    if (dist < best_dist) {
+      best_dist = dist;
+      best = static_cast<id_t>(i);
+    }
+  }
+  return best;
+}
+
+template <Metric M, KnnEngine Engine>
+Engine roargraph_builder<M, Engine>::default_engine(const roargraph_params& p) {
+  if constexpr (std::is_same_v<Engine, cpu_knn_engine>) {
+    cpu_knn_params kp;
+    kp.threads = p.threads;
+    return cpu_knn_engine(kp);
+  } else {
+    return Engine{};
+  }
+}
+
+template <Metric M, KnnEngine Engine>
+std::size_t roargraph_builder<M, Engine>::thread_count() const {
+  return params_.threads == 0 ? default_thread_count() : params_.threads;
+}
+
+}  // namespace kvsift

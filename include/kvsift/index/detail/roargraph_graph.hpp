@@ -1,0 +1,67 @@
+#pragma once
+// The RoarGraph build's graph under construction: adjacency lists, the `Graph` view the build's
+// beam searches walk, and the reachability marking the repair step uses.
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "kvsift/core/ids.hpp"
+#include "kvsift/core/metric.hpp"
+#include "kvsift/core/vector_store.hpp"
+#include "kvsift/search/graph.hpp"
+
+namespace kvsift::detail {
+
+/// Adjacency under construction: n rows of at most `cap` ids.
+struct adjacency_lists {
+  std::vector<std::vector<id_t>> rows;
+  std::span<const id_t> neighbors(id_t i) const { return rows[i]; }
+};
+
+/// Minimal graph view over adjacency lists, so beam_search runs on the projection graph.
+template <VectorStore S, Metric M>
+struct building_graph {
+  using metric_type = M;
+  const S& store;
+  const adjacency_lists& adj;
+  id_t entry;
+  std::size_t size() const { return store.size(); }
+  std::size_t dim() const { return store.dim(); }
+  id_t entry_point() const { return entry; }
+  std::span<const id_t> neighbors(id_t i) const { return adj.neighbors(i); }
+  float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
+};
+static_assert(Graph<building_graph<view_store<float>, l2>>);
+
+/// Marks every node reachable from `start` in `reached` (left marked from earlier calls, so the
+/// repair can grow one reachable set) and returns how many it newly marked. O(n + edges).
+inline std::size_t mark_reachable(const adjacency_lists& adj, id_t start,
+                                  std::vector<char>& reached, std::vector<id_t>& stack) {
+  if (reached[start]) return 0;
+  stack.assign(1, start);
+  reached[start] = 1;
+  std::size_t marked = 1;
+  while (!stack.empty()) {
+    const id_t u = stack.back();
+    stack.pop_back();
+    for (const id_t v : adj.rows[u]) {
+      if (!reached[v]) {
+        reached[v] = 1;
+        ++marked;
+        stack.push_back(v);
+      }
+    }
+  }
+  return marked;
+}
+
+/// Marks the builder's own (CPU) step-3 searches.
+struct no_searcher {};
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace kvsift::detail

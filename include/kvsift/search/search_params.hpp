@@ -1,0 +1,43 @@
+#pragma once
+// Per-call parameters and results of the graph and exact searches: part of the search
+// vocabulary (<kvsift/search/vocabulary.hpp>), which index/ may include without pulling in a
+// search algorithm.
+
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+#include "kvsift/core/ids.hpp"
+#include "kvsift/search/search_workspace.hpp"
+
+namespace kvsift {
+
+/// Per-call parameters of beam search.
+struct beam_search_params {
+  std::size_t k = 10;   ///< results wanted (> 0)
+  std::size_t L = 100;  ///< pool size (>= k): larger is slower and more accurate
+};
+
+/// Per-call parameters of DIPR search. Scores are raw metric scores (for inner product: the
+/// unscaled logit q.k), so beta is in the same units.
+struct dipr_params {
+  float beta = 1.0f;    ///< range width (>= 0, finite)
+  std::size_t l0 = 64;  ///< capacity threshold of the exploration phase (> 0)
+  /// Hard cap on in-range candidates and on the answer (0 = 64 * l0). A search that reaches
+  /// it stops, returns the best `max_candidates` found and sets `capped`.
+  std::size_t max_candidates = 0;
+  /// Window seeding: the best raw score the caller has already seen elsewhere (e.g. in the
+  /// static window on the GPU). NaN = none. Tightens pruning from the first hop.
+  float seed_score = std::numeric_limits<float>::quiet_NaN();
+};
+
+/// Output of a DIPR search; reuse one object across calls to avoid allocation.
+struct dipr_result {
+  std::vector<id_t> ids;      ///< best-first
+  std::vector<float> scores;  ///< raw metric scores, best-first
+  search_stats stats;
+  float best_score = 0;  ///< best raw score seen (including seed_score)
+  bool capped = false;   ///< hit max_candidates: the answer may be incomplete
+};
+
+}  // namespace kvsift
