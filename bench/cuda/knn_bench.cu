@@ -24,6 +24,7 @@
 #pragma nv_diag_suppress 554
 #include <kvsift/core/dense_matrix.hpp>
 #include <kvsift/cuda/knn.cuh>
+#include <kvsift/index/knn.hpp>  // the CPU engine, the baseline
 #include <kvsift/testing/ood_generator.hpp>
 #pragma nv_diagnostic pop
 
