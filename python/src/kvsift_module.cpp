@@ -925,6 +925,9 @@ PYBIND11_MODULE(kvsift, m) {
   py::register_exception<kvsift::out_of_range>(m, "OutOfRange", invalid.ptr());
   py::register_exception<kvsift::non_finite_value>(m, "NonFiniteValue", invalid.ptr());
 
+#ifdef KVSIFT_PYTHON_VERSION
+  m.attr("__version__") = KVSIFT_PYTHON_VERSION;
+#endif
   m.attr("INVALID_ID") = py::int_(kvsift::invalid_id);
 
   py::class_<kvsift::id_below>(m, "IdBelow", "Filter: only ids < prefix_len (prefix reuse).")
