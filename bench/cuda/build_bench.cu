@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "bench_util.cuh"
+#include "gqa_heads.cuh"
 
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 554
@@ -43,6 +44,7 @@
 
 namespace {
 
+using kvsift::cuda_bench::make_head;
 using kvsift::cuda_bench::seconds_since;
 
 using kvsift::id_t;
@@ -70,21 +72,6 @@ options parse(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--pipeline-keys", o.pipeline_keys),
        kvsift::cuda_bench::double_option("--ratio", o.ratio)});
   return o;
-}
-
-/// Query head h of a GQA group over one key set: same seed and key parameters (so the same
-/// keys and topics), different topic strength and query mean per head.
-kvsift::testing::ood_data make_head(std::size_t n, std::size_t m, std::size_t d, std::size_t h,
-                                    std::uint64_t seed) {
-  const float scale[] = {2.0f, 1.5f, 2.5f, 3.0f};
-  const float offset[] = {4.0f, 3.0f, 5.0f, 4.5f};
-  return kvsift::testing::make_ood({.keys = n,
-                                    .queries = m,
-                                    .dim = d,
-                                    .topics = 1024,
-                                    .query_offset = offset[h % 4],
-                                    .topic_scale = scale[h % 4],
-                                    .seed = seed});
 }
 
 void print_stats(const char* what, const kvsift::roargraph_build_stats& s, std::size_t n = 0) {

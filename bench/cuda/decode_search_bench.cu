@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench_util.cuh"
+#include "gqa_heads.cuh"
 
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 554
@@ -47,6 +48,7 @@ namespace {
 using kvsift::id_t;
 using kvsift::matrix_view;
 namespace kc = kvsift::cuda;
+using kvsift::cuda_bench::make_head;
 using kvsift::cuda_bench::seconds_since;
 
 struct options {
@@ -64,19 +66,6 @@ struct dev {
   dev(const dev&) = delete;
   dev& operator=(const dev&) = delete;
 };
-
-kvsift::testing::ood_data make_head(std::size_t n, std::size_t m, std::size_t d, std::size_t h,
-                                    std::uint64_t seed) {
-  const float scale[] = {2.0f, 1.5f, 2.5f, 3.0f};
-  const float offset[] = {4.0f, 3.0f, 5.0f, 4.5f};
-  return kvsift::testing::make_ood({.keys = n,
-                                    .queries = m,
-                                    .dim = d,
-                                    .topics = 1024,
-                                    .query_offset = offset[h % 4],
-                                    .topic_scale = scale[h % 4],
-                                    .seed = seed});
-}
 
 }  // namespace
 

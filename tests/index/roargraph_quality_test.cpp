@@ -27,29 +27,14 @@
 #include "../../bench/peers/hnswlib_peer.hpp"
 #endif
 
+#include "exact_topk.hpp"
+
 namespace {
 
 using kvsift::id_t;
 using store_t = kvsift::view_store<float>;
 
-// Exact top-k by inner product, in double precision.
-std::vector<std::vector<id_t>> exact_topk(kvsift::matrix_view<const float> keys,
-                                          kvsift::matrix_view<const float> queries, std::size_t k) {
-  std::vector<std::vector<id_t>> out(queries.rows());
-  std::vector<std::pair<double, id_t>> s(keys.rows());
-  for (std::size_t i = 0; i < queries.rows(); ++i) {
-    for (std::size_t j = 0; j < keys.rows(); ++j) {
-      double dot = 0;
-      for (std::size_t c = 0; c < keys.cols(); ++c) {
-        dot += static_cast<double>(queries.row(i)[c]) * keys.row(j)[c];
-      }
-      s[j] = {-dot, static_cast<id_t>(j)};
-    }
-    std::partial_sort(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(k), s.end());
-    for (std::size_t j = 0; j < k; ++j) out[i].push_back(s[j].second);
-  }
-  return out;
-}
+using kvsift_test::exact_topk;
 
 struct quality {
   double recall = 0;
