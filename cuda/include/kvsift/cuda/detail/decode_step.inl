@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/device_buffer.cuh>
 
 namespace kvsift::cuda::detail {
 
@@ -43,7 +44,7 @@ __global__ void dstep_prepare_kernel(const std::int64_t* row_offset, int heads, 
   }
 }
 
-/// Carves the workspace into 256-byte aligned pieces in a fixed order.
+/// Carves the workspace into pieces aligned to `workspace_alignment`, in a fixed order.
 struct dstep_layout {
   std::size_t graph = 0, first = 0, last = 0, ids = 0, counts = 0, indptr = 0, indices = 0;
   std::size_t win_ids = 0, win_counts = 0, win_indptr = 0, win_indices = 0;
@@ -71,7 +72,7 @@ inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim
   std::size_t at = 0;
   auto take = [&](std::size_t bytes) {
     const std::size_t here = at;
-    at += (bytes + 255) / 256 * 256;
+    at += align_up(bytes);
     return here;
   };
   l.graph = take(H * 4);
