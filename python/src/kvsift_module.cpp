@@ -129,6 +129,13 @@ kvsift::matrix_view<const T> matrix_of(const tensor& a, const char* what) {
                                       row_stride == 0 ? 1 : row_stride);
 }
 
+/// matrix_of<float> for the inputs that accept only f32 (queries, training queries, states):
+/// the dtype check first, so a wrong dtype names the fix instead of a layout error.
+kvsift::matrix_view<const float> f32_matrix_of(const tensor& a, const char* what) {
+  require_dtype(a, dtypes::f32, what);
+  return matrix_of<float>(a, what);
+}
+
 /// A 1-D f32 vector (contiguous), borrowed from `t`.
 std::span<const float> vector_of(const tensor& a, const char* what) {
   require_dtype(a, dtypes::f32, what);
@@ -427,8 +434,7 @@ py_graph make_roargraph(const py::handle& keys_h, const py::handle& train_h,
                         const kvsift::roargraph_params& params) {
   tensor keys = tensor_of(keys_h, "keys");
   const tensor train = tensor_of(train_h, "train_queries");
-  require_dtype(train, dtypes::f32, "train_queries");
-  const auto tq = matrix_of<float>(train, "train_queries");
+  const auto tq = f32_matrix_of(train, "train_queries");
   kvsift::roargraph_build_stats st;
   auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
     py::gil_scoped_release release;
@@ -564,10 +570,8 @@ std::unique_ptr<py_insertable> make_insertable(const py::handle& keys_h, const p
                                                const kvsift::graph_insert_params& ip) {
   const tensor keys = tensor_of(keys_h, "keys");
   const tensor train = tensor_of(train_h, "train_queries");
-  require_dtype(keys, dtypes::f32, "keys");
-  require_dtype(train, dtypes::f32, "train_queries");
-  const auto k = matrix_of<float>(keys, "keys");
-  const auto t = matrix_of<float>(train, "train_queries");
+  const auto k = f32_matrix_of(keys, "keys");
+  const auto t = f32_matrix_of(train, "train_queries");
   py::gil_scoped_release release;
   return std::make_unique<py_insertable>(
       kvsift::build_insertable(kvsift::roargraph_builder<>(p), k, t, ip));
@@ -575,8 +579,7 @@ std::unique_ptr<py_insertable> make_insertable(const py::handle& keys_h, const p
 
 id_t insertable_insert(py_insertable& self, const py::handle& keys_h) {
   const tensor keys = tensor_of(keys_h, "keys");
-  require_dtype(keys, dtypes::f32, "keys");
-  const auto k = matrix_of<float>(keys, "keys");
+  const auto k = f32_matrix_of(keys, "keys");
   py::gil_scoped_release release;
   return self.insert(k);
 }
@@ -604,8 +607,7 @@ class py_block {
     // Checked here: a negative size would wrap to a huge size_t and pass the C++ check.
     require(block_size >= 0, "BlockIndex: expected block_size > 0, got ", block_size);
     const tensor keys = tensor_of(keys_h, "keys");
-    require_dtype(keys, dtypes::f32, "keys");
-    const auto k = matrix_of<float>(keys, "keys");
+    const auto k = f32_matrix_of(keys, "keys");
     py::gil_scoped_release release;
     index_ = kvsift::block_index<>(k, static_cast<std::size_t>(block_size));
   }
@@ -794,8 +796,7 @@ std::pair<py::array_t<float>, py::array_t<float>> over_heads(const py::handle& q
                                                              const py::handle& values_h,
                                                              std::size_t threads, One&& one) {
   const tensor qt = tensor_of(q_h, "q");
-  require_dtype(qt, dtypes::f32, "q");
-  const auto q = matrix_of<float>(qt, "q");
+  const auto q = f32_matrix_of(qt, "q");
   return visit_kv(keys_h, values_h, [&](const auto& kv) {
     const std::size_t heads = q.rows();
     const std::size_t d = q.cols();
@@ -873,10 +874,8 @@ std::pair<py::array_t<float>, py::array_t<float>> merge_states(const py::handle&
                                                                const py::handle& lse_b_h) {
   const tensor ta = tensor_of(o_a_h, "o_a");
   const tensor tb = tensor_of(o_b_h, "o_b");
-  require_dtype(ta, dtypes::f32, "o_a");
-  require_dtype(tb, dtypes::f32, "o_b");
-  const auto a = matrix_of<float>(ta, "o_a");
-  const auto b = matrix_of<float>(tb, "o_b");
+  const auto a = f32_matrix_of(ta, "o_a");
+  const auto b = f32_matrix_of(tb, "o_b");
   const auto la = vector_of(lse_a_h, "lse_a");
   const auto lb = vector_of(lse_b_h, "lse_b");
   require<kvsift::dimension_mismatch>(a.rows() == b.rows() && a.cols() == b.cols(),
@@ -1198,8 +1197,7 @@ PYBIND11_MODULE(kvsift, m) {
         keep.reserve(heads.size());  // views point into keep's elements' owners, not the vector
         for (const auto& h : heads) {
           keep.push_back(tensor_of(h, "heads"));
-          require_dtype(keep.back(), dtypes::f32, "heads");
-          views.push_back(matrix_of<float>(keep.back(), "heads"));
+          views.push_back(f32_matrix_of(keep.back(), "heads"));
         }
         const auto s = kvsift::sample_gqa_queries(views, ratio, seed);
         py::array_t<float> out(
@@ -1301,8 +1299,7 @@ PYBIND11_MODULE(kvsift, m) {
       "merge_n",
       [](const py::handle& os_h, const py::handle& lses_h) {
         const tensor os = tensor_of(os_h, "os");
-        require_dtype(os, dtypes::f32, "os");
-        const auto o = matrix_of<float>(os, "os");
+        const auto o = f32_matrix_of(os, "os");
         const auto lses = vector_of(lses_h, "lses");
         require<kvsift::dimension_mismatch>(lses.s.size() == o.rows(), "merge_n: expected ",
                                             o.rows(), " lse values (one per state), got ",
