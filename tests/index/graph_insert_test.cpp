@@ -17,7 +17,7 @@
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/testing/ood_generator.hpp"
 
-#include "exact_topk.hpp"
+#include "ood_fixture.hpp"
 
 namespace {
 
@@ -52,36 +52,19 @@ kvsift::roargraph_params params() {
   return p;
 }
 
-// 20000 OOD keys (as the RoarGraph quality tests): 2000 training queries, 200 evaluation ones.
-// The inserted index is built on the first 16000 keys from the first 1600 training queries
-// (the prefill's share) and receives the last 4000 keys one at a time.
-struct insert_fixture {
-  kvsift::testing::ood_data data;
-  kvsift::matrix_view<const float> keys, train, eval;
-  std::vector<std::vector<id_t>> truth;
-  std::size_t base = 16000;
-};
+// The inserted index is built on the first `base_keys` of the quality tests' 20000 OOD keys
+// (ood_fixture.hpp) from the first 1600 of its 2000 training queries (the prefill's share) and
+// receives the last 4000 keys one at a time.
+constexpr std::size_t base_keys = 16000;
 
-const insert_fixture& fx() {
-  static const insert_fixture f = [] {
-    insert_fixture o;
-    o.data = kvsift::testing::make_ood(
-        {.keys = 20000, .queries = 2200, .dim = 32, .norm_spread = 0.2f, .seed = 11});
-    o.keys = o.data.key_view();
-    o.train = o.data.query_view().row_range(0, 2000);
-    o.eval = o.data.query_view().row_range(2000, 200);
-    o.truth = exact_topk(o.keys, o.eval, 10);
-    return o;
-  }();
-  return f;
-}
+using kvsift_test::ood;
 
 const kvsift::insertable_graph<float>& inserted() {
   static const auto g = [] {
-    const auto& o = fx();
+    const auto& o = ood();
     auto ig = kvsift::build_insertable(kvsift::roargraph_builder<>(params()),
-                                       o.keys.row_range(0, o.base), o.train.row_range(0, 1600));
-    for (std::size_t i = o.base; i < o.keys.rows(); ++i) ig.insert(o.keys.row_range(i, 1));
+                                       o.keys.row_range(0, base_keys), o.train.row_range(0, 1600));
+    for (std::size_t i = base_keys; i < o.keys.rows(); ++i) ig.insert(o.keys.row_range(i, 1));
     return ig;
   }();
   return g;
@@ -118,7 +101,7 @@ kvsift::insertable_graph<float> small_graph(std::size_t n = 1000) {
 
 TEST_CASE("insert: recall after inserting the last 20% is close to a full rebuild",
           "[index][insert][quality]") {
-  const auto& o = fx();
+  const auto& o = ood();
   const auto full = kvsift::roargraph_builder<>(params()).build(store_t(o.keys), o.train);
   const auto& ig = inserted();
   REQUIRE(ig.size() == o.keys.rows());
@@ -134,7 +117,7 @@ TEST_CASE("insert: recall after inserting the last 20% is close to a full rebuil
   // the insert at all.
   std::size_t inserted_answers = 0;
   for (const auto& t : o.truth) {
-    for (const id_t id : t) inserted_answers += id >= o.base ? 1 : 0;
+    for (const id_t id : t) inserted_answers += id >= base_keys ? 1 : 0;
   }
   CHECK(inserted_answers >= 200);
 }
@@ -143,7 +126,7 @@ TEST_CASE("insert: inserted keys are found by queries that favour them",
           "[index][insert][quality]") {
   // Query = the inserted key minus the key mean (the common bias every key shares), kept only
   // when the exact top-1 is that key (a key of a larger norm may otherwise rightly win).
-  const auto& o = fx();
+  const auto& o = ood();
   const auto& ig = inserted();
   const std::size_t d = o.keys.cols();
   std::vector<double> mean(d, 0.0);
@@ -154,7 +137,7 @@ TEST_CASE("insert: inserted keys are found by queries that favour them",
   std::vector<id_t> ids(10);
   std::vector<float> scores(10), dir(d);
   std::size_t asked = 0, found = 0;
-  for (std::size_t x = o.base; x < o.keys.rows() && asked < 150; x += 7) {
+  for (std::size_t x = base_keys; x < o.keys.rows() && asked < 150; x += 7) {
     for (std::size_t c = 0; c < d; ++c) dir[c] = o.keys.row(x)[c] - static_cast<float>(mean[c]);
     const kvsift::matrix_view<const float> q(dir.data(), 1, d);
     if (exact_topk(o.keys, q, 1)[0][0] != x) continue;

@@ -27,7 +27,7 @@
 #include "../../bench/peers/hnswlib_peer.hpp"
 #endif
 
-#include "exact_topk.hpp"
+#include "ood_fixture.hpp"
 
 namespace {
 
@@ -35,7 +35,6 @@ using kvsift::id_t;
 using store_t = kvsift::view_store<float>;
 
 using kvsift_test::exact_topk;
-
 struct quality {
   double recall = 0;
   double scanned = 0;  ///< mean fraction of the keys scored per query
@@ -65,26 +64,7 @@ quality measure(const G& g, kvsift::matrix_view<const float> queries,
   return q;
 }
 
-// 20000 OOD keys; 10% of that as training queries, 200 held-out evaluation queries.
-struct ood_fixture {
-  kvsift::testing::ood_data data;
-  kvsift::matrix_view<const float> keys, train, eval;
-  std::vector<std::vector<id_t>> truth;  // exact top-10 of eval
-};
-
-const ood_fixture& ood() {
-  static const ood_fixture f = [] {
-    ood_fixture o;
-    o.data = kvsift::testing::make_ood(
-        {.keys = 20000, .queries = 2200, .dim = 32, .norm_spread = 0.2f, .seed = 11});
-    o.keys = o.data.key_view();
-    o.train = o.data.query_view().row_range(0, 2000);
-    o.eval = o.data.query_view().row_range(2000, 200);
-    o.truth = exact_topk(o.keys, o.eval, 10);
-    return o;
-  }();
-  return f;
-}
+using kvsift_test::ood;
 
 kvsift::roargraph_params ood_params() {
   kvsift::roargraph_params p;
