@@ -1,0 +1,174 @@
+#pragma once
+// kvsift-bench's main measurement: the flat baseline, the RoarGraph build (or load) and its
+// top-k / DIPR sweeps, the insert run, the peers and the attention quality, for one metric and
+// filter.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <unistd.h>  // isatty
+
+#include "insert_run.hpp"
+#include "kvsift/kvsift.hpp"
+#include "kvsift_bench/datasets.hpp"
+#include "kvsift_bench/measure.hpp"
+#include "kvsift_bench/options.hpp"
+#include "kvsift_bench/peers.hpp"
+#include "kvsift_bench/quality.hpp"
+
+namespace kvsift_bench {
+
+/// A progress bar on stderr for long builds, only when stderr is a terminal (logs and the CTest
+/// regexes, which read stdout, stay clean).
+inline kvsift::build_progress_callback progress_bar() {
+  if (!isatty(fileno(stderr))) return {};
+  return [](const kvsift::build_progress& p) {
+    constexpr std::size_t width = 30;
+    const std::size_t filled = p.total ? width * p.done / p.total : width;
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu %-12.*s %6.1f s", std::string(filled, '#').c_str(),
+                 std::string(width - filled, ' ').c_str(), p.done, p.total,
+                 static_cast<int>(p.phase.size()), p.phase.data(), p.elapsed_seconds);
+    if (p.done == p.total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  };
+}
+
+template <class M, class P>
+std::vector<row> run(const options& o, const workload& w, const P& pred, std::ostream& info,
+                     std::vector<quality_row>& quality) {
+  using store_t = kvsift::view_store<float>;
+  const store_t store(w.keys.cview());
+  const double n = static_cast<double>(w.keys.rows());
+  const auto& E = w.eval;
+  std::vector<row> rows;
+
+  std::fprintf(stderr, "computing exact answers for %zu queries...\n", E.rows());
+  const auto exact = exact_rankings<M>(w.keys, E, pred, o.build.threads);
+  if (!o.save_gt.empty()) write_gt(o.save_gt, exact, *std::max_element(o.k.begin(), o.k.end()));
+  const bool topk = o.query != "dipr", dipr = o.query != "topk";
+  const float beta = dipr ? (o.beta ? *o.beta : choose_beta(exact, o.dipr_target)) : 0.0f;
+
+  kvsift::search_workspace ws;
+  const kvsift::flat_index<store_t, M> flat(store);
+  for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
+    rows.push_back(measure_topk(
+        {"flat", "top-" + std::to_string(k), "-"}, k, E, exact, n,
+        [&](auto q, auto ids, auto scores) { return flat.topk(q, k, ws, ids, scores, pred); }));
+  }
+  if (dipr) {
+    rows.push_back(measure_dipr(
+        {"flat", "dipr", "beta=" + std::to_string(beta)}, beta, E, exact, n,
+        [&](auto q, kvsift::dipr_result& res) { flat.dipr(q, {.beta = beta}, ws, res, pred); }));
+  }
+
+  std::optional<kvsift::graph_index<store_t, M>> graph;
+  if (o.uses("roargraph")) {
+    auto& g = graph.emplace();
+    if (!o.load_index.empty()) {
+      g = kvsift::load_graph<M>(o.load_index, store);
+      info << "index: loaded from " << o.load_index << "\n";
+    } else {
+      std::fprintf(stderr, "building RoarGraph over %zu keys from %zu training queries...\n",
+                   w.keys.rows(), w.train.rows());
+      kvsift::roargraph_build_stats bs;
+      const kvsift::roargraph_builder<M> builder(o.build);
+      if (o.save_train_knn.empty() && o.load_train_knn.empty()) {
+        g = builder.build(store, w.train.cview(), &bs, progress_bar());
+      } else {
+        // Step 1 apart, so that the kNN lists can be written for (or read from) another
+        // builder: the RoarGraph reference then builds from exactly the same input.
+        const auto t0 = clock_type::now();
+        kvsift::knn_result knn;
+        if (!o.load_train_knn.empty()) {
+          auto ids = kvsift::read_ibin(o.load_train_knn);
+          knn.rows = ids.rows;
+          knn.k = ids.cols;
+          knn.ids = std::move(ids.data);
+          info << "train kNN: loaded from " << o.load_train_knn << " (" << knn.rows << " x "
+               << knn.k << ")\n";
+        } else {
+          knn = builder.training_knn(w.keys.cview(), w.train.cview());
+        }
+        const double knn_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+        if (!o.save_train_knn.empty()) {
+          kvsift::write_ibin(o.save_train_knn, {knn.ids, knn.rows, knn.k});
+        }
+        g = builder.build_from_knn(store, knn, &bs, progress_bar());
+        bs.knn_seconds = knn_s;
+        bs.total_seconds += knn_s;
+      }
+      info << "build: " << bs.total_seconds << " s (kNN " << bs.knn_seconds << " s, projection "
+           << bs.projection_seconds << " s, connectivity " << bs.connectivity_seconds << " s), nq "
+           << o.build.nq << ", M " << o.build.M << ", L " << o.build.L << ", threads "
+           << (o.build.threads ? o.build.threads : kvsift::default_thread_count()) << "\n";
+      if (!o.save_index.empty()) kvsift::save_graph(g, o.save_index);
+    }
+    const auto deg = g.degrees();
+    info << "degree: min " << deg.min << ", mean " << deg.mean << ", max " << deg.max << "\n";
+    for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
+      for (std::size_t L : o.L) {
+        if (L < k) continue;
+        rows.push_back(
+            measure_topk({"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E,
+                         exact, n, [&](auto q, auto ids, auto scores) {
+                           return kvsift::beam_search(g, q, {k, L}, ws, ids, scores, pred);
+                         }));
+      }
+    }
+    if (o.insert_fraction > 0) {
+      // Rows positional when --train-fraction split --queries: row i is position i's query.
+      const bool positional = !o.demo && o.train.empty();
+      std::fprintf(stderr, "building on the first %.0f%% of the keys, inserting the rest...\n",
+                   100 * (1 - o.insert_fraction));
+      const auto ins = kvsift_bench::build_then_insert<M>(w.keys.cview(), w.train.cview(),
+                                                          o.insert_fraction, positional, o.build);
+      info << "insert: built on " << ins.base_keys << " keys / " << ins.base_train
+           << " training queries in " << ins.build_seconds << " s, inserted " << ins.inserted
+           << " keys one by one: mean " << ins.mean_us << " us/key, p50 " << ins.p50_us << ", p99 "
+           << ins.p99_us << " (one thread); degree mean " << ins.graph.degrees().mean << "\n";
+      for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
+        for (std::size_t L : o.L) {
+          if (L < k) continue;
+          rows.push_back(measure_topk(
+              {"roargraph+insert", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E,
+              exact, n, [&](auto q, auto ids, auto scores) {
+                return kvsift::beam_search(ins.graph, q, {k, L}, ws, ids, scores, pred);
+              }));
+        }
+      }
+    }
+    for (std::size_t l0 : dipr ? o.l0 : std::vector<std::size_t>{}) {
+      rows.push_back(measure_dipr({"roargraph", "dipr", "l0=" + std::to_string(l0)}, beta, E, exact,
+                                  n, [&](auto q, kvsift::dipr_result& res) {
+                                    kvsift::dipr_search(g, q, {.beta = beta, .l0 = l0}, ws, res,
+                                                        pred);
+                                  }));
+    }
+  }
+  if constexpr (std::is_same_v<M, kvsift::inner_product> && std::is_same_v<P, kvsift::no_filter>) {
+    run_peers(o, w, exact, n, rows, info);
+    if (!o.values.empty()) {
+      std::fprintf(stderr, "attention quality over %zu causal queries...\n", E.rows());
+      quality = run_quality(o, w, flat, graph ? &*graph : nullptr);
+    }
+  }
+  const double m = static_cast<double>(E.rows());
+  for (auto& r : rows) {
+    r.recall /= m;
+    r.scanned /= m;
+    r.size /= m;
+    r.exact_size /= m;
+  }
+  if (dipr)
+    info << "dipr: beta " << beta << (o.beta ? " (given)" : " (chosen for the target size)")
+         << "\n";
+  return rows;
+}
+
+}  // namespace kvsift_bench
