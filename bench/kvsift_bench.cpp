@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -40,24 +41,31 @@ int main(int argc, char** argv) {
       kvsift_bench::usage_error(
           "--index roargraph needs training queries: --train or --train-fraction");
     }
+    // An --hdf5 file sets the metric; the peers are measured in inner-product space only.
+    if ((o.uses("hnsw") || o.uses("ivf")) && w.metric != "ip") {
+      kvsift_bench::usage_error("--index hnsw/ivf: only --metric ip is supported, got " + w.metric +
+                                " (--hdf5 euclidean)");
+    }
     std::printf(
         "kvsift-bench: %s\n  keys %zu x %zu (f32), training queries %zu, evaluation queries %zu, "
         "metric %s%s\n",
         w.source.c_str(), w.keys.rows(), w.keys.cols(), w.train.rows(), w.eval.rows(),
-        o.metric.c_str(),
+        w.metric.c_str(),
         o.filter_prefix ? (", filter id < " + std::to_string(*o.filter_prefix)).c_str() : "");
     std::ostringstream info;
     std::vector<kvsift_bench::row> rows;
     std::vector<kvsift_bench::quality_row> quality;
+    std::map<std::string, kvsift_bench::build_record> builds;
     auto go = [&](auto metric) {
       using M = decltype(metric);
       if (o.filter_prefix) {
-        rows = kvsift_bench::run<M>(o, w, kvsift::id_below{*o.filter_prefix}, info, quality);
+        rows =
+            kvsift_bench::run<M>(o, w, kvsift::id_below{*o.filter_prefix}, info, quality, builds);
       } else {
-        rows = kvsift_bench::run<M>(o, w, kvsift::no_filter{}, info, quality);
+        rows = kvsift_bench::run<M>(o, w, kvsift::no_filter{}, info, quality, builds);
       }
     };
-    if (o.metric == "ip")
+    if (w.metric == "ip")
       go(kvsift::inner_product{});
     else
       go(kvsift::l2{});
@@ -67,7 +75,7 @@ int main(int argc, char** argv) {
         "  recall vs exact answer; scanned = keys scored / keys; latency on one thread\n\n");
     kvsift_bench::print_table(rows);
     if (!quality.empty()) kvsift_bench::print_quality(quality, w);
-    if (json) json->commit(kvsift_bench::json_text(o, w, info.str(), rows, quality));
+    if (json) json->commit(kvsift_bench::json_text(o, w, info.str(), rows, quality, builds));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvsift-bench: error: %s\n", e.what());
     return 1;

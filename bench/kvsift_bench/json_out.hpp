@@ -2,12 +2,18 @@
 // kvsift-bench --json: the results as JSON, written atomically (checked before the run).
 
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -113,21 +119,92 @@ class json_output {
   int fd_ = -1;
 };
 
+#ifndef KVSIFT_BENCH_VERSION
+#define KVSIFT_BENCH_VERSION "unknown"
+#endif
+#ifndef KVSIFT_BENCH_GIT_COMMIT
+#define KVSIFT_BENCH_GIT_COMMIT "unknown"
+#endif
+
+/// The "model name" of /proc/cpuinfo's first processor ("unknown" where there is none): timings
+/// are only comparable on the same CPU.
+inline std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const auto first = line.find_first_not_of(" \t", colon + 1);
+    return first == std::string::npos ? "unknown" : line.substr(first);
+  }
+  return "unknown";
+}
+
+/// A row's parameters as numbers: "L=100" -> "L": 100, "beta=0.5,l0=100" -> two entries, the
+/// k of "top-10" -> "k": 10 ("param" keeps the label). A value that is not a number stays a
+/// string.
+inline std::string json_params(const row& r) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  if (r.query.rfind("top-", 0) == 0) kv.emplace_back("k", r.query.substr(4));
+  std::stringstream ss(r.param);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const auto eq = item.find('=');
+    if (eq != std::string::npos) kv.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  std::string out = "{";
+  for (const auto& [key, value] : kv) {
+    double x = 0;
+    const char* last = value.data() + value.size();
+    const auto [ptr, ec] = std::from_chars(value.data(), last, x);
+    const bool number = !value.empty() && ec == std::errc{} && ptr == last && std::isfinite(x);
+    out += (out.size() > 1 ? ", \"" : "\"") + json_escape(key) +
+           "\": " + (number ? value : "\"" + json_escape(value) + "\"");
+  }
+  return out + "}";
+}
+
 inline std::string json_text(const options& o, const workload& w, const std::string& info,
-                             const std::vector<row>& rows,
-                             const std::vector<quality_row>& quality) {
+                             const std::vector<row>& rows, const std::vector<quality_row>& quality,
+                             const std::map<std::string, build_record>& builds) {
+  const std::size_t threads = o.build.threads ? o.build.threads : kvsift::default_thread_count();
+  auto bytes_or_null = [](const std::optional<std::size_t>& b) {
+    return b ? std::to_string(*b) : std::string("null");
+  };
+  // Every number as the stream writes it (6 significant digits), so equal values read equal.
+  auto number = [](double x) {
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  };
   std::ostringstream f;
   f << "{\n  \"source\": \"" << json_escape(w.source) << "\",\n  \"keys\": " << w.keys.rows()
     << ",\n  \"dim\": " << w.keys.cols() << ",\n  \"train_queries\": " << w.train.rows()
-    << ",\n  \"eval_queries\": " << w.eval.rows() << ",\n  \"metric\": \"" << o.metric
-    << "\",\n  \"info\": \"" << json_escape(info) << "\",\n  \"rows\": [\n";
+    << ",\n  \"eval_queries\": " << w.eval.rows() << ",\n  \"metric\": \"" << w.metric
+    << "\",\n  \"kvsift_version\": \"" << json_escape(KVSIFT_BENCH_VERSION)
+    << "\",\n  \"git_commit\": \"" << json_escape(KVSIFT_BENCH_GIT_COMMIT)
+    << "\",\n  \"cpu_model\": \"" << json_escape(cpu_model()) << "\",\n  \"threads\": " << threads
+    << ",\n  \"ground_truth\": \""
+    << (w.given_exact ? json_escape(w.given_exact_source) : std::string("computed"))
+    << "\",\n  \"indexes\": {";
+  for (auto it = builds.begin(); it != builds.end(); ++it) {
+    f << (it == builds.begin() ? "\n" : ",\n") << "    \"" << json_escape(it->first)
+      << "\": {\"build_seconds\": " << it->second.seconds
+      << ", \"index_bytes\": " << bytes_or_null(it->second.bytes) << "}";
+  }
+  f << "\n  },\n  \"info\": \"" << json_escape(info) << "\",\n  \"rows\": [\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
+    const auto b = builds.find(r.index);
     f << "    {\"index\": \"" << r.index << "\", \"query\": \"" << r.query << "\", \"param\": \""
-      << r.param << "\", \"recall\": " << r.recall << ", \"scanned\": " << r.scanned
-      << ", \"mean_us\": " << r.mean_us << ", \"p50_us\": " << r.p50_us
-      << ", \"p99_us\": " << r.p99_us << ", \"size\": " << r.size
-      << ", \"exact_size\": " << r.exact_size << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+      << r.param << "\", \"params\": " << json_params(r) << ", \"recall\": " << r.recall
+      << ", \"scanned\": " << r.scanned << ", \"mean_us\": " << r.mean_us
+      << ", \"p50_us\": " << r.p50_us << ", \"p99_us\": " << r.p99_us
+      << ", \"batch_qps\": " << (r.batch_threads ? number(r.batch_qps) : "null")
+      << ", \"batch_threads\": " << r.batch_threads
+      << ", \"build_seconds\": " << (b != builds.end() ? number(b->second.seconds) : "null")
+      << ", \"index_bytes\": " << (b != builds.end() ? bytes_or_null(b->second.bytes) : "null")
+      << ", \"size\": " << r.size << ", \"exact_size\": " << r.exact_size << "}"
+      << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   f << "  ],\n  \"eval_first\": " << w.eval_first << ",\n  \"quality\": [\n";
   for (std::size_t i = 0; i < quality.size(); ++i) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,7 +22,26 @@ using clock_type = std::chrono::steady_clock;
 struct row {
   std::string index, query, param;
   double recall = 0, scanned = 0, mean_us = 0, p50_us = 0, p99_us = 0, size = 0, exact_size = 0;
+  /// All evaluation queries searched at once by `batch_threads` threads, queries per second
+  /// (ann-benchmarks' batch mode); 0 where not measured (the peers' searches are not
+  /// thread-safe: hnswlib's setEf, faiss's shared label buffer).
+  double batch_qps = 0;
+  std::size_t batch_threads = 0;
 };
+
+/// How an index was obtained: build (or load) time and the bytes of its structure beyond the
+/// keys every index needs (graph: adjacency + degrees + entry points); nullopt where the
+/// library gives no size (the peers).
+struct build_record {
+  double seconds = 0;
+  std::optional<std::size_t> bytes;
+};
+
+/// The bytes of a graph index's structure (not its keys).
+template <class Graph>
+std::size_t graph_bytes(const Graph& g) {
+  return (g.adjacency().size() + g.size() + g.entry_points().size()) * sizeof(kvsift::id_t);
+}
 
 struct timing {
   std::vector<double> us;
@@ -118,35 +138,61 @@ inline void write_gt(const std::string& path,
   if (!f) throw kvsift::io_error("cannot write --save-gt file '" + path + "'");
 }
 
-/// One top-k row: `search(query, ids, scores)` returns search_stats; timed per query.
+/// Batch throughput: every evaluation query once, spread over `threads` threads (each with its
+/// own workspace and output buffers), timed as a whole; queries per second. `one(q, ws, i)`
+/// searches query i. Needs a search that is safe to call concurrently (kvsift's const calls).
+template <class One>
+double batch_qps(const kvsift::dense_matrix<float>& eval, std::size_t threads, One&& one) {
+  std::vector<kvsift::search_workspace> wss(threads);
+  const auto t0 = clock_type::now();
+  kvsift::parallel_for(eval.rows(), threads, [&](std::size_t i, std::size_t t) {
+    one(eval.cview().row_span(i), wss[t], t);
+  });
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return s > 0 ? static_cast<double>(eval.rows()) / s : 0.0;
+}
+
+/// One top-k row: `search(query, ids, scores, workspace)` returns search_stats; timed per query
+/// on one thread, then (when `threads` > 0) as a batch on `threads` threads (batch_qps).
 template <class Search>
 row measure_topk(row r, std::size_t k, const kvsift::dense_matrix<float>& eval,
                  const std::vector<std::vector<kvsift::scored_id>>& exact, double n,
-                 Search&& search) {
+                 std::size_t threads, Search&& search) {
   timing t;
+  kvsift::search_workspace ws;
   std::vector<kvsift::id_t> ids(k);
   std::vector<float> scores(k);
   for (std::size_t i = 0; i < eval.rows(); ++i) {
     const auto t0 = clock_type::now();
-    const auto s = search(eval.cview().row_span(i), std::span(ids), std::span(scores));
+    const auto s = search(eval.cview().row_span(i), std::span(ids), std::span(scores), ws);
     t.add(t0);
     r.recall += overlap(ids, exact[i], std::min(k, exact[i].size()));
     r.scanned += static_cast<double>(s.distance_computations) / n;
   }
   t.into(r);
+  if (threads > 0) {
+    std::vector<std::vector<kvsift::id_t>> bids(threads, std::vector<kvsift::id_t>(k));
+    std::vector<std::vector<float>> bscores(threads, std::vector<float>(k));
+    r.batch_qps = batch_qps(eval, threads, [&](auto q, auto& w, std::size_t th) {
+      (void)search(q, std::span(bids[th]), std::span(bscores[th]), w);
+    });
+    r.batch_threads = threads;
+  }
   return r;
 }
 
-/// One DIPR row: `search(query, result)` fills a dipr_result; timed per query.
+/// One DIPR row: `search(query, result, workspace)` fills a dipr_result; timed per query on one
+/// thread, then as a batch on `threads` threads (see measure_topk).
 template <class Search>
 row measure_dipr(row r, float beta, const kvsift::dense_matrix<float>& eval,
                  const std::vector<std::vector<kvsift::scored_id>>& exact, double n,
-                 Search&& search) {
+                 std::size_t threads, Search&& search) {
   timing t;
+  kvsift::search_workspace ws;
   kvsift::dipr_result res;
   for (std::size_t i = 0; i < eval.rows(); ++i) {
     const auto t0 = clock_type::now();
-    search(eval.cview().row_span(i), res);
+    search(eval.cview().row_span(i), res, ws);
     t.add(t0);
     const std::size_t want = range_size(exact[i], beta);
     r.recall += overlap(res.ids, exact[i], want);
@@ -155,6 +201,12 @@ row measure_dipr(row r, float beta, const kvsift::dense_matrix<float>& eval,
     r.exact_size += static_cast<double>(want);
   }
   t.into(r);
+  if (threads > 0) {
+    std::vector<kvsift::dipr_result> bres(threads);
+    r.batch_qps =
+        batch_qps(eval, threads, [&](auto q, auto& w, std::size_t th) { search(q, bres[th], w); });
+    r.batch_threads = threads;
+  }
   return r;
 }
 

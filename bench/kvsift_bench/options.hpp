@@ -2,6 +2,7 @@
 // kvsift-bench's command line: the usage text, the options aggregate and their strict parsing
 // (every number whole and in range, every combination checked before any file is read).
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -15,11 +16,13 @@
 
 #include "kvsift/kvsift.hpp"
 #include "kvsift/search/planner.hpp"
+#include "kvsift_bench/hdf5_dataset.hpp"
 
 namespace kvsift_bench {
 
 inline const char* const usage =
-    R"(usage: kvsift-bench (--demo | --keys F --queries F [--train F | --train-fraction X]) [options]
+    R"(usage: kvsift-bench (--demo | --keys F --queries F | --hdf5 F) [--train F | --train-fraction X]
+                    [options]
 
 data (.fbin: uint32 n, uint32 d, f32 data; or .npy f4/f2):
   --keys F            keys (n x d)
@@ -30,6 +33,14 @@ data (.fbin: uint32 n, uint32 d, f32 data; or .npy f4/f2):
   --n N --dim D       demo size (default 32768 x 128); training = 10% of n
   --spread X          demo key norm spread (default 0.2; 0.4 is harder, see ood_generator.hpp)
   --eval N            use at most N evaluation queries (default 200 for --demo, all for files)
+  --hdf5 F            an ann-benchmarks file instead of --keys/--queries: train = keys, test =
+                      queries, neighbors (and distances) = the ground truth, used as given (no
+                      recomputation; top-k only); metric from its `distance` attribute:
+                      euclidean (l2) or angular (ip on normalised vectors). Needs a build with
+                      the HDF5 C library (libhdf5-dev)
+  --gt F         ground truth of the evaluation queries instead of computing it (big-ann layout,
+                 as --save-gt writes: uint32 m, uint32 K, m*K uint32 ids[, m*K f32 distances]);
+                 m must equal the evaluation queries and K >= max(--k); top-k only
 index (the flat scan always runs as the baseline):
   --index LIST   of roargraph, hnsw, ivf, or flat alone (default roargraph); hnsw / ivf are
                  peers (hnswlib, faiss IVF-Flat), present when built with them, metric ip only
@@ -51,7 +62,10 @@ reference interchange (feed another implementation the same inputs):
   --save-data DIR   write the workload as DIR/keys.fbin, train.fbin, eval.fbin (e.g. --demo)
 query (latency is always measured on one thread):
   --query topk|dipr|both   (default: topk for files, both for --demo)
-  --k LIST       top-k sizes (default 100)          --L LIST   pool sizes (default 100,200,300,500)
+  --k LIST       top-k sizes (default 100)
+  --L LIST       pool sizes (default 10,20,40,80,100,200,400, each k taking those >= k); an
+                 explicit L below every k is an error, one below some k is skipped for those
+                 k and the run says so
   --beta X       DIPR range; default: chosen so the exact answer averages --dipr-target tokens
   --dipr-target N (default 100)                     --l0 LIST  DIPR capacities (default 50,100,200,400)
   --filter-prefix P   only ids < P are valid (partial prefix reuse, 2-hop filtered search)
@@ -64,7 +78,9 @@ attention quality (needs --values; queries and keys are the same positions 0..n-
   --attn-L N     RoarGraph pool size for attention top-k: max(k, N) (default 200)
   --attn-l0 N    RoarGraph DIPR capacity (default 100)
 output:
-  --json FILE    also write the results as JSON
+  --json FILE    also write the results as JSON: per row the parameters as numbers, single-
+                 thread latency and batch QPS (all queries at once on --threads threads), the
+                 index's build time and size; the kvsift version, git commit, CPU and threads
 planner (instead of the above; the dump layout of bench/data/dump_qk.py):
   --plan auto|INDEX-QUERY   compare coarse-topk, flat-dipr, graph-dipr and the planner's choice
                  (auto) or a fixed plan, e.g. graph-dipr, per layer at equal GPU memory
@@ -80,13 +96,16 @@ planner (instead of the above; the dump layout of bench/data/dump_qk.py):
 struct options {
   bool demo = false;
   std::string keys, queries, train, json, save_index, load_index;
-  std::string save_train_knn, load_train_knn, save_gt, save_data;
+  std::string save_train_knn, load_train_knn, save_gt, save_data, hdf5, gt;
   double train_fraction = 0, insert_fraction = 0;
   std::size_t n = 32768, dim = 128, eval = 0;
   float spread = 0.2f;
   std::string index = "roargraph", metric = "ip", query;
   kvsift::roargraph_params build;
-  std::vector<std::size_t> k{100}, L{100, 200, 300, 500}, l0{50, 100, 200, 400};
+  // The default pools start small (L = k = 10 is the cheapest top-10 point of a recall curve);
+  // each k sweeps the pools >= k.
+  std::vector<std::size_t> k{100}, L{10, 20, 40, 80, 100, 200, 400}, l0{50, 100, 200, 400};
+  bool L_given = false, metric_given = false;
   std::optional<float> beta;
   std::size_t dipr_target = 100;
   std::optional<std::size_t> filter_prefix;
@@ -185,7 +204,7 @@ inline options parse(int argc, char** argv) {
     else if (a == "--index")
       o.index = v;
     else if (a == "--metric")
-      o.metric = v;
+      o.metric = v, o.metric_given = true;
     else if (a == "--nq")
       o.build.nq = parse_size(a, v);
     else if (a == "--M")
@@ -201,7 +220,7 @@ inline options parse(int argc, char** argv) {
     else if (a == "--k")
       o.k = parse_list(a, v);
     else if (a == "--L")
-      o.L = parse_list(a, v);
+      o.L = parse_list(a, v), o.L_given = true;
     else if (a == "--l0")
       o.l0 = parse_list(a, v);
     else if (a == "--beta")
@@ -242,6 +261,10 @@ inline options parse(int argc, char** argv) {
       o.load_train_knn = v;
     else if (a == "--save-gt")
       o.save_gt = v;
+    else if (a == "--gt")
+      o.gt = v;
+    else if (a == "--hdf5")
+      o.hdf5 = v;
     else if (a == "--save-data")
       o.save_data = v;
     else if (a == "--plan")
@@ -285,7 +308,9 @@ inline options parse(int argc, char** argv) {
   for (double b : o.attn_beta)
     if (b < 0) usage_error("--attn-beta: expected values >= 0, got " + std::to_string(b));
   if (o.attn_l0 == 0) usage_error("--attn-l0: expected > 0, got 0");
-  if (o.query.empty()) o.query = o.demo ? "both" : "topk";
+  // A given ground truth lists only the best K ids: top-k recall, nothing else.
+  const bool given_gt = !o.gt.empty() || !o.hdf5.empty();
+  if (o.query.empty()) o.query = o.demo && !given_gt ? "both" : "topk";
   if (o.query != "topk" && o.query != "dipr" && o.query != "both") {
     usage_error("--query: expected topk, dipr or both, got '" + o.query + "'");
   }
@@ -300,8 +325,44 @@ inline options parse(int argc, char** argv) {
     if (!o.json.empty()) usage_error("--json: --plan runs write no JSON (drop --json)");
     return o;
   }
-  if (!o.demo && (o.keys.empty() || o.queries.empty())) {
-    usage_error("expected --demo, or --keys and --queries");
+  if (!o.hdf5.empty()) {
+    if (!has_hdf5) {
+      usage_error(
+          "--hdf5: this kvsift-bench was built without HDF5 (install libhdf5-dev and "
+          "re-run CMake)");
+    }
+    if (o.demo || !o.keys.empty() || !o.queries.empty() || !o.values.empty() || !o.gt.empty()) {
+      usage_error(
+          "--hdf5: the file holds the keys, queries and ground truth: drop --demo, "
+          "--keys, --queries, --values and --gt");
+    }
+    if (o.metric_given) {
+      usage_error("--metric: --hdf5 takes the metric from the file's distance attribute");
+    }
+  } else if (!o.demo && (o.keys.empty() || o.queries.empty())) {
+    usage_error("expected --demo, --keys and --queries, or --hdf5");
+  }
+  if (given_gt) {
+    const std::string opt = o.hdf5.empty() ? "--gt" : "--hdf5";
+    if (o.query != "topk") {
+      usage_error(opt +
+                  ": the file's ground truth lists the best K ids only: DIPR needs every "
+                  "key's score (use --query topk), got --query " +
+                  o.query);
+    }
+    if (o.filter_prefix)
+      usage_error(opt + ": the file's ground truth is unfiltered: drop --filter-prefix");
+  }
+  if (o.L_given) {
+    // A pool smaller than k cannot hold k results: such an L gives no row for that k. One that
+    // serves no k at all is a mistake; one that serves some k is skipped, visibly (run.hpp).
+    const std::size_t k_min = *std::min_element(o.k.begin(), o.k.end());
+    for (const std::size_t L : o.L) {
+      if (L < k_min) {
+        usage_error("--L: expected every L >= the smallest --k, got L=" + std::to_string(L) +
+                    " < k=" + std::to_string(k_min) + " (a pool of L holds at most L results)");
+      }
+    }
   }
   if (o.insert_fraction != 0 &&
       (!(o.insert_fraction > 0 && o.insert_fraction < 1) || !o.uses("roargraph") ||

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -24,22 +25,24 @@ namespace kvsift_bench {
 /// hnswlib / faiss top-k rows, swept over ef / nprobe (only for --metric ip, no filter).
 inline void run_peers(const options& o, const workload& w,
                       const std::vector<std::vector<kvsift::scored_id>>& exact, double n,
-                      std::vector<row>& rows, std::ostream& info) {
+                      std::vector<row>& rows, std::ostream& info,
+                      std::map<std::string, build_record>& builds) {
   const auto& E = w.eval;
 #ifdef KVSIFT_BENCH_HNSWLIB
   if (o.uses("hnsw")) {
     std::fprintf(stderr, "building hnswlib HNSW over %zu keys...\n", w.keys.rows());
     const auto t0 = clock_type::now();
     kvsift_bench::hnsw_peer h(w.keys.cview(), o.hnsw_M, o.hnsw_ef_construction, o.build.threads);
-    info << "hnswlib: build " << std::chrono::duration<double>(clock_type::now() - t0).count()
-         << " s, M " << o.hnsw_M << ", ef_construction " << o.hnsw_ef_construction
-         << ", inner-product space\n";
+    builds["hnsw"].seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+    info << "hnswlib: build " << builds["hnsw"].seconds << " s, M " << o.hnsw_M
+         << ", ef_construction " << o.hnsw_ef_construction << ", inner-product space\n";
     for (std::size_t k : o.k) {
       for (std::size_t ef : o.ef) {
         if (ef < k) continue;
         rows.push_back(measure_topk(
             {"hnsw", "top-" + std::to_string(k), "ef=" + std::to_string(ef)}, k, E, exact, n,
-            [&](auto q, auto ids, auto scores) { return h.search(q, ef, ids, scores); }));
+            /*threads=*/0,
+            [&](auto q, auto ids, auto scores, auto&) { return h.search(q, ef, ids, scores); }));
       }
     }
   }
@@ -52,20 +55,21 @@ inline void run_peers(const options& o, const workload& w,
                  w.keys.rows());
     const auto t0 = clock_type::now();
     kvsift_bench::ivf_flat_peer f(w.keys, nlist, o.build.threads);
-    info << "faiss IVF-Flat: build "
-         << std::chrono::duration<double>(clock_type::now() - t0).count() << " s, nlist " << nlist
+    builds["ivf"].seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+    info << "faiss IVF-Flat: build " << builds["ivf"].seconds << " s, nlist " << nlist
          << ", inner product; scanned includes the " << nlist << " centroids\n";
     for (std::size_t k : o.k) {
       for (std::size_t np : o.nprobe) {
         if (np > nlist) continue;
         rows.push_back(measure_topk(
             {"ivf", "top-" + std::to_string(k), "nprobe=" + std::to_string(np)}, k, E, exact, n,
-            [&](auto q, auto ids, auto scores) { return f.search(q, np, ids, scores); }));
+            /*threads=*/0,
+            [&](auto q, auto ids, auto scores, auto&) { return f.search(q, np, ids, scores); }));
       }
     }
   }
 #endif
-  (void)o, (void)w, (void)exact, (void)n, (void)rows, (void)info, (void)E;
+  (void)o, (void)w, (void)exact, (void)n, (void)rows, (void)info, (void)E, (void)builds;
 }
 
 }  // namespace kvsift_bench

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -41,37 +42,61 @@ inline kvsift::build_progress_callback progress_bar() {
 
 template <class M, class P>
 std::vector<row> run(const options& o, const workload& w, const P& pred, std::ostream& info,
-                     std::vector<quality_row>& quality) {
+                     std::vector<quality_row>& quality,
+                     std::map<std::string, build_record>& builds) {
   using store_t = kvsift::view_store<float>;
   const store_t store(w.keys.cview());
   const double n = static_cast<double>(w.keys.rows());
   const auto& E = w.eval;
   std::vector<row> rows;
 
-  std::fprintf(stderr, "computing exact answers for %zu queries...\n", E.rows());
-  const auto exact = exact_rankings<M>(w.keys, E, pred, o.build.threads);
+  // Batch QPS runs on the threads the build and the oracle use.
+  const std::size_t threads = o.build.threads ? o.build.threads : kvsift::default_thread_count();
+  std::vector<std::vector<kvsift::scored_id>> exact;
+  if (w.given_exact) {
+    exact = *w.given_exact;
+    info << "ground truth: " << w.given_exact_source << ", " << exact.front().size()
+         << " ids per query (not recomputed)\n";
+  } else {
+    std::fprintf(stderr, "computing exact answers for %zu queries...\n", E.rows());
+    exact = exact_rankings<M>(w.keys, E, pred, o.build.threads);
+  }
   if (!o.save_gt.empty()) write_gt(o.save_gt, exact, *std::max_element(o.k.begin(), o.k.end()));
   const bool topk = o.query != "dipr", dipr = o.query != "topk";
   const float beta = dipr ? (o.beta ? *o.beta : choose_beta(exact, o.dipr_target)) : 0.0f;
 
-  kvsift::search_workspace ws;
   const kvsift::flat_index<store_t, M> flat(store);
+  builds["flat"] = {0, 0};  // a view of the keys: nothing built, nothing stored beyond them
   for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
-    rows.push_back(measure_topk(
-        {"flat", "top-" + std::to_string(k), "-"}, k, E, exact, n,
-        [&](auto q, auto ids, auto scores) { return flat.topk(q, k, ws, ids, scores, pred); }));
+    rows.push_back(measure_topk({"flat", "top-" + std::to_string(k), "-"}, k, E, exact, n, threads,
+                                [&](auto q, auto ids, auto scores, auto& ws) {
+                                  return flat.topk(q, k, ws, ids, scores, pred);
+                                }));
   }
   if (dipr) {
-    rows.push_back(measure_dipr(
-        {"flat", "dipr", "beta=" + std::to_string(beta)}, beta, E, exact, n,
-        [&](auto q, kvsift::dipr_result& res) { flat.dipr(q, {.beta = beta}, ws, res, pred); }));
+    rows.push_back(measure_dipr({"flat", "dipr", "beta=" + std::to_string(beta)}, beta, E, exact, n,
+                                threads, [&](auto q, kvsift::dipr_result& res, auto& ws) {
+                                  flat.dipr(q, {.beta = beta}, ws, res, pred);
+                                }));
+  }
+  // An explicit pool below a k gives no row for that k (parse() refused pools below every k):
+  // say which, rather than drop them silently.
+  if (o.L_given && topk) {
+    for (std::size_t k : o.k) {
+      std::string skipped;
+      for (std::size_t L : o.L)
+        if (L < k) skipped += (skipped.empty() ? "" : ",") + std::to_string(L);
+      if (!skipped.empty()) info << "L sweep: top-" << k << " skips L=" << skipped << " (L < k)\n";
+    }
   }
 
   std::optional<kvsift::graph_index<store_t, M>> graph;
   if (o.uses("roargraph")) {
     auto& g = graph.emplace();
     if (!o.load_index.empty()) {
+      const auto t0 = clock_type::now();
       g = kvsift::load_graph<M>(o.load_index, store);
+      builds["roargraph"].seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
       info << "index: loaded from " << o.load_index << "\n";
     } else {
       std::fprintf(stderr, "building RoarGraph over %zu keys from %zu training queries...\n",
@@ -107,8 +132,10 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
            << bs.projection_seconds << " s, connectivity " << bs.connectivity_seconds << " s), nq "
            << o.build.nq << ", M " << o.build.M << ", L " << o.build.L << ", threads "
            << (o.build.threads ? o.build.threads : kvsift::default_thread_count()) << "\n";
+      builds["roargraph"].seconds = bs.total_seconds;
       if (!o.save_index.empty()) kvsift::save_graph(g, o.save_index);
     }
+    builds["roargraph"].bytes = graph_bytes(g);
     const auto deg = g.degrees();
     info << "degree: min " << deg.min << ", mean " << deg.mean << ", max " << deg.max << "\n";
     for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
@@ -116,7 +143,7 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
         if (L < k) continue;
         rows.push_back(
             measure_topk({"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E,
-                         exact, n, [&](auto q, auto ids, auto scores) {
+                         exact, n, threads, [&](auto q, auto ids, auto scores, auto& ws) {
                            return kvsift::beam_search(g, q, {k, L}, ws, ids, scores, pred);
                          }));
       }
@@ -132,12 +159,18 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
            << " training queries in " << ins.build_seconds << " s, inserted " << ins.inserted
            << " keys one by one: mean " << ins.mean_us << " us/key, p50 " << ins.p50_us << ", p99 "
            << ins.p99_us << " (one thread); degree mean " << ins.graph.degrees().mean << "\n";
+      // Build of the prefix plus every insert; the insertable graph keeps the training queries
+      // and their kNN lists for its insert rule, counted with the graph.
+      const auto mem = ins.graph.memory();
+      builds["roargraph+insert"] = {
+          ins.build_seconds + ins.mean_us * static_cast<double>(ins.inserted) * 1e-6,
+          mem.graph + mem.queries + mem.query_knn};
       for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
         for (std::size_t L : o.L) {
           if (L < k) continue;
           rows.push_back(measure_topk(
               {"roargraph+insert", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E,
-              exact, n, [&](auto q, auto ids, auto scores) {
+              exact, n, threads, [&](auto q, auto ids, auto scores, auto& ws) {
                 return kvsift::beam_search(ins.graph, q, {k, L}, ws, ids, scores, pred);
               }));
         }
@@ -145,14 +178,14 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
     }
     for (std::size_t l0 : dipr ? o.l0 : std::vector<std::size_t>{}) {
       rows.push_back(measure_dipr({"roargraph", "dipr", "l0=" + std::to_string(l0)}, beta, E, exact,
-                                  n, [&](auto q, kvsift::dipr_result& res) {
+                                  n, threads, [&](auto q, kvsift::dipr_result& res, auto& ws) {
                                     kvsift::dipr_search(g, q, {.beta = beta, .l0 = l0}, ws, res,
                                                         pred);
                                   }));
     }
   }
   if constexpr (std::is_same_v<M, kvsift::inner_product> && std::is_same_v<P, kvsift::no_filter>) {
-    run_peers(o, w, exact, n, rows, info);
+    run_peers(o, w, exact, n, rows, info, builds);
     if (!o.values.empty()) {
       std::fprintf(stderr, "attention quality over %zu causal queries...\n", E.rows());
       quality = run_quality(o, w, flat, graph ? &*graph : nullptr);

@@ -46,7 +46,7 @@ expect() {
   cat "$work/err"
 }
 
-demo=(--demo --n 400 --dim 8 --eval 5 --L 20 --l0 10 --threads 1)
+demo=(--demo --n 400 --dim 8 --eval 5 --k 10 --L 20 --l0 10 --threads 1)
 
 case "$case_name" in
   unknown_option)

@@ -54,3 +54,27 @@ if(KVSIFT_BENCH_PEERS AND KVSIFT_HNSWLIB_INCLUDE_DIR AND faiss_FOUND)
   set_tests_properties(kvsift_bench_peers_sample PROPERTIES PASS_REGULAR_EXPRESSION
                        "hnsw +top-10 +ef=50.*ivf +top-10 +nprobe=8")
 endif()
+# Interchange formats (--hdf5, --gt, --json fields, the L sweep) and their errors:
+# tests/cli/kvsift_bench_formats.sh BENCH MAKE_HDF5 CASE. The HDF5 files are written at test time
+# by make_ann_hdf5 (HDF5 C API), so no binary is committed.
+set(kvsift_format_cases gt gt_errors L_sweep json_fields)
+if(HDF5_FOUND)
+  add_executable(kvsift-make-ann-hdf5 "${PROJECT_SOURCE_DIR}/tests/cli/make_ann_hdf5.cpp")
+  target_include_directories(kvsift-make-ann-hdf5 SYSTEM PRIVATE ${HDF5_C_INCLUDE_DIRS}
+                                                                 ${HDF5_INCLUDE_DIRS})
+  target_link_libraries(kvsift-make-ann-hdf5 PRIVATE ${HDF5_C_LIBRARIES})
+  target_compile_definitions(kvsift-make-ann-hdf5 PRIVATE ${HDF5_C_DEFINITIONS})
+  kvsift_project_target(kvsift-make-ann-hdf5)
+  set(kvsift_make_hdf5 $<TARGET_FILE:kvsift-make-ann-hdf5>)
+  list(APPEND kvsift_format_cases hdf5_euclidean hdf5_angular hdf5_errors)
+else()
+  set(kvsift_make_hdf5 "-")
+  list(APPEND kvsift_format_cases hdf5_unavailable)
+endif()
+foreach(case IN LISTS kvsift_format_cases)
+  add_test(NAME kvsift_bench_formats_${case}
+           COMMAND bash "${PROJECT_SOURCE_DIR}/tests/cli/kvsift_bench_formats.sh"
+                   $<TARGET_FILE:kvsift-bench> ${kvsift_make_hdf5} ${case})
+  set_tests_properties(kvsift_bench_formats_${case} PROPERTIES
+                       ENVIRONMENT "KVSIFT_EXPECTED_VERSION=${PROJECT_VERSION}")
+endforeach()
