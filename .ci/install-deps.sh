@@ -7,9 +7,10 @@ set -euo pipefail
 # its tests, built with CMake against Debian's python3 (no network needed at build time).
 # libhnswlib-dev, libfaiss-dev: the optional peers of kvsift-bench (bench/peers/), so CI runs
 # the peers' CTest too; kvsift itself never depends on them.
+# libhdf5-dev: kvsift-bench --hdf5 (ann-benchmarks files) and its CTest; optional likewise.
 packages=(build-essential cmake libeigen3-dev libxsimd-dev catch2 libbenchmark-dev clang-format
           python3 python3-dev pybind11-dev python3-numpy python3-pytest libhnswlib-dev
-          libfaiss-dev)
+          libfaiss-dev libhdf5-dev)
 # Extra packages a caller needs beyond these (e.g. .ci/run: clang and its fuzzer runtime).
 packages+=("$@")
 

@@ -90,6 +90,21 @@ case "$case_name" in
     expect 2 "--hdf5: the file's ground truth lists the best K ids only: DIPR" \
       --hdf5 "$work/s.hdf5" --query both
     expect 2 "--metric: --hdf5 takes the metric from the file" --hdf5 "$work/s.hdf5" --metric ip
+    expect 2 "--hdf5: the file's ground truth is unfiltered" --hdf5 "$work/s.hdf5" --filter-prefix 9
+    # Broken files, each refused with what was expected and what was found.
+    "$make_hdf5" "$work/b.hdf5" euclidean 10 bad-id || fail "make_ann_hdf5"
+    expect 1 "neighbors: expected ids in \[0, 2000\) \(the train rows\), got 2000 at entry 0" \
+      --hdf5 "$work/b.hdf5" --index flat --k 10
+    "$make_hdf5" "$work/b.hdf5" euclidean 10 bad-dim || fail "make_ann_hdf5"
+    expect 1 "expected test of dimension 16 \(as train\), got 15" --hdf5 "$work/b.hdf5" --index flat
+    "$make_hdf5" "$work/b.hdf5" euclidean 10 no-attr || fail "make_ann_hdf5"
+    expect 1 "attribute 'distance': missing \(euclidean or angular expected\)" \
+      --hdf5 "$work/b.hdf5" --index flat
+    "$make_hdf5" "$work/b.hdf5" euclidean 10 no-neighbors || fail "make_ann_hdf5"
+    expect 1 "dataset 'neighbors': missing" --hdf5 "$work/b.hdf5" --index flat
+    "$make_hdf5" "$work/b.hdf5" euclidean 10 bad-distances || fail "make_ann_hdf5"
+    expect 1 "expected distances of 50 x 10 \(as neighbors\), got 50 x 9" \
+      --hdf5 "$work/b.hdf5" --index flat
     ;;
   hdf5_unavailable)
     expect 2 "--hdf5: this kvsift-bench was built without HDF5" --hdf5 "$work/x.hdf5"
@@ -118,6 +133,13 @@ case "$case_name" in
       "${demo[@]}" --index flat --k 5 --gt "$work/cut.gt"
     expect 2 "--gt: the file's ground truth lists the best K ids only: DIPR needs every key's score" \
       "${demo[@]}" --gt "$work/k5.gt" --query dipr
+    expect 2 "--gt: the file's ground truth is unfiltered" "${demo[@]}" --query topk \
+      --gt "$work/k5.gt" --filter-prefix 100
+    # Ids of a 3000-key workload against 1000 keys (demo keys rank the higher ids high).
+    expect 1 "--gt '.*k5.gt': expected ids < 1000 \(the keys\), got [0-9]+ at entry [0-9]+" \
+      "${demo[@]}" --n 1000 --index flat --k 5 --gt "$work/k5.gt"
+    expect 1 "--gt '.*nothing.gt': cannot open" "${demo[@]}" --index flat --k 5 \
+      --gt "$work/nothing.gt"
     ;;
   L_sweep)
     expect 2 "--L: expected every L >= the smallest --k, got L=5 < k=10" "${demo[@]}" --k 10 --L 5,20

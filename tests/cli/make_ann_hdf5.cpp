@@ -1,5 +1,5 @@
 // Writes a small ann-benchmarks-layout HDF5 file for kvsift-bench's --hdf5 tests, with the HDF5
-// C API (no committed binary, no h5py): `make_ann_hdf5 OUT DISTANCE NCOLS [vlen]`.
+// C API (no committed binary, no h5py): `make_ann_hdf5 OUT DISTANCE NCOLS [FLAG...]`.
 //   train     2000 x 16 f32 keys, their norms spread over [0.5, 2] (so angular ranks differently
 //             from the raw inner product: a reader that forgets to normalise loses recall)
 //   test      50 x 16 f32 queries
@@ -8,6 +8,9 @@
 //   distances 50 x NCOLS f32
 //   attribute distance = DISTANCE, fixed-length string, or variable-length (as h5py writes it)
 //             with `vlen`.
+// Flags that break the file for the error tests: `bad-id` (neighbors[0][0] = 2000, past the
+// keys), `bad-dim` (test of dimension 15), `no-attr` (no distance attribute), `no-neighbors`,
+// `bad-distances` (distances one column short of neighbors).
 #include <hdf5.h>
 
 #include <algorithm>
@@ -66,7 +69,12 @@ int main(int argc, char** argv) {
   }
   const std::string out = argv[1], distance = argv[2];
   const auto ncols = static_cast<std::size_t>(std::atoi(argv[3]));
-  const bool vlen = argc > 4 && std::string(argv[4]) == "vlen";
+  auto flag = [&](const char* f) {
+    for (int i = 4; i < argc; ++i)
+      if (std::string(argv[i]) == f) return true;
+    return false;
+  };
+  const bool vlen = flag("vlen");
   if (ncols == 0 || ncols > n) return 2;
 
   std::mt19937 rng(7);
@@ -113,11 +121,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make_ann_hdf5: cannot create %s\n", out.c_str());
     return 1;
   }
-  write_distance(file, distance, vlen);
+  if (!flag("no-attr")) write_distance(file, distance, vlen);
+  if (flag("bad-id")) ids[0] = static_cast<int>(n);
   write_dataset(file, "train", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, n, dim, keys.data());
-  write_dataset(file, "test", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, nq, dim, queries.data());
-  write_dataset(file, "neighbors", H5T_STD_I32LE, H5T_NATIVE_INT, nq, ncols, ids.data());
-  write_dataset(file, "distances", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, nq, ncols, dists.data());
+  // bad-dim: the first nq * 15 values as a 50 x 15 matrix.
+  write_dataset(file, "test", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, nq, flag("bad-dim") ? dim - 1 : dim,
+                queries.data());
+  if (!flag("no-neighbors")) {
+    write_dataset(file, "neighbors", H5T_STD_I32LE, H5T_NATIVE_INT, nq, ncols, ids.data());
+  }
+  write_dataset(file, "distances", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, nq,
+                flag("bad-distances") ? ncols - 1 : ncols, dists.data());
   H5Fclose(file);
   return 0;
 }
