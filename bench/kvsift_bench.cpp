@@ -80,6 +80,7 @@ reference interchange (feed another implementation the same inputs):
 query (latency is always measured on one thread):
   --query topk|dipr|both   (default: topk for files, both for --demo)
   --k LIST       top-k sizes (default 100)          --L LIST   pool sizes (default 100,200,300,500)
+  --degree-cap N roargraph searches expand at most the first N neighbours of a node (0 = all)
   --beta X       DIPR range; default: chosen so the exact answer averages --dipr-target tokens
   --dipr-target N (default 100)                     --l0 LIST  DIPR capacities (default 50,100,200,400)
   --filter-prefix P   only ids < P are valid (partial prefix reuse, 2-hop filtered search)
@@ -110,6 +111,7 @@ struct options {
   std::string keys, queries, train, json, save_index, load_index;
   std::string save_train_knn, load_train_knn, save_gt, save_data;
   double train_fraction = 0, insert_fraction = 0;
+  std::size_t degree_cap = 0;  // graph searches expand at most this many neighbours (0 = all)
   std::size_t n = 32768, dim = 128, eval = 0;
   float spread = 0.2f;
   std::string index = "roargraph", metric = "ip", query;
@@ -255,6 +257,8 @@ options parse(int argc, char** argv) {
       o.filter_prefix = parse_size(a, v);
     else if (a == "--ef")
       o.ef = parse_list(a, v);
+    else if (a == "--degree-cap")
+      o.degree_cap = parse_size(a, v);
     else if (a == "--nprobe")
       o.nprobe = parse_list(a, v);
     else if (a == "--hnsw-M")
@@ -816,11 +820,11 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
     for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
       for (std::size_t L : o.L) {
         if (L < k) continue;
-        rows.push_back(
-            measure_topk({"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E,
-                         exact, n, [&](auto q, auto ids, auto scores) {
-                           return kvsift::beam_search(g, q, {k, L}, ws, ids, scores, pred);
-                         }));
+        rows.push_back(measure_topk(
+            {"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E, exact, n,
+            [&](auto q, auto ids, auto scores) {
+              return kvsift::beam_search(g, q, {k, L, o.degree_cap}, ws, ids, scores, pred);
+            }));
       }
     }
     if (o.insert_fraction > 0) {
