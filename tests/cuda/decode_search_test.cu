@@ -275,6 +275,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         dp.l0 = std::size_t(p.l0);
         dp.max_candidates = cap;
         dp.seed_score = qb.seed.empty() ? std::numeric_limits<float>::quiet_NaN() : qb.seed[i];
+        dp.degree_cap = std::size_t(p.degree_cap);
         kvsift::dipr_result res;
         kvsift::dipr_search(g, q, dp, ws, res, pred);
         want_ids = res.ids;
@@ -288,6 +289,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         kvsift::beam_search_params bp;
         bp.k = std::size_t(p.k);
         bp.L = std::size_t(p.L);
+        bp.degree_cap = std::size_t(p.degree_cap);
         const auto st = kvsift::beam_search(g, q, bp, ws, ids, sc, pred);
         ids.resize(st.count);
         sc.resize(st.count);
@@ -404,6 +406,23 @@ TEST_CASE_CUDA(decode_search_dipr_matches_cpu) {
       (compare<kvsift::l2, float>(s, plain, dipr(6.0f, 16, 0, kc::graph_metric::l2), kDense) == 0));
   // A cap the wide range reaches: the stop must happen at the same visit as on the CPU.
   CHECK((compare<kvsift::inner_product, float>(s, plain, dipr(12.0f, 8, 40), kDense) == 0));
+}
+
+TEST_CASE_CUDA(decode_search_degree_cap_matches_cpu) {
+  // Caps below the row width (one chunk, several chunks) and at it, filtered and not, top-k and
+  // DIPR: the CPU search with the same cap is the oracle.
+  const graph_set s = make_set({700, 3000}, 32, 70, 2);
+  const query_batch plain = make_queries(s, 1500, false, false);
+  const query_batch ranged = make_queries(s, 1500, false, true);
+  for (const int cap : {5, 40, 70}) {
+    auto t = topk(20, 40, kc::graph_metric::inner_product);
+    t.degree_cap = cap;
+    CHECK((compare<kvsift::inner_product, float>(s, plain, t, kDense) == 0));
+    CHECK((compare<kvsift::inner_product, __half>(s, ranged, t, kPaged) == 0));
+    auto d = dipr(4.0f, 16, 0);
+    d.degree_cap = cap;
+    CHECK((compare<kvsift::inner_product, float>(s, ranged, d, kDense) == 0));
+  }
 }
 
 TEST_CASE_CUDA(decode_search_wider_expansion_returns_true_scores) {
@@ -551,6 +570,9 @@ TEST_CASE_CUDA(decode_search_rejects_bad_input) {
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "got L = 5000"));
   bad = dipr(-1.0f, 8, 0);
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "beta >= 0"));
+  bad = p;
+  bad.degree_cap = -1;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "degree_cap >= 0 (0 = all), got -1"));
   bad = dipr(1.0f, 8, 4);
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "max_results"));
   CHECK(contains(msg(set, k, qs, 0, p, out, wb), "1 <= queries"));

@@ -84,6 +84,10 @@ struct decode_search_params {
   /// most max_decode_search_results. A search that reaches it stops (status bit
   /// `decode_status_capped`).
   int max_results = 0;
+  /// Expand at most the first `degree_cap` neighbours of each node (0 = all), >= 0; as
+  /// `beam_search_params::degree_cap` on the CPU (same results with expand_width 1): a sparser
+  /// subgraph of the same index, fewer rows scored per expansion.
+  int degree_cap = 0;
 };
 
 /// The queries of one launch. All pointers are device pointers; optional ones may be null.

@@ -65,6 +65,7 @@ struct ds_config {
   float beta = 0.0f;
   int expand = 1;               // top-k: pool entries expanded per step
   int inc = 0;                  // candidate list length, max(width, 32) * expand
+  int cols = 0;                 // neighbours read per row: the width, or degree_cap if smaller
   int words = 0;                // visited bitset words (multiple of 4)
   std::int64_t slot_words = 0;  // uint32 words of workspace per running search
   int slots = 0;
@@ -109,6 +110,8 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
           ": expected 1 <= max_keys < ", gs_expanded, ", got ", set.max_keys);
   require(m > 0 && m <= std::int64_t{INT_MAX}, who, ": expected 1 <= queries <= ", INT_MAX,
           ", got ", m);
+  require(p.degree_cap >= 0, who, ": expected degree_cap >= 0 (0 = all), got ", p.degree_cap);
+  c.cols = p.degree_cap == 0 ? set.width : std::min(set.width, p.degree_cap);
   c.inc = std::max(set.width, 32) * c.expand;
   c.words = static_cast<int>(gs_words(set.max_keys));
   const std::int64_t cap_even = (c.capacity + 1) / 2 * 2;  // 16-byte aligned lists
@@ -218,7 +221,8 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
   gs_entry* const range = heap + (c.capacity + 1) / 2 * 2;
   const unsigned lower_lanes = (1u << lane) - 1u;
   const int d = c.d;
-  const int width = set.width;
+  const int width = set.width;  // row stride of the adjacency
+  const int cols = c.cols;      // neighbours read per row (degree_cap)
   std::uint32_t status = 0;
 
   for (int qi = slot; qi < m; qi += c.slots) {
@@ -343,11 +347,11 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     auto through = [&](std::uint32_t v, int at, int room) {
       const id_t* nb = adj + static_cast<std::size_t>(v) * width;
       int got = 0;
-      for (int r0 = 0; r0 < width && (room < 0 || got < room); r0 += 32) {
+      for (int r0 = 0; r0 < cols && (room < 0 || got < room); r0 += 32) {
         const int r = r0 + lane;
         std::uint32_t w = invalid_id;
         bool cand = false;
-        if (r < width) {
+        if (r < cols) {
           w = nb[r];
           if (w != invalid_id && w >= static_cast<std::uint32_t>(n)) {
             status |= decode_status_bad_id;
@@ -382,7 +386,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
 #pragma unroll
         for (int t = 0; t < rounds; ++t) {
           const int r = t * 32 + lane;
-          v[t] = r < width ? nbrs[r] : invalid_id;
+          v[t] = r < cols ? nbrs[r] : invalid_id;
         }
 #pragma unroll
         for (int t = 0; t < rounds; ++t) {
@@ -395,7 +399,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
 #pragma unroll
         for (int t = 0; t < rounds; ++t) {
-          if (t * 32 >= width) continue;  // (not break: the loop stays fully unrolled)
+          if (t * 32 >= cols) continue;  // (not break: the loop stays fully unrolled)
           const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
           const unsigned b = __ballot_sync(full, fresh);
           if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v[t];
@@ -405,10 +409,10 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         return fresh_n;
       } else {
         // The row's degree (ids before the padding) caps what one expansion gathers (ACORN).
-        int deg = width;
-        for (int r0 = 0; r0 < width; r0 += 32) {
+        int deg = cols;
+        for (int r0 = 0; r0 < cols; r0 += 32) {
           const int r = r0 + lane;
-          const unsigned b = __ballot_sync(full, r < width && nbrs[r] == invalid_id);
+          const unsigned b = __ballot_sync(full, r < cols && nbrs[r] == invalid_id);
           if (b != 0u) {
             deg = r0 + __ffs(b) - 1;
             break;
