@@ -301,15 +301,18 @@ int main(int argc, char** argv) {
       run(p, label, L);
     }
   }
-  for (const float beta : {0.5f, 1.0f, 1.5f}) {
-    kc::decode_search_params p;
-    p.mode = kc::decode_search_mode::dipr;
-    p.beta = beta;
-    p.l0 = 100;
-    p.max_results = cap_max;
-    char label[64];
-    std::snprintf(label, sizeof label, "DIPR beta %.1f l0 100", beta);
-    run(p, label, 100);
+  for (const int expand : {1, 4, 8}) {
+    for (const float beta : {0.5f, 1.0f, 1.5f}) {
+      kc::decode_search_params p;
+      p.mode = kc::decode_search_mode::dipr;
+      p.beta = beta;
+      p.l0 = 100;
+      p.max_results = cap_max;
+      p.expand_width = expand;
+      char label[64];
+      std::snprintf(label, sizeof label, "DIPR beta %.1f l0 100 expand %d", beta, expand);
+      run(p, label, 100);
+    }
   }
   // 6. The composed decode step (window 512 + 4 sinks + top-100 at the chosen setting)
   // against full attention over every token with kvsift's own sparse_attention (all tokens

@@ -458,6 +458,56 @@ TEST_CASE_CUDA(decode_search_wider_expansion_returns_true_scores) {
   CHECK(hit4 + hit1 / 50 >= hit1);
 }
 
+TEST_CASE_CUDA(decode_search_dipr_wider_walk_keeps_the_range_contract) {
+  // DIPR with expand_width > 1 floods the in-range region in discovery order, several nodes per
+  // step: check what must hold (distinct ids of the graph, true scores, every result within
+  // beta of the reported best, that best a true score) and that it finds as much of the exact
+  // DIPR set (every key within beta of the query's true best) as the CPU-order walk.
+  const graph_set s = make_set({2000, 3000}, 32, 24, 2);
+  const query_batch qb = make_queries(s, 400, false, false);
+  auto p = dipr(6.0f, 16, 0);
+  const gpu_result one = run_gpu<float>(s, qb, p, kDense);
+  p.expand_width = 4;
+  const gpu_result four = run_gpu<float>(s, qb, p, kDense);
+  const auto cap = static_cast<std::size_t>(four.capacity);
+  std::size_t hit1 = 0, hit4 = 0, exact_total = 0, bad = 0;
+  for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+    const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(qb.graph[i]));
+    const float* q = qb.q.data() + i * s.d;
+    float top = -std::numeric_limits<float>::infinity();
+    for (id_t k = 0; k < g.size(); ++k) top = std::max(top, g.score(q, k));
+    std::vector<char> in_exact(g.size(), 0);
+    for (id_t k = 0; k < g.size(); ++k) {
+      in_exact[k] = g.score(q, k) >= top - p.beta;
+      exact_total += in_exact[k];
+    }
+    std::vector<char> seen(g.size(), 0);
+    bool best_found = false;
+    for (std::size_t j = 0; j < four.counts[i] && j < cap; ++j) {
+      const id_t b = four.ids[i * cap + j];
+      if (b >= g.size() || seen[b] || four.scores[i * cap + j] != g.score(q, b)) {
+        ++bad;
+        continue;
+      }
+      seen[b] = 1;
+      if (g.score(q, b) < four.best[i] - p.beta) ++bad;
+      best_found |= g.score(q, b) == four.best[i];
+      hit4 += in_exact[b];
+    }
+    if (four.counts[i] > 0 && !best_found) ++bad;
+    for (std::size_t j = 0; j < one.counts[i] && j < cap; ++j) {
+      const id_t a = one.ids[i * cap + j];
+      hit1 += a < g.size() && in_exact[a];
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(four.status == 0u);
+  std::printf("    exact DIPR keys %zu, found by the CPU-order walk %zu, by the wider walk %zu\n",
+              exact_total, hit1, hit4);
+  CHECK(hit1 > 0);  // the data gives the walks something to find
+  CHECK(hit4 + hit1 / 50 >= hit1);
+}
+
 TEST_CASE_CUDA(decode_search_nonfinite_query_returns_nothing) {
   const graph_set s = make_set({500}, 16, 16, 1);
   query_batch qb = make_queries(s, 4, true, false);

@@ -73,10 +73,13 @@ struct decode_search_params {
   graph_metric metric = graph_metric::inner_product;  ///< attention scores are dot products
   int k = 100;                                        ///< top-k: results per query, 1..L
   int L = 128;                                        ///< top-k: pool size, k..max_decode_search_L
-  /// top-k: pool entries expanded per step, 1..8. 1 (default) is the CPU's walk: results equal
-  /// `beam_search` id for id. Larger values expand the best `expand_width` unexpanded entries
-  /// together, which cuts the sequential steps of a search (the GPU's latency chain) at the
-  /// price of some extra scoring; results then differ from the CPU's in what the walk finds.
+  /// Nodes expanded per step, 1..8. 1 (default) is the CPU's walk: results equal
+  /// `beam_search` / `dipr_search` id for id. Larger values cut the sequential steps of a
+  /// search (the GPU's latency chain) at the price of some extra scoring; results then differ
+  /// from the CPU's in what the walk finds. Top-k expands the best `expand_width` unexpanded
+  /// pool entries together. DIPR expands the best unexpanded beam entries while there are any,
+  /// else the next in-range keys in discovery order that are still within beta of the best
+  /// (a flood of the in-range region without the CPU's best-first heap).
   int expand_width = 1;
   float beta = 1.0f;  ///< DIPR: range width in raw score units (unscaled q.k), finite, >= 0
   int l0 = 64;        ///< DIPR: exploration beam, 1..max_decode_search_L

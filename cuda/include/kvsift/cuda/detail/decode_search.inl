@@ -88,7 +88,10 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
         p.max_results == 0 || (p.max_results >= p.l0 && p.max_results <= max_decode_search_results),
         who, ": expected l0 = ", p.l0, " <= max_results <= ", max_decode_search_results,
         " (or 0 for 64 * l0), got ", p.max_results);
+    require(p.expand_width >= 1 && p.expand_width <= 8, who,
+            ": expected 1 <= expand_width <= 8, got ", p.expand_width);
     c.pool = p.l0;
+    c.expand = p.expand_width;
     c.capacity =
         p.max_results != 0 ? p.max_results : std::min(64 * p.l0, max_decode_search_results);
     c.beta = p.beta;
@@ -272,6 +275,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     const bool run = ok && finite && n > 0;
     int cnt = 0;         // pool entries
     int rn = 0, hn = 0;  // DIPR: in-range list and heap entries
+    int rc = 0;          // DIPR, expand_width > 1: in-range entries examined for expansion
     bool capped = false;
     std::uint32_t scored = 0;
 
@@ -325,7 +329,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           const bool take = in_range && lane <= last_lane;
           const unsigned tb = __ballot_sync(full, take);
           if (take) range[rn + __popc(tb & lower_lanes)] = e;
-          if (lane == 0) {
+          if (lane == 0 && c.expand == 1) {  // the wider walk reads the list, not the heap
             for (unsigned b = tb; b != 0u; b &= b - 1) {
               ds_heap_push(heap, hn, inc[j0 + __ffs(b) - 1]);
             }
@@ -515,6 +519,61 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         pick = __reduce_min_sync(full, pick);
         std::uint32_t next = invalid_id;
         if constexpr (Dipr) {
+          if (c.expand > 1) {
+            // The wider DIPR walk: the best `expand` unexpanded beam entries while there are
+            // any, else the next `expand` in-range entries in discovery order that are still
+            // within beta of the best and not yet expanded, their fresh neighbours visited as
+            // one batch. Fewer sequential steps and no heap; the in-range region is flooded
+            // in another order than the CPU's best-first one, so results may differ from it.
+            int nv = 0;
+            int took = 0;
+            const bool from_beam = pick != INT_MAX;  // a batch is beam entries or range entries
+            while (took < c.expand && !capped) {
+              std::uint32_t u = invalid_id;
+              if (from_beam) {
+                if (pick == INT_MAX) break;
+                u = pool[pick].id;
+                __syncwarp();
+                if (lane == 0) pool[pick].id = u | gs_expanded;
+                __syncwarp();
+                int after = INT_MAX;
+                for (int i = pick + 1 + lane; i < cnt; i += 32) {
+                  if ((pool[i].id & gs_expanded) == 0u) {
+                    after = i;
+                    break;
+                  }
+                }
+                pick = __reduce_min_sync(full, after);
+              } else {
+                // The next in-range entry from the cursor that is still in range.
+                const float threshold = best - c.beta;
+                int found = -1;
+                while (rc < rn) {
+                  const int j = rc + lane;
+                  const bool cand =
+                      j < rn && range[j].key >= threshold && !ds_test(expanded, range[j].id);
+                  const unsigned b = __ballot_sync(full, cand);
+                  if (b != 0u) {
+                    found = rc + __ffs(b) - 1;
+                    rc = found + 1;
+                    break;
+                  }
+                  rc = min(rc + 32, rn);
+                }
+                if (found < 0) break;
+                u = range[found].id;
+              }
+              std::uint32_t was = 0;
+              if (lane == 0) was = atomicOr(&expanded[u >> 5], 1u << (u & 31u));
+              was = __shfl_sync(full, was, 0);
+              ++took;
+              if ((was >> (u & 31u)) & 1u) continue;  // reached through both parts
+              nv += expand(u, nv);
+            }
+            if (took == 0) break;
+            if (nv > 0) visit(nv);
+            continue;
+          }
           const bool beam = pick != INT_MAX;
           const gs_entry top = hn > 0 ? heap[0] : gs_entry{neg_inf(), invalid_id};
           const bool in_range = hn > 0 && top.key >= best - c.beta;
