@@ -119,6 +119,10 @@ def test_tiny_dump_exact_limits(tmp_path):
     assert all(r["recall"] == 1 and r["scanned"] == 1 for r in rows if r["index"] == "flat")
     big = [r for r in rows if r["index"] == "roargraph" and r["param"] == 400]
     assert big and all(r["recall"] >= 0.95 for r in big)
+    # The sweep reaches the search: a wider beam scores more keys (same head and k).
+    small = {(r["head"], r["k"]): r["scanned"] for r in rows
+             if r["index"] == "roargraph" and r["param"] == 100}
+    assert all(r["scanned"] > small[(r["head"], r["k"])] for r in big)
     q = {(r["head"], r["method"], r["param"]): r for r in lay["quality"]}
     for h in (0, 1):
         # A budget covering the whole middle, or a beta no logit gap reaches, is full attention.
