@@ -167,6 +167,11 @@ def test_quick_run_on_the_committed_sample(tmp_path, capsys):
         assert (tmp_path / "pyeval_quality.png").exists()
     text = (tmp_path / "pyeval.md").read_text()
     assert "Pareto points" in text and "Targets" in text and "top-k at dipr budget" in text
+    # --from-json re-renders the same tables from the saved sweep, measuring nothing.
+    again = pyeval.main(["--from-json", str(tmp_path / "pyeval.json"), "--out",
+                         str(tmp_path / "again"), "--no-plots"])
+    assert (tmp_path / "again" / "pyeval.md").read_text() == text
+    assert again["layers"][0]["targets"] == saved["layers"][0]["targets"]
 
 
 @needs_kvsift
