@@ -301,7 +301,7 @@ def plot(results, indexes, layers, out_dir, args_dump):
             scan, qps = {}, {}
             for index in ["flat"] + indexes:
                 pts = [v for (i, _), v in avg.items() if i == index]
-                scan[index] = [(x, y) for x, y in pareto([(v["scanned"], v["recall"]) for v in pts])]
+                scan[index] = pareto([(v["scanned"], v["recall"]) for v in pts])
                 qps[index] = [(1e6 / x, y) for x, y in
                               pareto([(v["p50_us"], v["recall"]) for v in pts]) if x > 0]
             panels.append((f"layer {layer}, recall@{k} vs keys scanned", "fraction of keys scored",

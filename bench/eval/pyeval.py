@@ -242,8 +242,8 @@ def retrieval(ks, ld, sp, args, methods, log):
     """Every sweep point of every method on one layer: rows (per head) and builds."""
     keys = np.ascontiguousarray(ld.keys[: sp.n_train])
     heads = sorted(ld.queries)
-    train = ks.sample_gqa_queries([np.ascontiguousarray(ld.queries[h][: sp.n_train]) for h in heads],
-                                  ratio=args.train_ratio)
+    prefill = [np.ascontiguousarray(ld.queries[h][: sp.n_train]) for h in heads]
+    train = ks.sample_gqa_queries(prefill, ratio=args.train_ratio)
     evalq = {h: np.ascontiguousarray(ld.queries[h][sp.eval_positions]) for h in heads}
     oracle = ks.FlatIndex(keys)
     kmax = max(args.k)

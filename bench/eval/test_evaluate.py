@@ -22,7 +22,6 @@ SAMPLE = ROOT / "bench" / "data" / "sample"
 BENCH = Path(os.environ.get("KVSIFT_BENCH", ROOT / "build" / "bin" / "kvsift-bench"))
 sys.path.insert(0, str(HERE))
 import evaluate as E  # noqa: E402
-import frontier  # noqa: E402
 
 
 class Args:
