@@ -507,7 +507,8 @@ def plots(res, out):
         qa = {}
         for r in lay["quality"]:
             qa.setdefault((r["method"], r["param"]), []).append(r)
-        for method, st in (("top-k", "C0o-"), ("dipr", "C3s-"), ("window", "k*")):
+        for method, st in (("top-k", "C0o-"), ("dipr", "C3s-"), ("top-k at dipr budget", "C2x"),
+                           ("window", "k*")):
             pts = sorted((np.mean([r["attended"] for r in rs]), np.mean([r["rel_l2_error"] for r in rs]))
                          for (m, _), rs in qa.items() if m == method)
             ax.plot(*zip(*pts), st, label=method, ms=4)
