@@ -167,6 +167,7 @@ def test_quick_run_on_the_committed_sample(tmp_path, capsys):
         assert (tmp_path / "pyeval_quality.png").exists()
     text = (tmp_path / "pyeval.md").read_text()
     assert "Pareto points" in text and "Targets" in text and "top-k at dipr budget" in text
+    assert "RoarGraph DIPR: set recall" in text
     # --from-json re-renders the same tables from the saved sweep, measuring nothing.
     again = pyeval.main(["--from-json", str(tmp_path / "pyeval.json"), "--out",
                          str(tmp_path / "again"), "--no-plots"])
