@@ -77,8 +77,8 @@ void run_case(const char* type, int kv_heads, double copy_gbps, void* flush,
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 8, cudaMemcpyHostToDevice));
-  const kvsift::cuda::paged_kv_view<T> kv{k,    v,       num_pages, kPageSize,
-                                          kDim, d_table, kv_heads,  max_pages};
+  const kvsift::cuda::paged_kv_ref<T> kv{k,    v,       num_pages, kPageSize,
+                                         kDim, d_table, kv_heads,  max_pages};
   const double kv_bytes = 2.0 * kQoHeads * kSelected * kDim * sizeof(T);
   for (int splits : {0, 4, 8, 16, 32}) {
     kvsift::cuda::sparse_attention_params params;

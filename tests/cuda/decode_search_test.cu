@@ -198,7 +198,7 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
     }
     device_buffer<T> dk(pool);
     device_buffer<std::int32_t> dt(table);
-    kc::paged_kv_view<T> kv;
+    kc::paged_kv_ref<T> kv;
     kv.k_pages = dk.get();
     kv.v_pages = dk.get();
     kv.num_pages = pages + 3;

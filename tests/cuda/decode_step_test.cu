@@ -82,7 +82,7 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   device_buffer<std::int32_t> dt(table);
   device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0});
   kc::graph_set_ref set{dadj.get(), doff.get(), dent.get(), G, width, 1, max_n};
-  kc::paged_kv_view<float> kv{dk.get(), dv.get(), pages, page, d, dt.get(), G, max_pages};
+  kc::paged_kv_ref<float> kv{dk.get(), dv.get(), pages, page, d, dt.get(), G, max_pages};
   const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p);
   device_buffer<char> ws(wb);
   kc::decode_step(set, kv, dq.get(), H, d, o.get(), lse.get(), ws.get(), wb, nullptr, p,

@@ -94,13 +94,13 @@ int compare_with_cpu(const std::vector<float>& kf, std::size_t n, std::size_t d,
   device_buffer<std::uint32_t> dc(m), dkc(m), dsc(m);
   const std::size_t wb = kvsift::cuda::graph_search_workspace_size(n, m);
   device_buffer<char> ws(wb);
-  kvsift::cuda::device_graph<device_t<T>> g{dk.get(),
-                                            static_cast<std::int64_t>(n),
-                                            static_cast<std::int64_t>(d),
-                                            static_cast<std::int64_t>(d),
-                                            da.get(),
-                                            static_cast<int>(width),
-                                            entry};
+  kvsift::cuda::graph_ref<device_t<T>> g{dk.get(),
+                                         static_cast<std::int64_t>(n),
+                                         static_cast<std::int64_t>(d),
+                                         static_cast<std::int64_t>(d),
+                                         da.get(),
+                                         static_cast<int>(width),
+                                         entry};
   kvsift::cuda::graph_search_params p;
   p.L = L;
   p.degree = degree;
@@ -282,9 +282,9 @@ TEST_CASE_CUDA(graph_search_rejects_bad_input) {
   device_buffer<id_t> dq(std::vector<id_t>{0, 1, 2, 3}), di(m * 16);
   const std::size_t wb = kvsift::cuda::graph_search_workspace_size(n, m);
   device_buffer<char> ws(wb);
-  const kvsift::cuda::device_graph<float> g{
+  const kvsift::cuda::graph_ref<float> g{
       dk.get(), std::int64_t(n), std::int64_t(d), std::int64_t(d), da.get(), 8, 0};
-  auto run = [&](kvsift::cuda::device_graph<float> gg, kvsift::cuda::graph_search_params p,
+  auto run = [&](kvsift::cuda::graph_ref<float> gg, kvsift::cuda::graph_search_params p,
                  kvsift::cuda::graph_search_outputs o, const id_t* q, void* w, std::size_t b) {
     kvsift::cuda::graph_search(gg, q, std::int64_t(m), p, o, w, b, nullptr);
   };

@@ -44,7 +44,7 @@ struct ds_dense_source {
 /// page id outside the pool (the caller flags it).
 template <class T>
 struct ds_paged_source {
-  paged_kv_view<T> kv;
+  paged_kv_ref<T> kv;
   __device__ const T* row(int g, std::int64_t, std::uint32_t id) const {
     const std::int32_t page =
         kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + id / kv.page_size];
@@ -761,7 +761,7 @@ void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
 }
 
 template <class T>
-void decode_search(const graph_set_ref& set, const paged_kv_view<T>& kv,
+void decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
                    const decode_queries& queries, std::int64_t m, const decode_search_params& p,
                    const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
                    cudaStream_t stream) {

@@ -231,7 +231,7 @@ inline std::int64_t gs_slots(std::int64_t m) { return std::min(m, gs_max_slots);
 
 template <class T, bool L2>
 __global__ void __launch_bounds__(gs_warps_per_block * 32)
-    graph_search_kernel(device_graph<T> g, const id_t* __restrict__ query_rows, int m, int L,
+    graph_search_kernel(graph_ref<T> g, const id_t* __restrict__ query_rows, int m, int L,
                         int degree, graph_search_outputs out, std::uint32_t* visited_all, int words,
                         bool vec, gs_layout lay, int slots) {
   extern __shared__ __align__(16) unsigned char gs_smem[];
@@ -402,7 +402,7 @@ inline std::size_t graph_search_workspace_size(std::int64_t n, std::int64_t m) {
 }
 
 template <class T>
-void graph_search(const device_graph<T>& g, const id_t* query_rows, std::int64_t m,
+void graph_search(const graph_ref<T>& g, const id_t* query_rows, std::int64_t m,
                   const graph_search_params& p, const graph_search_outputs& out, void* workspace,
                   std::size_t workspace_bytes, cudaStream_t stream) {
   static_assert(detail::is_supported_element_v<T>,
@@ -597,7 +597,7 @@ void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, st
   void* dw = s.workspace.reserve(ws);
   KVSIFT_CUDA_CHECK(
       cudaMemcpyAsync(dq, rows.data(), rows.size_bytes(), cudaMemcpyHostToDevice, s.stream));
-  device_graph<typename state::DT> g;
+  graph_ref<typename state::DT> g;
   g.keys = static_cast<const typename state::DT*>(s.keys.p);
   g.n = s.n;
   g.d = s.d;
