@@ -537,10 +537,11 @@ TEST_CASE_CUDA(decode_search_rejects_bad_input) {
   kc::decode_search_params p = topk(10, 20, kc::graph_metric::inner_product);
   const std::size_t wb = kc::decode_search_workspace_size(set, 1, p);
   device_buffer<char> ws(wb);
-  auto msg = [&](kc::graph_set_ref st, kc::dense_keys_ref<float> kk, kc::decode_queries qq,
-                 std::int64_t m, kc::decode_search_params pp, kc::decode_search_outputs oo,
-                 std::size_t bytes) {
-    return message_of([&] { kc::decode_search(st, kk, qq, m, pp, oo, ws.get(), bytes, nullptr); });
+  auto msg = [&](kc::graph_set_ref st, kc::dense_keys_ref<float> keys_in,
+                 kc::decode_queries queries_in, std::int64_t m, kc::decode_search_params pp,
+                 kc::decode_search_outputs oo, std::size_t bytes) {
+    return message_of(
+        [&] { kc::decode_search(st, keys_in, queries_in, m, pp, oo, ws.get(), bytes, nullptr); });
   };
   CHECK(msg(set, k, qs, 1, p, out, wb) == "(no exception)");
   auto bad = p;

@@ -351,16 +351,16 @@ TEST_CASE_CUDA(connectivity_searcher_rejects_bad_input) {
   CHECK_THROWS_AS(searcher(kv, 8), kvsift::non_finite_value);
   kf[9] = 1;
   searcher s(kv, 4);
-  std::vector<id_t> rows{3, 7}, flat(8, kvsift::invalid_id);
-  flat[0] = 1;
-  s.set_rows(rows, flat);  // valid
-  CHECK(contains(message_of([&] { s.set_rows(rows, std::span<const id_t>(flat).first(7)); }),
+  std::vector<id_t> rows{3, 7}, padded(8, kvsift::invalid_id);
+  padded[0] = 1;
+  s.set_rows(rows, padded);  // valid
+  CHECK(contains(message_of([&] { s.set_rows(rows, std::span<const id_t>(padded).first(7)); }),
                  "need 8 ids, got 7"));
   rows[1] = 50;
-  CHECK_THROWS_AS(s.set_rows(rows, flat), kvsift::out_of_range);
+  CHECK_THROWS_AS(s.set_rows(rows, padded), kvsift::out_of_range);
   rows[1] = 7;
-  flat[5] = 50;
-  CHECK(contains(message_of([&] { s.set_rows(rows, flat); }), "neighbour ids < 50"));
+  padded[5] = 50;
+  CHECK(contains(message_of([&] { s.set_rows(rows, padded); }), "neighbour ids < 50"));
   kvsift::connectivity_batch out;
   CHECK(contains(message_of([&] { s.search(rows, 0, 0, 4, out); }), "1 <= L <= 1024, got 0"));
   CHECK(contains(message_of([&] { s.search(rows, 0, 8, 0, out); }), "1 <= degree <= 64"));

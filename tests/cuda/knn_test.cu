@@ -218,9 +218,9 @@ TEST_CASE_CUDA(knn_device_entry_rejects_bad_input) {
   cublasHandle_t h = nullptr;
   CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
   const matrix_view<const float> q(dq.get(), m, d), kv(dk.get(), n, d);
-  auto call = [&](matrix_view<const float> qq, matrix_view<const float> kk, int k, void* w,
-                  std::size_t wb, cudaStream_t s) {
-    kvsift::cuda::knn(qq, kk, k, ds.get(), di.get(), w, wb, h, s);
+  auto call = [&](matrix_view<const float> queries_in, matrix_view<const float> keys_in, int k,
+                  void* w, std::size_t wb, cudaStream_t s) {
+    kvsift::cuda::knn(queries_in, keys_in, k, ds.get(), di.get(), w, wb, h, s);
   };
   CHECK_THROWS_AS(call(q, kv, 0, ws.get(), bytes, nullptr), kvsift::invalid_argument);
   CHECK_THROWS_AS(call(q, kv, 1025, ws.get(), bytes, nullptr), kvsift::invalid_argument);

@@ -124,11 +124,11 @@ class connectivity_searcher {
   connectivity_searcher& operator=(connectivity_searcher&&) noexcept;
 
   /**
-   * @brief Replaces rows: row `rows[i]` becomes flat[i * width, (i + 1) * width).
-   * @throw kvsift::invalid_argument flat.size() != rows.size() * width, a row id >= n, a
+   * @brief Replaces rows: row `rows[i]` becomes padded[i * width, (i + 1) * width).
+   * @throw kvsift::invalid_argument padded.size() != rows.size() * width, a row id >= n, a
    *        neighbour id >= n other than invalid_id (nothing is uploaded then)
    */
-  void set_rows(std::span<const id_t> rows, std::span<const id_t> flat);
+  void set_rows(std::span<const id_t> rows, std::span<const id_t> padded);
 
   /**
    * @brief For each key row x in `rows`: l2 beam search of pool L from `entry`, then RNG
