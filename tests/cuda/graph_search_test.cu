@@ -170,10 +170,12 @@ std::vector<id_t> iota_ids(std::size_t n) {
   return v;
 }
 
+}  // namespace
+
 // Random graphs of widths that are and are not multiples of 32, pools from 1 to larger than
 // the reachable set, both metrics, all element types; d = 24 is not a multiple of the 8-element
 // vector width of f16 loads, d = 16 is.
-TEST_CASE_CUDA(graph_search_matches_cpu_beam_search) {
+TEST_CASE("graph_search_matches_cpu_beam_search", "[cuda][graph_search]") {
   const std::size_t n = 1500;
   for (const std::size_t d : {std::size_t{16}, std::size_t{24}}) {
     const auto kf = integer_matrix(n, d, 3);
@@ -195,7 +197,7 @@ TEST_CASE_CUDA(graph_search_matches_cpu_beam_search) {
 
 // The pruned lists against rng_prune with fill, on a RoarGraph-built graph (the real use) and
 // on a random one; degrees below and above 32 (two rounds of kept ids per candidate).
-TEST_CASE_CUDA(graph_search_pruning_matches_rng_prune) {
+TEST_CASE("graph_search_pruning_matches_rng_prune", "[cuda][graph_search]") {
   const std::size_t n = 3000, d = 32;
   const auto kf = integer_matrix(n, d, 4);
   const auto qf = integer_matrix(400, d, 4);
@@ -220,7 +222,7 @@ TEST_CASE_CUDA(graph_search_pruning_matches_rng_prune) {
 }
 
 // A small case for the race and sync checkers (compute-sanitizer racecheck / synccheck).
-TEST_CASE_CUDA(graph_search_small_for_sanitizers) {
+TEST_CASE("graph_search_small_for_sanitizers", "[cuda][graph_search]") {
   const std::size_t n = 300, d = 16;
   const auto kf = integer_matrix(n, d, 3);
   const auto adj = random_graph(n, 40);
@@ -229,7 +231,7 @@ TEST_CASE_CUDA(graph_search_small_for_sanitizers) {
 
 // More queries than concurrently running searches (8192): warps loop over queries and reuse
 // their bitsets, which must be cleared between searches.
-TEST_CASE_CUDA(graph_search_more_queries_than_slots) {
+TEST_CASE("graph_search_more_queries_than_slots", "[cuda][graph_search]") {
   const std::size_t n = 2000, d = 16;
   const auto kf = integer_matrix(n, d, 3);
   const auto adj = random_graph(n, 20);
@@ -241,7 +243,7 @@ TEST_CASE_CUDA(graph_search_more_queries_than_slots) {
 // The whole build with the CUDA engine (kNN and connectivity searches on the GPU) equals the
 // CPU build on integer data, id for id; and on real-valued data (kvsift::testing OOD keys) the
 // recall of the two graphs is the same within noise (knn_test.cu's graph test covers that).
-TEST_CASE_CUDA(connectivity_on_gpu_builds_the_cpu_graph) {
+TEST_CASE("connectivity_on_gpu_builds_the_cpu_graph", "[cuda][graph_search]") {
   const std::size_t n = 4000, d = 32;
   const auto kf = integer_matrix(n, d, 4);
   const auto qf = integer_matrix(500, d, 4);
@@ -275,7 +277,7 @@ TEST_CASE_CUDA(connectivity_on_gpu_builds_the_cpu_graph) {
   }
 }
 
-TEST_CASE_CUDA(graph_search_rejects_bad_input) {
+TEST_CASE("graph_search_rejects_bad_input", "[cuda][graph_search]") {
   const std::size_t n = 64, d = 8, m = 4;
   device_buffer<float> dk(n * d), ds(m * 16);
   device_buffer<id_t> da(std::vector<id_t>(n * 8, kvsift::invalid_id));
@@ -340,7 +342,7 @@ TEST_CASE_CUDA(graph_search_rejects_bad_input) {
   }
 }
 
-TEST_CASE_CUDA(connectivity_searcher_rejects_bad_input) {
+TEST_CASE("connectivity_searcher_rejects_bad_input", "[cuda][graph_search]") {
   const std::size_t n = 50, d = 8;
   auto kf = integer_matrix(n, d, 3);
   const matrix_view<const float> kv(kf.data(), n, d);
@@ -370,8 +372,6 @@ TEST_CASE_CUDA(connectivity_searcher_rejects_bad_input) {
   // A valid search over the one stored edge: row 3 searches from entry 3, reaching 1.
   rows = {3};
   s.search(rows, 3, 8, 4, out);
-  CHECK(out.counts.size() == 1 && out.counts[0] == 1 && out.kept[0] == 1);
+  CHECK((out.counts.size() == 1 && out.counts[0] == 1 && out.kept[0] == 1));
   CHECK(out.scored == 2);
 }
-
-}  // namespace

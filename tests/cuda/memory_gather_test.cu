@@ -29,7 +29,7 @@ struct pinned {
 
 }  // namespace
 
-TEST_CASE_CUDA(memory_gather_copies_exactly_the_requested_pages) {
+TEST_CASE("memory_gather_copies_exactly_the_requested_pages", "[cuda][memory_gather]") {
   const std::uint64_t page = 4112, host_pages = 64, dev_pages = 40;  // 4 KB + 16: not a 2^k
   pinned host(page * host_pages);
   std::mt19937 rng(3);
@@ -83,7 +83,7 @@ TEST_CASE_CUDA(memory_gather_copies_exactly_the_requested_pages) {
   }
 }
 
-TEST_CASE_CUDA(memory_gather_offsets_past_2_31_bytes) {
+TEST_CASE("memory_gather_offsets_past_2_31_bytes", "[cuda][memory_gather]") {
   const std::uint64_t page = 32768, dev_pages = 70000;  // 2.29 GB device pool
   pinned host(page * 4);
   for (std::uint64_t i = 0; i < page * 4; ++i) host.bytes()[i] = static_cast<unsigned char>(i * 7);
@@ -100,7 +100,7 @@ TEST_CASE_CUDA(memory_gather_offsets_past_2_31_bytes) {
   }
 }
 
-TEST_CASE_CUDA(memory_gather_rejects_bad_parameters) {
+TEST_CASE("memory_gather_rejects_bad_parameters", "[cuda][memory_gather]") {
   device_buffer<unsigned char> dev(4096);
   pinned host(4096);
   device_buffer<page_copy> copies(std::vector<page_copy>{{0, 0}});

@@ -22,7 +22,7 @@ __global__ void lookup_kernel(kvsift::page_table_ref v, const kvsift::page_key* 
 
 }  // namespace
 
-TEST_CASE_CUDA(memory_page_table_view_on_device) {
+TEST_CASE("memory_page_table_view_on_device", "[cuda][memory_page_table]") {
   const kvsift::page_table_params p{3, 2, 2, 300, 64, 30};
   kvsift::page_table t(p);
   std::mt19937 rng(2);

@@ -186,11 +186,13 @@ void sparse_attention_suite() {
 
 }  // namespace
 
-TEST_CASE_CUDA(sparse_attention_f32) { sparse_attention_suite<float>(); }
-TEST_CASE_CUDA(sparse_attention_f16) { sparse_attention_suite<__half>(); }
-TEST_CASE_CUDA(sparse_attention_bf16) { sparse_attention_suite<__nv_bfloat16>(); }
+TEST_CASE("sparse_attention_f32", "[cuda][sparse_attention]") { sparse_attention_suite<float>(); }
+TEST_CASE("sparse_attention_f16", "[cuda][sparse_attention]") { sparse_attention_suite<__half>(); }
+TEST_CASE("sparse_attention_bf16", "[cuda][sparse_attention]") {
+  sparse_attention_suite<__nv_bfloat16>();
+}
 
-TEST_CASE_CUDA(sparse_attention_status_flags_bad_ids_and_skips_them) {
+TEST_CASE("sparse_attention_status_flags_bad_ids_and_skips_them", "[cuda][sparse_attention]") {
   paged_fixture<__half> f(2, 64, 16, 40);  // max_pages = 3 -> valid ids < 48
   std::vector<float> q(2 * 64, 0.25f);
   std::vector<std::int64_t> indptr = {0, 3, 5};
@@ -217,7 +219,7 @@ TEST_CASE_CUDA(sparse_attention_status_flags_bad_ids_and_skips_them) {
   CHECK_NEAR(o[64 + 3], r1.o[3], 2e-5);
 }
 
-TEST_CASE_CUDA(sparse_attention_nan_query_gives_nan_for_that_head_only) {
+TEST_CASE("sparse_attention_nan_query_gives_nan_for_that_head_only", "[cuda][sparse_attention]") {
   paged_fixture<float> f(1, 128, 16, 64);
   std::vector<float> q(2 * 128, 0.1f);
   q[5] = std::numeric_limits<float>::quiet_NaN();  // head 0
@@ -238,7 +240,7 @@ TEST_CASE_CUDA(sparse_attention_nan_query_gives_nan_for_that_head_only) {
   CHECK(std::isfinite(lse[1]));
 }
 
-TEST_CASE_CUDA(sparse_attention_bad_input_throws) {
+TEST_CASE("sparse_attention_bad_input_throws", "[cuda][sparse_attention]") {
   using kvsift::cuda::sparse_attention;
   paged_fixture<__half> f(4, 128, 16, 32);
   device_buffer<float> q(6 * 128), o(6 * 128), lse(6);
