@@ -176,8 +176,8 @@ int main(int argc, char** argv) {
   }
   dev<std::int32_t> dtable(pages);
   KVSIFT_CUDA_CHECK(cudaMemcpy(dtable.p, table.data(), pages * 4, cudaMemcpyHostToDevice));
-  kc::paged_kv_view<__half> kv{dpool.p,  dpool.p, std::int64_t(pages), int(o.page), int(d),
-                               dtable.p, int(G),  int(pages_per)};
+  kc::paged_kv_ref<__half> kv{dpool.p,  dpool.p, std::int64_t(pages), int(o.page), int(d),
+                              dtable.p, int(G),  int(pages_per)};
 
   // 3. Queries: request r, query head j searches graph r * kv_heads + j / group with eval query
   // (g / distinct) of group member j % group of its key set.

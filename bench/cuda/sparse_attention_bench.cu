@@ -81,8 +81,8 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 8, cudaMemcpyHostToDevice));
-  const kvsift::cuda::paged_kv_view<T> kv{k,    v,       num_pages, kPageSize,
-                                          kDim, d_table, kv_heads,  max_pages};
+  const kvsift::cuda::paged_kv_ref<T> kv{k,    v,       num_pages, kPageSize,
+                                         kDim, d_table, kv_heads,  max_pages};
   const double kv_bytes = 2.0 * qo_heads * selected * kDim * sizeof(T);
   for (int splits : split_counts) {
     kvsift::cuda::sparse_attention_params params;

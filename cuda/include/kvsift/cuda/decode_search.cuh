@@ -14,7 +14,7 @@
 // reads in flight).
 //
 // Keys are read where they live: either one dense matrix holding every graph's keys, or the
-// head-wise paged K pool through its page table (`paged_kv_view`), so no second copy of the
+// head-wise paged K pool through its page table (`paged_kv_ref`), so no second copy of the
 // keys exists. All graphs of a step sit in one device structure (`graph_set_ref`): the rows of
 // every adjacency concatenated, with per-graph offsets.
 
@@ -26,7 +26,7 @@
 #include <kvsift/core/ids.hpp>
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/graph_search.cuh>
-#include <kvsift/cuda/paged_kv_view.cuh>
+#include <kvsift/cuda/paged_kv_ref.cuh>
 
 namespace kvsift::cuda {
 
@@ -178,7 +178,7 @@ void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
  *        keys' dim is kv.head_dim); kvsift::invalid_argument num_graphs > kv.num_kv_heads
  */
 template <class T>
-void decode_search(const graph_set_ref& set, const paged_kv_view<T>& kv,
+void decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
                    const decode_queries& queries, std::int64_t m, const decode_search_params& p,
                    const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
                    cudaStream_t stream);

@@ -2,7 +2,7 @@
 // Kernel and host dispatch behind <kvsift/cuda/decode_search.cuh> (internal).
 //
 // One warp runs one search, as in graph_search.inl, whose pool order, scoring and in-place pool
-// merge (`gs_merge`) it shares. Per warp, shared memory holds the query (f32), the pool (L for
+// merge (`walk_merge`) it shares. Per warp, shared memory holds the query (f32), the pool (L for
 // top-k, l0 for DIPR) and two candidate lists of max(width, 32) entries; per concurrently
 // running search, global memory (L2 in practice) holds a visited bitset and, for DIPR, an
 // expanded bitset, the in-range max-heap and the in-range list the answer is filtered from.
@@ -44,7 +44,7 @@ struct ds_dense_source {
 /// page id outside the pool (the caller flags it).
 template <class T>
 struct ds_paged_source {
-  paged_kv_view<T> kv;
+  paged_kv_ref<T> kv;
   __device__ const T* row(int g, std::int64_t, std::uint32_t id) const {
     const std::int32_t page =
         kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + id / kv.page_size];
@@ -70,7 +70,7 @@ struct ds_config {
   std::int64_t slot_words = 0;  // uint32 words of workspace per running search
   int slots = 0;
   int d = 0;
-  gs_layout lay{};
+  walk_layout lay{};
   bool vec = false;
 };
 
@@ -109,17 +109,17 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
   }
   require(set.width >= 1 && set.width <= max_graph_search_width, who,
           ": expected 1 <= adjacency width <= ", max_graph_search_width, ", got ", set.width);
-  require(set.max_keys > 0 && set.max_keys < std::int64_t{gs_expanded}, who,
-          ": expected 1 <= max_keys < ", gs_expanded, ", got ", set.max_keys);
+  require(set.max_keys > 0 && set.max_keys < std::int64_t{walk_expanded}, who,
+          ": expected 1 <= max_keys < ", walk_expanded, ", got ", set.max_keys);
   require(m > 0 && m <= std::int64_t{INT_MAX}, who, ": expected 1 <= queries <= ", INT_MAX,
           ", got ", m);
   require(p.degree_cap >= 0, who, ": expected degree_cap >= 0 (0 = all), got ", p.degree_cap);
   c.cols = p.degree_cap == 0 ? set.width : std::min(set.width, p.degree_cap);
   c.inc = std::max(set.width, 32) * c.expand;
-  c.words = static_cast<int>(gs_words(set.max_keys));
+  c.words = static_cast<int>(walk_words(set.max_keys));
   const std::int64_t cap_even = (c.capacity + 1) / 2 * 2;  // 16-byte aligned lists
   c.slot_words = c.words + (dipr ? c.words + 2 * 2 * cap_even : 0);
-  c.slots = static_cast<int>(gs_slots(m));
+  c.slots = static_cast<int>(walk_slots(m));
   return c;
 }
 
@@ -140,16 +140,16 @@ __device__ __forceinline__ void ds_score_pair(const float* q, const T* __restric
       load_vec(b + j, y);
 #pragma unroll
       for (int t = 0; t < V; ++t) {
-        acc_a = gs_accumulate<L2>(acc_a, q[j + t], x[t]);
-        acc_b = gs_accumulate<L2>(acc_b, q[j + t], y[t]);
+        acc_a = walk_accumulate<L2>(acc_a, q[j + t], x[t]);
+        acc_b = walk_accumulate<L2>(acc_b, q[j + t], y[t]);
       }
     }
     sa = acc_a;
     sb = acc_b;
     return;
   }
-  if (a != nullptr) sa = gs_score<L2>(q, a, d, vec);
-  if (b != nullptr) sb = gs_score<L2>(q, b, d, vec);
+  if (a != nullptr) sa = walk_score<L2>(q, a, d, vec);
+  if (b != nullptr) sb = walk_score<L2>(q, b, d, vec);
 }
 
 /// Inclusive prefix maximum over the warp's lanes.
@@ -170,25 +170,25 @@ __device__ __forceinline__ float ds_warp_max(float x) {
 }
 
 /// Max-heap (ranks_before order) in global memory, operated by one lane.
-__device__ inline void ds_heap_push(gs_entry* h, int& n, gs_entry e) {
+__device__ inline void ds_heap_push(walk_entry* h, int& n, walk_entry e) {
   int i = n++;
   while (i > 0) {
     const int parent = (i - 1) >> 1;
-    if (!gs_better(e.key, e.id, h[parent].key, h[parent].id)) break;
+    if (!walk_better(e.key, e.id, h[parent].key, h[parent].id)) break;
     h[i] = h[parent];
     i = parent;
   }
   h[i] = e;
 }
 
-__device__ inline void ds_heap_pop(gs_entry* h, int& n) {
-  const gs_entry last = h[--n];
+__device__ inline void ds_heap_pop(walk_entry* h, int& n) {
+  const walk_entry last = h[--n];
   int i = 0;
   for (;;) {
     int c = 2 * i + 1;
     if (c >= n) break;
-    if (c + 1 < n && gs_better(h[c + 1].key, h[c + 1].id, h[c].key, h[c].id)) ++c;
-    if (!gs_better(h[c].key, h[c].id, last.key, last.id)) break;
+    if (c + 1 < n && walk_better(h[c + 1].key, h[c + 1].id, h[c].key, h[c].id)) ++c;
+    if (!walk_better(h[c].key, h[c].id, last.key, last.id)) break;
     h[i] = h[c];
     i = c;
   }
@@ -215,13 +215,13 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
   if (slot >= c.slots) return;  // warp-level only: the kernel has no block barrier
   unsigned char* base_smem = ds_smem + static_cast<std::size_t>(warp) * c.lay.warp_bytes;
   float* const q = reinterpret_cast<float*>(base_smem);
-  gs_entry* const pool = reinterpret_cast<gs_entry*>(q + c.lay.d_pad);
-  gs_entry* const inc = pool + c.pool;
-  gs_entry* const srt = inc + c.inc;
+  walk_entry* const pool = reinterpret_cast<walk_entry*>(q + c.lay.d_pad);
+  walk_entry* const inc = pool + c.pool;
+  walk_entry* const srt = inc + c.inc;
   std::uint32_t* const visited = ws + static_cast<std::size_t>(slot) * c.slot_words;
   std::uint32_t* const expanded = visited + c.words;
-  gs_entry* const heap = reinterpret_cast<gs_entry*>(expanded + c.words);
-  gs_entry* const range = heap + (c.capacity + 1) / 2 * 2;
+  walk_entry* const heap = reinterpret_cast<walk_entry*>(expanded + c.words);
+  walk_entry* const range = heap + (c.capacity + 1) / 2 * 2;
   const unsigned lower_lanes = (1u << lane) - 1u;
   const int d = c.d;
   const int width = set.width;  // row stride of the adjacency
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           ok = false;
         } else if (!isnan(s)) {
           seeded = true;
-          best = gs_key<L2>(s);
+          best = walk_key<L2>(s);
         }
       }
     }
@@ -303,15 +303,15 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
         float sa = 0.0f, sb = 0.0f;
         ds_score_pair<L2>(q, ra, rb, d, c.vec, sa, sb);
-        if (ja < nv) inc[ja].key = ra != nullptr ? gs_key<L2>(sa) : neg_inf();
-        if (jb < nv) inc[jb].key = rb != nullptr ? gs_key<L2>(sb) : neg_inf();
+        if (ja < nv) inc[ja].key = ra != nullptr ? walk_key<L2>(sa) : neg_inf();
+        if (jb < nv) inc[jb].key = rb != nullptr ? walk_key<L2>(sb) : neg_inf();
       }
       __syncwarp();
       if constexpr (Dipr) {
         for (int j0 = 0; j0 < nv; j0 += 32) {
           const int j = j0 + lane;
           const bool live = j < nv && !capped;
-          const gs_entry e = live ? inc[j] : gs_entry{neg_inf(), invalid_id};
+          const walk_entry e = live ? inc[j] : walk_entry{neg_inf(), invalid_id};
           const float run_best = fmaxf(best, ds_prefix_max(e.key, lane));
           const bool in_range = live && e.key >= run_best - c.beta;
           const unsigned rb = __ballot_sync(full, in_range);
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       } else {
         scored += static_cast<std::uint32_t>(nv);
       }
-      cnt = gs_merge(pool, cnt, c.pool, inc, srt, nv, lane);
+      cnt = walk_merge(pool, cnt, c.pool, inc, srt, nv, lane);
     };
 
     // The 2-hop walk-through of a filtered-out node v: its unvisited passing neighbours, at
@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         if (capped) break;
         int pick = INT_MAX;
         for (int i = lane; i < cnt; i += 32) {
-          if ((pool[i].id & gs_expanded) == 0u) {
+          if ((pool[i].id & walk_expanded) == 0u) {
             pick = i;
             break;
           }
@@ -534,11 +534,11 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
                 if (pick == INT_MAX) break;
                 u = pool[pick].id;
                 __syncwarp();
-                if (lane == 0) pool[pick].id = u | gs_expanded;
+                if (lane == 0) pool[pick].id = u | walk_expanded;
                 __syncwarp();
                 int after = INT_MAX;
                 for (int i = pick + 1 + lane; i < cnt; i += 32) {
-                  if ((pool[i].id & gs_expanded) == 0u) {
+                  if ((pool[i].id & walk_expanded) == 0u) {
                     after = i;
                     break;
                   }
@@ -575,12 +575,12 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
             continue;
           }
           const bool beam = pick != INT_MAX;
-          const gs_entry top = hn > 0 ? heap[0] : gs_entry{neg_inf(), invalid_id};
+          const walk_entry top = hn > 0 ? heap[0] : walk_entry{neg_inf(), invalid_id};
           const bool in_range = hn > 0 && top.key >= best - c.beta;
           if (beam && (!in_range || pool[pick].key >= top.key)) {
             next = pool[pick].id;
             __syncwarp();
-            if (lane == 0) pool[pick].id = next | gs_expanded;
+            if (lane == 0) pool[pick].id = next | walk_expanded;
           } else if (in_range) {
             next = top.id;
             __syncwarp();
@@ -602,12 +602,12 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           for (int e = 0; e < c.expand; ++e) {
             const std::uint32_t u = pool[pick].id;
             __syncwarp();
-            if (lane == 0) pool[pick].id = u | gs_expanded;
+            if (lane == 0) pool[pick].id = u | walk_expanded;
             __syncwarp();
             nv += expand(u, nv);
             int after = INT_MAX;
             for (int i = pick + 1 + lane; i < cnt; i += 32) {
-              if ((pool[i].id & gs_expanded) == 0u) {
+              if ((pool[i].id & walk_expanded) == 0u) {
                 after = i;
                 break;
               }
@@ -649,7 +649,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     } else {
       count = min(c.k, cnt);
       for (int i = lane; i < count; i += 32) {
-        out.ids[row0 + i] = pool[i].id & ~gs_expanded;
+        out.ids[row0 + i] = pool[i].id & ~walk_expanded;
         if (out.scores != nullptr) out.scores[row0 + i] = L2 ? -pool[i].key : pool[i].key;
       }
     }
@@ -755,7 +755,7 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   c.vec = vec;
   c.lay.d_pad = (dim + 3) / 4 * 4;
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(c.lay.d_pad) +
-                            sizeof(gs_entry) * (static_cast<std::size_t>(c.pool) + 2 * c.inc);
+                            sizeof(walk_entry) * (static_cast<std::size_t>(c.pool) + 2 * c.inc);
   c.lay.warp_bytes = static_cast<int>((bytes + 15) / 16 * 16);
   const std::size_t smem = static_cast<std::size_t>(c.lay.warp_bytes) * ds_warps_per_block;
   int smem_max = 0;
@@ -824,7 +824,7 @@ void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
 }
 
 template <class T>
-void decode_search(const graph_set_ref& set, const paged_kv_view<T>& kv,
+void decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
                    const decode_queries& queries, std::int64_t m, const decode_search_params& p,
                    const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
                    cudaStream_t stream) {
