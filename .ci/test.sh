@@ -17,9 +17,11 @@ cmake -S python -B build/python -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="
 cmake --build build/python -j"$(nproc)"
 # bench/data/test_dump_qk.py checks dump_qk.py's bad-input paths and the model-free parts of the
 # Gemma-3 pass; its model tests skip where gguf is not installed (CI never downloads a model).
-# bench/eval/test_evaluate.py runs the evaluation on the committed sample and
+# bench/eval/test_evaluate.py runs the evaluation on the committed sample (--quick) and
 # bench/peers/test_compare_roargraph.py the peer driver and kvsift-bench's --save-* flags,
-# both with the kvsift-bench built above.
+# both with the kvsift-bench built above; bench/eval/test_pyeval.py runs the Python-module
+# evaluation (pyeval.py --quick) on the sample with the module built above (its hnswlib /
+# faiss rows are skipped, and said so, where those pip packages are not installed).
 KVSIFT_BENCH="$PWD/build/bin/kvsift-bench" PYTHONPATH="$PWD/build/python" "$debian_python" \
   -m pytest -q -p no:cacheprovider python/tests bench/data/test_dump_qk.py \
-  bench/eval/test_evaluate.py bench/peers/test_compare_roargraph.py
+  bench/eval/test_evaluate.py bench/eval/test_pyeval.py bench/peers/test_compare_roargraph.py

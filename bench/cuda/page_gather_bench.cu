@@ -70,7 +70,7 @@ int main() {
     KVSIFT_CUDA_CHECK(cudaMalloc(&d_copies, n * sizeof(page_copy)));
     KVSIFT_CUDA_CHECK(
         cudaMemcpy(d_copies, copies.data(), n * sizeof(page_copy), cudaMemcpyHostToDevice));
-    const kvsift::cuda::page_pools pools{host, host_bytes / page, dev, dev_bytes / page, page};
+    const kvsift::cuda::page_pools_ref pools{host, host_bytes / page, dev, dev_bytes / page, page};
     auto* hb = static_cast<unsigned char*>(host);
     auto* db = static_cast<unsigned char*>(dev);
 

@@ -7,7 +7,9 @@
 // clang-format on
 //
 // 32 query heads (32 and 8 KV heads), head dim 128, 2048 random distinct tokens selected per
-// head out of a 32768-token context in 16-token head-wise pages scattered over the pool.
+// head out of a 32768-token context in 16-token head-wise pages scattered over the pool; then
+// the batch cases (512 and 2048 query heads, GQA 4, 616 and 2048 tokens per head) and batch 1
+// (32 heads, 616 tokens), each over a sweep of split counts.
 // Reports GB/s of K/V read (selected tokens x head_dim x 2 x element size) next to cudaMemcpy
 // device-to-device bandwidth (read + written) from the same run. L2 is flushed before every
 // timed call (a 256 MiB memset outside the events); a warm-L2 number is printed as well.
@@ -19,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -31,14 +34,15 @@ namespace {
 
 using kvsift::cuda_bench::median_ms;
 
-constexpr int kQoHeads = 32;
 constexpr int kDim = 128;
 constexpr int kContext = 32768;
-constexpr int kSelected = 2048;
 constexpr int kPageSize = 16;
 
+/// One configuration: `qo_heads` query heads over `kv_heads` KV heads (GQA), `selected` random
+/// distinct tokens per query head, every split count in `splits` (0 = the automatic choice).
 template <class T>
-void run_case(const char* type, int kv_heads, double copy_gbps, void* flush,
+void run_case(const char* type, int qo_heads, int kv_heads, int selected,
+              std::initializer_list<int> split_counts, double copy_gbps, void* flush,
               std::size_t flush_bytes, cudaStream_t s) {
   std::mt19937_64 rng(7);
   const int max_pages = kContext / kPageSize;
@@ -53,23 +57,23 @@ void run_case(const char* type, int kv_heads, double copy_gbps, void* flush,
   std::vector<std::int32_t> table(num_pages);
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
-  std::vector<std::int64_t> indptr(kQoHeads + 1);
+  std::vector<std::int64_t> indptr(qo_heads + 1);
   std::vector<std::int32_t> ids;
   std::vector<std::int32_t> all(kContext);
-  for (int h = 0; h < kQoHeads; ++h) {
+  for (int h = 0; h < qo_heads; ++h) {
     std::iota(all.begin(), all.end(), 0);
     std::shuffle(all.begin(), all.end(), rng);
-    std::sort(all.begin(), all.begin() + kSelected);
-    ids.insert(ids.end(), all.begin(), all.begin() + kSelected);
+    std::sort(all.begin(), all.begin() + selected);
+    ids.insert(ids.end(), all.begin(), all.begin() + selected);
     indptr[h + 1] = static_cast<std::int64_t>(ids.size());
   }
-  std::vector<float> q(kQoHeads * kDim, 0.01f);
+  std::vector<float> q(qo_heads * kDim, 0.01f);
   float *d_q, *d_o, *d_lse;
   std::int32_t *d_table, *d_ids;
   std::int64_t* d_indptr;
   KVSIFT_CUDA_CHECK(cudaMalloc(&d_q, q.size() * sizeof(float)));
   KVSIFT_CUDA_CHECK(cudaMalloc(&d_o, q.size() * sizeof(float)));
-  KVSIFT_CUDA_CHECK(cudaMalloc(&d_lse, kQoHeads * sizeof(float)));
+  KVSIFT_CUDA_CHECK(cudaMalloc(&d_lse, qo_heads * sizeof(float)));
   KVSIFT_CUDA_CHECK(cudaMalloc(&d_table, table.size() * sizeof(std::int32_t)));
   KVSIFT_CUDA_CHECK(cudaMalloc(&d_ids, ids.size() * sizeof(std::int32_t)));
   KVSIFT_CUDA_CHECK(cudaMalloc(&d_indptr, indptr.size() * sizeof(std::int64_t)));
@@ -77,27 +81,27 @@ void run_case(const char* type, int kv_heads, double copy_gbps, void* flush,
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
   KVSIFT_CUDA_CHECK(cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 8, cudaMemcpyHostToDevice));
-  const kvsift::cuda::paged_kv_view<T> kv{k,    v,       num_pages, kPageSize,
-                                          kDim, d_table, kv_heads,  max_pages};
-  const double kv_bytes = 2.0 * kQoHeads * kSelected * kDim * sizeof(T);
-  for (int splits : {0, 4, 8, 16, 32}) {
+  const kvsift::cuda::paged_kv_ref<T> kv{k,    v,       num_pages, kPageSize,
+                                         kDim, d_table, kv_heads,  max_pages};
+  const double kv_bytes = 2.0 * qo_heads * selected * kDim * sizeof(T);
+  for (int splits : split_counts) {
     kvsift::cuda::sparse_attention_params params;
     params.num_splits = splits;
-    const std::size_t ws = kvsift::cuda::sparse_attention_workspace_size(kQoHeads, kDim, params);
+    const std::size_t ws = kvsift::cuda::sparse_attention_workspace_size(qo_heads, kDim, params);
     void* d_ws = nullptr;
     if (ws > 0) KVSIFT_CUDA_CHECK(cudaMalloc(&d_ws, ws));
     auto call = [&](cudaStream_t st) {
-      kvsift::cuda::sparse_attention<T>(d_q, kQoHeads, kDim, kv, d_indptr, d_ids, d_o, d_lse, d_ws,
+      kvsift::cuda::sparse_attention<T>(d_q, qo_heads, kDim, kv, d_indptr, d_ids, d_o, d_lse, d_ws,
                                         ws, st, params);
     };
     const float cold = median_ms(call, s, 5, 30, flush, flush_bytes);
     const float warm = median_ms(call, s, 5, 30);
     const double gb = kv_bytes / (cold * 1e-3) / 1e9;
-    const int resolved = kvsift::cuda::detail::resolve_num_splits(kQoHeads, params, {}, "bench");
+    const int resolved = kvsift::cuda::detail::resolve_num_splits(qo_heads, params, {}, "bench");
     std::printf(
         "sparse_attention %-4s qo=%d kv=%d d=%d sel=%d splits=%-4s(~%2d): cold %7.2f us "
         "%7.1f GB/s (%5.1f%% of copy) | warm L2 %7.2f us %7.1f GB/s\n",
-        type, kQoHeads, kv_heads, kDim, kSelected, splits == 0 ? "auto" : "set",
+        type, qo_heads, kv_heads, kDim, selected, splits == 0 ? "auto" : "set",
         splits == 0 ? resolved : splits, cold * 1e3, gb, 100.0 * gb / copy_gbps, warm * 1e3,
         kv_bytes / (warm * 1e-3) / 1e9);
     if (d_ws != nullptr) KVSIFT_CUDA_CHECK(cudaFree(d_ws));
@@ -122,10 +126,21 @@ int main() {
   const std::size_t flush_bytes = std::size_t{256} << 20;
   void* flush = nullptr;
   KVSIFT_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
-  run_case<__half>("f16", 32, copy_gbps, flush, flush_bytes, s);
-  run_case<__half>("f16", 8, copy_gbps, flush, flush_bytes, s);
-  run_case<__nv_bfloat16>("bf16", 32, copy_gbps, flush, flush_bytes, s);
-  run_case<float>("f32", 32, copy_gbps, flush, flush_bytes, s);
+  run_case<__half>("f16", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
+  run_case<__half>("f16", 32, 8, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
+  run_case<__nv_bfloat16>("bf16", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes,
+                          s);
+  run_case<float>("f32", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
+  // At batch: 16 and 64 requests x 32 query heads (8 KV heads each), the retrieved tokens of a
+  // decode step (top-100 + window 512 ~ 616) and a larger selection (2048).
+  for (const int sel : {616, 2048}) {
+    for (const int qo : {512, 2048}) {
+      run_case<__half>("f16", qo, qo / 4, sel, {0, 1, 2, 3, 4, 6, 8, 16}, copy_gbps, flush,
+                       flush_bytes, s);
+    }
+  }
+  // Batch 1, the latency case: 32 query heads, a decode step's tokens.
+  run_case<__half>("f16", 32, 8, 616, {0, 1, 2, 4, 8, 16}, copy_gbps, flush, flush_bytes, s);
   KVSIFT_CUDA_CHECK(cudaFree(flush));
   KVSIFT_CUDA_CHECK(cudaStreamDestroy(s));
   return 0;

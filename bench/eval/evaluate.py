@@ -6,8 +6,8 @@ several layers and (query head, KV head) pairs, and writes into --out (default: 
 directory, printed; never inside the repository unless --out says so):
   real_eval.md                    markdown tables
   real_eval_summary.json          the figures of the summary tables, machine-readable
-  real_recall_vs_scanned.png      recall@k vs fraction of keys scored
-  real_recall_vs_latency.png      recall@k vs single-thread latency
+  real_pareto_recall{10,100}.png  Pareto frontiers per index: recall@k vs keys scanned and
+                                  vs QPS (one thread); with matplotlib, else skipped (said so)
   real_error_vs_attended.png      attention-output error vs tokens attended
   real_eval_json/*.json           the raw kvsift-bench output
 
@@ -15,6 +15,7 @@ directory, printed; never inside the repository unless --out says so):
 the first query head of each dumped KV head), so the committed sample runs as is:
 
     python3 bench/eval/evaluate.py --dump bench/data/sample --no-plots
+    python3 bench/eval/evaluate.py --dump bench/data/sample --quick    # small sweeps (CI)
 
 Every run measures the flat scan, RoarGraph, DIPR and (when kvsift-bench was built with them)
 hnswlib HNSW and faiss IVF-Flat on the same data in the same process; recall is against the
@@ -33,6 +34,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from frontier import have_matplotlib, pareto, plot_frontiers  # noqa: E402
 
 # The parameter sweeps, shared by all runs so the per-layer averages line up.
 BENCH_ARGS = [
@@ -40,6 +43,11 @@ BENCH_ARGS = [
     "--ef", "10,20,50,100,150,200,400,800", "--nprobe", "1,2,4,8,16,32,64,128",
     "--attn-k", "16,32,64,128,256,512,1024,2048,4096",
     "--attn-beta", "1,2,3,4,5,6,7,8,9,10,12",
+]
+# --quick (CI, < 1 min on 2 cores for the sample): a few points of each sweep.
+QUICK_ARGS = [
+    "--train-fraction", "0.95", "--k", "10,100", "--L", "10,50,100,200", "--ef", "10,50,100,200",
+    "--nprobe", "1,8,64", "--attn-k", "16,128,4096", "--attn-beta", "2,5,10",
 ]
 
 
@@ -84,7 +92,7 @@ def run_one(args, layer, q, kv, indexes, json_path):
             fail(f"missing dump file {f} (generate it with bench/data/dump_qk.py)")
     cmd = [args.bench, "--keys", files[0], "--queries", files[1], "--values", files[2],
            "--index", ",".join(indexes), "--threads", str(args.threads), "--json", json_path]
-    cmd += BENCH_ARGS
+    cmd += QUICK_ARGS if args.quick else BENCH_ARGS
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -219,7 +227,7 @@ def write_markdown(path, results, indexes, args, total_s):
                      f"{x['rel_l2_error']:.4f} | " +
                      ("- | -" if g is None else
                       f"{g['rel_l2_error']:.4f} | {100 * g['scanned']:.1f}%") + " |")
-    L.append("\nPlots: `real_recall_vs_scanned.png`, `real_recall_vs_latency.png`, "
+    L.append("\nPlots (Pareto frontiers): `real_pareto_recall10.png`, `real_pareto_recall100.png`, "
              "`real_error_vs_attended.png` (per layer, averaged over the evaluated heads). "
              "Raw output: `real_eval_json/`.\n")
     with open(path, "w") as f:
@@ -282,33 +290,27 @@ def plot(results, indexes, layers, out_dir, args_dump):
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    style = {"flat": "k*", "roargraph": "C0o-", "hnsw": "C1s-", "ivf": "C2^-"}
-    for xfield, xlabel, name in (("scanned", "fraction of keys scored", "scanned"),
-                                 ("p50_us", "median latency per query (us, one thread)",
-                                  "latency")):
-        fig, axes = plt.subplots(2, len(layers), figsize=(4 * len(layers), 7), squeeze=False)
-        for row, k in enumerate((10, 100)):
-            for col, layer in enumerate(layers):
-                ax = axes[row][col]
-                avg = averaged(results, layer,
-                               lambda r: [x for x in r["rows"] if x["query"] == f"top-{k}"],
-                               ("index", "param"), ("recall", "scanned", "p50_us"))
-                for index in ["flat"] + indexes:
-                    pts = sorted((v[xfield], v["recall"]) for (i, _), v in avg.items()
-                                 if i == index)
-                    if pts:
-                        ax.plot(*zip(*pts), style.get(index, "o-"), label=index, ms=4)
-                ax.set_xscale("log")
-                ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-                ax.set_title(f"layer {layer}, recall@{k}")
-                ax.set_xlabel(xlabel)
-                ax.set_ylabel("recall")
-                ax.grid(alpha=0.3)
-        axes[0][0].legend()
-        fig.suptitle(f"{model_name(args_dump)} real Q->K, held-out queries (averaged over heads)")
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, f"real_recall_vs_{name}.png"), dpi=90)
-        plt.close(fig)
+    # Pareto frontiers only: per index, the swept settings no other setting of the same index
+    # beats on both recall and cost (keys scanned; latency, drawn as QPS = 1e6 / latency).
+    for k in (10, 100):
+        panels = []
+        for layer in layers:
+            avg = averaged(results, layer,
+                           lambda r: [x for x in r["rows"] if x["query"] == f"top-{k}"],
+                           ("index", "param"), ("recall", "scanned", "p50_us"))
+            scan, qps = {}, {}
+            for index in ["flat"] + indexes:
+                pts = [v for (i, _), v in avg.items() if i == index]
+                scan[index] = pareto([(v["scanned"], v["recall"]) for v in pts])
+                qps[index] = [(1e6 / x, y) for x, y in
+                              pareto([(v["p50_us"], v["recall"]) for v in pts]) if x > 0]
+            panels.append((f"layer {layer}, recall@{k} vs keys scanned", "fraction of keys scored",
+                           "log", scan))
+            panels.append((f"layer {layer}, recall@{k} vs QPS", "queries per second (one thread, "
+                           "1e6 / median latency)", "log", qps))
+        plot_frontiers(os.path.join(out_dir, f"real_pareto_recall{k}.png"),
+                       f"{model_name(args_dump)} real Q->K, held-out queries: Pareto frontiers "
+                       "(averaged over heads)", panels)
 
     fig, axes = plt.subplots(1, len(layers), figsize=(4 * len(layers), 3.8), squeeze=False)
     mstyle = {"exact top-k": "C0o-", "roargraph top-k": "C0x--", "exact dipr": "C3s-",
@@ -363,6 +365,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="output directory (default: a new temporary directory, printed)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="a few points of each sweep (CI)")
     ap.add_argument("--reuse", action="store_true",
                     help="rebuild the tables and plots from the JSON of an earlier run")
     args = ap.parse_args()
@@ -383,11 +386,8 @@ def main():
     except ValueError:
         fail(f"--layers: expected a list of integers, got '{args.layers}'")
     pairs = parse_pairs(args.heads)
-    if not args.no_plots:
-        try:
-            import matplotlib  # noqa: F401  (fail before the long run, not after)
-        except ImportError:
-            fail("matplotlib is needed for the plots (pip install matplotlib) or pass --no-plots")
+    # Say so before the long run, not after; the tables and JSON are written either way.
+    want_plots = not args.no_plots and have_matplotlib()
     json_dir = os.path.join(args.out, "real_eval_json")
     if args.reuse:
         rows = [r["index"] for f in os.listdir(json_dir) if f.endswith(".json")
@@ -405,9 +405,10 @@ def main():
         json.dump({"dump": args.dump, "layers": layers, "heads": pairs, "indexes": indexes,
                    "runs": len(results), "dipr_vs_topk": dipr,
                    "scanned": scanned_summary(results, indexes)}, f, indent=1)
-    if not args.no_plots:
+    if want_plots:
         plot(results, indexes, layers, args.out, args.dump)
-    print(f"evaluate.py: wrote {args.out}/real_eval.md and plots in {total / 60:.1f} min")
+    print(f"evaluate.py: wrote {args.out}/real_eval.md" + (" and plots" if want_plots else "") +
+          f" in {total / 60:.1f} min")
 
 
 if __name__ == "__main__":

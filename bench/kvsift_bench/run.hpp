@@ -141,11 +141,11 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
     for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
       for (std::size_t L : o.L) {
         if (L < k) continue;
-        rows.push_back(
-            measure_topk({"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E,
-                         exact, n, threads, [&](auto q, auto ids, auto scores, auto& ws) {
-                           return kvsift::beam_search(g, q, {k, L}, ws, ids, scores, pred);
-                         }));
+        rows.push_back(measure_topk(
+            {"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E, exact, n,
+            threads, [&](auto q, auto ids, auto scores, auto& ws) {
+              return kvsift::beam_search(g, q, {k, L, o.degree_cap}, ws, ids, scores, pred);
+            }));
       }
     }
     if (o.insert_fraction > 0) {

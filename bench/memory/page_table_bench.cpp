@@ -141,7 +141,7 @@ void bm_flat_lookup_view(benchmark::State& state) {
   run_lookups(state, [&t](kvsift::page_key k) { return t.lookup_unchecked(k); });
 }
 void bm_two_level_lookup_view(benchmark::State& state) {
-  const kvsift::page_table_view v = fixture().two_level->view();
+  const kvsift::page_table_ref v = fixture().two_level->ref();
   run_lookups(state, [v](kvsift::page_key k) { return v.lookup(k); });
 }
 // Batches of 256 keys (one step's pages of a head): validate all, then look up.

@@ -40,6 +40,16 @@ class AtRecall(unittest.TestCase):
         a = cr.at_recall([pt(10, 0.97, 8000, 90), pt(20, 0.99, 6000, 150)], 0.95)
         self.assertEqual((a["qps"], a["dist"], a["interpolated"]), (8000, 90, False))
 
+    def test_several_degree_caps_give_the_fastest_cap_at_the_target(self):
+        full = [pt(10, 0.99, 8000, 250), pt(20, 0.995, 6000, 330)]
+        capped = [dict(p, cap=16) for p in (pt(10, 0.94, 15000, 110), pt(15, 0.97, 12000, 130))]
+        a = cr.at_recall(full + capped, 0.95)
+        self.assertEqual(a["cap"], 16)
+        self.assertAlmostEqual(a["qps"], 15000 + (1 / 3) * (12000 - 15000))
+        # at 0.99 only the full graph gets there
+        b = cr.at_recall(full + capped, 0.99)
+        self.assertEqual((b["cap"], b["qps"]), (0, 8000))
+
     def test_summary_ratios(self):
         res = {"kvsift": {"build_s": 4.0, "degree": {"mean": 50.0},
                           "sweep": [pt(10, 0.9, 100, 1000), pt(20, 1.0, 50, 2000)]},

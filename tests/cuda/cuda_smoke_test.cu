@@ -19,7 +19,7 @@ __global__ void saxpy(int n, float a, const float* x, float* y) {
 
 }  // namespace
 
-TEST_CASE_CUDA(smoke_saxpy) {
+TEST_CASE("smoke_saxpy", "[cuda][cuda_smoke]") {
   constexpr int n = 1 << 20;
   constexpr float a = 2.5f;
   std::vector<float> x(n), y(n), expected(n);

@@ -198,7 +198,7 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
     }
     device_buffer<T> dk(pool);
     device_buffer<std::int32_t> dt(table);
-    kc::paged_kv_view<T> kv;
+    kc::paged_kv_ref<T> kv;
     kv.k_pages = dk.get();
     kv.v_pages = dk.get();
     kv.num_pages = pages + 3;
@@ -275,6 +275,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         dp.l0 = std::size_t(p.l0);
         dp.max_candidates = cap;
         dp.seed_score = qb.seed.empty() ? std::numeric_limits<float>::quiet_NaN() : qb.seed[i];
+        dp.degree_cap = std::size_t(p.degree_cap);
         kvsift::dipr_result res;
         kvsift::dipr_search(g, q, dp, ws, res, pred);
         want_ids = res.ids;
@@ -288,6 +289,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         kvsift::beam_search_params bp;
         bp.k = std::size_t(p.k);
         bp.L = std::size_t(p.L);
+        bp.degree_cap = std::size_t(p.degree_cap);
         const auto st = kvsift::beam_search(g, q, bp, ws, ids, sc, pred);
         ids.resize(st.count);
         sc.resize(st.count);
@@ -359,7 +361,7 @@ kc::decode_search_params dipr(float beta, int l0, int max_results,
 
 }  // namespace
 
-TEST_CASE_CUDA(decode_search_topk_matches_cpu) {
+TEST_CASE("decode_search_topk_matches_cpu", "[cuda][decode_search]") {
   // Sizes across a 1-key graph, graphs below and above L, and one past the 8192-slot batch.
   const graph_set s = make_set({1, 40, 700, 3000, 5000}, 32, 24, 3);
   const query_batch qb = make_queries(s, 9000, false, false);
@@ -372,7 +374,7 @@ TEST_CASE_CUDA(decode_search_topk_matches_cpu) {
   CHECK((compare<kvsift::l2, float>(s, qb, topk(5, 300, kc::graph_metric::l2), kPaged) == 0));
 }
 
-TEST_CASE_CUDA(decode_search_topk_wide_rows_match_cpu) {
+TEST_CASE("decode_search_topk_wide_rows_match_cpu", "[cuda][decode_search]") {
   // Width above 32 (several ballot chunks per row), d not a multiple of the vector width.
   const graph_set s = make_set({900, 2500}, 20, 70, 2);
   const query_batch qb = make_queries(s, 500, false, false);
@@ -382,7 +384,7 @@ TEST_CASE_CUDA(decode_search_topk_wide_rows_match_cpu) {
                                                kPaged) == 0));
 }
 
-TEST_CASE_CUDA(decode_search_filtered_matches_cpu) {
+TEST_CASE("decode_search_filtered_matches_cpu", "[cuda][decode_search]") {
   // id ranges: the static window excluded, a selective prefix (2-hop walk and the fallback
   // seeding), random ranges.
   const graph_set s = make_set({60, 1200, 4000}, 32, 24, 2);
@@ -393,7 +395,7 @@ TEST_CASE_CUDA(decode_search_filtered_matches_cpu) {
   CHECK((compare<kvsift::inner_product, float>(s, qb, dipr(4.0f, 16, 0), kDense) == 0));
 }
 
-TEST_CASE_CUDA(decode_search_dipr_matches_cpu) {
+TEST_CASE("decode_search_dipr_matches_cpu", "[cuda][decode_search]") {
   const graph_set s = make_set({1, 50, 900, 4000}, 32, 24, 3);
   const query_batch plain = make_queries(s, 3000, false, false);
   const query_batch seeded = make_queries(s, 3000, true, false);
@@ -406,7 +408,24 @@ TEST_CASE_CUDA(decode_search_dipr_matches_cpu) {
   CHECK((compare<kvsift::inner_product, float>(s, plain, dipr(12.0f, 8, 40), kDense) == 0));
 }
 
-TEST_CASE_CUDA(decode_search_wider_expansion_returns_true_scores) {
+TEST_CASE("decode_search_degree_cap_matches_cpu", "[cuda][decode_search]") {
+  // Caps below the row width (one chunk, several chunks) and at it, filtered and not, top-k and
+  // DIPR: the CPU search with the same cap is the oracle.
+  const graph_set s = make_set({700, 3000}, 32, 70, 2);
+  const query_batch plain = make_queries(s, 1500, false, false);
+  const query_batch ranged = make_queries(s, 1500, false, true);
+  for (const int cap : {5, 40, 70}) {
+    auto t = topk(20, 40, kc::graph_metric::inner_product);
+    t.degree_cap = cap;
+    CHECK((compare<kvsift::inner_product, float>(s, plain, t, kDense) == 0));
+    CHECK((compare<kvsift::inner_product, __half>(s, ranged, t, kPaged) == 0));
+    auto d = dipr(4.0f, 16, 0);
+    d.degree_cap = cap;
+    CHECK((compare<kvsift::inner_product, float>(s, ranged, d, kDense) == 0));
+  }
+}
+
+TEST_CASE("decode_search_wider_expansion_returns_true_scores", "[cuda][decode_search]") {
   // expand_width > 1 walks differently from the CPU: check what must still hold (distinct
   // ids of the query's graph, true scores, best first) and that it finds as much of the exact
   // top-k as the CPU walk (within a small margin) on this data.
@@ -439,7 +458,57 @@ TEST_CASE_CUDA(decode_search_wider_expansion_returns_true_scores) {
   CHECK(hit4 + hit1 / 50 >= hit1);
 }
 
-TEST_CASE_CUDA(decode_search_nonfinite_query_returns_nothing) {
+TEST_CASE("decode_search_dipr_wider_walk_keeps_the_range_contract", "[cuda][decode_search]") {
+  // DIPR with expand_width > 1 floods the in-range region in discovery order, several nodes per
+  // step: check what must hold (distinct ids of the graph, true scores, every result within
+  // beta of the reported best, that best a true score) and that it finds as much of the exact
+  // DIPR set (every key within beta of the query's true best) as the CPU-order walk.
+  const graph_set s = make_set({2000, 3000}, 32, 24, 2);
+  const query_batch qb = make_queries(s, 400, false, false);
+  auto p = dipr(6.0f, 16, 0);
+  const gpu_result one = run_gpu<float>(s, qb, p, kDense);
+  p.expand_width = 4;
+  const gpu_result four = run_gpu<float>(s, qb, p, kDense);
+  const auto cap = static_cast<std::size_t>(four.capacity);
+  std::size_t hit1 = 0, hit4 = 0, exact_total = 0, bad = 0;
+  for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+    const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(qb.graph[i]));
+    const float* q = qb.q.data() + i * s.d;
+    float top = -std::numeric_limits<float>::infinity();
+    for (id_t k = 0; k < g.size(); ++k) top = std::max(top, g.score(q, k));
+    std::vector<char> in_exact(g.size(), 0);
+    for (id_t k = 0; k < g.size(); ++k) {
+      in_exact[k] = g.score(q, k) >= top - p.beta;
+      exact_total += in_exact[k];
+    }
+    std::vector<char> seen(g.size(), 0);
+    bool best_found = false;
+    for (std::size_t j = 0; j < four.counts[i] && j < cap; ++j) {
+      const id_t b = four.ids[i * cap + j];
+      if (b >= g.size() || seen[b] || four.scores[i * cap + j] != g.score(q, b)) {
+        ++bad;
+        continue;
+      }
+      seen[b] = 1;
+      if (g.score(q, b) < four.best[i] - p.beta) ++bad;
+      best_found |= g.score(q, b) == four.best[i];
+      hit4 += in_exact[b];
+    }
+    if (four.counts[i] > 0 && !best_found) ++bad;
+    for (std::size_t j = 0; j < one.counts[i] && j < cap; ++j) {
+      const id_t a = one.ids[i * cap + j];
+      hit1 += a < g.size() && in_exact[a];
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(four.status == 0u);
+  std::printf("    exact DIPR keys %zu, found by the CPU-order walk %zu, by the wider walk %zu\n",
+              exact_total, hit1, hit4);
+  CHECK(hit1 > 0);  // the data gives the walks something to find
+  CHECK(hit4 + hit1 / 50 >= hit1);
+}
+
+TEST_CASE("decode_search_nonfinite_query_returns_nothing", "[cuda][decode_search]") {
   const graph_set s = make_set({500}, 16, 16, 1);
   query_batch qb = make_queries(s, 4, true, false);
   qb.q[1] = std::numeric_limits<float>::quiet_NaN();
@@ -454,7 +523,7 @@ TEST_CASE_CUDA(decode_search_nonfinite_query_returns_nothing) {
   CHECK(t.counts[2] > 0);  // (as many as the random graph's walk finds: the CPU's count)
   CHECK((compare<kvsift::inner_product, float>(s, qb, topk(10, 10, kc::graph_metric::inner_product),
                                                kDense) == 0));
-  CHECK(t.ids[0] == kvsift::invalid_id && t.scores[0] == -std::numeric_limits<float>::infinity());
+  CHECK((t.ids[0] == kvsift::invalid_id && t.scores[0] == -std::numeric_limits<float>::infinity()));
   const gpu_result d = run_gpu<float>(s, qb, dipr(2.0f, 8, 0), kDense);
   std::printf("    DIPR counts %u %u %u %u\n", d.counts[0], d.counts[1], d.counts[2], d.counts[3]);
   CHECK(d.counts[0] == 0);
@@ -465,14 +534,14 @@ TEST_CASE_CUDA(decode_search_nonfinite_query_returns_nothing) {
   CHECK((compare<kvsift::inner_product, float>(s, qb, dipr(2.0f, 8, 0), kDense) == 0));
 }
 
-TEST_CASE_CUDA(decode_search_device_errors_set_status) {
+TEST_CASE("decode_search_device_errors_set_status", "[cuda][decode_search]") {
   graph_set s = make_set({300, 200}, 16, 16, 1);
   query_batch qb = make_queries(s, 4, false, false);
   qb.graph[1] = 7;                                              // no such graph
   s.adj[(s.offsets[0] + s.entries[0]) * s.width] = 299 + 1000;  // neighbour past the graph
   const gpu_result r = run_gpu<float>(s, qb, topk(10, 10, kc::graph_metric::inner_product), kDense);
   CHECK((r.status & kc::decode_status_bad_graph) != 0u);
-  CHECK(r.counts[1] == 0 && r.ids[10] == kvsift::invalid_id);
+  CHECK((r.counts[1] == 0 && r.ids[10] == kvsift::invalid_id));
   qb.graph = {0, 0, 0, 0};
   const gpu_result r2 =
       run_gpu<float>(s, qb, topk(10, 10, kc::graph_metric::inner_product), kDense);
@@ -484,10 +553,10 @@ TEST_CASE_CUDA(decode_search_device_errors_set_status) {
   qf.last[0] = 5;
   const gpu_result r3 = run_gpu<float>(make_set({300, 200}, 16, 16, 1), qf,
                                        topk(10, 10, kc::graph_metric::inner_product), kDense);
-  CHECK((r3.status & kc::decode_status_bad_query) != 0u && r3.counts[0] == 0);
+  CHECK(((r3.status & kc::decode_status_bad_query) != 0u && r3.counts[0] == 0));
 }
 
-TEST_CASE_CUDA(decode_results_to_csr_compacts_rows) {
+TEST_CASE("decode_results_to_csr_compacts_rows", "[cuda][decode_search]") {
   const std::vector<id_t> ids = {
       1, 2, 3, kvsift::invalid_id, 9, 8, kvsift::invalid_id, kvsift::invalid_id, 4, 5, 6, 7};
   const std::vector<std::uint32_t> counts = {3, 0, 4};
@@ -522,7 +591,7 @@ TEST_CASE_CUDA(decode_results_to_csr_compacts_rows) {
   CHECK(ip2.download() == want);
 }
 
-TEST_CASE_CUDA(decode_search_rejects_bad_input) {
+TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   const graph_set s = make_set({100}, 16, 16, 1);
   device_buffer<id_t> adj(s.adj), ent(s.entries);
   device_buffer<std::int64_t> off(s.offsets);
@@ -537,10 +606,11 @@ TEST_CASE_CUDA(decode_search_rejects_bad_input) {
   kc::decode_search_params p = topk(10, 20, kc::graph_metric::inner_product);
   const std::size_t wb = kc::decode_search_workspace_size(set, 1, p);
   device_buffer<char> ws(wb);
-  auto msg = [&](kc::graph_set_ref st, kc::dense_keys_ref<float> kk, kc::decode_queries qq,
-                 std::int64_t m, kc::decode_search_params pp, kc::decode_search_outputs oo,
-                 std::size_t bytes) {
-    return message_of([&] { kc::decode_search(st, kk, qq, m, pp, oo, ws.get(), bytes, nullptr); });
+  auto msg = [&](kc::graph_set_ref st, kc::dense_keys_ref<float> keys_in,
+                 kc::decode_queries queries_in, std::int64_t m, kc::decode_search_params pp,
+                 kc::decode_search_outputs oo, std::size_t bytes) {
+    return message_of(
+        [&] { kc::decode_search(st, keys_in, queries_in, m, pp, oo, ws.get(), bytes, nullptr); });
   };
   CHECK(msg(set, k, qs, 1, p, out, wb) == "(no exception)");
   auto bad = p;
@@ -551,6 +621,9 @@ TEST_CASE_CUDA(decode_search_rejects_bad_input) {
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "got L = 5000"));
   bad = dipr(-1.0f, 8, 0);
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "beta >= 0"));
+  bad = p;
+  bad.degree_cap = -1;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "degree_cap >= 0 (0 = all), got -1"));
   bad = dipr(1.0f, 8, 4);
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "max_results"));
   CHECK(contains(msg(set, k, qs, 0, p, out, wb), "1 <= queries"));

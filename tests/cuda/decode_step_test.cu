@@ -82,7 +82,7 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   device_buffer<std::int32_t> dt(table);
   device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0});
   kc::graph_set_ref set{dadj.get(), doff.get(), dent.get(), G, width, 1, max_n};
-  kc::paged_kv_view<float> kv{dk.get(), dv.get(), pages, page, d, dt.get(), G, max_pages};
+  kc::paged_kv_ref<float> kv{dk.get(), dv.get(), pages, page, d, dt.get(), G, max_pages};
   const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p);
   device_buffer<char> ws(wb);
   kc::decode_step(set, kv, dq.get(), H, d, o.get(), lse.get(), ws.get(), wb, nullptr, p,
@@ -127,7 +127,7 @@ int mismatches(const step_result& r) {
 
 }  // namespace
 
-TEST_CASE_CUDA(decode_step_full_retrieval_equals_full_attention) {
+TEST_CASE("decode_step_full_retrieval_equals_full_attention", "[cuda][decode_step]") {
   kc::decode_step_params p;
   p.sink = 4;
   p.window = 32;
@@ -141,7 +141,7 @@ TEST_CASE_CUDA(decode_step_full_retrieval_equals_full_attention) {
   CHECK(mismatches(run_step({500, 800}, 2, 128, p)) == 0);
 }
 
-TEST_CASE_CUDA(decode_step_dipr_with_infinite_beta_equals_full_attention) {
+TEST_CASE("decode_step_dipr_with_infinite_beta_equals_full_attention", "[cuda][decode_step]") {
   // DIPR with a range wider than any score gap keeps every scored token: with l0 >= the middle
   // the walk scores them all.
   kc::decode_step_params p;
@@ -154,7 +154,7 @@ TEST_CASE_CUDA(decode_step_dipr_with_infinite_beta_equals_full_attention) {
   CHECK(mismatches(run_step({700, 10}, 2, 64, p)) == 0);
 }
 
-TEST_CASE_CUDA(decode_step_rejects_bad_input) {
+TEST_CASE("decode_step_rejects_bad_input", "[cuda][decode_step]") {
   kc::decode_step_params p;
   p.sink = -1;
   kc::graph_set_ref set;

@@ -94,13 +94,13 @@ int compare_with_cpu(const std::vector<float>& kf, std::size_t n, std::size_t d,
   device_buffer<std::uint32_t> dc(m), dkc(m), dsc(m);
   const std::size_t wb = kvsift::cuda::graph_search_workspace_size(n, m);
   device_buffer<char> ws(wb);
-  kvsift::cuda::device_graph<device_t<T>> g{dk.get(),
-                                            static_cast<std::int64_t>(n),
-                                            static_cast<std::int64_t>(d),
-                                            static_cast<std::int64_t>(d),
-                                            da.get(),
-                                            static_cast<int>(width),
-                                            entry};
+  kvsift::cuda::graph_ref<device_t<T>> g{dk.get(),
+                                         static_cast<std::int64_t>(n),
+                                         static_cast<std::int64_t>(d),
+                                         static_cast<std::int64_t>(d),
+                                         da.get(),
+                                         static_cast<int>(width),
+                                         entry};
   kvsift::cuda::graph_search_params p;
   p.L = L;
   p.degree = degree;
@@ -170,10 +170,12 @@ std::vector<id_t> iota_ids(std::size_t n) {
   return v;
 }
 
+}  // namespace
+
 // Random graphs of widths that are and are not multiples of 32, pools from 1 to larger than
 // the reachable set, both metrics, all element types; d = 24 is not a multiple of the 8-element
 // vector width of f16 loads, d = 16 is.
-TEST_CASE_CUDA(graph_search_matches_cpu_beam_search) {
+TEST_CASE("graph_search_matches_cpu_beam_search", "[cuda][graph_search]") {
   const std::size_t n = 1500;
   for (const std::size_t d : {std::size_t{16}, std::size_t{24}}) {
     const auto kf = integer_matrix(n, d, 3);
@@ -195,7 +197,7 @@ TEST_CASE_CUDA(graph_search_matches_cpu_beam_search) {
 
 // The pruned lists against rng_prune with fill, on a RoarGraph-built graph (the real use) and
 // on a random one; degrees below and above 32 (two rounds of kept ids per candidate).
-TEST_CASE_CUDA(graph_search_pruning_matches_rng_prune) {
+TEST_CASE("graph_search_pruning_matches_rng_prune", "[cuda][graph_search]") {
   const std::size_t n = 3000, d = 32;
   const auto kf = integer_matrix(n, d, 4);
   const auto qf = integer_matrix(400, d, 4);
@@ -220,7 +222,7 @@ TEST_CASE_CUDA(graph_search_pruning_matches_rng_prune) {
 }
 
 // A small case for the race and sync checkers (compute-sanitizer racecheck / synccheck).
-TEST_CASE_CUDA(graph_search_small_for_sanitizers) {
+TEST_CASE("graph_search_small_for_sanitizers", "[cuda][graph_search]") {
   const std::size_t n = 300, d = 16;
   const auto kf = integer_matrix(n, d, 3);
   const auto adj = random_graph(n, 40);
@@ -229,7 +231,7 @@ TEST_CASE_CUDA(graph_search_small_for_sanitizers) {
 
 // More queries than concurrently running searches (8192): warps loop over queries and reuse
 // their bitsets, which must be cleared between searches.
-TEST_CASE_CUDA(graph_search_more_queries_than_slots) {
+TEST_CASE("graph_search_more_queries_than_slots", "[cuda][graph_search]") {
   const std::size_t n = 2000, d = 16;
   const auto kf = integer_matrix(n, d, 3);
   const auto adj = random_graph(n, 20);
@@ -241,7 +243,7 @@ TEST_CASE_CUDA(graph_search_more_queries_than_slots) {
 // The whole build with the CUDA engine (kNN and connectivity searches on the GPU) equals the
 // CPU build on integer data, id for id; and on real-valued data (kvsift::testing OOD keys) the
 // recall of the two graphs is the same within noise (knn_test.cu's graph test covers that).
-TEST_CASE_CUDA(connectivity_on_gpu_builds_the_cpu_graph) {
+TEST_CASE("connectivity_on_gpu_builds_the_cpu_graph", "[cuda][graph_search]") {
   const std::size_t n = 4000, d = 32;
   const auto kf = integer_matrix(n, d, 4);
   const auto qf = integer_matrix(500, d, 4);
@@ -275,16 +277,16 @@ TEST_CASE_CUDA(connectivity_on_gpu_builds_the_cpu_graph) {
   }
 }
 
-TEST_CASE_CUDA(graph_search_rejects_bad_input) {
+TEST_CASE("graph_search_rejects_bad_input", "[cuda][graph_search]") {
   const std::size_t n = 64, d = 8, m = 4;
   device_buffer<float> dk(n * d), ds(m * 16);
   device_buffer<id_t> da(std::vector<id_t>(n * 8, kvsift::invalid_id));
   device_buffer<id_t> dq(std::vector<id_t>{0, 1, 2, 3}), di(m * 16);
   const std::size_t wb = kvsift::cuda::graph_search_workspace_size(n, m);
   device_buffer<char> ws(wb);
-  const kvsift::cuda::device_graph<float> g{
+  const kvsift::cuda::graph_ref<float> g{
       dk.get(), std::int64_t(n), std::int64_t(d), std::int64_t(d), da.get(), 8, 0};
-  auto run = [&](kvsift::cuda::device_graph<float> gg, kvsift::cuda::graph_search_params p,
+  auto run = [&](kvsift::cuda::graph_ref<float> gg, kvsift::cuda::graph_search_params p,
                  kvsift::cuda::graph_search_outputs o, const id_t* q, void* w, std::size_t b) {
     kvsift::cuda::graph_search(gg, q, std::int64_t(m), p, o, w, b, nullptr);
   };
@@ -340,7 +342,7 @@ TEST_CASE_CUDA(graph_search_rejects_bad_input) {
   }
 }
 
-TEST_CASE_CUDA(connectivity_searcher_rejects_bad_input) {
+TEST_CASE("connectivity_searcher_rejects_bad_input", "[cuda][graph_search]") {
   const std::size_t n = 50, d = 8;
   auto kf = integer_matrix(n, d, 3);
   const matrix_view<const float> kv(kf.data(), n, d);
@@ -351,16 +353,16 @@ TEST_CASE_CUDA(connectivity_searcher_rejects_bad_input) {
   CHECK_THROWS_AS(searcher(kv, 8), kvsift::non_finite_value);
   kf[9] = 1;
   searcher s(kv, 4);
-  std::vector<id_t> rows{3, 7}, flat(8, kvsift::invalid_id);
-  flat[0] = 1;
-  s.set_rows(rows, flat);  // valid
-  CHECK(contains(message_of([&] { s.set_rows(rows, std::span<const id_t>(flat).first(7)); }),
+  std::vector<id_t> rows{3, 7}, padded(8, kvsift::invalid_id);
+  padded[0] = 1;
+  s.set_rows(rows, padded);  // valid
+  CHECK(contains(message_of([&] { s.set_rows(rows, std::span<const id_t>(padded).first(7)); }),
                  "need 8 ids, got 7"));
   rows[1] = 50;
-  CHECK_THROWS_AS(s.set_rows(rows, flat), kvsift::out_of_range);
+  CHECK_THROWS_AS(s.set_rows(rows, padded), kvsift::out_of_range);
   rows[1] = 7;
-  flat[5] = 50;
-  CHECK(contains(message_of([&] { s.set_rows(rows, flat); }), "neighbour ids < 50"));
+  padded[5] = 50;
+  CHECK(contains(message_of([&] { s.set_rows(rows, padded); }), "neighbour ids < 50"));
   kvsift::connectivity_batch out;
   CHECK(contains(message_of([&] { s.search(rows, 0, 0, 4, out); }), "1 <= L <= 1024, got 0"));
   CHECK(contains(message_of([&] { s.search(rows, 0, 8, 0, out); }), "1 <= degree <= 64"));
@@ -370,8 +372,6 @@ TEST_CASE_CUDA(connectivity_searcher_rejects_bad_input) {
   // A valid search over the one stored edge: row 3 searches from entry 3, reaching 1.
   rows = {3};
   s.search(rows, 3, 8, 4, out);
-  CHECK(out.counts.size() == 1 && out.counts[0] == 1 && out.kept[0] == 1);
+  CHECK((out.counts.size() == 1 && out.counts[0] == 1 && out.kept[0] == 1));
   CHECK(out.scored == 2);
 }
-
-}  // namespace

@@ -95,35 +95,37 @@ void engine_matches_cpu(std::size_t m, std::size_t n, std::size_t d, int range,
   }
 }
 
+}  // namespace
+
 // k in {1, 10, 100, 1000}; n = 2500 and m = 300 are not multiples of the tiles (768 x 128), so
 // partial tiles in both directions are exercised, and several key tiles are merged per row.
-TEST_CASE_CUDA(knn_engine_matches_cpu_f32) {
+TEST_CASE("knn_engine_matches_cpu_f32", "[cuda][knn]") {
   engine_matches_cpu<float>(300, 2500, 24, 3, {1, 10, 100, 1000}, {128, 768});
 }
-TEST_CASE_CUDA(knn_engine_matches_cpu_f16) {
-  engine_matches_cpu<half>(300, 2500, 24, 3, {1, 10, 100, 1000}, {128, 768});
+TEST_CASE("knn_engine_matches_cpu_f16", "[cuda][knn]") {
+  engine_matches_cpu<kvsift::half>(300, 2500, 24, 3, {1, 10, 100, 1000}, {128, 768});
 }
-TEST_CASE_CUDA(knn_engine_matches_cpu_bf16) {
-  engine_matches_cpu<bfloat16>(300, 2500, 24, 3, {1, 10, 100, 1000}, {128, 768});
+TEST_CASE("knn_engine_matches_cpu_bf16", "[cuda][knn]") {
+  engine_matches_cpu<kvsift::bfloat16>(300, 2500, 24, 3, {1, 10, 100, 1000}, {128, 768});
 }
 
 // Wider integer range (few ties), default tiles (one tile each way), a single query, and k = n.
-TEST_CASE_CUDA(knn_engine_matches_cpu_edge_shapes) {
+TEST_CASE("knn_engine_matches_cpu_edge_shapes", "[cuda][knn]") {
   engine_matches_cpu<float>(1, 3000, 64, 40, {1, 10, 100, 1000}, {});
-  engine_matches_cpu<half>(1, 1000, 16, 8, {1, 1000}, {});
-  engine_matches_cpu<bfloat16>(37, 517, 8, 1, {1, 517}, {5, 64});  // mostly ties
+  engine_matches_cpu<kvsift::half>(1, 1000, 16, 8, {1, 1000}, {});
+  engine_matches_cpu<kvsift::bfloat16>(37, 517, 8, 1, {1, 517}, {5, 64});  // mostly ties
   engine_matches_cpu<float>(64, 3000, 128, 40, {1024}, {16, 1000});
 }
 
 // The device entry point with strided views, against the CPU engine on the same data.
-TEST_CASE_CUDA(knn_device_views_with_stride) {
+TEST_CASE("knn_device_views_with_stride", "[cuda][knn]") {
   const std::size_t m = 50, n = 700, d = 20, stride = 24;
   const int k = 17;
   const auto qf = integer_matrix(m, stride, 5);
   const auto kf = integer_matrix(n, stride, 5);
-  const auto q16 = convert<half>(qf);
-  const auto k16 = convert<half>(kf);
-  device_buffer<half> dq(q16), dk(k16);
+  const auto q16 = convert<kvsift::half>(qf);
+  const auto k16 = convert<kvsift::half>(kf);
+  device_buffer<kvsift::half> dq(q16), dk(k16);
   device_buffer<float> ds(m * k);
   device_buffer<id_t> di(m * k);
   const kvsift::cuda::knn_policy policy{16, 256};
@@ -131,19 +133,19 @@ TEST_CASE_CUDA(knn_device_views_with_stride) {
   device_buffer<char> ws(bytes);
   cublasHandle_t h = nullptr;
   CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-  kvsift::cuda::knn(matrix_view<const half>(dq.get(), m, d, stride),
-                    matrix_view<const half>(dk.get(), n, d, stride), k, ds.get(), di.get(),
+  kvsift::cuda::knn(matrix_view<const kvsift::half>(dq.get(), m, d, stride),
+                    matrix_view<const kvsift::half>(dk.get(), n, d, stride), k, ds.get(), di.get(),
                     ws.get(), bytes, h, nullptr, policy);
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
   const auto want = kvsift::cpu_knn_engine({.threads = 2})
                         .search(matrix_view<const float>(qf.data(), m, d, stride),
-                                matrix_view<const half>(k16.data(), n, d, stride), k);
+                                matrix_view<const kvsift::half>(k16.data(), n, d, stride), k);
   kvsift::knn_result got{m, k, di.download(), ds.download()};
   CHECK(count_mismatched_rows(got, want) == 0);
   cublasDestroy(h);
 }
 
-TEST_CASE_CUDA(knn_engine_rejects_bad_input) {
+TEST_CASE("knn_engine_rejects_bad_input", "[cuda][knn]") {
   const std::size_t n = 40, d = 8;
   auto qf = integer_matrix(5, d, 3);
   auto kf = integer_matrix(n, d, 3);
@@ -168,14 +170,14 @@ TEST_CASE_CUDA(knn_engine_rejects_bad_input) {
   kf[17] = std::numeric_limits<float>::infinity();
   CHECK_THROWS_AS(gpu.search(q, kv, 1), kvsift::non_finite_value);
   kf[17] = 0;
-  const auto k16 = convert<half>(kf);
-  CHECK(gpu.search(q, matrix_view<const half>(k16.data(), n, d), 3).ids.size() == 15);
+  const auto k16 = convert<kvsift::half>(kf);
+  CHECK(gpu.search(q, matrix_view<const kvsift::half>(k16.data(), n, d), 3).ids.size() == 15);
 }
 
 // The KnnEngine contract: k > n returns the n keys best first, then invalid_id with score
 // -inf, exactly as cpu_knn_engine (integer data: scores exact, so equality is bit for bit).
 // k = 1500 > max_knn_k is fine too when n <= 1024: only min(k, n) reaches the kernels.
-TEST_CASE_CUDA(knn_engine_pads_k_beyond_n_like_cpu) {
+TEST_CASE("knn_engine_pads_k_beyond_n_like_cpu", "[cuda][knn]") {
   const std::size_t m = 7, d = 16;
   const kvsift::cpu_knn_engine cpu(kvsift::cpu_knn_params{.threads = 2});
   const kvsift::cuda::knn_engine gpu;
@@ -183,8 +185,8 @@ TEST_CASE_CUDA(knn_engine_pads_k_beyond_n_like_cpu) {
     const auto qf = integer_matrix(m, d, 3);
     const auto kf = integer_matrix(n, d, 3);
     const matrix_view<const float> q(qf.data(), m, d), kv(kf.data(), n, d);
-    const auto k16 = convert<half>(kf);
-    const matrix_view<const half> kh(k16.data(), n, d);
+    const auto k16 = convert<kvsift::half>(kf);
+    const matrix_view<const kvsift::half> kh(k16.data(), n, d);
     for (const std::size_t k : {n, n + 1, 2 * n + 3, std::size_t{1500}}) {
       const auto got = gpu.search(q, kv, k);
       CHECK(count_mismatched_rows(got, cpu.search(q, kv, k)) == 0);
@@ -209,7 +211,7 @@ TEST_CASE_CUDA(knn_engine_pads_k_beyond_n_like_cpu) {
                  "expected k <= 1024"));
 }
 
-TEST_CASE_CUDA(knn_device_entry_rejects_bad_input) {
+TEST_CASE("knn_device_entry_rejects_bad_input", "[cuda][knn]") {
   const std::size_t m = 4, n = 32, d = 8;
   device_buffer<float> dq(m * d), dk(n * d), ds(m * 8);
   device_buffer<id_t> di(m * 8);
@@ -218,9 +220,9 @@ TEST_CASE_CUDA(knn_device_entry_rejects_bad_input) {
   cublasHandle_t h = nullptr;
   CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
   const matrix_view<const float> q(dq.get(), m, d), kv(dk.get(), n, d);
-  auto call = [&](matrix_view<const float> qq, matrix_view<const float> kk, int k, void* w,
-                  std::size_t wb, cudaStream_t s) {
-    kvsift::cuda::knn(qq, kk, k, ds.get(), di.get(), w, wb, h, s);
+  auto call = [&](matrix_view<const float> queries_in, matrix_view<const float> keys_in, int k,
+                  void* w, std::size_t wb, cudaStream_t s) {
+    kvsift::cuda::knn(queries_in, keys_in, k, ds.get(), di.get(), w, wb, h, s);
   };
   CHECK_THROWS_AS(call(q, kv, 0, ws.get(), bytes, nullptr), kvsift::invalid_argument);
   CHECK_THROWS_AS(call(q, kv, 1025, ws.get(), bytes, nullptr), kvsift::invalid_argument);
@@ -251,7 +253,7 @@ TEST_CASE_CUDA(knn_device_entry_rejects_bad_input) {
 
 // A graph built with GPU kNN routes queries as well as one built with CPU kNN. Real-valued
 // data, so a few near-tied kNN entries may differ between the GEMMs; recall must agree.
-TEST_CASE_CUDA(knn_engine_graph_recall_equals_cpu_built) {
+TEST_CASE("knn_engine_graph_recall_equals_cpu_built", "[cuda][knn]") {
   const auto data = kvsift::testing::make_ood({.keys = 4000, .queries = 600, .dim = 32});
   const auto train = data.query_view().row_range(0, 400);
   const auto eval = data.query_view().row_range(400, 200);
@@ -295,5 +297,3 @@ TEST_CASE_CUDA(knn_engine_graph_recall_equals_cpu_built) {
   for (std::size_t i = 0; i < a.ids.size(); ++i) same += a.ids[i] == b.ids[i];
   CHECK(static_cast<double>(same) >= 0.999 * static_cast<double>(a.ids.size()));
 }
-
-}  // namespace

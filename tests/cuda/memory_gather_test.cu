@@ -29,7 +29,7 @@ struct pinned {
 
 }  // namespace
 
-TEST_CASE_CUDA(memory_gather_copies_exactly_the_requested_pages) {
+TEST_CASE("memory_gather_copies_exactly_the_requested_pages", "[cuda][memory_gather]") {
   const std::uint64_t page = 4112, host_pages = 64, dev_pages = 40;  // 4 KB + 16: not a 2^k
   pinned host(page * host_pages);
   std::mt19937 rng(3);
@@ -44,7 +44,7 @@ TEST_CASE_CUDA(memory_gather_copies_exactly_the_requested_pages) {
   copies.push_back({1, dev_pages});             // bad device page
   device_buffer<page_copy> d_copies(copies);
   device_buffer<int> status(std::vector<int>{0});
-  const kvsift::cuda::page_pools pools{host.p, host_pages, dev.get(), dev_pages, page};
+  const kvsift::cuda::page_pools_ref pools{host.p, host_pages, dev.get(), dev_pages, page};
   kvsift::cuda::gather_pages(d_copies.get(), copies.size(), pools, status.get(), nullptr);
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
   CHECK(status.download()[0] == kvsift::cuda::gather_page_out_of_range);
@@ -68,7 +68,7 @@ TEST_CASE_CUDA(memory_gather_copies_exactly_the_requested_pages) {
   std::vector<page_copy> home;
   for (int i = 0; i < 10; ++i) home.push_back({static_cast<std::uint64_t>(2 * i + 1), dst[i]});
   device_buffer<page_copy> d_home(home);
-  const kvsift::cuda::page_pools back_pools{back.p, host_pages, dev.get(), dev_pages, page};
+  const kvsift::cuda::page_pools_ref back_pools{back.p, host_pages, dev.get(), dev_pages, page};
   kvsift::cuda::scatter_pages(d_home.get(), home.size(), back_pools, nullptr, nullptr);
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
   for (std::uint64_t h = 0; h < host_pages; ++h) {
@@ -83,14 +83,14 @@ TEST_CASE_CUDA(memory_gather_copies_exactly_the_requested_pages) {
   }
 }
 
-TEST_CASE_CUDA(memory_gather_offsets_past_2_31_bytes) {
+TEST_CASE("memory_gather_offsets_past_2_31_bytes", "[cuda][memory_gather]") {
   const std::uint64_t page = 32768, dev_pages = 70000;  // 2.29 GB device pool
   pinned host(page * 4);
   for (std::uint64_t i = 0; i < page * 4; ++i) host.bytes()[i] = static_cast<unsigned char>(i * 7);
   device_buffer<unsigned char> dev(page * dev_pages);
   const std::vector<page_copy> copies{{3, dev_pages - 1}, {2, 65537}};
   device_buffer<page_copy> d_copies(copies);
-  const kvsift::cuda::page_pools pools{host.p, 4, dev.get(), dev_pages, page};
+  const kvsift::cuda::page_pools_ref pools{host.p, 4, dev.get(), dev_pages, page};
   kvsift::cuda::gather_pages(d_copies.get(), copies.size(), pools, nullptr, nullptr);
   std::vector<unsigned char> got(page);
   for (const auto& c : copies) {
@@ -100,11 +100,11 @@ TEST_CASE_CUDA(memory_gather_offsets_past_2_31_bytes) {
   }
 }
 
-TEST_CASE_CUDA(memory_gather_rejects_bad_parameters) {
+TEST_CASE("memory_gather_rejects_bad_parameters", "[cuda][memory_gather]") {
   device_buffer<unsigned char> dev(4096);
   pinned host(4096);
   device_buffer<page_copy> copies(std::vector<page_copy>{{0, 0}});
-  kvsift::cuda::page_pools pools{host.p, 1, dev.get(), 1, 4096};
+  kvsift::cuda::page_pools_ref pools{host.p, 1, dev.get(), 1, 4096};
   auto bad = pools;
   bad.page_bytes = 100;  // not a multiple of 16
   CHECK_THROWS_AS(kvsift::cuda::gather_pages(copies.get(), 1, bad, nullptr, nullptr),

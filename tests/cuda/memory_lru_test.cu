@@ -34,7 +34,7 @@ struct device_lru {
 
 }  // namespace
 
-TEST_CASE_CUDA(memory_bucketed_lru_matches_cpu) {
+TEST_CASE("memory_bucketed_lru_matches_cpu", "[cuda][memory_lru]") {
   const std::uint32_t pairs = 7, capacity = 48, pages = 300;
   device_lru dev(pairs, capacity, pages);
   std::vector<cpu_lru> cpu(pairs, cpu_lru(capacity, pages));
@@ -113,7 +113,7 @@ TEST_CASE_CUDA(memory_bucketed_lru_matches_cpu) {
   CHECK(error_steps >= 10);
 }
 
-TEST_CASE_CUDA(memory_bucketed_lru_rejects_bad_parameters) {
+TEST_CASE("memory_bucketed_lru_rejects_bad_parameters", "[cuda][memory_lru]") {
   device_lru dev(1, 4, 10);
   device_buffer<std::uint32_t> buf(8);
   device_buffer<std::uint64_t> off(std::vector<std::uint64_t>{0, 0});

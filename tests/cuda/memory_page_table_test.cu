@@ -14,7 +14,7 @@ using kvsift::cuda_test::device_buffer;
 
 namespace {
 
-__global__ void lookup_kernel(kvsift::page_table_view v, const kvsift::page_key* keys,
+__global__ void lookup_kernel(kvsift::page_table_ref v, const kvsift::page_key* keys,
                               std::uint32_t n, kvsift::page_id* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = v.lookup(keys[i]);
@@ -22,7 +22,7 @@ __global__ void lookup_kernel(kvsift::page_table_view v, const kvsift::page_key*
 
 }  // namespace
 
-TEST_CASE_CUDA(memory_page_table_view_on_device) {
+TEST_CASE("memory_page_table_view_on_device", "[cuda][memory_page_table]") {
   const kvsift::page_table_params p{3, 2, 2, 300, 64, 30};
   kvsift::page_table t(p);
   std::mt19937 rng(2);
@@ -40,13 +40,13 @@ TEST_CASE_CUDA(memory_page_table_view_on_device) {
     }
   }
   CHECK(t.mapped_pages() > 500);
-  const auto host = t.view();
+  const auto host = t.ref();
   const std::size_t dir = p.requests * p.layers * p.heads * host.segments_per_head;
   const std::size_t pool = p.pool_segments * p.segment_pages;
   device_buffer<std::uint32_t> d_dir(
       std::vector<std::uint32_t>(host.directory, host.directory + dir));
   device_buffer<kvsift::page_id> d_pool(std::vector<kvsift::page_id>(host.pool, host.pool + pool));
-  kvsift::page_table_view dev = host;
+  kvsift::page_table_ref dev = host;
   dev.directory = d_dir.get();
   dev.pool = d_pool.get();
   device_buffer<kvsift::page_key> d_keys(keys);

@@ -111,7 +111,7 @@ void check_merge_states_invalid(bool with_status, bool plant_invalid) {
     }
   }
   CHECK(bad == 0);
-  CHECK(!plant_invalid || invalid_rows > 0);  // the test planted some
+  CHECK((!plant_invalid || invalid_rows > 0));  // the test planted some
   if (with_status) {
     const int status = d_status.download()[0];
     CHECK(status == (invalid_rows > 0 ? 1 : 0));
@@ -201,19 +201,21 @@ void check_merge_pair_invalid(bool in_place) {
 
 }  // namespace
 
-TEST_CASE_CUDA(merge_states_invalid_lse_is_skipped_and_reported_f32) {
+TEST_CASE("merge_states_invalid_lse_is_skipped_and_reported_f32", "[cuda][merge_invalid_lse]") {
   check_merge_states_invalid<float>(true, true);
   check_merge_states_invalid<float>(false, true);  // no status word: still no NaN out
   check_merge_states_invalid<float>(true, false);  // all valid: status stays 0
 }
-TEST_CASE_CUDA(merge_states_invalid_lse_is_skipped_and_reported_f16) {
+TEST_CASE("merge_states_invalid_lse_is_skipped_and_reported_f16", "[cuda][merge_invalid_lse]") {
   check_merge_states_invalid<__half>(true, true);
   check_merge_states_invalid<__half>(true, false);
 }
-TEST_CASE_CUDA(merge_state_invalid_lse_out_of_place_f32) { check_merge_pair_invalid<float>(false); }
-TEST_CASE_CUDA(merge_state_invalid_lse_in_place_unchanged_f32) {
+TEST_CASE("merge_state_invalid_lse_out_of_place_f32", "[cuda][merge_invalid_lse]") {
+  check_merge_pair_invalid<float>(false);
+}
+TEST_CASE("merge_state_invalid_lse_in_place_unchanged_f32", "[cuda][merge_invalid_lse]") {
   check_merge_pair_invalid<float>(true);
 }
-TEST_CASE_CUDA(merge_state_invalid_lse_in_place_unchanged_f16) {
+TEST_CASE("merge_state_invalid_lse_in_place_unchanged_f16", "[cuda][merge_invalid_lse]") {
   check_merge_pair_invalid<__half>(true);
 }

@@ -184,14 +184,14 @@ void merge_pair_suite() {
 
 }  // namespace
 
-TEST_CASE_CUDA(merge_states_f32) { merge_states_suite<float>(); }
-TEST_CASE_CUDA(merge_states_f16) { merge_states_suite<__half>(); }
-TEST_CASE_CUDA(merge_states_bf16) { merge_states_suite<__nv_bfloat16>(); }
-TEST_CASE_CUDA(merge_state_pair_f32) { merge_pair_suite<float>(); }
-TEST_CASE_CUDA(merge_state_pair_f16) { merge_pair_suite<__half>(); }
-TEST_CASE_CUDA(merge_state_pair_bf16) { merge_pair_suite<__nv_bfloat16>(); }
+TEST_CASE("merge_states_f32", "[cuda][merge]") { merge_states_suite<float>(); }
+TEST_CASE("merge_states_f16", "[cuda][merge]") { merge_states_suite<__half>(); }
+TEST_CASE("merge_states_bf16", "[cuda][merge]") { merge_states_suite<__nv_bfloat16>(); }
+TEST_CASE("merge_state_pair_f32", "[cuda][merge]") { merge_pair_suite<float>(); }
+TEST_CASE("merge_state_pair_f16", "[cuda][merge]") { merge_pair_suite<__half>(); }
+TEST_CASE("merge_state_pair_bf16", "[cuda][merge]") { merge_pair_suite<__nv_bfloat16>(); }
 
-TEST_CASE_CUDA(merge_empty_with_empty_is_empty_not_nan) {
+TEST_CASE("merge_empty_with_empty_is_empty_not_nan", "[cuda][merge]") {
   constexpr int d = 128;
   std::vector<__half> zeros(2 * d, __float2half_rn(0.0f));
   std::vector<float> lse(2, -inf);
@@ -213,7 +213,7 @@ TEST_CASE_CUDA(merge_empty_with_empty_is_empty_not_nan) {
 // merge rejects it (merge_invalid_lse_test.cu). Only sparse_attention's internal split merge
 // propagates NaN (sparse_attention_nan_query_gives_nan_for_that_head_only).
 
-TEST_CASE_CUDA(merge_bad_input_throws) {
+TEST_CASE("merge_bad_input_throws", "[cuda][merge]") {
   using kvsift::cuda::merge_state;
   using kvsift::cuda::merge_states;
   device_buffer<__half> o(64);

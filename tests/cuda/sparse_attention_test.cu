@@ -20,7 +20,7 @@
 namespace {
 
 using namespace kvsift::cuda_test;
-using kvsift::cuda::paged_kv_view;
+using kvsift::cuda::paged_kv_ref;
 using kvsift::cuda::sparse_attention_params;
 constexpr float inf = std::numeric_limits<float>::infinity();
 
@@ -58,7 +58,7 @@ struct paged_fixture {
     d_table = device_buffer<std::int32_t>(table);
   }
 
-  [[nodiscard]] paged_kv_view<T> view() const {
+  [[nodiscard]] paged_kv_ref<T> ref() const {
     return {d_k.get(), d_v.get(), num_pages, page_size, d, d_table.get(), num_kv_heads, max_pages};
   }
   [[nodiscard]] std::size_t row(int kv_head, int token) const {
@@ -140,7 +140,7 @@ void check_sparse_attention(int num_qo_heads, int num_kv_heads, int d, int ctx, 
   params.num_splits = num_splits;
   const std::size_t ws = kvsift::cuda::sparse_attention_workspace_size(num_qo_heads, d, params);
   device_buffer<unsigned char> d_ws(ws);
-  kvsift::cuda::sparse_attention<T>(d_q.get(), num_qo_heads, d, f.view(), d_indptr.get(),
+  kvsift::cuda::sparse_attention<T>(d_q.get(), num_qo_heads, d, f.ref(), d_indptr.get(),
                                     d_ids.get(), d_o.get(), d_lse.get(), d_ws.get(), ws, nullptr,
                                     params);
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -186,11 +186,13 @@ void sparse_attention_suite() {
 
 }  // namespace
 
-TEST_CASE_CUDA(sparse_attention_f32) { sparse_attention_suite<float>(); }
-TEST_CASE_CUDA(sparse_attention_f16) { sparse_attention_suite<__half>(); }
-TEST_CASE_CUDA(sparse_attention_bf16) { sparse_attention_suite<__nv_bfloat16>(); }
+TEST_CASE("sparse_attention_f32", "[cuda][sparse_attention]") { sparse_attention_suite<float>(); }
+TEST_CASE("sparse_attention_f16", "[cuda][sparse_attention]") { sparse_attention_suite<__half>(); }
+TEST_CASE("sparse_attention_bf16", "[cuda][sparse_attention]") {
+  sparse_attention_suite<__nv_bfloat16>();
+}
 
-TEST_CASE_CUDA(sparse_attention_status_flags_bad_ids_and_skips_them) {
+TEST_CASE("sparse_attention_status_flags_bad_ids_and_skips_them", "[cuda][sparse_attention]") {
   paged_fixture<__half> f(2, 64, 16, 40);  // max_pages = 3 -> valid ids < 48
   std::vector<float> q(2 * 64, 0.25f);
   std::vector<std::int64_t> indptr = {0, 3, 5};
@@ -202,7 +204,7 @@ TEST_CASE_CUDA(sparse_attention_status_flags_bad_ids_and_skips_them) {
   sparse_attention_params params;
   params.num_splits = 1;
   params.status = d_status.get();
-  kvsift::cuda::sparse_attention<__half>(d_q.get(), 2, 64, f.view(), d_indptr.get(), d_ids.get(),
+  kvsift::cuda::sparse_attention<__half>(d_q.get(), 2, 64, f.ref(), d_indptr.get(), d_ids.get(),
                                          d_o.get(), d_lse.get(), nullptr, 0, nullptr, params);
   CHECK(d_status.download()[0] == 1);
   const auto o = d_o.download();
@@ -217,7 +219,7 @@ TEST_CASE_CUDA(sparse_attention_status_flags_bad_ids_and_skips_them) {
   CHECK_NEAR(o[64 + 3], r1.o[3], 2e-5);
 }
 
-TEST_CASE_CUDA(sparse_attention_nan_query_gives_nan_for_that_head_only) {
+TEST_CASE("sparse_attention_nan_query_gives_nan_for_that_head_only", "[cuda][sparse_attention]") {
   paged_fixture<float> f(1, 128, 16, 64);
   std::vector<float> q(2 * 128, 0.1f);
   q[5] = std::numeric_limits<float>::quiet_NaN();  // head 0
@@ -231,14 +233,14 @@ TEST_CASE_CUDA(sparse_attention_nan_query_gives_nan_for_that_head_only) {
   params.num_splits = 4;
   const std::size_t ws = kvsift::cuda::sparse_attention_workspace_size(2, 128, params);
   device_buffer<unsigned char> d_ws(ws);
-  kvsift::cuda::sparse_attention<float>(d_q.get(), 2, 128, f.view(), d_indptr.get(), d_ids.get(),
+  kvsift::cuda::sparse_attention<float>(d_q.get(), 2, 128, f.ref(), d_indptr.get(), d_ids.get(),
                                         d_o.get(), d_lse.get(), d_ws.get(), ws, nullptr, params);
   const auto lse = d_lse.download();
   CHECK(std::isnan(lse[0]));
   CHECK(std::isfinite(lse[1]));
 }
 
-TEST_CASE_CUDA(sparse_attention_bad_input_throws) {
+TEST_CASE("sparse_attention_bad_input_throws", "[cuda][sparse_attention]") {
   using kvsift::cuda::sparse_attention;
   paged_fixture<__half> f(4, 128, 16, 32);
   device_buffer<float> q(6 * 128), o(6 * 128), lse(6);
@@ -246,38 +248,38 @@ TEST_CASE_CUDA(sparse_attention_bad_input_throws) {
   device_buffer<std::int32_t> ids(1);
   sparse_attention_params one;
   one.num_splits = 1;
-  auto call = [&](int heads, int dim, paged_kv_view<__half> kv, const sparse_attention_params& p,
+  auto call = [&](int heads, int dim, paged_kv_ref<__half> kv, const sparse_attention_params& p,
                   void* ws, std::size_t ws_bytes, const float* qp) {
     sparse_attention<__half>(qp, heads, dim, kv, indptr.get(), ids.get(), o.get(), lse.get(), ws,
                              ws_bytes, nullptr, p);
   };
   // q head_dim != K/V head_dim
-  CHECK_THROWS_AS(call(4, 64, f.view(), one, nullptr, 0, q.get()), kvsift::dimension_mismatch);
+  CHECK_THROWS_AS(call(4, 64, f.ref(), one, nullptr, 0, q.get()), kvsift::dimension_mismatch);
   // unsupported head_dim
-  auto kv96 = f.view();
+  auto kv96 = f.ref();
   kv96.head_dim = 96;
   CHECK_THROWS_AS(call(4, 96, kv96, one, nullptr, 0, q.get()), kvsift::dimension_mismatch);
   // GQA ratio that does not divide: 6 query heads over 4 KV heads
-  CHECK_THROWS_AS(call(6, 128, f.view(), one, nullptr, 0, q.get()), kvsift::invalid_argument);
+  CHECK_THROWS_AS(call(6, 128, f.ref(), one, nullptr, 0, q.get()), kvsift::invalid_argument);
   // null q
-  CHECK_THROWS_AS(call(4, 128, f.view(), one, nullptr, 0, nullptr), kvsift::invalid_argument);
+  CHECK_THROWS_AS(call(4, 128, f.ref(), one, nullptr, 0, nullptr), kvsift::invalid_argument);
   // workspace too small for 4 splits
   sparse_attention_params four;
   four.num_splits = 4;
   CHECK(kvsift::cuda::sparse_attention_workspace_size(4, 128, four) > 0);
-  CHECK_THROWS_AS(call(4, 128, f.view(), four, nullptr, 0, q.get()), kvsift::invalid_argument);
+  CHECK_THROWS_AS(call(4, 128, f.ref(), four, nullptr, 0, q.get()), kvsift::invalid_argument);
   // bad page geometry, bad scale, negative split count
-  auto kv0 = f.view();
+  auto kv0 = f.ref();
   kv0.page_size = 0;
   CHECK_THROWS_AS(call(4, 128, kv0, one, nullptr, 0, q.get()), kvsift::invalid_argument);
   sparse_attention_params nan_scale = one;
   nan_scale.scale = std::numeric_limits<float>::quiet_NaN();
-  CHECK_THROWS_AS(call(4, 128, f.view(), nan_scale, nullptr, 0, q.get()), kvsift::invalid_argument);
+  CHECK_THROWS_AS(call(4, 128, f.ref(), nan_scale, nullptr, 0, q.get()), kvsift::invalid_argument);
   sparse_attention_params negative;
   negative.num_splits = -1;
   CHECK_THROWS_AS(kvsift::cuda::sparse_attention_workspace_size(4, 128, negative),
                   kvsift::invalid_argument);
   // zero heads: nothing to do
-  call(0, 128, f.view(), one, nullptr, 0, nullptr);
+  call(0, 128, f.ref(), one, nullptr, 0, nullptr);
   CHECK(cudaGetLastError() == cudaSuccess);
 }

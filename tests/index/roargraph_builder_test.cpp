@@ -181,6 +181,26 @@ TEST_CASE("roargraph_builder: connectivity step counters", "[index][roargraph]")
         st.connectivity_seconds);
 }
 
+TEST_CASE("roargraph_builder: a connectivity degree cap scores fewer vectors, still connected",
+          "[index][roargraph]") {
+  const kvsift::view_store<float> store(data().key_view());
+  auto p = small_params();
+  kvsift::roargraph_build_stats full, capped;
+  const auto a = kvsift::roargraph_builder<>(p).build(store, train(), &full);
+  p.connectivity_degree_cap = 8;
+  const auto b = kvsift::roargraph_builder<>(p).build(store, train(), &capped);
+  CHECK(capped.connectivity_distance_computations < full.connectivity_distance_computations);
+  check_structure(b);
+  CHECK(reachable(b) == b.size());
+  bool differs = false;
+  for (std::size_t u = 0; u < a.size() && !differs; ++u) {
+    const auto x = a.neighbors(static_cast<kvsift::id_t>(u));
+    const auto y = b.neighbors(static_cast<kvsift::id_t>(u));
+    differs = !std::equal(x.begin(), x.end(), y.begin(), y.end());
+  }
+  CHECK(differs);
+}
+
 TEST_CASE("roargraph_builder: connectivity from exact key neighbours", "[index][roargraph]") {
   const kvsift::view_store<float> store(data().key_view());
   auto p = small_params(2);

@@ -100,7 +100,7 @@ TEST_CASE("page_table metadata grows with mapped pages, not the logical space", 
   REQUIRE(flat / static_cast<double>(t.metadata_bytes()) > 3.0);
   REQUIRE(t.lookup({31, 3, 7, 819}) == 819);
   REQUIRE(t.lookup({31, 3, 7, 820}) == no_page);
-  REQUIRE(t.view().lookup({5, 1, 2, 100}) == 100);
+  REQUIRE(t.ref().lookup({5, 1, 2, 100}) == 100);
 }
 
 TEST_CASE("page_table rejects bad shapes, keys and the pool running out", "[memory]") {

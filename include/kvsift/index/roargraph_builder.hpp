@@ -86,6 +86,10 @@ struct roargraph_params {
   /// on 32768 OOD keys, -10% on the real sample) but more at top-100 (+17% at recall@100 0.95
   /// on OOD). A trade-off by k, so the default keeps the denser graph (docs/algorithms.md).
   bool connectivity_fill = true;
+  /// Step 3's CPU searches expand at most this many neighbours of each node (0 = all; see
+  /// `beam_search_params::degree_cap`). Cheaper searches over the growing graph, measured for
+  /// its effect on build time and recall in docs/algorithms.md. The engine's searches ignore it.
+  std::size_t connectivity_degree_cap = 0;
 };
 
 /// Largest `roargraph_params::M`: the final degree 2M stays within `max_graph_degree`, which

@@ -46,9 +46,9 @@ struct page_table_params {
 
 /// Trivially copyable lookup handle over the two arrays of a `page_table` (valid while the
 /// table lives and is not mutated). Works on device memory too: copy `directory` and `pool`
-/// to the GPU and build a view over the device pointers. No bounds checks (the owning table
+/// to the GPU and build a handle over the device pointers. No bounds checks (the owning table
 /// validates keys); callers pass keys inside the table's shape.
-struct page_table_view {
+struct page_table_ref {
   const std::uint32_t* directory = nullptr;
   const page_id* pool = nullptr;
   std::uint32_t layers = 0, heads = 0, segments_per_head = 0;
@@ -68,6 +68,9 @@ struct page_table_view {
     return seg == no_page ? no_page : pool[pool_index(seg, k)];
   }
 };
+
+/// Former name of `page_table_ref` (device handles are `*_ref`), kept for one release.
+using page_table_view [[deprecated("use kvsift::page_table_ref")]] = page_table_ref;
 
 /// Owning two-level page table (move-only). Thread safety: const members safe concurrently; map,
 /// unmap and release_request need external synchronisation.
@@ -103,12 +106,12 @@ class page_table {
                  no_page);
     live_.assign(p.pool_segments, 0);
     // The arrays never reallocate after this point (nor on a move), so the handle is built once.
-    view_ = {directory_.data(),
-             pool_.data(),
-             static_cast<std::uint32_t>(p.layers),
-             static_cast<std::uint32_t>(p.heads),
-             static_cast<std::uint32_t>(segments_per_head_),
-             static_cast<std::uint32_t>(std::countr_zero(p.segment_pages))};
+    ref_ = {directory_.data(),
+            pool_.data(),
+            static_cast<std::uint32_t>(p.layers),
+            static_cast<std::uint32_t>(p.heads),
+            static_cast<std::uint32_t>(segments_per_head_),
+            static_cast<std::uint32_t>(std::countr_zero(p.segment_pages))};
   }
   // Move-only: a copy's handle would point into the source's arrays.
   page_table(const page_table&) = delete;
@@ -126,13 +129,17 @@ class page_table {
            live_.size() * sizeof(std::uint32_t) + allocator_.metadata_bytes();
   }
   /// Lookup handle over this table's arrays (valid while the table lives).
-  [[nodiscard]] page_table_view view() const noexcept { return view_; }
+  [[nodiscard]] page_table_ref ref() const noexcept { return ref_; }
+  /// Former name of `ref()`, kept for one release.
+  [[deprecated("use page_table::ref()")]] [[nodiscard]] page_table_ref view() const noexcept {
+    return ref_;
+  }
 
   /// Physical page of `k`, or no_page if unmapped. O(1).
   /// @throw out_of_range for a key outside the table's shape.
   [[nodiscard]] page_id lookup(page_key k) const {
     check(k, "lookup");
-    return view_.lookup(k);
+    return ref_.lookup(k);
   }
 
   /// Batched lookup: out[i] = lookup(keys[i]). All keys are validated before anything is
@@ -144,7 +151,7 @@ class page_table {
                                         "page_table::lookup: expected an output of at least ",
                                         keys.size(), " entries, got ", out.size());
     for (const page_key& k : keys) check(k, "lookup");
-    const page_table_view v = view_;
+    const page_table_ref v = ref_;
     for (std::size_t i = 0; i < keys.size(); ++i) out[i] = v.lookup(keys[i]);
   }
 
@@ -156,11 +163,11 @@ class page_table {
     check(k, "map");
     detail::require(phys != no_page, "page_table::map: physical page id ", phys,
                     " is the reserved no_page value");
-    auto& seg = directory_[view_.directory_index(k)];
+    auto& seg = directory_[ref_.directory_index(k)];
     if (seg == no_page) {
       seg = static_cast<std::uint32_t>(allocator_.allocate());  // throws before any change
     }
-    auto& slot = pool_[view_.pool_index(seg, k)];
+    auto& slot = pool_[ref_.pool_index(seg, k)];
     detail::require(slot == no_page, "page_table::map: page ", k.page, " of request ", k.request,
                     " layer ", k.layer, " head ", k.head, " is already mapped to ", slot);
     slot = phys;
@@ -173,8 +180,8 @@ class page_table {
   /// @throw out_of_range for a bad key; invalid_argument if k is not mapped.
   page_id unmap(page_key k) {
     check(k, "unmap");
-    const std::uint32_t seg = directory_[view_.directory_index(k)];
-    page_id* slot = seg == no_page ? nullptr : &pool_[view_.pool_index(seg, k)];
+    const std::uint32_t seg = directory_[ref_.directory_index(k)];
+    page_id* slot = seg == no_page ? nullptr : &pool_[ref_.pool_index(seg, k)];
     detail::require(slot != nullptr && *slot != no_page, "page_table::unmap: page ", k.page,
                     " of request ", k.request, " layer ", k.layer, " head ", k.head,
                     " is not mapped");
@@ -228,7 +235,7 @@ class page_table {
   std::vector<std::uint32_t> directory_;  // segment id per (request, layer, head, segment)
   std::vector<page_id> pool_;             // pool_segments x segment_pages physical ids
   std::vector<std::uint32_t> live_;       // mapped entries per segment
-  page_table_view view_;
+  page_table_ref ref_;
 };
 
 }  // namespace kvsift

@@ -21,7 +21,8 @@ namespace kvsift {
 /// out_ids / out_scores (raw metric scores); the rest is padded with invalid_id and the
 /// metric's worst score. With a predicate only passing ids are returned (ACORN 2-hop walk).
 /// `extra_entries` seed the search next to the graph's entry point.
-/// Complexity: O(hops * max_degree * d) (O(hops * max_degree^2 * d) filtered worst case).
+/// Complexity: O(hops * D * d) (O(hops * D^2 * d) filtered worst case), D = the max degree or
+/// params.degree_cap if smaller.
 /// Thread safety: safe concurrently on one index with one workspace per thread.
 /// A query holding NaN or Inf returns no results: count 0, every id invalid_id, every score the
 /// metric's worst (checked once at the entry, O(d); its scores would rank arbitrary keys).
@@ -54,11 +55,11 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
     ++stats.distance_computations;
     ws.pool.insert(to_key<M>(g.score(query.data(), id)), id);
   };
-  detail::seed(g, extra_entries, pred, params.L, ws, visit);
+  detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit);
   while (ws.pool.has_unexpanded()) {
     const candidate c = ws.pool.pop_unexpanded();
     ++stats.hops;
-    detail::expand(g, c.id, pred, ws, visit);
+    detail::expand(g, c.id, pred, params.degree_cap, ws, visit);
   }
   stats.count = std::min(params.k, ws.pool.size());
   for (std::size_t i = 0; i < stats.count; ++i) {

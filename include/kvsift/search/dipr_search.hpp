@@ -86,7 +86,7 @@ void dipr_search(const G& g, std::span<const float> query, const dipr_params& pa
         out.capped = ++in_range_total >= cap;
       }
     };
-    detail::seed(g, extra_entries, pred, params.l0, ws, visit);
+    detail::seed(g, extra_entries, pred, params.l0, params.degree_cap, ws, visit);
     while (!out.capped) {
       const bool beam = ws.pool.has_unexpanded();
       const bool range = !in_range.empty() && in_range.front().key >= best - params.beta;
@@ -102,7 +102,7 @@ void dipr_search(const G& g, std::span<const float> query, const dipr_params& pa
       }
       if (!ws.expanded.try_insert(next)) continue;  // reached through both parts
       ++out.stats.hops;
-      detail::expand(g, next, pred, ws, visit);
+      detail::expand(g, next, pred, params.degree_cap, ws, visit);
     }
   }
   detail::emit_dipr<M>(scored, best, params.beta, seeded, out);

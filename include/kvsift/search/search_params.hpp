@@ -16,6 +16,13 @@ namespace kvsift {
 struct beam_search_params {
   std::size_t k = 10;   ///< results wanted (> 0)
   std::size_t L = 100;  ///< pool size (>= k): larger is slower and more accurate
+  /// Expand at most this many neighbours of each node, its first ones (0 = all). Builders put
+  /// the most useful neighbours first (RoarGraph: projection edges before connectivity edges,
+  /// a re-pruned row in rank order with the fill last), so a cap searches a sparser subgraph
+  /// of the same index: fewer vectors scored per hop, at some loss of recall. On easy data a dense
+  /// graph overshoots the recall wanted even at the smallest pool (L = k); the cap is the cheaper
+  /// knob below that point.
+  std::size_t degree_cap = 0;
 };
 
 /// Per-call parameters of DIPR search. Scores are raw metric scores (for inner product: the
@@ -29,6 +36,8 @@ struct dipr_params {
   /// Window seeding: the best raw score the caller has already seen elsewhere (e.g. in the
   /// static window on the GPU). NaN = none. Tightens pruning from the first hop.
   float seed_score = std::numeric_limits<float>::quiet_NaN();
+  /// Expand at most this many neighbours of each node (0 = all); as beam_search_params.
+  std::size_t degree_cap = 0;
 };
 
 /// Output of a DIPR search; reuse one object across calls to avoid allocation.

@@ -14,7 +14,7 @@
 // reads in flight).
 //
 // Keys are read where they live: either one dense matrix holding every graph's keys, or the
-// head-wise paged K pool through its page table (`paged_kv_view`), so no second copy of the
+// head-wise paged K pool through its page table (`paged_kv_ref`), so no second copy of the
 // keys exists. All graphs of a step sit in one device structure (`graph_set_ref`): the rows of
 // every adjacency concatenated, with per-graph offsets.
 
@@ -26,7 +26,7 @@
 #include <kvsift/core/ids.hpp>
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/graph_search.cuh>
-#include <kvsift/cuda/paged_kv_view.cuh>
+#include <kvsift/cuda/paged_kv_ref.cuh>
 
 namespace kvsift::cuda {
 
@@ -73,10 +73,13 @@ struct decode_search_params {
   graph_metric metric = graph_metric::inner_product;  ///< attention scores are dot products
   int k = 100;                                        ///< top-k: results per query, 1..L
   int L = 128;                                        ///< top-k: pool size, k..max_decode_search_L
-  /// top-k: pool entries expanded per step, 1..8. 1 (default) is the CPU's walk: results equal
-  /// `beam_search` id for id. Larger values expand the best `expand_width` unexpanded entries
-  /// together, which cuts the sequential steps of a search (the GPU's latency chain) at the
-  /// price of some extra scoring; results then differ from the CPU's in what the walk finds.
+  /// Nodes expanded per step, 1..8. 1 (default) is the CPU's walk: results equal
+  /// `beam_search` / `dipr_search` id for id. Larger values cut the sequential steps of a
+  /// search (the GPU's latency chain) at the price of some extra scoring; results then differ
+  /// from the CPU's in what the walk finds. Top-k expands the best `expand_width` unexpanded
+  /// pool entries together. DIPR expands the best unexpanded beam entries while there are any,
+  /// else the next in-range keys in discovery order that are still within beta of the best
+  /// (a flood of the in-range region without the CPU's best-first heap).
   int expand_width = 1;
   float beta = 1.0f;  ///< DIPR: range width in raw score units (unscaled q.k), finite, >= 0
   int l0 = 64;        ///< DIPR: exploration beam, 1..max_decode_search_L
@@ -84,6 +87,10 @@ struct decode_search_params {
   /// most max_decode_search_results. A search that reaches it stops (status bit
   /// `decode_status_capped`).
   int max_results = 0;
+  /// Expand at most the first `degree_cap` neighbours of each node (0 = all), >= 0; as
+  /// `beam_search_params::degree_cap` on the CPU (same results with expand_width 1): a sparser
+  /// subgraph of the same index, fewer rows scored per expansion.
+  int degree_cap = 0;
 };
 
 /// The queries of one launch. All pointers are device pointers; optional ones may be null.
@@ -171,7 +178,7 @@ void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
  *        keys' dim is kv.head_dim); kvsift::invalid_argument num_graphs > kv.num_kv_heads
  */
 template <class T>
-void decode_search(const graph_set_ref& set, const paged_kv_view<T>& kv,
+void decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
                    const decode_queries& queries, std::int64_t m, const decode_search_params& p,
                    const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
                    cudaStream_t stream);

@@ -20,7 +20,7 @@
 #include <kvsift/cuda/decode_search.cuh>
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/merge.cuh>
-#include <kvsift/cuda/paged_kv_view.cuh>
+#include <kvsift/cuda/paged_kv_ref.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
 
 namespace kvsift::cuda {
@@ -66,7 +66,7 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  *       head. Thread safety: no state; concurrent calls need separate workspaces and outputs.
  */
 template <class T>
-void decode_step(const graph_set_ref& set, const paged_kv_view<T>& kv, const float* q,
+void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                  int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p = {},
                  std::uint32_t* status = nullptr);

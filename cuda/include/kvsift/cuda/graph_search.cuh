@@ -52,16 +52,20 @@ struct graph_search_params {
   graph_metric metric = graph_metric::l2;
 };
 
-/// A device graph: n keys (row-major, stride `ld` elements) and an n x width adjacency, rows
-/// padded with invalid_id. T = float, __half or __nv_bfloat16.
+/// Device handle of one graph: n keys (row-major, stride `ld` elements) and an n x width adjacency,
+/// rows padded with invalid_id. T = float, __half or __nv_bfloat16.
 template <class T>
-struct device_graph {
+struct graph_ref {
   const T* keys = nullptr;
   std::int64_t n = 0, d = 0, ld = 0;
   const id_t* adjacency = nullptr;
   int width = 0;
   id_t entry = 0;
 };
+
+/// Former name of `graph_ref` (device handles are `*_ref`), kept for one release.
+template <class T>
+using device_graph [[deprecated("use kvsift::cuda::graph_ref")]] = graph_ref<T>;
 
 /// Device outputs of `graph_search` for m queries; any pointer may be null to skip it.
 struct graph_search_outputs {
@@ -96,7 +100,7 @@ inline std::size_t graph_search_workspace_size(std::int64_t n, std::int64_t m);
  *       separate workspaces.
  */
 template <class T>
-void graph_search(const device_graph<T>& g, const id_t* query_rows, std::int64_t m,
+void graph_search(const graph_ref<T>& g, const id_t* query_rows, std::int64_t m,
                   const graph_search_params& p, const graph_search_outputs& out, void* workspace,
                   std::size_t workspace_bytes, cudaStream_t stream);
 
@@ -120,11 +124,11 @@ class connectivity_searcher {
   connectivity_searcher& operator=(connectivity_searcher&&) noexcept;
 
   /**
-   * @brief Replaces rows: row `rows[i]` becomes flat[i * width, (i + 1) * width).
-   * @throw kvsift::invalid_argument flat.size() != rows.size() * width, a row id >= n, a
+   * @brief Replaces rows: row `rows[i]` becomes padded[i * width, (i + 1) * width).
+   * @throw kvsift::invalid_argument padded.size() != rows.size() * width, a row id >= n, a
    *        neighbour id >= n other than invalid_id (nothing is uploaded then)
    */
-  void set_rows(std::span<const id_t> rows, std::span<const id_t> flat);
+  void set_rows(std::span<const id_t> rows, std::span<const id_t> padded);
 
   /**
    * @brief For each key row x in `rows`: l2 beam search of pool L from `entry`, then RNG

@@ -26,14 +26,18 @@ namespace kvsift::cuda {
 /// Status bit set when a copy names a page beyond its pool (that copy is skipped).
 inline constexpr int gather_page_out_of_range = 1;
 
-/// Two page pools of `page_bytes`-sized pages: `host` (pinned) and `device`.
-struct page_pools {
+/// Device handle of two page pools of `page_bytes`-sized pages: `host` (pinned) and `device`.
+/// Trivially copyable; passed to the copy kernel by value.
+struct page_pools_ref {
   void* host = nullptr;  ///< pinned, device-accessible; host_pages pages
   std::uint64_t host_pages = 0;
   void* device = nullptr;  ///< device memory; device_pages pages
   std::uint64_t device_pages = 0;
   std::uint64_t page_bytes = 0;  ///< a positive multiple of 16; both bases 16-byte aligned
 };
+
+/// Former name of `page_pools_ref` (device handles are `*_ref`), kept for one release.
+using page_pools [[deprecated("use kvsift::cuda::page_pools_ref")]] = page_pools_ref;
 
 /// Launch tuning: blocks per SM of 256 threads (8 warps). Default good on Hopper.
 struct gather_policy {
@@ -50,14 +54,14 @@ struct gather_policy {
  * @note O(count * page_bytes), one launch; count == 0 launches nothing. Asynchronous.
  *       Overlapping destinations (one GPU page twice) are a race, as with memcpy.
  */
-void gather_pages(const page_copy* copies, std::uint64_t count, const page_pools& pools,
+void gather_pages(const page_copy* copies, std::uint64_t count, const page_pools_ref& pools,
                   int* status, cudaStream_t stream, const gather_policy& policy = {});
 
 /**
  * @brief The way back: copies device page copies[i].gpu_page to host page copies[i].cpu_page.
  * Same contract as gather_pages.
  */
-void scatter_pages(const page_copy* copies, std::uint64_t count, const page_pools& pools,
+void scatter_pages(const page_copy* copies, std::uint64_t count, const page_pools_ref& pools,
                    int* status, cudaStream_t stream, const gather_policy& policy = {});
 
 }  // namespace kvsift::cuda

@@ -10,7 +10,7 @@
 
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/merge.cuh>
-#include <kvsift/cuda/paged_kv_view.cuh>
+#include <kvsift/cuda/paged_kv_ref.cuh>
 
 namespace kvsift::cuda {
 
@@ -60,7 +60,7 @@ inline std::size_t sparse_attention_workspace_size(int num_qo_heads, int head_di
  *
  * @param q            device, [num_qo_heads][head_dim] f32 (q is tiny; f32 keeps it exact)
  * @param head_dim     head dim of q; must equal kv.head_dim and be 64, 128 or 256
- * @param kv           paged K/V pools and page table (see paged_kv_view)
+ * @param kv           paged K/V pools and page table (see paged_kv_ref)
  * @param token_indptr device, [num_qo_heads + 1], non-decreasing
  * @param token_ids    device, ids into the head's token sequence; each id must satisfy
  *                     0 <= id < kv.max_pages_per_head * kv.page_size and map to a valid page
@@ -81,7 +81,7 @@ inline std::size_t sparse_attention_workspace_size(int num_qo_heads, int head_di
  *       concurrent calls are safe when outputs and workspaces do not overlap.
  */
 template <class T>
-void sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_view<T>& kv,
+void sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
                       const std::int64_t* token_indptr, const std::int32_t* token_ids, float* out_o,
                       float* out_lse, void* workspace, std::size_t workspace_bytes,
                       cudaStream_t stream, const sparse_attention_params& params = {},

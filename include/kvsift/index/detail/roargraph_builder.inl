@@ -325,7 +325,8 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
             b.scores.resize(L);
             ws[t].query.resize(store.dim());
             detail::widen(store.row(x), ws[t].query.data(), store.dim());
-            const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L}, ws[t],
+            const auto s = beam_search(g, std::span<const float>(ws[t].query),
+                                       {L, L, params_.connectivity_degree_cap}, ws[t],
                                        std::span<id_t>(b.ids), std::span<float>(b.scores));
             scored[t] += s.distance_computations;
             for (std::size_t j = 0; j < s.count; ++j) {

@@ -17,14 +17,24 @@
 
 namespace kvsift::detail {
 
-/// Calls `visit(id)` for every not-yet-visited neighbour of `u` that passes `pred`. With a
+/// The first `degree_cap` (0 = all) out-neighbours of u: the rows every step of a capped walk
+/// sees, so a capped search is the search over the graph with its rows cut to the cap.
+template <Graph G>
+std::span<const id_t> capped_neighbors(const G& g, id_t u, std::size_t degree_cap) {
+  const std::span<const id_t> nbrs = g.neighbors(u);
+  return degree_cap != 0 && nbrs.size() > degree_cap ? nbrs.first(degree_cap) : nbrs;
+}
+
+/// Calls `visit(id)` for every not-yet-visited neighbour of `u` among its first `degree_cap`
+/// (0 = all) that passes `pred`. With a
 /// real filter, failing neighbours are walked through to their own neighbours (2 hops), and,
 /// as in ACORN, the passing nodes gathered per expansion are truncated to u's degree: without
 /// the cap a selective filter makes every expansion score up to degree^2 nodes, and the walk
 /// degenerates into scoring nearly every passing key.
 template <Graph G, Predicate P, class Visit>
-void expand(const G& g, id_t u, const P& pred, search_workspace& ws, Visit&& visit) {
-  const auto nbrs = g.neighbors(u);
+void expand(const G& g, id_t u, const P& pred, std::size_t degree_cap, search_workspace& ws,
+            Visit&& visit) {
+  const auto nbrs = capped_neighbors(g, u, degree_cap);
   if constexpr (std::is_same_v<P, no_filter>) {
     if constexpr (requires { g.prefetch(u); }) {
       // Two passes: first the visited-set tests (cheap, cached), prefetching each fresh
@@ -58,7 +68,7 @@ void expand(const G& g, id_t u, const P& pred, search_workspace& ws, Visit&& vis
       }
       // Failing node: marked, so its fan-out happens once. Failing second-hop nodes stay
       // unmarked: they may still be reached as a direct neighbour and be walked through then.
-      for (id_t w : g.neighbors(v)) {
+      for (id_t w : capped_neighbors(g, v, degree_cap)) {
         if (gathered >= cap) break;
         if (!ws.visited.contains(w) && pred(w)) {
           ws.visited.insert(w);
@@ -71,12 +81,13 @@ void expand(const G& g, id_t u, const P& pred, search_workspace& ws, Visit&& vis
 }
 
 /// Seeds a search: the graph's entry point plus `extra` ids. Seeds failing the predicate are
-/// walked through like failing neighbours. If no seed yields a passing node (a filter that
-/// excludes the whole neighbourhood of the entry), the first passing ids in id order are
-/// used, so a satisfiable filter never returns an empty answer by accident.
+/// walked through like failing neighbours (their first `degree_cap` ones, 0 = all). If no seed
+/// yields a passing node (a filter that excludes the whole neighbourhood of the entry), the first
+/// passing ids in id order are used, so a satisfiable filter never returns an empty answer by
+/// accident.
 template <Graph G, Predicate P, class Visit>
 void seed(const G& g, std::span<const id_t> extra, const P& pred, std::size_t fallback,
-          search_workspace& ws, Visit&& visit) {
+          std::size_t degree_cap, search_workspace& ws, Visit&& visit) {
   std::size_t seeded = 0;
   auto counted = [&](id_t id) {
     ++seeded;
@@ -89,7 +100,7 @@ void seed(const G& g, std::span<const id_t> extra, const P& pred, std::size_t fa
       counted(s);
     } else {
       ws.visited.insert(s);
-      for (id_t w : g.neighbors(s)) {
+      for (id_t w : capped_neighbors(g, s, degree_cap)) {
         if (!ws.visited.contains(w) && pred(w)) {
           ws.visited.insert(w);
           counted(w);

@@ -2,7 +2,7 @@
 // Kernel and host dispatch behind <kvsift/cuda/decode_search.cuh> (internal).
 //
 // One warp runs one search, as in graph_search.inl, whose pool order, scoring and in-place pool
-// merge (`gs_merge`) it shares. Per warp, shared memory holds the query (f32), the pool (L for
+// merge (`walk_merge`) it shares. Per warp, shared memory holds the query (f32), the pool (L for
 // top-k, l0 for DIPR) and two candidate lists of max(width, 32) entries; per concurrently
 // running search, global memory (L2 in practice) holds a visited bitset and, for DIPR, an
 // expanded bitset, the in-range max-heap and the in-range list the answer is filtered from.
@@ -44,7 +44,7 @@ struct ds_dense_source {
 /// page id outside the pool (the caller flags it).
 template <class T>
 struct ds_paged_source {
-  paged_kv_view<T> kv;
+  paged_kv_ref<T> kv;
   __device__ const T* row(int g, std::int64_t, std::uint32_t id) const {
     const std::int32_t page =
         kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + id / kv.page_size];
@@ -65,11 +65,12 @@ struct ds_config {
   float beta = 0.0f;
   int expand = 1;               // top-k: pool entries expanded per step
   int inc = 0;                  // candidate list length, max(width, 32) * expand
+  int cols = 0;                 // neighbours read per row: the width, or degree_cap if smaller
   int words = 0;                // visited bitset words (multiple of 4)
   std::int64_t slot_words = 0;  // uint32 words of workspace per running search
   int slots = 0;
   int d = 0;
-  gs_layout lay{};
+  walk_layout lay{};
   bool vec = false;
 };
 
@@ -87,7 +88,10 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
         p.max_results == 0 || (p.max_results >= p.l0 && p.max_results <= max_decode_search_results),
         who, ": expected l0 = ", p.l0, " <= max_results <= ", max_decode_search_results,
         " (or 0 for 64 * l0), got ", p.max_results);
+    require(p.expand_width >= 1 && p.expand_width <= 8, who,
+            ": expected 1 <= expand_width <= 8, got ", p.expand_width);
     c.pool = p.l0;
+    c.expand = p.expand_width;
     c.capacity =
         p.max_results != 0 ? p.max_results : std::min(64 * p.l0, max_decode_search_results);
     c.beta = p.beta;
@@ -105,15 +109,17 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
   }
   require(set.width >= 1 && set.width <= max_graph_search_width, who,
           ": expected 1 <= adjacency width <= ", max_graph_search_width, ", got ", set.width);
-  require(set.max_keys > 0 && set.max_keys < std::int64_t{gs_expanded}, who,
-          ": expected 1 <= max_keys < ", gs_expanded, ", got ", set.max_keys);
+  require(set.max_keys > 0 && set.max_keys < std::int64_t{walk_expanded}, who,
+          ": expected 1 <= max_keys < ", walk_expanded, ", got ", set.max_keys);
   require(m > 0 && m <= std::int64_t{INT_MAX}, who, ": expected 1 <= queries <= ", INT_MAX,
           ", got ", m);
+  require(p.degree_cap >= 0, who, ": expected degree_cap >= 0 (0 = all), got ", p.degree_cap);
+  c.cols = p.degree_cap == 0 ? set.width : std::min(set.width, p.degree_cap);
   c.inc = std::max(set.width, 32) * c.expand;
-  c.words = static_cast<int>(gs_words(set.max_keys));
+  c.words = static_cast<int>(walk_words(set.max_keys));
   const std::int64_t cap_even = (c.capacity + 1) / 2 * 2;  // 16-byte aligned lists
   c.slot_words = c.words + (dipr ? c.words + 2 * 2 * cap_even : 0);
-  c.slots = static_cast<int>(gs_slots(m));
+  c.slots = static_cast<int>(walk_slots(m));
   return c;
 }
 
@@ -134,16 +140,16 @@ __device__ __forceinline__ void ds_score_pair(const float* q, const T* __restric
       load_vec(b + j, y);
 #pragma unroll
       for (int t = 0; t < V; ++t) {
-        acc_a = gs_accumulate<L2>(acc_a, q[j + t], x[t]);
-        acc_b = gs_accumulate<L2>(acc_b, q[j + t], y[t]);
+        acc_a = walk_accumulate<L2>(acc_a, q[j + t], x[t]);
+        acc_b = walk_accumulate<L2>(acc_b, q[j + t], y[t]);
       }
     }
     sa = acc_a;
     sb = acc_b;
     return;
   }
-  if (a != nullptr) sa = gs_score<L2>(q, a, d, vec);
-  if (b != nullptr) sb = gs_score<L2>(q, b, d, vec);
+  if (a != nullptr) sa = walk_score<L2>(q, a, d, vec);
+  if (b != nullptr) sb = walk_score<L2>(q, b, d, vec);
 }
 
 /// Inclusive prefix maximum over the warp's lanes.
@@ -164,25 +170,25 @@ __device__ __forceinline__ float ds_warp_max(float x) {
 }
 
 /// Max-heap (ranks_before order) in global memory, operated by one lane.
-__device__ inline void ds_heap_push(gs_entry* h, int& n, gs_entry e) {
+__device__ inline void ds_heap_push(walk_entry* h, int& n, walk_entry e) {
   int i = n++;
   while (i > 0) {
     const int parent = (i - 1) >> 1;
-    if (!gs_better(e.key, e.id, h[parent].key, h[parent].id)) break;
+    if (!walk_better(e.key, e.id, h[parent].key, h[parent].id)) break;
     h[i] = h[parent];
     i = parent;
   }
   h[i] = e;
 }
 
-__device__ inline void ds_heap_pop(gs_entry* h, int& n) {
-  const gs_entry last = h[--n];
+__device__ inline void ds_heap_pop(walk_entry* h, int& n) {
+  const walk_entry last = h[--n];
   int i = 0;
   for (;;) {
     int c = 2 * i + 1;
     if (c >= n) break;
-    if (c + 1 < n && gs_better(h[c + 1].key, h[c + 1].id, h[c].key, h[c].id)) ++c;
-    if (!gs_better(h[c].key, h[c].id, last.key, last.id)) break;
+    if (c + 1 < n && walk_better(h[c + 1].key, h[c + 1].id, h[c].key, h[c].id)) ++c;
+    if (!walk_better(h[c].key, h[c].id, last.key, last.id)) break;
     h[i] = h[c];
     i = c;
   }
@@ -209,16 +215,17 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
   if (slot >= c.slots) return;  // warp-level only: the kernel has no block barrier
   unsigned char* base_smem = ds_smem + static_cast<std::size_t>(warp) * c.lay.warp_bytes;
   float* const q = reinterpret_cast<float*>(base_smem);
-  gs_entry* const pool = reinterpret_cast<gs_entry*>(q + c.lay.d_pad);
-  gs_entry* const inc = pool + c.pool;
-  gs_entry* const srt = inc + c.inc;
+  walk_entry* const pool = reinterpret_cast<walk_entry*>(q + c.lay.d_pad);
+  walk_entry* const inc = pool + c.pool;
+  walk_entry* const srt = inc + c.inc;
   std::uint32_t* const visited = ws + static_cast<std::size_t>(slot) * c.slot_words;
   std::uint32_t* const expanded = visited + c.words;
-  gs_entry* const heap = reinterpret_cast<gs_entry*>(expanded + c.words);
-  gs_entry* const range = heap + (c.capacity + 1) / 2 * 2;
+  walk_entry* const heap = reinterpret_cast<walk_entry*>(expanded + c.words);
+  walk_entry* const range = heap + (c.capacity + 1) / 2 * 2;
   const unsigned lower_lanes = (1u << lane) - 1u;
   const int d = c.d;
-  const int width = set.width;
+  const int width = set.width;  // row stride of the adjacency
+  const int cols = c.cols;      // neighbours read per row (degree_cap)
   std::uint32_t status = 0;
 
   for (int qi = slot; qi < m; qi += c.slots) {
@@ -252,7 +259,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           ok = false;
         } else if (!isnan(s)) {
           seeded = true;
-          best = gs_key<L2>(s);
+          best = walk_key<L2>(s);
         }
       }
     }
@@ -268,6 +275,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     const bool run = ok && finite && n > 0;
     int cnt = 0;         // pool entries
     int rn = 0, hn = 0;  // DIPR: in-range list and heap entries
+    int rc = 0;          // DIPR, expand_width > 1: in-range entries examined for expansion
     bool capped = false;
     std::uint32_t scored = 0;
 
@@ -295,15 +303,15 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
         float sa = 0.0f, sb = 0.0f;
         ds_score_pair<L2>(q, ra, rb, d, c.vec, sa, sb);
-        if (ja < nv) inc[ja].key = ra != nullptr ? gs_key<L2>(sa) : neg_inf();
-        if (jb < nv) inc[jb].key = rb != nullptr ? gs_key<L2>(sb) : neg_inf();
+        if (ja < nv) inc[ja].key = ra != nullptr ? walk_key<L2>(sa) : neg_inf();
+        if (jb < nv) inc[jb].key = rb != nullptr ? walk_key<L2>(sb) : neg_inf();
       }
       __syncwarp();
       if constexpr (Dipr) {
         for (int j0 = 0; j0 < nv; j0 += 32) {
           const int j = j0 + lane;
           const bool live = j < nv && !capped;
-          const gs_entry e = live ? inc[j] : gs_entry{neg_inf(), invalid_id};
+          const walk_entry e = live ? inc[j] : walk_entry{neg_inf(), invalid_id};
           const float run_best = fmaxf(best, ds_prefix_max(e.key, lane));
           const bool in_range = live && e.key >= run_best - c.beta;
           const unsigned rb = __ballot_sync(full, in_range);
@@ -321,7 +329,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           const bool take = in_range && lane <= last_lane;
           const unsigned tb = __ballot_sync(full, take);
           if (take) range[rn + __popc(tb & lower_lanes)] = e;
-          if (lane == 0) {
+          if (lane == 0 && c.expand == 1) {  // the wider walk reads the list, not the heap
             for (unsigned b = tb; b != 0u; b &= b - 1) {
               ds_heap_push(heap, hn, inc[j0 + __ffs(b) - 1]);
             }
@@ -335,7 +343,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       } else {
         scored += static_cast<std::uint32_t>(nv);
       }
-      cnt = gs_merge(pool, cnt, c.pool, inc, srt, nv, lane);
+      cnt = walk_merge(pool, cnt, c.pool, inc, srt, nv, lane);
     };
 
     // The 2-hop walk-through of a filtered-out node v: its unvisited passing neighbours, at
@@ -343,11 +351,11 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     auto through = [&](std::uint32_t v, int at, int room) {
       const id_t* nb = adj + static_cast<std::size_t>(v) * width;
       int got = 0;
-      for (int r0 = 0; r0 < width && (room < 0 || got < room); r0 += 32) {
+      for (int r0 = 0; r0 < cols && (room < 0 || got < room); r0 += 32) {
         const int r = r0 + lane;
         std::uint32_t w = invalid_id;
         bool cand = false;
-        if (r < width) {
+        if (r < cols) {
           w = nb[r];
           if (w != invalid_id && w >= static_cast<std::uint32_t>(n)) {
             status |= decode_status_bad_id;
@@ -382,7 +390,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
 #pragma unroll
         for (int t = 0; t < rounds; ++t) {
           const int r = t * 32 + lane;
-          v[t] = r < width ? nbrs[r] : invalid_id;
+          v[t] = r < cols ? nbrs[r] : invalid_id;
         }
 #pragma unroll
         for (int t = 0; t < rounds; ++t) {
@@ -395,7 +403,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
 #pragma unroll
         for (int t = 0; t < rounds; ++t) {
-          if (t * 32 >= width) continue;  // (not break: the loop stays fully unrolled)
+          if (t * 32 >= cols) continue;  // (not break: the loop stays fully unrolled)
           const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
           const unsigned b = __ballot_sync(full, fresh);
           if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v[t];
@@ -405,10 +413,10 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         return fresh_n;
       } else {
         // The row's degree (ids before the padding) caps what one expansion gathers (ACORN).
-        int deg = width;
-        for (int r0 = 0; r0 < width; r0 += 32) {
+        int deg = cols;
+        for (int r0 = 0; r0 < cols; r0 += 32) {
           const int r = r0 + lane;
-          const unsigned b = __ballot_sync(full, r < width && nbrs[r] == invalid_id);
+          const unsigned b = __ballot_sync(full, r < cols && nbrs[r] == invalid_id);
           if (b != 0u) {
             deg = r0 + __ffs(b) - 1;
             break;
@@ -503,7 +511,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         if (capped) break;
         int pick = INT_MAX;
         for (int i = lane; i < cnt; i += 32) {
-          if ((pool[i].id & gs_expanded) == 0u) {
+          if ((pool[i].id & walk_expanded) == 0u) {
             pick = i;
             break;
           }
@@ -511,13 +519,68 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         pick = __reduce_min_sync(full, pick);
         std::uint32_t next = invalid_id;
         if constexpr (Dipr) {
+          if (c.expand > 1) {
+            // The wider DIPR walk: the best `expand` unexpanded beam entries while there are
+            // any, else the next `expand` in-range entries in discovery order that are still
+            // within beta of the best and not yet expanded, their fresh neighbours visited as
+            // one batch. Fewer sequential steps and no heap; the in-range region is flooded
+            // in another order than the CPU's best-first one, so results may differ from it.
+            int nv = 0;
+            int took = 0;
+            const bool from_beam = pick != INT_MAX;  // a batch is beam entries or range entries
+            while (took < c.expand && !capped) {
+              std::uint32_t u = invalid_id;
+              if (from_beam) {
+                if (pick == INT_MAX) break;
+                u = pool[pick].id;
+                __syncwarp();
+                if (lane == 0) pool[pick].id = u | walk_expanded;
+                __syncwarp();
+                int after = INT_MAX;
+                for (int i = pick + 1 + lane; i < cnt; i += 32) {
+                  if ((pool[i].id & walk_expanded) == 0u) {
+                    after = i;
+                    break;
+                  }
+                }
+                pick = __reduce_min_sync(full, after);
+              } else {
+                // The next in-range entry from the cursor that is still in range.
+                const float threshold = best - c.beta;
+                int found = -1;
+                while (rc < rn) {
+                  const int j = rc + lane;
+                  const bool cand =
+                      j < rn && range[j].key >= threshold && !ds_test(expanded, range[j].id);
+                  const unsigned b = __ballot_sync(full, cand);
+                  if (b != 0u) {
+                    found = rc + __ffs(b) - 1;
+                    rc = found + 1;
+                    break;
+                  }
+                  rc = min(rc + 32, rn);
+                }
+                if (found < 0) break;
+                u = range[found].id;
+              }
+              std::uint32_t was = 0;
+              if (lane == 0) was = atomicOr(&expanded[u >> 5], 1u << (u & 31u));
+              was = __shfl_sync(full, was, 0);
+              ++took;
+              if ((was >> (u & 31u)) & 1u) continue;  // reached through both parts
+              nv += expand(u, nv);
+            }
+            if (took == 0) break;
+            if (nv > 0) visit(nv);
+            continue;
+          }
           const bool beam = pick != INT_MAX;
-          const gs_entry top = hn > 0 ? heap[0] : gs_entry{neg_inf(), invalid_id};
+          const walk_entry top = hn > 0 ? heap[0] : walk_entry{neg_inf(), invalid_id};
           const bool in_range = hn > 0 && top.key >= best - c.beta;
           if (beam && (!in_range || pool[pick].key >= top.key)) {
             next = pool[pick].id;
             __syncwarp();
-            if (lane == 0) pool[pick].id = next | gs_expanded;
+            if (lane == 0) pool[pick].id = next | walk_expanded;
           } else if (in_range) {
             next = top.id;
             __syncwarp();
@@ -539,12 +602,12 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           for (int e = 0; e < c.expand; ++e) {
             const std::uint32_t u = pool[pick].id;
             __syncwarp();
-            if (lane == 0) pool[pick].id = u | gs_expanded;
+            if (lane == 0) pool[pick].id = u | walk_expanded;
             __syncwarp();
             nv += expand(u, nv);
             int after = INT_MAX;
             for (int i = pick + 1 + lane; i < cnt; i += 32) {
-              if ((pool[i].id & gs_expanded) == 0u) {
+              if ((pool[i].id & walk_expanded) == 0u) {
                 after = i;
                 break;
               }
@@ -586,7 +649,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     } else {
       count = min(c.k, cnt);
       for (int i = lane; i < count; i += 32) {
-        out.ids[row0 + i] = pool[i].id & ~gs_expanded;
+        out.ids[row0 + i] = pool[i].id & ~walk_expanded;
         if (out.scores != nullptr) out.scores[row0 + i] = L2 ? -pool[i].key : pool[i].key;
       }
     }
@@ -692,7 +755,7 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   c.vec = vec;
   c.lay.d_pad = (dim + 3) / 4 * 4;
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(c.lay.d_pad) +
-                            sizeof(gs_entry) * (static_cast<std::size_t>(c.pool) + 2 * c.inc);
+                            sizeof(walk_entry) * (static_cast<std::size_t>(c.pool) + 2 * c.inc);
   c.lay.warp_bytes = static_cast<int>((bytes + 15) / 16 * 16);
   const std::size_t smem = static_cast<std::size_t>(c.lay.warp_bytes) * ds_warps_per_block;
   int smem_max = 0;
@@ -761,7 +824,7 @@ void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
 }
 
 template <class T>
-void decode_search(const graph_set_ref& set, const paged_kv_view<T>& kv,
+void decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
                    const decode_queries& queries, std::int64_t m, const decode_search_params& p,
                    const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
                    cudaStream_t stream) {

@@ -110,7 +110,7 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
 }
 
 template <class T>
-void decode_step(const graph_set_ref& set, const paged_kv_view<T>& kv, const float* q,
+void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                  int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
                  std::uint32_t* status) {

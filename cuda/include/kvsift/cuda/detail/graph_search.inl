@@ -28,9 +28,11 @@
 
 namespace kvsift::cuda::detail {
 
-inline constexpr int gs_warps_per_block = 4;
-inline constexpr std::int64_t gs_max_slots = 8192;  // searches running at once (bitsets)
-inline constexpr std::uint32_t gs_expanded = 0x80000000u;
+// walk_*: the pieces of the warp-per-search graph walk (pool entries, their order, scoring, the
+// in-place pool merge, the shared-memory layout) that decode_search.inl reuses.
+inline constexpr int walk_warps_per_block = 4;
+inline constexpr std::int64_t walk_max_slots = 8192;  // searches running at once (bitsets)
+inline constexpr std::uint32_t walk_expanded = 0x80000000u;
 
 /// Host element type -> the CUDA type of the same bits.
 template <class T>
@@ -50,25 +52,26 @@ __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-struct gs_entry {
+struct walk_entry {
   float key;         // larger is better
   std::uint32_t id;  // bit 31: expanded
 };
 
 /// The pool order: higher key first, ties to the lower id (the expanded flag is ignored).
-__device__ __forceinline__ bool gs_better(float ka, std::uint32_t ia, float kb, std::uint32_t ib) {
-  ia &= ~gs_expanded;
-  ib &= ~gs_expanded;
+__device__ __forceinline__ bool walk_better(float ka, std::uint32_t ia, float kb,
+                                            std::uint32_t ib) {
+  ia &= ~walk_expanded;
+  ib &= ~walk_expanded;
   return ka > kb || (ka == kb && ia < ib);
 }
 
 /// Entries of a[0, len) (sorted best first) that rank before (k, i).
-__device__ __forceinline__ int gs_count_better(const gs_entry* a, int len, float k,
-                                               std::uint32_t i) {
+__device__ __forceinline__ int walk_count_better(const walk_entry* a, int len, float k,
+                                                 std::uint32_t i) {
   int lo = 0, hi = len;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    if (gs_better(a[mid].key, a[mid].id, k, i)) {
+    if (walk_better(a[mid].key, a[mid].id, k, i)) {
       lo = mid + 1;
     } else {
       hi = mid;
@@ -78,10 +81,10 @@ __device__ __forceinline__ int gs_count_better(const gs_entry* a, int len, float
 }
 
 template <bool L2>
-__device__ __forceinline__ float gs_accumulate(float acc, float a, float b) {
+__device__ __forceinline__ float walk_accumulate(float acc, float a, float b) {
   if constexpr (L2) {
-    const float df = a - b;
-    return fmaf(df, df, acc);
+    const float dpad = a - b;
+    return fmaf(dpad, dpad, acc);
   } else {
     return fmaf(a, b, acc);
   }
@@ -89,7 +92,7 @@ __device__ __forceinline__ float gs_accumulate(float acc, float a, float b) {
 
 /// Raw score of a f32 query (shared memory) against a key row.
 template <bool L2, class T>
-__device__ float gs_score(const float* q, const T* __restrict__ row, int d, bool vec) {
+__device__ float walk_score(const float* q, const T* __restrict__ row, int d, bool vec) {
   float acc = 0.0f;
   if (vec) {
     constexpr int V = vec_size_v<T>;
@@ -100,17 +103,18 @@ __device__ float gs_score(const float* q, const T* __restrict__ row, int d, bool
       float x[V];
       load_vec(row + j, x);
 #pragma unroll
-      for (int t = 0; t < V; ++t) acc = gs_accumulate<L2>(acc, q[j + t], x[t]);
+      for (int t = 0; t < V; ++t) acc = walk_accumulate<L2>(acc, q[j + t], x[t]);
     }
   } else {
-    for (int j = 0; j < d; ++j) acc = gs_accumulate<L2>(acc, q[j], to_f32(row[j]));
+    for (int j = 0; j < d; ++j) acc = walk_accumulate<L2>(acc, q[j], to_f32(row[j]));
   }
   return acc;
 }
 
 /// Raw score between two key rows.
 template <bool L2, class T>
-__device__ float gs_score_rows(const T* __restrict__ a, const T* __restrict__ b, int d, bool vec) {
+__device__ float walk_score_rows(const T* __restrict__ a, const T* __restrict__ b, int d,
+                                 bool vec) {
   float acc = 0.0f;
   if (vec) {
     constexpr int V = vec_size_v<T>;
@@ -120,17 +124,17 @@ __device__ float gs_score_rows(const T* __restrict__ a, const T* __restrict__ b,
       load_vec(a + j, x);
       load_vec(b + j, y);
 #pragma unroll
-      for (int t = 0; t < V; ++t) acc = gs_accumulate<L2>(acc, x[t], y[t]);
+      for (int t = 0; t < V; ++t) acc = walk_accumulate<L2>(acc, x[t], y[t]);
     }
   } else {
-    for (int j = 0; j < d; ++j) acc = gs_accumulate<L2>(acc, to_f32(a[j]), to_f32(b[j]));
+    for (int j = 0; j < d; ++j) acc = walk_accumulate<L2>(acc, to_f32(a[j]), to_f32(b[j]));
   }
   return acc;
 }
 
 /// Rank key of a raw score (NaN ranks last), as `kvsift::to_key`.
 template <bool L2>
-__device__ __forceinline__ float gs_key(float s) {
+__device__ __forceinline__ float walk_key(float s) {
   if (isnan(s)) return neg_inf();
   return L2 ? -s : s;
 }
@@ -147,8 +151,8 @@ __device__ __forceinline__ float gs_key(float s) {
 /// down, each read whole before any lane writes: a write lands in the chunk itself or in
 /// chunks already moved, never on an entry not yet read. Final positions are distinct, so the
 /// survivors' writes come last without clobbering moved entries.
-__device__ inline int gs_merge(gs_entry* pool, int cnt, int L, gs_entry* inc, gs_entry* srt, int n,
-                               int lane) {
+__device__ inline int walk_merge(walk_entry* pool, int cnt, int L, walk_entry* inc, walk_entry* srt,
+                                 int n, int lane) {
   constexpr unsigned full = 0xffffffffu;
   const bool is_full = cnt == L;
   const float worst_key = is_full ? pool[L - 1].key : 0.0f;
@@ -161,11 +165,11 @@ __device__ inline int gs_merge(gs_entry* pool, int cnt, int L, gs_entry* inc, gs
   int keep_n = 0;
   for (int j0 = 0; j0 < n; j0 += 32) {
     const int j = j0 + lane;
-    gs_entry e{0.0f, invalid_id};
+    walk_entry e{0.0f, invalid_id};
     bool keep = false;
     if (j < n) {
       e = inc[j];
-      keep = e.id != invalid_id && (!is_full || gs_better(e.key, e.id, worst_key, worst_id));
+      keep = e.id != invalid_id && (!is_full || walk_better(e.key, e.id, worst_key, worst_id));
     }
     const unsigned b = __ballot_sync(full, keep);
     __syncwarp();
@@ -175,26 +179,26 @@ __device__ inline int gs_merge(gs_entry* pool, int cnt, int L, gs_entry* inc, gs
   }
   if (keep_n == 0) return cnt;
   for (int j = lane; j < keep_n; j += 32) {
-    const gs_entry e = inc[j];
+    const walk_entry e = inc[j];
     int rank = 0;
     for (int i = 0; i < keep_n; ++i) {
-      const gs_entry o = inc[i];
-      rank += gs_better(o.key, o.id, e.key, e.id) ? 1 : 0;
+      const walk_entry o = inc[i];
+      rank += walk_better(o.key, o.id, e.key, e.id) ? 1 : 0;
     }
     srt[rank] = e;
   }
   __syncwarp();
   for (int j = lane; j < keep_n; j += 32) {
-    inc[j].id = static_cast<std::uint32_t>(j + gs_count_better(pool, cnt, srt[j].key, srt[j].id));
+    inc[j].id = static_cast<std::uint32_t>(j + walk_count_better(pool, cnt, srt[j].key, srt[j].id));
   }
   __syncwarp();
   for (int c0 = (cnt - 1) / 32 * 32; c0 >= 0; c0 -= 32) {
     const int i = c0 + lane;
-    gs_entry e{};
+    walk_entry e{};
     int pos = L;
     if (i < cnt) {
       e = pool[i];
-      pos = i + gs_count_better(srt, keep_n, e.key, e.id);
+      pos = i + walk_count_better(srt, keep_n, e.key, e.id);
     }
     __syncwarp();
     if (pos < L) pool[pos] = e;
@@ -208,42 +212,42 @@ __device__ inline int gs_merge(gs_entry* pool, int cnt, int L, gs_entry* inc, gs
   return min(L, cnt + keep_n);
 }
 
-struct gs_layout {
+struct walk_layout {
   int d_pad = 0;       // floats of the query, multiple of 4
   int warp_bytes = 0;  // shared memory per warp, multiple of 16
 };
 
-inline gs_layout gs_shared_layout(std::int64_t d, int L, int width, int degree) {
-  gs_layout l;
+inline walk_layout walk_shared_layout(std::int64_t d, int L, int width, int degree) {
+  walk_layout l;
   l.d_pad = static_cast<int>((d + 3) / 4 * 4);
   const std::size_t bytes =
       sizeof(float) * static_cast<std::size_t>(l.d_pad) +
-      sizeof(gs_entry) * (2 * static_cast<std::size_t>(L) + 2 * static_cast<std::size_t>(width)) +
+      sizeof(walk_entry) * (2 * static_cast<std::size_t>(L) + 2 * static_cast<std::size_t>(width)) +
       sizeof(std::uint32_t) * static_cast<std::size_t>(std::max(degree, 1));
   l.warp_bytes = static_cast<int>((bytes + 15) / 16 * 16);
   return l;
 }
 
 /// Bitset words per search, a multiple of 4 so that each bitset is 16-byte aligned.
-inline std::int64_t gs_words(std::int64_t n) { return ((n + 31) / 32 + 3) / 4 * 4; }
+inline std::int64_t walk_words(std::int64_t n) { return ((n + 31) / 32 + 3) / 4 * 4; }
 
-inline std::int64_t gs_slots(std::int64_t m) { return std::min(m, gs_max_slots); }
+inline std::int64_t walk_slots(std::int64_t m) { return std::min(m, walk_max_slots); }
 
 template <class T, bool L2>
-__global__ void __launch_bounds__(gs_warps_per_block * 32)
-    graph_search_kernel(device_graph<T> g, const id_t* __restrict__ query_rows, int m, int L,
+__global__ void __launch_bounds__(walk_warps_per_block * 32)
+    graph_search_kernel(graph_ref<T> g, const id_t* __restrict__ query_rows, int m, int L,
                         int degree, graph_search_outputs out, std::uint32_t* visited_all, int words,
-                        bool vec, gs_layout lay, int slots) {
-  extern __shared__ __align__(16) unsigned char gs_smem[];
+                        bool vec, walk_layout lay, int slots) {
+  extern __shared__ __align__(16) unsigned char walk_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int slot = static_cast<int>(blockIdx.x) * gs_warps_per_block + warp;
+  const int slot = static_cast<int>(blockIdx.x) * walk_warps_per_block + warp;
   if (slot >= slots) return;  // warp-level only: the kernel has no block barrier
-  unsigned char* base = gs_smem + static_cast<std::size_t>(warp) * lay.warp_bytes;
+  unsigned char* base = walk_smem + static_cast<std::size_t>(warp) * lay.warp_bytes;
   float* q = reinterpret_cast<float*>(base);
-  gs_entry* const pool = reinterpret_cast<gs_entry*>(q + lay.d_pad);
-  gs_entry* const inc = pool + L;
-  gs_entry* const srt = inc + g.width;
+  walk_entry* const pool = reinterpret_cast<walk_entry*>(q + lay.d_pad);
+  walk_entry* const inc = pool + L;
+  walk_entry* const srt = inc + g.width;
   std::uint32_t* const kept = reinterpret_cast<std::uint32_t*>(srt + g.width);
   std::uint32_t* const dropped = kept + max(degree, 1);
   std::uint32_t* const visited = visited_all + static_cast<std::size_t>(slot) * words;
@@ -262,7 +266,7 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
 
     if (lane == 0) {
       atomicOr(&visited[g.entry >> 5], 1u << (g.entry & 31u));
-      pool[0] = {gs_key<L2>(gs_score<L2>(q, row_of(g.entry), d, vec)), g.entry};
+      pool[0] = {walk_key<L2>(walk_score<L2>(q, row_of(g.entry), d, vec)), g.entry};
     }
     int cnt = 1;
     std::uint32_t scored = 1;
@@ -272,7 +276,7 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
       // The best unexpanded entry: each lane's first in its stride, then the warp minimum.
       int first = INT_MAX;
       for (int i = lane; i < cnt; i += 32) {
-        if ((pool[i].id & gs_expanded) == 0u) {
+        if ((pool[i].id & walk_expanded) == 0u) {
           first = i;
           break;
         }
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
       if (first == INT_MAX) break;
       const std::uint32_t u = pool[first].id;
       __syncwarp();
-      if (lane == 0) pool[first].id = u | gs_expanded;
+      if (lane == 0) pool[first].id = u | walk_expanded;
 
       // Unvisited neighbours of u, compacted into inc[0, fresh_n).
       int fresh_n = 0;
@@ -306,18 +310,19 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
       // Score them, then merge the survivors into the pool.
       for (int j = lane; j < fresh_n; j += 32) {
         const std::uint32_t v = inc[j].id;
-        inc[j].key = gs_key<L2>(gs_score<L2>(q, row_of(v), d, vec));
+        inc[j].key = walk_key<L2>(walk_score<L2>(q, row_of(v), d, vec));
       }
       scored += static_cast<std::uint32_t>(fresh_n);
       __syncwarp();
-      cnt = gs_merge(pool, cnt, L, inc, srt, fresh_n, lane);
+      cnt = walk_merge(pool, cnt, L, inc, srt, fresh_n, lane);
     }
 
     const std::size_t row0 = static_cast<std::size_t>(qi) * L;
     if (out.ids != nullptr || out.scores != nullptr) {
       for (int i = lane; i < L; i += 32) {
         const bool have = i < cnt;
-        if (out.ids != nullptr) out.ids[row0 + i] = have ? (pool[i].id & ~gs_expanded) : invalid_id;
+        if (out.ids != nullptr)
+          out.ids[row0 + i] = have ? (pool[i].id & ~walk_expanded) : invalid_id;
         if (out.scores != nullptr) {
           const float worst = L2 ? -neg_inf() : neg_inf();
           out.scores[row0 + i] = have ? (L2 ? -pool[i].key : pool[i].key) : worst;
@@ -336,7 +341,7 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
       // only the first `degree` are remembered.
       int nk = 0, nd = 0;
       for (int i = 0; i < cnt && nk < degree; ++i) {
-        const std::uint32_t c = pool[i].id & ~gs_expanded;
+        const std::uint32_t c = pool[i].id & ~walk_expanded;
         if (c == self) continue;
         const float ck = pool[i].key;
         bool drop = false;
@@ -344,7 +349,7 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
           const int k = k0 + lane;
           bool closer = false;
           if (k < nk)
-            closer = gs_key<L2>(gs_score_rows<L2>(row_of(c), row_of(kept[k]), d, vec)) > ck;
+            closer = walk_key<L2>(walk_score_rows<L2>(row_of(c), row_of(kept[k]), d, vec)) > ck;
           drop = __any_sync(full, closer);
         }
         if (lane == 0) {
@@ -377,16 +382,16 @@ __global__ void __launch_bounds__(gs_warps_per_block * 32)
   }
 }
 
-/// adjacency[rows[i] * width + j] = flat[i * width + j]. (A template, so that the header-only
+/// adjacency[rows[i] * width + j] = padded[i * width + j]. (A template, so that the header-only
 /// kernel has one definition however many translation units include it.)
 template <class Id>
-__global__ void gs_scatter_rows_kernel(Id* adjacency, int width, const Id* rows, const Id* flat,
-                                       std::int64_t count) {
+__global__ void scatter_rows_kernel(Id* adjacency, int width, const Id* rows, const Id* padded,
+                                    std::int64_t count) {
   const std::int64_t total = count * width;
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t i = t / width, j = t % width;
-    adjacency[static_cast<std::int64_t>(rows[i]) * width + j] = flat[t];
+    adjacency[static_cast<std::int64_t>(rows[i]) * width + j] = padded[t];
   }
 }
 
@@ -397,20 +402,20 @@ namespace kvsift::cuda {
 inline std::size_t graph_search_workspace_size(std::int64_t n, std::int64_t m) {
   kvsift::detail::require(n > 0, "graph_search: expected a non-empty key set, got ", n, " keys");
   kvsift::detail::require(m > 0, "graph_search: expected at least one query, got ", m);
-  return static_cast<std::size_t>(detail::gs_slots(m) * detail::gs_words(n)) *
+  return static_cast<std::size_t>(detail::walk_slots(m) * detail::walk_words(n)) *
          sizeof(std::uint32_t);
 }
 
 template <class T>
-void graph_search(const device_graph<T>& g, const id_t* query_rows, std::int64_t m,
+void graph_search(const graph_ref<T>& g, const id_t* query_rows, std::int64_t m,
                   const graph_search_params& p, const graph_search_outputs& out, void* workspace,
                   std::size_t workspace_bytes, cudaStream_t stream) {
   static_assert(detail::is_supported_element_v<T>,
                 "graph_search: keys must be float, __half or __nv_bfloat16");
   using kvsift::detail::require;
   require(g.n > 0, "graph_search: expected a non-empty key set, got ", g.n, " keys");
-  require(g.n < std::int64_t{detail::gs_expanded}, "graph_search: at most ",
-          detail::gs_expanded - 1, " keys supported, got ", g.n);
+  require(g.n < std::int64_t{detail::walk_expanded}, "graph_search: at most ",
+          detail::walk_expanded - 1, " keys supported, got ", g.n);
   require(g.d > 0, "graph_search: expected a positive dimension, got ", g.d);
   require(g.ld >= g.d, "graph_search: expected a row stride >= d = ", g.d, ", got ", g.ld);
   require(g.width >= 1 && g.width <= max_graph_search_width,
@@ -443,8 +448,8 @@ void graph_search(const device_graph<T>& g, const id_t* query_rows, std::int64_t
     if (o != nullptr) detail::require_device_pointer(o, device, "graph_search", "an output");
   }
 
-  const detail::gs_layout lay = detail::gs_shared_layout(g.d, p.L, g.width, p.degree);
-  const std::size_t smem = static_cast<std::size_t>(lay.warp_bytes) * detail::gs_warps_per_block;
+  const detail::walk_layout lay = detail::walk_shared_layout(g.d, p.L, g.width, p.degree);
+  const std::size_t smem = static_cast<std::size_t>(lay.warp_bytes) * detail::walk_warps_per_block;
   int smem_max = 0;
   KVSIFT_CUDA_CHECK(
       cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
@@ -453,14 +458,14 @@ void graph_search(const device_graph<T>& g, const id_t* query_rows, std::int64_t
           " bytes of shared memory per block, the device has ", smem_max);
   const bool vec = detail::is_aligned16(g.keys) && g.d % detail::vec_size_v<T> == 0 &&
                    (g.ld * static_cast<std::int64_t>(sizeof(T))) % 16 == 0;
-  const auto slots = static_cast<int>(detail::gs_slots(m));
-  const auto words = static_cast<int>(detail::gs_words(g.n));
-  const unsigned blocks =
-      static_cast<unsigned>((slots + detail::gs_warps_per_block - 1) / detail::gs_warps_per_block);
+  const auto slots = static_cast<int>(detail::walk_slots(m));
+  const auto words = static_cast<int>(detail::walk_words(g.n));
+  const unsigned blocks = static_cast<unsigned>((slots + detail::walk_warps_per_block - 1) /
+                                                detail::walk_warps_per_block);
   auto launch = [&](auto kernel) {
     KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
-    kernel<<<blocks, detail::gs_warps_per_block * 32, smem, stream>>>(
+    kernel<<<blocks, detail::walk_warps_per_block * 32, smem, stream>>>(
         g, query_rows, static_cast<int>(m), p.L, p.degree, out,
         static_cast<std::uint32_t*>(workspace), words, vec, lay, slots);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
@@ -479,13 +484,13 @@ struct connectivity_searcher<T>::state {
   std::int64_t n = 0, d = 0;
   int width = 0;
   cudaStream_t stream = nullptr;
-  detail::grow_buffer keys, adjacency, rows, flat, queries, kept, kept_counts, scored, workspace;
+  detail::grow_buffer keys, adjacency, rows, padded, queries, kept, kept_counts, scored, workspace;
   std::vector<std::uint32_t> host_counts, host_scored;
 
   ~state() {
     cudaSetDevice(device);
     for (auto* b :
-         {&keys, &adjacency, &rows, &flat, &queries, &kept, &kept_counts, &scored, &workspace}) {
+         {&keys, &adjacency, &rows, &padded, &queries, &kept, &kept_counts, &scored, &workspace}) {
       b->release();
     }
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -499,8 +504,8 @@ connectivity_searcher<T>::connectivity_searcher(matrix_view<const T> keys, std::
   kvsift::detail::require(keys.rows() > 0 && keys.cols() > 0,
                           "connectivity_searcher: expected a non-empty key set, got ", keys.rows(),
                           " x ", keys.cols());
-  kvsift::detail::require(keys.rows() < detail::gs_expanded, "connectivity_searcher: at most ",
-                          detail::gs_expanded - 1, " keys supported, got ", keys.rows());
+  kvsift::detail::require(keys.rows() < detail::walk_expanded, "connectivity_searcher: at most ",
+                          detail::walk_expanded - 1, " keys supported, got ", keys.rows());
   kvsift::detail::require(width >= 1 && width <= max_graph_search_width,
                           "connectivity_searcher: expected 1 <= width <= ", max_graph_search_width,
                           ", got ", width);
@@ -531,18 +536,18 @@ connectivity_searcher<T>& connectivity_searcher<T>::operator=(connectivity_searc
     default;
 
 template <Element T>
-void connectivity_searcher<T>::set_rows(std::span<const id_t> rows, std::span<const id_t> flat) {
+void connectivity_searcher<T>::set_rows(std::span<const id_t> rows, std::span<const id_t> padded) {
   state& s = *s_;
   const auto width = static_cast<std::size_t>(s.width);
-  kvsift::detail::require(flat.size() == rows.size() * width,
+  kvsift::detail::require(padded.size() == rows.size() * width,
                           "connectivity_searcher: ", rows.size(), " rows of width ", width,
-                          " need ", rows.size() * width, " ids, got ", flat.size());
+                          " need ", rows.size() * width, " ids, got ", padded.size());
   const auto n = static_cast<id_t>(s.n);
   for (const id_t r : rows) {
     kvsift::detail::require<out_of_range>(r < n, "connectivity_searcher: expected row ids < ", n,
                                           ", got ", r);
   }
-  for (const id_t v : flat) {
+  for (const id_t v : padded) {
     kvsift::detail::require<out_of_range>(v < n || v == invalid_id,
                                           "connectivity_searcher: expected neighbour ids < ", n,
                                           " or invalid_id, got ", v);
@@ -550,15 +555,15 @@ void connectivity_searcher<T>::set_rows(std::span<const id_t> rows, std::span<co
   if (rows.empty()) return;
   detail::device_guard guard(s.device);
   auto* dr = static_cast<id_t*>(s.rows.reserve(rows.size_bytes()));
-  auto* df = static_cast<id_t*>(s.flat.reserve(flat.size_bytes()));
+  auto* dpad = static_cast<id_t*>(s.padded.reserve(padded.size_bytes()));
   KVSIFT_CUDA_CHECK(
       cudaMemcpyAsync(dr, rows.data(), rows.size_bytes(), cudaMemcpyHostToDevice, s.stream));
   KVSIFT_CUDA_CHECK(
-      cudaMemcpyAsync(df, flat.data(), flat.size_bytes(), cudaMemcpyHostToDevice, s.stream));
-  const std::int64_t total = static_cast<std::int64_t>(flat.size());
+      cudaMemcpyAsync(dpad, padded.data(), padded.size_bytes(), cudaMemcpyHostToDevice, s.stream));
+  const std::int64_t total = static_cast<std::int64_t>(padded.size());
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 4096));
-  detail::gs_scatter_rows_kernel<id_t><<<blocks, 256, 0, s.stream>>>(
-      static_cast<id_t*>(s.adjacency.p), s.width, dr, df, static_cast<std::int64_t>(rows.size()));
+  detail::scatter_rows_kernel<id_t><<<blocks, 256, 0, s.stream>>>(
+      static_cast<id_t*>(s.adjacency.p), s.width, dr, dpad, static_cast<std::int64_t>(rows.size()));
   KVSIFT_CUDA_CHECK(cudaGetLastError());
   // The host spans may be freed once this returns.
   KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
@@ -597,7 +602,7 @@ void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, st
   void* dw = s.workspace.reserve(ws);
   KVSIFT_CUDA_CHECK(
       cudaMemcpyAsync(dq, rows.data(), rows.size_bytes(), cudaMemcpyHostToDevice, s.stream));
-  device_graph<typename state::DT> g;
+  graph_ref<typename state::DT> g;
   g.keys = static_cast<const typename state::DT*>(s.keys.p);
   g.n = s.n;
   g.d = s.d;

@@ -350,10 +350,10 @@ knn_result knn_engine::search(matrix_view<const float> queries, matrix_view<cons
                               std::size_t k) const {
   kvsift::detail::validate_knn(queries, keys.rows(), keys.cols(), k);
   // The KnnEngine contract (like cpu_knn_engine): k > n is not an error, rows are padded with
-  // invalid_id and the worst score. The kernels run with kk = min(k, n) and the host pads, so
-  // only kk is bounded by the kernel limit.
-  const std::size_t kk = std::min(k, keys.rows());
-  kvsift::detail::require(kk <= static_cast<std::size_t>(max_knn_k),
+  // invalid_id and the worst score. The kernels run with k_run = min(k, n) and the host pads, so
+  // only k_run is bounded by the kernel limit.
+  const std::size_t k_run = std::min(k, keys.rows());
+  kvsift::detail::require(k_run <= static_cast<std::size_t>(max_knn_k),
                           "knn_engine: expected k <= ", max_knn_k, " (or k > n = ", keys.rows(),
                           ", padded), got k = ", k);
   const std::size_t m = queries.rows(), n = keys.rows(), d = keys.cols();
@@ -362,7 +362,7 @@ knn_result knn_engine::search(matrix_view<const float> queries, matrix_view<cons
   (void)kvsift::checked_bytes<float>(result_cells, "knn_engine: m x k results");
   require_finite(queries, "knn_engine: queries");
   require_finite(keys, "knn_engine: keys");
-  const int ki = static_cast<int>(kk);
+  const int ki = static_cast<int>(k_run);
   const std::size_t ws_bytes = knn_workspace_size(static_cast<std::int64_t>(m),
                                                   static_cast<std::int64_t>(n), ki, params_.policy);
 
@@ -386,8 +386,8 @@ knn_result knn_engine::search(matrix_view<const float> queries, matrix_view<cons
   }
   auto* dq = static_cast<T*>(s.queries.reserve(m * d * sizeof(T)));
   auto* dk = static_cast<T*>(s.keys.reserve(n * d * sizeof(T)));
-  auto* ds = static_cast<float*>(s.scores.reserve(m * kk * sizeof(float)));
-  auto* di = static_cast<id_t*>(s.ids.reserve(m * kk * sizeof(id_t)));
+  auto* ds = static_cast<float*>(s.scores.reserve(m * k_run * sizeof(float)));
+  auto* di = static_cast<id_t*>(s.ids.reserve(m * k_run * sizeof(id_t)));
   void* dw = s.workspace.reserve(ws_bytes);
   KVSIFT_CUDA_CHECK(
       cudaMemcpyAsync(dq, q.data(), m * d * sizeof(T), cudaMemcpyHostToDevice, s.stream));
@@ -400,12 +400,13 @@ knn_result knn_engine::search(matrix_view<const float> queries, matrix_view<cons
   out.k = k;
   out.ids.assign(result_cells, invalid_id);
   out.scores.assign(result_cells, -std::numeric_limits<float>::infinity());
-  // Rows of kk results land at the start of each k-wide output row (a pitched copy); the
-  // padding (kk < k only when k > n) keeps invalid_id and -inf, as in cpu_knn_engine.
-  KVSIFT_CUDA_CHECK(cudaMemcpy2DAsync(out.ids.data(), k * sizeof(id_t), di, kk * sizeof(id_t),
-                                      kk * sizeof(id_t), m, cudaMemcpyDeviceToHost, s.stream));
-  KVSIFT_CUDA_CHECK(cudaMemcpy2DAsync(out.scores.data(), k * sizeof(float), ds, kk * sizeof(float),
-                                      kk * sizeof(float), m, cudaMemcpyDeviceToHost, s.stream));
+  // Rows of k_run results land at the start of each k-wide output row (a pitched copy); the
+  // padding (k_run < k only when k > n) keeps invalid_id and -inf, as in cpu_knn_engine.
+  KVSIFT_CUDA_CHECK(cudaMemcpy2DAsync(out.ids.data(), k * sizeof(id_t), di, k_run * sizeof(id_t),
+                                      k_run * sizeof(id_t), m, cudaMemcpyDeviceToHost, s.stream));
+  KVSIFT_CUDA_CHECK(cudaMemcpy2DAsync(out.scores.data(), k * sizeof(float), ds,
+                                      k_run * sizeof(float), k_run * sizeof(float), m,
+                                      cudaMemcpyDeviceToHost, s.stream));
   KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   return out;
 }

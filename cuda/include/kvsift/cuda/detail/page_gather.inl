@@ -15,7 +15,8 @@ inline constexpr int gather_unroll = 4;  // 16-byte loads in flight per lane bef
 
 template <bool ToDevice>
 __global__ void __launch_bounds__(gather_threads)
-    page_copy_kernel(const page_copy* copies, std::uint64_t count, page_pools pools, int* status) {
+    page_copy_kernel(const page_copy* copies, std::uint64_t count, page_pools_ref pools,
+                     int* status) {
   const std::uint64_t lane = threadIdx.x % 32;
   const std::uint64_t warps = std::uint64_t{gridDim.x} * (gather_threads / 32);
   const std::uint64_t vecs = pools.page_bytes / sizeof(uint4);
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(gather_threads)
 }
 
 template <bool ToDevice>
-void launch_page_copy(const page_copy* copies, std::uint64_t count, const page_pools& pools,
+void launch_page_copy(const page_copy* copies, std::uint64_t count, const page_pools_ref& pools,
                       int* status, cudaStream_t stream, const gather_policy& policy,
                       const char* who) {
   if (count == 0) return;
@@ -73,12 +74,12 @@ void launch_page_copy(const page_copy* copies, std::uint64_t count, const page_p
 
 namespace kvsift::cuda {
 
-inline void gather_pages(const page_copy* copies, std::uint64_t count, const page_pools& pools,
+inline void gather_pages(const page_copy* copies, std::uint64_t count, const page_pools_ref& pools,
                          int* status, cudaStream_t stream, const gather_policy& policy) {
   detail::launch_page_copy<true>(copies, count, pools, status, stream, policy, "gather_pages");
 }
 
-inline void scatter_pages(const page_copy* copies, std::uint64_t count, const page_pools& pools,
+inline void scatter_pages(const page_copy* copies, std::uint64_t count, const page_pools_ref& pools,
                           int* status, cudaStream_t stream, const gather_policy& policy) {
   detail::launch_page_copy<false>(copies, count, pools, status, stream, policy, "scatter_pages");
 }

@@ -39,7 +39,7 @@ struct attention_shape {
 /// states are combined through shared memory and written as one partial state.
 template <class T, int D>
 __global__ void __launch_bounds__(attention_threads)
-    sparse_attention_kernel(const float* __restrict__ q, const paged_kv_view<T> kv,
+    sparse_attention_kernel(const float* __restrict__ q, const paged_kv_ref<T> kv,
                             const std::int64_t* __restrict__ indptr,
                             const std::int32_t* __restrict__ ids, int group_size, float scale_log2,
                             int num_splits, float* __restrict__ out_o, float* __restrict__ out_lse,
@@ -242,7 +242,7 @@ inline std::size_t workspace_bytes_for(int num_qo_heads, int head_dim, int split
 }
 
 template <class T, int D>
-void launch_sparse_attention(const float* q, int num_qo_heads, const paged_kv_view<T>& kv,
+void launch_sparse_attention(const float* q, int num_qo_heads, const paged_kv_ref<T>& kv,
                              const std::int64_t* indptr, const std::int32_t* ids, int group_size,
                              float scale, int splits, float* out_o, float* out_lse, void* workspace,
                              cudaStream_t stream, int* status) {
@@ -287,7 +287,7 @@ inline std::size_t sparse_attention_workspace_size(int num_qo_heads, int head_di
 }
 
 template <class T>
-void sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_view<T>& kv,
+void sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
                       const std::int64_t* token_indptr, const std::int32_t* token_ids, float* out_o,
                       float* out_lse, void* workspace, std::size_t workspace_bytes,
                       cudaStream_t stream, const sparse_attention_params& params,

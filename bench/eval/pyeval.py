@@ -1,0 +1,667 @@
+#!/usr/bin/env python3
+"""kvsift vs hnswlib and faiss on real attention dumps, through the Python module.
+
+For each layer of a dump (bench/data/dump_qk.py: the committed SmolLM2 sample, or the Gemma-3
+32K dump of docs/gemma3_data.md) and one KV head with its GQA query heads:
+
+Retrieval. Keys = the prefill (first --train-fraction of positions). One index per method and
+layer, shared by the group's query heads (RoarGraph is built from training queries of every
+head of the group, kvsift.sample_gqa_queries); each held-out query head is evaluated on its own.
+Recall@k is against kvsift.FlatIndex's exact top-k over the same keys. Keys scanned = distance
+computations per query: kvsift and faiss-HNSW count them; faiss IVF-Flat = keys in the probed
+lists + all centroids; hnswlib does not expose its count (n/a). Latency = one thread, mean per
+query of a batch. RoarGraph DIPR rows: set recall of the graph's DIPR result against the exact
+DIPR set (FlatIndex.dipr) at the same beta.
+
+Attention quality. For a held-out query at position p attending causally [0, p]: the static
+window (first --sink + last --recent tokens) alone, window + exact top-k of the middle, and
+window + exact DIPR of the middle (every middle token within beta logits of the best score),
+against full attention with V: softmax-mass recovery and relative L2 error of the output. Top-k
+is also run at DIPR's budget: k = the mean number of middle tokens DIPR attended at that beta.
+
+Writes into --out (default: a new temporary directory, printed; inside the repository only when
+--out says so): pyeval.json (every sweep point), pyeval.md (tables, targets), and with
+matplotlib pyeval_L{layer}_frontier.png (Pareto frontiers: recall vs keys scanned and vs QPS)
+and pyeval_quality.png. --from-json re-renders the tables and plots of an earlier run.
+
+    PYTHONPATH=build/python python3 bench/eval/pyeval.py --dump bench/data/sample --quick
+    PYTHONPATH=build/python nice python3 bench/eval/pyeval.py --dump /work/data/gemma32k --layers 11
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import datasets  # noqa: E402
+from frontier import have_matplotlib, pareto, plot_frontiers  # noqa: E402
+
+FULL = {"L": "10,16,32,64,100,128,160,200,300,400,600,800,1200",
+        "nprobe": "1,2,4,8,16,32,64,128,256", "beta": "1,2,3,4,6,8",
+        "attn_k": "16,32,64,128,256,512,1024,2048,4096"}
+QUICK = {"L": "10,32,100,200", "nprobe": "1,4,16", "beta": "2,4", "attn_k": "16,64,256"}
+METHODS = ("flat", "roargraph", "hnswlib", "faiss-hnsw", "faiss-ivf")
+
+
+def fail(msg):
+    print(f"pyeval.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def ints(text, name, minimum=1):
+    try:
+        v = [int(x) for x in text.split(",")]
+    except ValueError:
+        fail(f"--{name}: expected comma-separated integers, got '{text}'")
+    if any(x < minimum for x in v):
+        fail(f"--{name}: expected values >= {minimum}, got '{text}'")
+    return v
+
+
+def floats(text, name):
+    try:
+        v = [float(x) for x in text.split(",")]
+    except ValueError:
+        fail(f"--{name}: expected comma-separated numbers, got '{text}'")
+    if any(not x > 0 for x in v):
+        fail(f"--{name}: expected values > 0, got '{text}'")
+    return v
+
+
+def recall(ids, truth, k):
+    """Mean over queries of |ids[:, :k] & truth[:, :k]| / k."""
+    hits = [len(np.intersect1d(a[:k], b[:k])) for a, b in zip(ids, truth)]
+    return float(np.mean(hits)) / k
+
+
+# --- methods: build(keys, train) -> (seconds, bytes); search(q, k, param) -> (ids, scanned) ---
+
+
+class Flat:
+    name, param_name = "flat", None
+
+    def __init__(self, ks, args):
+        self.ks = ks
+
+    def build(self, keys, train):
+        t = time.perf_counter()
+        self.index = self.ks.FlatIndex(keys)
+        return time.perf_counter() - t, keys.nbytes
+
+    def params(self, k, args):
+        return [None]
+
+    def search(self, q, k, _):
+        return self.index.topk(q, k, threads=1).ids, float(self.index.size)
+
+
+class RoarGraph:
+    name, param_name = "roargraph", "L"
+
+    def __init__(self, ks, args):
+        self.ks, self.args = ks, args
+
+    def build(self, keys, train):
+        a = self.args
+        t = time.perf_counter()
+        self.g = self.ks.RoarGraphIndex(keys, train, nq=a.nq, M=a.M, L=a.build_L,
+                                        threads=a.threads)
+        secs = time.perf_counter() - t
+        n = keys.shape[0]
+        # graph_index keeps a fixed-stride adjacency (n x max_degree ids) and a degree per node,
+        # on top of the keys it reads.
+        return secs, keys.nbytes + 4 * n * (self.g.max_degree + 1)
+
+    def params(self, k, args):
+        return [L for L in args.L if L >= k]
+
+    def search(self, q, k, L):
+        r = self.g.search(q, k, L=L, threads=1)
+        return r.ids, float(np.mean(r.distance_computations))
+
+
+class Hnswlib:
+    name, param_name = "hnswlib", "ef"
+
+    def __init__(self, ks, args):
+        import hnswlib
+
+        self.hnswlib, self.args = hnswlib, args
+
+    def build(self, keys, train):
+        n, d = keys.shape
+        t = time.perf_counter()
+        self.index = self.hnswlib.Index("ip", d)
+        self.index.init_index(n, M=self.args.hnsw_M, ef_construction=self.args.ef_construction)
+        self.index.add_items(keys, num_threads=self.args.threads)
+        secs = time.perf_counter() - t
+        with tempfile.TemporaryDirectory() as tmp:
+            self.index.save_index(os.path.join(tmp, "h.bin"))
+            size = os.path.getsize(os.path.join(tmp, "h.bin"))
+        self.index.set_num_threads(1)
+        return secs, size
+
+    def params(self, k, args):
+        return [L for L in args.L if L >= k]
+
+    def search(self, q, k, ef):
+        self.index.set_ef(ef)
+        ids, _ = self.index.knn_query(q, k=k, num_threads=1)
+        return ids, None  # hnswlib's Python API does not expose its distance count
+
+
+class FaissHnsw:
+    name, param_name = "faiss-hnsw", "efSearch"
+
+    def __init__(self, ks, args):
+        import faiss
+
+        self.faiss, self.args = faiss, args
+
+    def build(self, keys, train):
+        f = self.faiss
+        f.omp_set_num_threads(self.args.threads)
+        t = time.perf_counter()
+        self.index = f.IndexHNSWFlat(keys.shape[1], self.args.hnsw_M, f.METRIC_INNER_PRODUCT)
+        self.index.hnsw.efConstruction = self.args.ef_construction
+        self.index.add(keys)
+        secs = time.perf_counter() - t
+        f.omp_set_num_threads(1)
+        return secs, len(f.serialize_index(self.index))
+
+    def params(self, k, args):
+        return [L for L in args.L if L >= k]
+
+    def search(self, q, k, ef):
+        f = self.faiss
+        self.index.hnsw.efSearch = ef
+        f.cvar.hnsw_stats.reset()
+        _, ids = self.index.search(q, k)
+        return ids, f.cvar.hnsw_stats.ndis / len(q)
+
+
+class FaissIvf:
+    name, param_name = "faiss-ivf", "nprobe"
+
+    def __init__(self, ks, args):
+        import faiss
+
+        self.faiss, self.args = faiss, args
+
+    def build(self, keys, train):
+        f = self.faiss
+        n, d = keys.shape
+        self.nlist = self.args.nlist or max(1, int(round(4 * np.sqrt(n))))
+        f.omp_set_num_threads(self.args.threads)
+        t = time.perf_counter()
+        self.quantizer = f.IndexFlatIP(d)
+        self.index = f.IndexIVFFlat(self.quantizer, d, self.nlist, f.METRIC_INNER_PRODUCT)
+        self.index.train(keys)
+        self.index.add(keys)
+        secs = time.perf_counter() - t
+        f.omp_set_num_threads(1)
+        return secs, len(f.serialize_index(self.index))
+
+    def params(self, k, args):
+        return [p for p in args.nprobe if p <= self.nlist]
+
+    def search(self, q, k, nprobe):
+        f = self.faiss
+        self.index.nprobe = nprobe
+        f.cvar.indexIVF_stats.reset()
+        _, ids = self.index.search(q, k)
+        # keys scored in the probed lists, plus the nlist centroids every query is scored against
+        return ids, f.cvar.indexIVF_stats.ndis / len(q) + self.nlist
+
+
+CLASSES = {"flat": Flat, "roargraph": RoarGraph, "hnswlib": Hnswlib, "faiss-hnsw": FaissHnsw,
+           "faiss-ivf": FaissIvf}
+
+
+def make_methods(ks, args):
+    out = []
+    for name in args.methods:
+        try:
+            out.append(CLASSES[name](ks, args))
+        except ImportError as exc:
+            print(f"pyeval.py: skipping {name}: {exc} (pip install "
+                  f"{'hnswlib' if name == 'hnswlib' else 'faiss-cpu'})", flush=True)
+    return out
+
+
+def retrieval(ks, ld, sp, args, methods, log):
+    """Every sweep point of every method on one layer: rows (per head) and builds."""
+    keys = np.ascontiguousarray(ld.keys[: sp.n_train])
+    heads = sorted(ld.queries)
+    prefill = [np.ascontiguousarray(ld.queries[h][: sp.n_train]) for h in heads]
+    train = ks.sample_gqa_queries(prefill, ratio=args.train_ratio)
+    evalq = {h: np.ascontiguousarray(ld.queries[h][sp.eval_positions]) for h in heads}
+    oracle = ks.FlatIndex(keys)
+    kmax = max(args.k)
+    truth = {h: oracle.topk(evalq[h], kmax, threads=args.threads).ids for h in heads}
+    builds, rows = [], []
+    for m in methods:
+        secs, size = m.build(keys, train)
+        builds.append({"index": m.name, "build_s": round(secs, 3), "bytes": int(size),
+                       "train_queries": int(train.shape[0]) if m.name == "roargraph" else 0})
+        log(f"  layer {ld.layer}: built {m.name} in {secs:.1f} s ({size / 2**20:.1f} MiB)")
+        for h in heads:
+            for k in args.k:
+                for p in m.params(k, args):
+                    t = time.perf_counter()
+                    ids, scanned = m.search(evalq[h], k, p)
+                    us = (time.perf_counter() - t) / len(evalq[h]) * 1e6
+                    rows.append({"index": m.name, "head": h, "query": f"top-{k}", "k": k,
+                                 "param_name": m.param_name, "param": p,
+                                 "recall": recall(np.asarray(ids), truth[h], k),
+                                 "scanned_keys": scanned,
+                                 "scanned": None if scanned is None else scanned / sp.n_train,
+                                 "latency_us": us, "qps": 1e6 / us})
+        if m.name == "roargraph":
+            rows += dipr_rows(m.g, oracle, evalq, ld.scale, sp.n_train, args)
+    return builds, rows, int(train.shape[0])
+
+
+def dipr_rows(graph, oracle, evalq, scale, n, args):
+    """RoarGraph DIPR vs exact DIPR (FlatIndex.dipr) per head and beta (logit units)."""
+    rows = []
+    for h, qs in evalq.items():
+        for beta in args.beta:
+            raw = beta / scale  # kvsift's beta is in raw q.k units
+            rec, scanned, attended, secs = [], [], [], 0.0
+            for q in qs:
+                exact = oracle.dipr(q, raw, l0=args.l0).ids
+                t = time.perf_counter()
+                r = graph.dipr(q, raw, l0=args.l0)
+                secs += time.perf_counter() - t
+                rec.append(len(np.intersect1d(r.ids, exact)) / max(1, len(exact)))
+                scanned.append(r.distance_computations)
+                attended.append(len(exact))
+            us = secs / len(qs) * 1e6
+            rows.append({"index": "roargraph", "head": h, "query": "dipr", "k": None,
+                         "param_name": "beta", "param": beta, "recall": float(np.mean(rec)),
+                         "scanned_keys": float(np.mean(scanned)),
+                         "scanned": float(np.mean(scanned)) / n, "exact_set_size": float(np.mean(attended)),
+                         "latency_us": us, "qps": 1e6 / us})
+    return rows
+
+
+def quality(ld, sp, args, log):
+    """Window / top-k / DIPR attention quality per head (exact selections; see module doc)."""
+    K, V = ld.keys.astype(np.float64), ld.values.astype(np.float64)
+    out = []
+    for h in sorted(ld.queries):
+        Q = ld.queries[h][sp.eval_positions].astype(np.float64)
+        S = (Q @ K.T) * ld.scale  # (m, n) logits; row i is valid up to eval_positions[i]
+        # Pass 1: DIPR's middle counts per beta, for the matched top-k budget.
+        counts = {b: [] for b in args.beta}
+        for i, p in enumerate(sp.eval_positions):
+            lo, hi = middle(p, args)
+            best = S[i, : p + 1].max()
+            for b in args.beta:
+                counts[b].append(int(np.count_nonzero(S[i, lo:hi] >= best - b)))
+        matched = {b: max(1, int(round(np.mean(c)))) for b, c in counts.items()}
+        acc = {}  # (method, param) -> list of (attended, recovery, error)
+        for i, p in enumerate(sp.eval_positions):
+            lo, hi = middle(p, args)
+            logit = S[i, : p + 1]
+            w = np.exp(logit - logit.max())
+            o_full = w @ V[: p + 1]
+            z = w.sum()
+            win = np.r_[0:lo, hi : p + 1]
+            base_w, base_o = w[win].sum(), w[win] @ V[win]
+
+            def metrics(mass, o, n_mid):
+                err = np.linalg.norm(o / mass - o_full / z) / np.linalg.norm(o_full / z)
+                return (len(win) + n_mid, mass / z, err)
+
+            acc.setdefault(("window", 0), []).append(metrics(base_w, base_o, 0))
+            # Top-k and DIPR of the middle are both prefixes of the middle sorted best first
+            # (DIPR keeps every token >= best - beta): accumulate the prefix sums once.
+            order = lo + np.argsort(-logit[lo:hi], kind="stable")
+            lengths = {("top-k", k): min(k, hi - lo) for k in args.attn_k}
+            for b in args.beta:
+                lengths[("dipr", b)] = counts[b][i]
+                # top-k at DIPR's budget: the same mean number of middle tokens, spread evenly
+                lengths[("top-k at dipr budget", b)] = min(matched[b], hi - lo)
+            done, mass, o = 0, base_w, base_o.copy()
+            for key, c in sorted(lengths.items(), key=lambda kv: kv[1]):
+                if c > done:
+                    seg = order[done:c]
+                    mass, o, done = mass + w[seg].sum(), o + w[seg] @ V[seg], c
+                acc.setdefault(key, []).append(metrics(mass, o, c))
+        for (method, param), v in acc.items():
+            a = np.array(v)
+            row = {"head": h, "method": method, "param": param, "attended": float(a[:, 0].mean()),
+                   "recovery": float(a[:, 1].mean()), "rel_l2_error": float(a[:, 2].mean())}
+            if method == "top-k at dipr budget":
+                row["k"] = matched[param]
+            out.append(row)
+        log(f"  layer {ld.layer} q{h}: quality done")
+    return out
+
+
+def middle(p, args):
+    """[lo, hi): the positions of query p's causal range outside the static window."""
+    lo = min(args.sink, p + 1)
+    return lo, max(lo, p + 1 - args.recent)
+
+
+# --- aggregation and report ---
+
+
+def head_mean(rows, keys=("index", "query", "param")):
+    """Rows averaged over heads per (index, query, param)."""
+    acc = {}
+    for r in rows:
+        acc.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out = []
+    for key, rs in acc.items():
+        m = dict(zip(keys, key))
+        for f in ("recall", "scanned", "scanned_keys", "latency_us", "exact_set_size"):
+            vals = [r.get(f) for r in rs]
+            m[f] = None if any(v is None for v in vals) else float(np.mean(vals))
+        m["param_name"] = rs[0]["param_name"]
+        m["heads"] = len(rs)
+        out.append(m)
+    return out
+
+
+def cheapest(rows, index, query, target):
+    """Least scanned fraction of `index` reaching recall >= target (head-averaged rows)."""
+    ok = [r for r in rows if r["index"] == index and r["query"] == query
+          and r["recall"] >= target and r["scanned"] is not None]
+    return min(ok, key=lambda r: r["scanned"]) if ok else None
+
+
+def targets(avg):
+    """The brief's two targets on head-averaged rows of one layer."""
+    t = {}
+    best = cheapest(avg, "roargraph", "top-100", 0.95)
+    t["roargraph recall@100>=0.95 scanned"] = None if best is None else best["scanned"]
+    t["roargraph recall@100>=0.95 at <=5% scanned"] = best is not None and best["scanned"] <= 0.05
+    for query in ("top-10", "top-100"):
+        for target in (0.9, 0.95, 0.99):
+            g = cheapest(avg, "roargraph", query, target)
+            peers = [cheapest(avg, p, query, target) for p in ("faiss-ivf", "faiss-hnsw")]
+            peers = [p for p in peers if p is not None]
+            key = f"{query} recall>={target}"
+            if g is None or not peers:
+                t[key] = {"roargraph": None if g is None else g["scanned"],
+                          "best_peer": None if not peers else min(p["scanned"] for p in peers),
+                          "ratio": None}
+                continue
+            bp = min(peers, key=lambda p: p["scanned"])
+            t[key] = {"roargraph": g["scanned"], "best_peer": bp["scanned"],
+                      "best_peer_index": bp["index"], "ratio": bp["scanned"] / g["scanned"]}
+    return t
+
+
+def param_text(r):
+    return "-" if r["param"] is None else f"{r['param_name']}={r['param']:g}"
+
+
+def pct(x):
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def write_markdown(path, res):
+    meta = res["meta"]
+    L = ["# kvsift vs hnswlib / faiss on real attention data (pyeval.py)\n",
+         f"Model {meta['model']} (`{meta['dump']}`), {meta['tokens']} tokens, head dim "
+         f"{meta['head_dim']}; train (prefill) = first {meta['n_train']} positions, "
+         f"{meta['eval_queries']} held-out queries per head (every {meta['eval_stride']}th of the "
+         f"last {meta['tokens'] - meta['n_train']}). kvsift {meta['kvsift_version']} "
+         f"({meta['commit']}), {meta['cpu']}, build threads {meta['threads']}, search on 1 "
+         f"thread. Command: `{meta['command']}`.\n"]
+    for lay in res["layers"]:
+        avg = head_mean(lay["rows"])
+        L.append(f"\n## Layer {lay['layer']} (KV head {lay['kv_head']}, query heads "
+                 f"{lay['heads']}, averaged over heads)\n")
+        L.append("| index | build s | size MiB |\n|---|---|---|")
+        for b in lay["builds"]:
+            L.append(f"| {b['index']} | {b['build_s']:.1f} | {b['bytes'] / 2**20:.1f} |")
+        for query in sorted({r["query"] for r in avg if r["query"] != "dipr"}, key=len):
+            L.append(f"\n### {query}: Pareto points (recall vs keys scanned)\n")
+            L.append("| index | param | recall | scanned | latency us | QPS |\n|---|---|---|---|---|---|")
+            present = {r["index"] for r in avg if r["query"] == query}
+            for index in [m for m in METHODS if m in present]:
+                pts = [r for r in avg if r["index"] == index and r["query"] == query]
+                # Indexes without a scanned count (hnswlib) get their latency frontier instead.
+                has_scan = all(r["scanned"] is not None for r in pts)
+                cost = "scanned" if has_scan else "latency_us"
+                for _, _, r in pareto([(r[cost], r["recall"], r) for r in pts]):
+                    L.append(f"| {index} | {param_text(r)} | "
+                             f"{r['recall']:.4f} | {pct(r['scanned'])} | {r['latency_us']:.0f} | "
+                             f"{1e6 / r['latency_us']:.0f} |")
+        dipr = sorted((r for r in avg if r["query"] == "dipr"), key=lambda r: r["param"])
+        if dipr:
+            # Every beta is its own query (its own exact set), so no frontier across betas.
+            L.append("\n### RoarGraph DIPR: set recall vs the exact DIPR set, per beta\n")
+            L.append("| beta (logits) | exact set size | set recall | scanned | latency us |\n"
+                     "|---|---|---|---|---|")
+            for r in dipr:
+                L.append(f"| {r['param']:g} | {r['exact_set_size']:.0f} | {r['recall']:.4f} | "
+                         f"{pct(r['scanned'])} | {r['latency_us']:.0f} |")
+        t = lay["targets"]
+        L.append("\n### Targets\n")
+        L.append(f"- RoarGraph recall@100 >= 0.95 at <= 5% scanned: "
+                 f"{'met' if t['roargraph recall@100>=0.95 at <=5% scanned'] else 'NOT met'} "
+                 f"(cheapest: {pct(t['roargraph recall@100>=0.95 scanned'])})")
+        for key, v in t.items():
+            if not isinstance(v, dict):
+                continue
+            if v["roargraph"] is None:
+                L.append(f"- {key}: RoarGraph does not reach it in the sweep")
+            elif v["ratio"] is None:
+                L.append(f"- {key}: RoarGraph {pct(v['roargraph'])}; faiss IVF / HNSW do not "
+                         "reach it in the sweep")
+            else:
+                verdict = "met" if v["ratio"] >= 10 else "not met"
+                L.append(f"- {key}: RoarGraph {pct(v['roargraph'])}, best peer "
+                         f"{v['best_peer_index']} {pct(v['best_peer'])}: {v['ratio']:.1f}x fewer "
+                         f"keys (>= 10x: {verdict})")
+        L.append("\n### Attention quality (exact selections, averaged over heads)\n")
+        L.append("| method | param | tokens attended | mass recovery | output rel. L2 error |\n"
+                 "|---|---|---|---|---|")
+        qa = {}
+        for r in lay["quality"]:
+            qa.setdefault((r["method"], r["param"]), []).append(r)
+        for (method, param), rs in sorted(qa.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+            name = {"dipr": "beta", "top-k": "k", "top-k at dipr budget": "beta"}.get(method)
+            tag = f"{name}={param}" if name else "-"
+            if method == "top-k at dipr budget":
+                tag += " (k=" + "/".join(str(r["k"]) for r in rs) + " per head)"
+            L.append(f"| {method} | {tag} | {np.mean([r['attended'] for r in rs]):.0f} | "
+                     f"{np.mean([r['recovery'] for r in rs]):.4f} | "
+                     f"{np.mean([r['rel_l2_error'] for r in rs]):.4f} |")
+    with open(path, "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def plots(res, out):
+    written = []
+    for lay in res["layers"]:
+        avg = head_mean(lay["rows"])
+        panels = []
+        for query in ("top-10", "top-100"):
+            rows = [r for r in avg if r["query"] == query]
+            idx = sorted({r["index"] for r in rows})
+            scan = {i: [(x, y) for x, y in pareto([(r["scanned"], r["recall"]) for r in rows
+                                                   if r["index"] == i])] for i in idx}
+            qps = {i: [(1e6 / x, y) for x, y in pareto([(r["latency_us"], r["recall"])
+                                                         for r in rows if r["index"] == i])]
+                   for i in idx}
+            panels.append((f"layer {lay['layer']} recall@{query[4:]} vs keys scanned",
+                           "fraction of keys scanned", "log", scan))
+            panels.append((f"layer {lay['layer']} recall@{query[4:]} vs QPS (1 thread)",
+                           "queries per second", "log", qps))
+        written.append(plot_frontiers(os.path.join(out, f"pyeval_L{lay['layer']}_frontier.png"),
+                                      f"{res['meta']['model']}: Pareto frontiers (hnswlib has no "
+                                      "scanned count)", panels))
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(res["layers"]), figsize=(4.5 * len(res["layers"]), 3.8),
+                             squeeze=False)
+    for ax, lay in zip(axes[0], res["layers"]):
+        qa = {}
+        for r in lay["quality"]:
+            qa.setdefault((r["method"], r["param"]), []).append(r)
+        for method, st in (("top-k", "C0o-"), ("dipr", "C3s-"), ("top-k at dipr budget", "C2x"),
+                           ("window", "k*")):
+            pts = sorted((np.mean([r["attended"] for r in rs]), np.mean([r["rel_l2_error"] for r in rs]))
+                         for (m, _), rs in qa.items() if m == method)
+            ax.plot(*zip(*pts), st, label=method, ms=4)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"layer {lay['layer']}", fontsize=9)
+        ax.set_xlabel("tokens attended (window + middle)")
+        ax.set_ylabel("output rel. L2 error")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "pyeval_quality.png"), dpi=90)
+    plt.close(fig)
+    return written + ["pyeval_quality.png"]
+
+
+def machine():
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return cpu, commit
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dump", default=os.path.join(ROOT, "bench", "data", "sample"))
+    ap.add_argument("--layers", help="layers (default: every layer of the dump)")
+    ap.add_argument("--kv-head", type=int, default=0)
+    ap.add_argument("--out", help="output directory (default: a new temporary directory)")
+    ap.add_argument("--quick", action="store_true", help="small sweeps and builds (CI)")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--train-fraction", type=float, default=0.95)
+    ap.add_argument("--eval-stride", type=int, default=4, help="evaluate every n-th held-out query")
+    ap.add_argument("--train-ratio", type=float, default=0.25,
+                    help="share of each head's prefill queries used to build RoarGraph")
+    ap.add_argument("--threads", type=int, default=2, help="build threads (search: always 1)")
+    ap.add_argument("--k", default="10,100")
+    ap.add_argument("--L", help="RoarGraph L / HNSW ef sweep")
+    ap.add_argument("--nprobe", help="IVF nprobe sweep")
+    ap.add_argument("--beta", help="DIPR beta sweep, logit units")
+    ap.add_argument("--attn-k", help="top-k budgets of the attention-quality sweep")
+    ap.add_argument("--nq", type=int, default=100)
+    ap.add_argument("--M", type=int, default=35)
+    ap.add_argument("--build-L", type=int, default=500)
+    ap.add_argument("--hnsw-M", type=int, default=32)
+    ap.add_argument("--ef-construction", type=int, default=200)
+    ap.add_argument("--nlist", type=int, default=0, help="IVF lists (0: 4 sqrt(n))")
+    ap.add_argument("--l0", type=int, default=64)
+    ap.add_argument("--sink", type=int, default=4)
+    ap.add_argument("--recent", type=int, default=512)
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--from-json", help="re-render pyeval.md and the plots of an earlier run's "
+                    "pyeval.json into --out (default: its directory); nothing is measured")
+    args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            res = json.load(f)
+        out = args.out or os.path.dirname(os.path.abspath(args.from_json))
+        os.makedirs(out, exist_ok=True)
+        for lay in res["layers"]:
+            lay["targets"] = targets(head_mean(lay["rows"]))  # from the rows, by this code
+        write_markdown(os.path.join(out, "pyeval.md"), res)
+        if not args.no_plots and have_matplotlib():
+            plots(res, out)
+        print(f"pyeval.py: wrote {out}/pyeval.md from {args.from_json}", flush=True)
+        return res
+    sweep = QUICK if args.quick else FULL
+    args.k = ints(args.k, "k")
+    args.L = ints(args.L or sweep["L"], "L")
+    args.nprobe = ints(args.nprobe or sweep["nprobe"], "nprobe")
+    args.beta = floats(args.beta or sweep["beta"], "beta")
+    args.attn_k = ints(args.attn_k or sweep["attn_k"], "attn-k")
+    if args.quick:
+        args.build_L, args.M, args.ef_construction = min(args.build_L, 200), min(args.M, 24), 100
+    args.methods = args.methods.split(",")
+    for m in args.methods:
+        if m not in CLASSES:
+            fail(f"--methods: unknown '{m}' (known: {','.join(METHODS)})")
+    try:
+        dump = datasets.Dump(args.dump)
+        layers = dump.layers if not args.layers else ints(args.layers, "layers", 0)
+        for layer in layers:
+            if layer not in dump.layers:
+                fail(f"--layers: {layer} is not in the dump (has {dump.layers})")
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        import kvsift as ks
+    except ImportError as exc:
+        fail(f"the kvsift module is not importable ({exc}); build it (cmake -S python -B "
+             "build/python && cmake --build build/python) and set PYTHONPATH=build/python")
+    want_plots = not args.no_plots and have_matplotlib()
+    if not args.out:
+        args.out = tempfile.mkdtemp(prefix="kvsift-pyeval-")
+    os.makedirs(args.out, exist_ok=True)
+    print(f"pyeval.py: writing to {args.out}", flush=True)
+
+    def log(msg):
+        print(msg, flush=True)
+
+    methods = make_methods(ks, args)
+    cpu, commit = machine()
+    t0 = time.time()
+    res = {"meta": {"model": dump.model, "dump": args.dump, "kvsift_version": ks.__version__,
+                    "commit": commit, "cpu": cpu, "threads": args.threads, "search_threads": 1,
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "command": "python3 bench/eval/pyeval.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                    "load_average_start": os.getloadavg()[0], "head_dim": dump.head_dim,
+                    "scale": dump.scale, "args": {k: v for k, v in vars(args).items()},
+                    "methods": [m.name for m in methods]},
+           "layers": []}
+    for layer in layers:
+        ld = dump.layer(layer, args.kv_head)
+        try:
+            sp = datasets.split(ld.keys.shape[0], args.train_fraction, args.eval_stride)
+        except ValueError as exc:
+            fail(str(exc))
+        res["meta"].update(tokens=sp.n, n_train=sp.n_train, eval_queries=len(sp.eval_positions),
+                           eval_stride=args.eval_stride)
+        builds, rows, n_train_q = retrieval(ks, ld, sp, args, methods, log)
+        lay = {"layer": layer, "kv_head": args.kv_head, "heads": sorted(ld.queries),
+               "train_queries": n_train_q, "builds": builds, "rows": rows,
+               "quality": quality(ld, sp, args, log)}
+        lay["targets"] = targets(head_mean(rows))
+        res["layers"].append(lay)
+        log(f"  layer {layer}: {time.time() - t0:.0f} s so far")
+    res["meta"]["total_s"] = round(time.time() - t0, 1)
+    res["meta"]["load_average_end"] = os.getloadavg()[0]
+    with open(os.path.join(args.out, "pyeval.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    write_markdown(os.path.join(args.out, "pyeval.md"), res)
+    if want_plots:
+        plots(res, args.out)
+    print(f"pyeval.py: wrote {args.out}/pyeval.md in {res['meta']['total_s']} s", flush=True)
+    return res
+
+
+if __name__ == "__main__":
+    main()
