@@ -64,6 +64,8 @@ query (latency is always measured on one thread):
   --query topk|dipr|both   (default: topk for files, both for --demo)
   --k LIST       top-k sizes (default 100)
   --degree-cap N roargraph searches expand at most the first N neighbours of a node (0 = all)
+  --entry-window W  roargraph searches are also seeded with the first and last W keys (what an
+                 engine's static window holds: sink and recent tokens); 0 = the graph's entries
   --L LIST       pool sizes (default 10,20,40,80,100,200,400, each k taking those >= k); an
                  explicit L below every k is an error, one below some k is skipped for those
                  k and the run says so
@@ -99,7 +101,8 @@ struct options {
   std::string keys, queries, train, json, save_index, load_index;
   std::string save_train_knn, load_train_knn, save_gt, save_data, hdf5, gt;
   double train_fraction = 0, insert_fraction = 0;
-  std::size_t degree_cap = 0;  // graph searches expand at most this many neighbours (0 = all)
+  std::size_t degree_cap = 0;    // graph searches expand at most this many neighbours (0 = all)
+  std::size_t entry_window = 0;  // extra search entries: the first and last W keys (0 = none)
   std::size_t n = 32768, dim = 128, eval = 0;
   float spread = 0.2f;
   std::string index = "roargraph", metric = "ip", query;
@@ -235,6 +238,8 @@ inline options parse(int argc, char** argv) {
       o.ef = parse_list(a, v);
     else if (a == "--degree-cap")
       o.degree_cap = parse_size(a, v);
+    else if (a == "--entry-window")
+      o.entry_window = parse_size(a, v);
     else if (a == "--nprobe")
       o.nprobe = parse_list(a, v);
     else if (a == "--hnsw-M")

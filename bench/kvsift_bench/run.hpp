@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -136,6 +137,18 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       if (!o.save_index.empty()) kvsift::save_graph(g, o.save_index);
     }
     builds["roargraph"].bytes = graph_bytes(g);
+    // --entry-window: the static window's keys seed every search (the first and last W ids).
+    std::vector<kvsift::id_t> window_entries;
+    const std::size_t nk = w.keys.rows();
+    for (std::size_t i = 0; i < std::min(o.entry_window, nk); ++i) {
+      window_entries.push_back(static_cast<kvsift::id_t>(i));
+      if (nk - 1 - i >= o.entry_window)
+        window_entries.push_back(static_cast<kvsift::id_t>(nk - 1 - i));
+    }
+    if (!window_entries.empty()) {
+      info << "entry window: the first and last " << o.entry_window << " keys seed every search ("
+           << window_entries.size() << " entries)\n";
+    }
     const auto deg = g.degrees();
     info << "degree: min " << deg.min << ", mean " << deg.mean << ", max " << deg.max << "\n";
     for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
@@ -144,7 +157,8 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
         rows.push_back(measure_topk(
             {"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E, exact, n,
             threads, [&](auto q, auto ids, auto scores, auto& ws) {
-              return kvsift::beam_search(g, q, {k, L, o.degree_cap}, ws, ids, scores, pred);
+              return kvsift::beam_search(g, q, {k, L, o.degree_cap}, ws, ids, scores, pred,
+                                         std::span<const kvsift::id_t>(window_entries));
             }));
       }
     }
@@ -177,11 +191,12 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       }
     }
     for (std::size_t l0 : dipr ? o.l0 : std::vector<std::size_t>{}) {
-      rows.push_back(measure_dipr({"roargraph", "dipr", "l0=" + std::to_string(l0)}, beta, E, exact,
-                                  n, threads, [&](auto q, kvsift::dipr_result& res, auto& ws) {
-                                    kvsift::dipr_search(g, q, {.beta = beta, .l0 = l0}, ws, res,
-                                                        pred);
-                                  }));
+      rows.push_back(measure_dipr(
+          {"roargraph", "dipr", "l0=" + std::to_string(l0)}, beta, E, exact, n, threads,
+          [&](auto q, kvsift::dipr_result& res, auto& ws) {
+            kvsift::dipr_search(g, q, {.beta = beta, .l0 = l0, .degree_cap = o.degree_cap}, ws, res,
+                                pred, std::span<const kvsift::id_t>(window_entries));
+          }));
     }
   }
   if constexpr (std::is_same_v<M, kvsift::inner_product> && std::is_same_v<P, kvsift::no_filter>) {

@@ -167,15 +167,15 @@ def row_pool(r):
     return int(str(r["param"]).split("=")[1])
 
 
-def kvsift_rows(js, method_index, n, cap=0):
+def kvsift_rows(js, method_index, n, cap=0, win=0):
     """(k, L, recall, qps, dist_comps) per top-k row of one index in a kvsift-bench JSON;
-    `cap` = the --degree-cap the sweep ran with (0 = none)."""
+    `cap` / `win` = the --degree-cap / --entry-window the sweep ran with (0 = none)."""
     out = []
     for r in js["rows"]:
         if r["index"] != method_index or not r["query"].startswith("top-"):
             continue
         k = int(r["query"][4:])
-        out.append({"k": k, "L": row_pool(r), "cap": cap, "recall": r["recall"],
+        out.append({"k": k, "L": row_pool(r), "cap": cap, "win": win, "recall": r["recall"],
                     "qps": 1e6 / r["mean_us"], "p50_qps": 1e6 / r["p50_us"],
                     "dist": r["scanned"] * n})
     return out
@@ -186,10 +186,10 @@ def best_of(runs):
     best = {}
     for rows in runs:
         for r in rows:
-            key = (r["k"], r["L"], r.get("cap", 0))
+            key = (r["k"], r["L"], r.get("cap", 0), r.get("win", 0))
             if key not in best or r["qps"] > best[key]["qps"]:
                 best[key] = r
-    return sorted(best.values(), key=lambda r: (r.get("cap", 0), r["k"], r["L"]))
+    return sorted(best.values(), key=lambda r: (r.get("cap", 0), r.get("win", 0), r["k"], r["L"]))
 
 
 def run_kvsift(args, d, ks, Ls):
@@ -220,13 +220,19 @@ def run_kvsift(args, d, ks, Ls):
                           "sweep": kvsift_rows(js, "hnsw", n)}
     runs = [res["kvsift"]["sweep"]]
     caps = [int(c) for c in args.degree_caps.split(",")]
+    wins = [int(w) for w in args.entry_windows.split(",")]
     for cap in caps:
-        for rep in range(args.repeat - (1 if cap == 0 else 0)):
-            p = os.path.join(d["dir"], "kvsift_repeat.json")
-            extra = ["--degree-cap", str(cap)] if cap else []
-            run(common + ["--index", "roargraph", "--load-index", idx, "--json", p] + extra)
-            runs.append(kvsift_rows(json.load(open(p)), "roargraph", n, cap))
+        for win in wins:
+            for rep in range(args.repeat - (1 if cap == 0 and win == 0 else 0)):
+                p = os.path.join(d["dir"], "kvsift_repeat.json")
+                extra = ["--degree-cap", str(cap)] if cap else []
+                extra += ["--entry-window", str(win)] if win else []
+                run(common + ["--index", "roargraph", "--load-index", idx, "--json", p] + extra)
+                runs.append(kvsift_rows(json.load(open(p)), "roargraph", n, cap, win))
     res["kvsift"]["sweep"] = best_of(runs)
+    if len(caps) * len(wins) > 1:  # the plain search too, so the table shows what the knobs buy
+        plain = [r for r in res["kvsift"]["sweep"] if r["cap"] == 0 and r["win"] == 0]
+        res["kvsift plain"] = dict(res["kvsift"], sweep=plain)
     res["_stdout"] = stdout
     return res, js
 
@@ -264,26 +270,27 @@ def at_recall(sweep, target):
     """QPS and distance computations at `target` recall: the first sweep point (in L order)
     reaching it, interpolated linearly in recall with the point before it; None if never.
     A sweep over several degree caps: that per cap, and the cap with the highest QPS."""
-    caps = sorted({r.get("cap", 0) for r in sweep})
-    if len(caps) > 1:
+    variants = sorted({(r.get("cap", 0), r.get("win", 0)) for r in sweep})
+    if len(variants) > 1:
         best = None
-        for c in caps:
-            a = at_recall([r for r in sweep if r.get("cap", 0) == c], target)
+        for v in variants:
+            a = at_recall([r for r in sweep if (r.get("cap", 0), r.get("win", 0)) == v], target)
             if a and (best is None or a["qps"] > best["qps"]):
                 best = a
         return best
     pts = sorted(sweep, key=lambda r: r["L"])
-    cap = caps[0] if caps else 0
+    cap, win = variants[0] if variants else (0, 0)
     for i, p in enumerate(pts):
         if p["recall"] >= target:
             if i == 0 or pts[i - 1]["recall"] >= p["recall"]:
                 return {"qps": p["qps"], "dist": p["dist"], "L": p["L"], "cap": cap,
-                        "interpolated": False}
+                        "win": win, "interpolated": False}
             a = pts[i - 1]
             t = (target - a["recall"]) / (p["recall"] - a["recall"])
             return {"qps": a["qps"] + t * (p["qps"] - a["qps"]),
                     "dist": a["dist"] + t * (p["dist"] - a["dist"]),
-                    "L": a["L"] + t * (p["L"] - a["L"]), "cap": cap, "interpolated": True}
+                    "L": a["L"] + t * (p["L"] - a["L"]), "cap": cap, "win": win,
+                    "interpolated": True}
     return None
 
 
@@ -294,7 +301,7 @@ def summarize(results, ks, targets):
             sw = [p for p in r["sweep"] if p["k"] == k]
             if not sw:
                 continue
-            uncapped = [p for p in sw if p.get("cap", 0) == 0] or sw
+            uncapped = [p for p in sw if p.get("cap", 0) == 0 and p.get("win", 0) == 0] or sw
             e = {"build_s": r["build_s"],
                  "mean_degree": r["degree"]["mean"] if r.get("degree") else None,
                  "reachable": (r.get("degree") or {}).get("reachable_from_entry"),
@@ -341,7 +348,9 @@ def markdown(name, meta, summary, targets):
                f"{e['recall_at_min_L']:.4f} ({e['min_L']}) | {e['max_recall']:.4f} |")
         for t in targets:
             a = e[f"at_{t}"]
-            cap = f" (cap {a['cap']})" if a and a.get("cap") else ""
+            tag = [f"cap {a['cap']}"] if a and a.get("cap") else []
+            tag += [f"window {a['win']}"] if a and a.get("win") else []
+            cap = f" ({', '.join(tag)})" if tag else ""
             row += f" {fmt(a and a['qps'], '.0f')}{cap} | {fmt(a and a['dist'], '.0f')} |"
         lines.append(row)
     for key, r in summary.items():
@@ -382,6 +391,10 @@ def main():
     ap.add_argument("--threads", default=str(os.cpu_count()), help="build threads (all methods)")
     ap.add_argument("--repeat", type=int, default=1, help="search sweeps per method, best QPS kept")
     ap.add_argument("--targets", default="0.95,0.99")
+    ap.add_argument("--entry-windows", dest="entry_windows", default="0",
+                    help="kvsift: also sweep these entry windows (kvsift-bench --entry-window W: "
+                         "the first and last W keys seed every search, as an engine's static "
+                         "window would); combined with every --degree-caps value")
     ap.add_argument("--degree-caps", dest="degree_caps", default="0",
                     help="kvsift: also sweep these per-call degree caps (0 = none); at each "
                          "target the cap with the highest QPS is reported")

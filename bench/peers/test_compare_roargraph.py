@@ -50,6 +50,14 @@ class AtRecall(unittest.TestCase):
         b = cr.at_recall(full + capped, 0.99)
         self.assertEqual((b["cap"], b["qps"]), (0, 8000))
 
+    def test_entry_windows_and_caps_are_separate_variants(self):
+        plain = [pt(10, 0.90, 9000, 200), pt(20, 0.96, 6000, 300)]
+        windowed = [dict(p, win=4) for p in (pt(10, 0.97, 8000, 260), pt(20, 0.99, 5000, 330))]
+        a = cr.at_recall(plain + windowed, 0.95)
+        self.assertEqual((a["win"], a["qps"], a["interpolated"]), (4, 8000, False))
+        b = cr.at_recall(plain, 0.95)
+        self.assertEqual(b["win"], 0)
+
     def test_summary_ratios(self):
         res = {"kvsift": {"build_s": 4.0, "degree": {"mean": 50.0},
                           "sweep": [pt(10, 0.9, 100, 1000), pt(20, 1.0, 50, 2000)]},

@@ -39,6 +39,10 @@ add_test(NAME kvsift_bench_rejects_mismatched_dims
                  --queries "${PROJECT_SOURCE_DIR}/bench/data/testdata/dim32.fbin")
 set_tests_properties(kvsift_bench_rejects_mismatched_dims PROPERTIES PASS_REGULAR_EXPRESSION
                      "error: .*dimension vs --keys: expected dimension 64, got 32")
+# The per-call search knobs (--degree-cap, --entry-window) act on the graph search.
+add_test(NAME kvsift_bench_search_knobs
+         COMMAND bash "${PROJECT_SOURCE_DIR}/tests/cli/kvsift_bench_search_knobs.sh"
+                 $<TARGET_FILE:kvsift-bench> "${kvsift_sample}")
 # Attention quality (causal, window + retrieval vs full attention) on the real sample.
 add_test(NAME kvsift_bench_quality_sample
          COMMAND kvsift-bench --keys "${kvsift_sample}/L15_k0.fbin"
