@@ -237,14 +237,56 @@ inline py::array_t<std::int64_t> ids_to_numpy(std::span<const id_t> ids) {
 
 // ----------------------------------------------------------------------------- predicates
 
-using filter_t = std::variant<kvsift::no_filter, kvsift::id_below, kvsift::id_range>;
+/// kvsift.IdMask: a borrowed 1-D bool (or uint8) array with one entry per key; nonzero entries
+/// pass. The tensor keeps the memory alive; searches read it through kvsift::id_mask.
+struct id_mask_filter {
+  tensor t;
+  std::span<const std::uint8_t> bytes;
+};
 
-inline filter_t filter_of(const py::object& f) {
+/// kvsift.IdList: ids checked at construction (non-negative, below INVALID_ID); each search
+/// turns them into a kvsift::id_allow_list over the index's size (O(n / 8 + len(ids))), which
+/// rejects ids beyond the index.
+struct id_list_filter {
+  std::vector<id_t> ids;
+};
+
+inline id_mask_filter id_mask_of(const py::handle& h) {
+  id_mask_filter f{tensor_of(h, "mask"), {}};
+  const tensor& t = f.t;
+  if (!(t.kind == 'b' || (t.kind == 'u' && t.itemsize == 1)) || t.itemsize != 1) {
+    fail<kvsift::invalid_argument>("IdMask: expected a bool or uint8 array, got dtype ",
+                                   kvsift_python::dtype_name(t), " (convert with ",
+                                   kvsift_python::dtype_fix(t, "bool"), ")");
+  }
+  require<kvsift::dimension_mismatch>(t.ndim() == 1, "IdMask: expected a 1-D array, got ", t.ndim(),
+                                      " dimension(s)");
+  const auto n = static_cast<std::size_t>(t.shape[0]);
+  require(n <= 1 || t.strides[0] == 1, "IdMask: expected a contiguous mask, got stride ",
+          n > 1 ? t.strides[0] : 0, " bytes (pass ", kvsift_python::layout_fix(t),
+          "; kvsift does not copy silently)");
+  f.bytes = {reinterpret_cast<const std::uint8_t*>(t.data), n};
+  return f;
+}
+
+using filter_t = std::variant<kvsift::no_filter, kvsift::id_below, kvsift::id_range,
+                              kvsift::id_mask, kvsift::id_allow_list>;
+
+/// The predicate of a Python filter for an index of n keys. Every predicate is validated
+/// against n by the search itself (a mask of another length, an id >= n raise there or here).
+inline filter_t filter_of(const py::object& f, std::size_t n) {
   if (f.is_none()) return kvsift::no_filter{};
   if (py::isinstance<kvsift::id_below>(f)) return f.cast<kvsift::id_below>();
   if (py::isinstance<kvsift::id_range>(f)) return f.cast<kvsift::id_range>();
-  throw py::type_error("filter: expected None, kvsift.IdBelow or kvsift.IdRange, got " +
-                       std::string(py::str(py::type::of(f).attr("__name__"))));
+  if (py::isinstance<id_mask_filter>(f))
+    return kvsift::id_mask(f.cast<const id_mask_filter&>().bytes);
+  if (py::isinstance<id_list_filter>(f)) {
+    return kvsift::id_allow_list(f.cast<const id_list_filter&>().ids, n);
+  }
+  throw py::type_error(
+      "filter: expected None, kvsift.IdBelow, kvsift.IdRange, kvsift.IdMask or kvsift.IdList, "
+      "got " +
+      std::string(py::str(py::type::of(f).attr("__name__"))));
 }
 
 // ----------------------------------------------------------------------------- results

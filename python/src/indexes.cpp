@@ -3,9 +3,16 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <filesystem>
+#include <istream>
+#include <sstream>
+#include <streambuf>
 
 #include "bindings.hpp"
 #include "indexes.hpp"
+#include "kvsift/index/graph_io.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
 
 namespace kvsift_python {
@@ -32,6 +39,82 @@ py_graph make_roargraph(const py::handle& keys_h, const py::handle& train_h,
           std::move(keys),
           std::move(index),
           {st.knn_seconds, st.projection_seconds, st.connectivity_seconds, st.total_seconds}};
+}
+
+// ----------------------------------------------------------------------------- persistence
+
+/// A read-only streambuf over bytes owned elsewhere (a Python bytes object), so a pickled graph
+/// is parsed in place instead of being copied into a std::string first.
+class bytes_streambuf : public std::streambuf {
+ public:
+  bytes_streambuf(const char* data, std::size_t size) {
+    char* p = const_cast<char*>(data);  // the get area only: never written through
+    setg(p, p, p + size);
+  }
+};
+
+void save_roargraph(const py_graph& self, const std::filesystem::path& path) {
+  py::gil_scoped_release release;
+  std::visit([&](const auto& g) { kvsift::save_graph(g, path); }, self.index());
+}
+
+py_graph load_roargraph(const std::filesystem::path& path, const py::handle& keys_h) {
+  tensor keys = tensor_of(keys_h, "keys");
+  auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
+    py::gil_scoped_release release;
+    return kvsift::load_graph(path, store);
+  });
+  return {py::reinterpret_borrow<py::object>(keys_h), std::move(keys), std::move(index)};
+}
+
+std::uint64_t roargraph_fingerprint(const py_graph& self) {
+  return std::visit([](const auto& g) { return kvsift::key_fingerprint(g.store()); }, self.index());
+}
+
+/// Pickle state, version 1: (1, keys, graph bytes (write_graph), build stats). The keys are the
+/// caller's object itself, so pickle copies their data (and they must be picklable: a NumPy
+/// array or a torch tensor is); the graph bytes carry the metric and the keys' fingerprint,
+/// checked again on unpickling.
+constexpr int pickle_version = 1;
+
+py::tuple roargraph_getstate(const py_graph& self) {
+  std::ostringstream out(std::ios::binary);
+  {
+    py::gil_scoped_release release;
+    std::visit([&](const auto& g) { kvsift::write_graph(g, out); }, self.index());
+  }
+  const build_info& st = self.build_stats();
+  return py::make_tuple(pickle_version, self.keys(), py::bytes(out.str()),
+                        py::make_tuple(st.knn_seconds, st.projection_seconds,
+                                       st.connectivity_seconds, st.total_seconds));
+}
+
+py_graph roargraph_setstate(const py::tuple& state) {
+  require(state.size() == 4 && py::isinstance<py::int_>(state[0]) &&
+              state[0].cast<int>() == pickle_version && py::isinstance<py::bytes>(state[2]),
+          "RoarGraphIndex pickle: expected state (", pickle_version,
+          ", keys, graph bytes, build stats), got a tuple of ", state.size(),
+          " items; it was made by another kvsift version");
+  const py::handle keys_h = state[1];
+  tensor keys = tensor_of(keys_h, "keys");
+  char* data = nullptr;
+  py::ssize_t size = 0;
+  if (PYBIND11_BYTES_AS_STRING_AND_SIZE(state[2].ptr(), &data, &size) != 0) {
+    throw py::error_already_set();
+  }
+  const auto st = state[3].cast<std::tuple<double, double, double, double>>();
+  const py::object graph_bytes = state[2];  // keeps data alive while the GIL is released
+  auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
+    py::gil_scoped_release release;
+    bytes_streambuf buf(data, static_cast<std::size_t>(size));
+    std::istream in(&buf);
+    return kvsift::read_graph(in, static_cast<std::uint64_t>(size), store,
+                              "pickled RoarGraphIndex");
+  });
+  return {py::reinterpret_borrow<py::object>(keys_h),
+          std::move(keys),
+          std::move(index),
+          {std::get<0>(st), std::get<1>(st), std::get<2>(st), std::get<3>(st)}};
 }
 
 std::unique_ptr<py_insertable> make_insertable(const py::handle& keys_h, const py::handle& train_h,
@@ -120,7 +203,24 @@ void bind_indexes(py::module_& m) {
            py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
            py::arg("filter") = py::none(), py::arg("entries") = py::none(),
            "DIPRS graph search: keys with score >= best - beta; seed_score (e.g. the best "
-           "window score) tightens pruning from the first hop.");
+           "window score) tightens pruning from the first hop.")
+      .def_property_readonly("key_fingerprint", &roargraph_fingerprint,
+                             "64-bit FNV-1a fingerprint of the keys (shape, dtype and bytes; "
+                             "every row up to 16 MiB of keys, 4096 evenly spaced rows beyond) "
+                             "that save() records and load() checks. O(n d) up to that size.")
+      .def("save", &save_roargraph, py::arg("path"),
+           "Writes the graph (not the keys) to path atomically, with the metric and the keys' "
+           "fingerprint. O(n M). Raises IoError if the file cannot be written.")
+      .def_static("load", &load_roargraph, py::arg("path"), py::arg("keys"),
+                  "RoarGraphIndex.load(path, keys): the graph saved at path over these keys "
+                  "(borrowed as by the constructor). Raises IoError for a missing, truncated or "
+                  "corrupted file, InvalidArgument if the file was built over other keys (the "
+                  "expected and actual fingerprints are named), another shape, dtype or metric. "
+                  "O(n M) plus the fingerprint.")
+      .def(py::pickle(&roargraph_getstate, &roargraph_setstate),
+           "Pickling is self-contained: the state holds the key array (pickled as the object it "
+           "is, so its data is copied and it must be picklable) and the graph bytes; "
+           "unpickling checks the keys' fingerprint like load().");
 
   py::class_<py_insertable>(m, "InsertableGraphIndex",
                             "RoarGraph over float32 keys (n, d), copied, that grows: insert() adds "

@@ -40,6 +40,8 @@ PYBIND11_MODULE(kvsift, m) {
   py::register_exception<kvsift::dimension_mismatch>(m, "DimensionMismatch", invalid.ptr());
   py::register_exception<kvsift::out_of_range>(m, "OutOfRange", invalid.ptr());
   py::register_exception<kvsift::non_finite_value>(m, "NonFiniteValue", invalid.ptr());
+  // File and stream errors (a missing, truncated or corrupted index file or pickle).
+  py::register_exception<kvsift::io_error>(m, "IoError", PyExc_OSError);
 
 #ifdef KVSIFT_PYTHON_VERSION
   m.attr("__version__") = KVSIFT_PYTHON_VERSION;

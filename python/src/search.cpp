@@ -19,7 +19,7 @@ dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, s
   const auto qv = vector_of(query_h, "query");
   const std::span<const float> q = qv.s;
   const auto p = dipr_params_of(beta, l0, max_candidates, seed_score);
-  const filter_t f = filter_of(filter);
+  const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
   kvsift::dipr_result r;
@@ -52,7 +52,7 @@ block_output block_search(const py_block& self, const py::handle& query_h, const
     require<kvsift::non_finite_value>(
         std::isfinite(q[i]), "BlockIndex: expected a finite query, got ", q[i], " at position ", i);
   }
-  const filter_t f = filter_of(filter);
+  const filter_t f = filter_of(filter, self.index().size());
   kvsift::block_result r;
   {
     py::gil_scoped_release release;
@@ -70,7 +70,7 @@ block_output block_search(const py_block& self, const py::handle& query_h, const
 
 search_result flat_topk(const py_flat& self, const py::handle& queries, std::size_t k,
                         const py::object& filter, std::size_t threads) {
-  const filter_t f = filter_of(filter);
+  const filter_t f = filter_of(filter, self.size());
   return std::visit(
       [&](const auto& index, const auto& pred) {
         return batched_topk(queries, k, threads,
@@ -84,7 +84,7 @@ search_result flat_topk(const py_flat& self, const py::handle& queries, std::siz
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
                            std::size_t threads) {
-  const filter_t f = filter_of(filter);
+  const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
   const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search: L")};
@@ -122,7 +122,8 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
       "search_heads: expected (H, d) queries with H a multiple of the ", idx.size(),
       " indexes (one per KV head), got ", qt.ndim(), "-D queries of ", heads, " rows");
   const std::size_t group = static_cast<std::size_t>(heads) / idx.size();
-  const filter_t f = filter_of(filter);
+  const filter_t f =
+      filter_of(filter, std::visit([](const auto* i) { return i->size(); }, idx.front()));
   const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search_heads: L")};
   return std::visit(
       [&](const auto& pred) {
@@ -196,9 +197,16 @@ py::array_t<std::int64_t> block_tokens(const py_block& self, const py::handle& b
                                   " at position ", i);
     blocks[i] = static_cast<std::size_t>(b);
   }
-  const filter_t f = filter_of(filter);
+  const filter_t f = filter_of(filter, self.index().size());
   std::vector<id_t> ids;
-  std::visit([&](const auto& pred) { self.index().tokens(blocks, ids, pred); }, f);
+  std::visit(
+      [&](const auto& pred) {
+        // tokens() does not validate its predicate (the searches do): a mask of another length
+        // is an error here too, not a silent partial filter.
+        kvsift::validate_predicate(pred, self.index().size());
+        self.index().tokens(blocks, ids, pred);
+      },
+      f);
   return ids_to_numpy(ids);
 }
 
@@ -213,6 +221,28 @@ void bind_search(py::module_& m) {
            py::arg("first"), py::arg("last"))
       .def_readonly("first", &kvsift::id_range::first)
       .def_readonly("last", &kvsift::id_range::last);
+
+  py::class_<id_mask_filter>(m, "IdMask",
+                             "Filter: only ids whose entry in mask is true. mask: 1-D bool (or "
+                             "uint8, nonzero passes) array of one entry per key, borrowed (kept "
+                             "alive, not copied; do not change it during a search). A mask of "
+                             "another length than the index raises DimensionMismatch.")
+      .def(py::init([](const py::handle& mask) { return id_mask_of(mask); }), py::arg("mask"))
+      .def_property_readonly(
+          "mask", [](const id_mask_filter& f) { return f.t.owner; },
+          "The array (or DLPack export) read, not a copy.")
+      .def("__len__", [](const id_mask_filter& f) { return f.bytes.size(); });
+  py::class_<id_list_filter>(m, "IdList",
+                             "Filter: only the listed ids. ids: 1-D integer array (copied; "
+                             "duplicates allowed). Each search builds a bitmap over the index "
+                             "(O(n / 8 + len(ids))); an id >= the index size raises OutOfRange.")
+      .def(py::init(
+               [](const py::handle& ids) { return id_list_filter{ids_of(ids, "IdList: ids")}; }),
+           py::arg("ids"))
+      .def_property_readonly(
+          "ids", [](const id_list_filter& f) { return ids_to_numpy(f.ids); },
+          "The ids as int64 (a copy).")
+      .def("__len__", [](const id_list_filter& f) { return f.ids.size(); });
 
   py::class_<search_result>(m, "SearchResult",
                             "Top-k result: ids/scores (k,) or (m, k), best first; missing "
