@@ -157,7 +157,7 @@ def test_block_index_bad_input_raises(data, block):
         block.tokens(np.array([0.5]))
     with pytest.raises(ks.OutOfRange, match="prefix_len"):
         block.topk(queries[0], 2, filter=ks.IdBelow(N + 1))
-    with pytest.raises(TypeError, match="IdBelow or kvsift.IdRange"):
+    with pytest.raises(TypeError, match="IdBelow, kvsift.IdRange, kvsift.IdMask or kvsift.IdList"):
         block.topk(queries[0], 2, filter="middle")
 
 

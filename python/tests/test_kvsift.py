@@ -287,7 +287,7 @@ def test_out_of_range_and_bad_parameters_raise(data, graph):
         graph.search(queries[0], 3, filter=ks.IdRange(5, 5))
     with pytest.raises(ks.OutOfRange, match="entry ids"):
         graph.search(queries[0], 3, entries=np.array([N]))
-    with pytest.raises(TypeError, match="IdBelow or kvsift.IdRange"):
+    with pytest.raises(TypeError, match="IdBelow, kvsift.IdRange, kvsift.IdMask or kvsift.IdList"):
         flat.topk(queries[0], 3, filter=lambda i: True)
     with pytest.raises(ks.InvalidArgument, match="k must be > 0"):
         flat.topk(queries[0], 0)

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,59 @@ TEST_CASE("graph index save/load round trip and corruption", "[index][io]") {
   SECTION("a missing file names the path") {
     std::filesystem::remove(f.path);
     CHECK_THROWS_WITH(load_graph(f.path, store), Contains(f.path.string()));
+  }
+}
+
+TEST_CASE("write_graph / read_graph: the file format through any stream", "[index][io]") {
+  const small_graph sg;
+  const auto& [data, store, g] = sg;
+  std::ostringstream out(std::ios::binary);
+  write_graph(g, out);
+  const std::string bytes = out.str();
+  temp_file f("kvsift_graph_stream");
+  save_graph(g, f.path);
+  // The stream carries exactly the bytes of the file (one format, two transports).
+  const auto file = slurp(f.path);
+  REQUIRE(std::string(file.begin(), file.end()) == bytes);
+
+  SECTION("round trip") {
+    std::istringstream in(bytes, std::ios::binary);
+    const auto h = read_graph(in, bytes.size(), store);
+    CHECK(std::ranges::equal(h.entry_points(), g.entry_points()));
+    CHECK(h.max_degree() == g.max_degree());
+    CHECK(std::equal(h.adjacency().begin(), h.adjacency().end(), g.adjacency().begin(),
+                     g.adjacency().end()));
+  }
+  SECTION("every truncation is an io_error") {
+    for (std::size_t len :
+         {std::size_t{0}, std::size_t{7}, std::size_t{40}, bytes.size() / 2, bytes.size() - 1}) {
+      std::istringstream in(bytes.substr(0, len), std::ios::binary);
+      CHECK_THROWS_AS(read_graph(in, len, store), io_error);
+    }
+  }
+  SECTION("a size beyond the stream's bytes is truncation, not a read past the end") {
+    std::istringstream in(bytes.substr(0, bytes.size() - 8), std::ios::binary);
+    CHECK_THROWS_WITH(read_graph(in, bytes.size(), store), Contains("truncated"));
+  }
+  SECTION("trailing bytes are rejected") {
+    const std::string longer = bytes + "x";
+    std::istringstream in(longer, std::ios::binary);
+    CHECK_THROWS_WITH(read_graph(in, longer.size(), store), Contains("unread"));
+  }
+  SECTION("a flipped byte fails the checksum") {
+    std::string bad = bytes;
+    bad[bad.size() / 2] = static_cast<char>(bad[bad.size() / 2] ^ 0x10);
+    std::istringstream in(bad, std::ios::binary);
+    CHECK_THROWS_AS(read_graph(in, bad.size(), store), io_error);
+  }
+  SECTION("the source name is used in the version-1 message") {
+    std::ostringstream v1(std::ios::binary);
+    detail::binary_writer w(v1);
+    detail::write_header(w, {detail::graph_magic, 1, element_type::f32, 600, 16});
+    w.write_checksum();
+    std::istringstream in(v1.str(), std::ios::binary);
+    CHECK_THROWS_WITH(read_graph(in, v1.str().size(), store, "pickled index"),
+                      Contains("pickled index: graph file version 1"));
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <set>
@@ -72,6 +73,22 @@ TEST_CASE("filtered search with a random 10% allow list", "[search][filtered]") 
                  0.97);  // measured 1.0 and 0.9997+
 }
 
+TEST_CASE("filtered search with a borrowed 10% byte mask equals the allow list",
+          "[search][filtered]") {
+  std::mt19937 rng(5);
+  std::vector<id_t> all(2000);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<id_t>(i);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(200);
+  std::vector<std::uint8_t> mask(2000, 0);
+  // Any nonzero byte passes (a uint8 mask need not be 0/1).
+  for (id_t id : all) mask[id] = static_cast<std::uint8_t>(1 + id % 200);
+  const kvsift::id_mask m{std::span<const std::uint8_t>(mask)};
+  const kvsift::id_allow_list list(all, 2000);
+  for (id_t id = 0; id < 2100; ++id) REQUIRE(m(id) == list(id));
+  check_filtered(m, "byte mask 10%", 0.97, 0.97);
+}
+
 TEST_CASE("filtered search rejects bad predicates", "[search][filtered]") {
   const auto& f = fx();
   kvsift::search_workspace ws;
@@ -98,6 +115,12 @@ TEST_CASE("filtered search rejects bad predicates", "[search][filtered]") {
                kvsift::dipr_search(f.graph, q, {}, ws, r, kvsift::id_allow_list({1}, 1999));
              }),
              Contains("1999"));
+  const std::vector<std::uint8_t> short_mask(1999, 1);
+  CHECK_THAT(message_of<kvsift::dimension_mismatch>([&] {
+               kvsift::beam_search(f.graph, q, {10, 20}, ws, ids, sc,
+                                   kvsift::id_mask{std::span<const std::uint8_t>(short_mask)});
+             }),
+             Contains("2000") && Contains("1999"));
 }
 
 TEST_CASE("filtered walk scores at most max_degree nodes per expansion (ACORN cap)",

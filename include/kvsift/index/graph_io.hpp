@@ -2,15 +2,19 @@
 // Saving and loading graph indexes. The file holds the graph only (the vectors stay with the
 // engine): header (magic "KVSGRAPH", version 2, element type, n, dim), the metric's name
 // (16 bytes, zero-padded), a 64-bit fingerprint of the keys, max degree, the entry points
-// (count, then ids), the
-// padded n x max_degree adjacency, and a trailing checksum. Loading checks every field against
+// (count, then ids), the padded n x max_degree adjacency, and a trailing checksum. The same
+// bytes go to a file (save_graph / load_graph) or any binary stream (write_graph /
+// read_graph). Loading checks every field against
 // the store it is attached to, so an index saved for other keys or another metric is rejected.
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <istream>
+#include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvsift/core/error.hpp"
@@ -79,44 +83,49 @@ template <VectorStore Store>
   return h.value();
 }
 
-/// Writes `g` to `path` atomically (a failed write leaves no partial file). The file records
-/// the metric M and key_fingerprint(g.store()), which load_graph checks.
+/// Writes `g` in the graph file format (see the top of this header) to `out`, a binary stream:
+/// the same bytes save_graph puts in a file, for callers that keep the graph in memory (a
+/// pickle, a network message). The format records the metric M and key_fingerprint(g.store()),
+/// which read_graph checks. O(n * max_degree) plus the fingerprint. Thread safety: reads g only;
+/// safe concurrently with other const use of g.
+/// @throw io_error if the stream fails.
+template <VectorStore Store, Metric M>
+void write_graph(const graph_index<Store, M>& g, std::ostream& out) {
+  const std::uint64_t fingerprint = key_fingerprint(g.store());
+  detail::binary_writer w(out);
+  detail::write_header(w, {detail::graph_magic, detail::graph_version,
+                           element_type_of<typename Store::value_type>(), g.size(), g.dim()});
+  w.write_pod(detail::metric_tag<M>());
+  w.write_pod(fingerprint);
+  w.write_pod(static_cast<std::uint64_t>(g.max_degree()));
+  w.write_pod(static_cast<std::uint32_t>(g.entry_points().size()));
+  w.write_array(g.entry_points().data(), g.entry_points().size());
+  w.write_array(g.adjacency().data(), g.adjacency().size());
+  w.write_checksum();
+}
+
+/// Writes `g` to `path` atomically (a failed write leaves no partial file), as write_graph.
 /// O(n * max_degree) plus the fingerprint. Thread safety: reads g only; safe concurrently with
 /// other const use of g.
 /// @throw io_error if the file cannot be written.
 template <VectorStore Store, Metric M>
 void save_graph(const graph_index<Store, M>& g, const std::filesystem::path& path) {
-  const std::uint64_t fingerprint = key_fingerprint(g.store());
-  detail::atomic_write(path, [&](std::ostream& out) {
-    detail::binary_writer w(out);
-    detail::write_header(w, {detail::graph_magic, detail::graph_version,
-                             element_type_of<typename Store::value_type>(), g.size(), g.dim()});
-    w.write_pod(detail::metric_tag<M>());
-    w.write_pod(fingerprint);
-    w.write_pod(static_cast<std::uint64_t>(g.max_degree()));
-    w.write_pod(static_cast<std::uint32_t>(g.entry_points().size()));
-    w.write_array(g.entry_points().data(), g.entry_points().size());
-    w.write_array(g.adjacency().data(), g.adjacency().size());
-    w.write_checksum();
-  });
+  detail::atomic_write(path, [&](std::ostream& out) { write_graph(g, out); });
 }
 
-/// Reads a graph saved by save_graph and attaches it to `store`, checking that the file was
-/// built with metric M over these very keys (same fingerprint), not merely keys of the same
-/// shape. O(n * max_degree) plus the fingerprint (see key_fingerprint).
-/// Format versions: 2 (current). Version 1 files (no metric, no fingerprint) are refused with
-/// an io_error asking for a rebuild, since nothing in them can show they fit the keys.
-/// @throw io_error for a missing, truncated or corrupted file (bad magic, version, checksum,
-///        trailing bytes) or a version 1 file; invalid_argument (dimension_mismatch /
-///        out_of_range) if the file's element type, size or dimension differ from the store's,
-///        its metric is not M or its key fingerprint differs from the store's (both values
-///        named), or its adjacency is invalid.
+/// Reads a graph written by write_graph (or save_graph) from `in`, which must hold exactly
+/// `size` bytes from its current position, and attaches it to `store`, with every check of
+/// load_graph. `source` names the data in error messages (load_graph passes the quoted path).
+/// O(n * max_degree) plus the fingerprint. Thread safety: reads `in`, which no other thread may
+/// use meanwhile.
+/// @throw as load_graph (io_error for truncated, corrupted or trailing bytes; invalid_argument
+///        for a graph of other keys, shape, element type or metric).
 template <Metric M = inner_product, VectorStore Store>
-graph_index<Store, M> load_graph(const std::filesystem::path& path, Store store) {
-  auto file = detail::open_input_file(path);
-  detail::binary_reader r(file.stream, file.size);
+graph_index<Store, M> read_graph(std::istream& in, std::uint64_t size, Store store,
+                                 std::string_view source = "graph data") {
+  detail::binary_reader r(in, size);
   const auto h = detail::read_header(r, detail::graph_magic, detail::graph_version);
-  detail::require<io_error>(h.version >= 2, "'", path.string(), "': graph file version ", h.version,
+  detail::require<io_error>(h.version >= 2, source, ": graph file version ", h.version,
                             " records no metric or key fingerprint, expected version ",
                             detail::graph_version, "; rebuild the index and save it again");
   const auto metric = r.read_pod<std::array<char, detail::metric_name_bytes>>("metric");
@@ -148,6 +157,23 @@ graph_index<Store, M> load_graph(const std::filesystem::path& path, Store store)
                   detail::hex64(actual), " (same shape, other keys)");
   return graph_index<Store, M>(std::move(store), static_cast<std::size_t>(max_degree),
                                std::move(adjacency), std::move(entries));
+}
+
+/// Reads a graph saved by save_graph and attaches it to `store`, checking that the file was
+/// built with metric M over these very keys (same fingerprint), not merely keys of the same
+/// shape. O(n * max_degree) plus the fingerprint (see key_fingerprint).
+/// Format versions: 2 (current). Version 1 files (no metric, no fingerprint) are refused with
+/// an io_error asking for a rebuild, since nothing in them can show they fit the keys.
+/// @throw io_error for a missing, truncated or corrupted file (bad magic, version, checksum,
+///        trailing bytes) or a version 1 file; invalid_argument (dimension_mismatch /
+///        out_of_range) if the file's element type, size or dimension differ from the store's,
+///        its metric is not M or its key fingerprint differs from the store's (both values
+///        named), or its adjacency is invalid.
+template <Metric M = inner_product, VectorStore Store>
+graph_index<Store, M> load_graph(const std::filesystem::path& path, Store store) {
+  auto file = detail::open_input_file(path);
+  return read_graph<M>(file.stream, file.size, std::move(store),
+                       detail::concat("'", path.string(), "'"));
 }
 
 }  // namespace kvsift

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kvsift/core/error.hpp"
@@ -79,7 +81,28 @@ class id_allow_list {
   std::vector<bool> bits_;
 };
 
+/// Accepts the ids whose byte in a borrowed mask is nonzero: one byte per id, the layout of a
+/// NumPy or torch bool array, so a caller's mask is used without building a bitmap. Ids beyond
+/// the mask are refused, so even an unvalidated use never reads past it. The mask is not
+/// copied: it must outlive the searches that use it and not change during one.
+/// Complexity: O(1) per test. Thread safety: const, safe to share between searches.
+class id_mask {
+ public:
+  id_mask() = default;
+  explicit id_mask(std::span<const std::uint8_t> mask) noexcept : mask_(mask) {}
+  bool operator()(id_t id) const noexcept { return id < mask_.size() && mask_[id] != 0; }
+  /// @throw dimension_mismatch unless the mask has exactly one entry per id (n).
+  void validate(std::size_t n) const {
+    detail::require<dimension_mismatch>(mask_.size() == n, "id_mask: expected ", n,
+                                        " entries (one per id), got ", mask_.size());
+  }
+  [[nodiscard]] std::span<const std::uint8_t> mask() const noexcept { return mask_; }
+
+ private:
+  std::span<const std::uint8_t> mask_;
+};
+
 static_assert(Predicate<no_filter> && Predicate<id_below> && Predicate<id_range> &&
-              Predicate<id_allow_list>);
+              Predicate<id_allow_list> && Predicate<id_mask>);
 
 }  // namespace kvsift

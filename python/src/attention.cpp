@@ -1,0 +1,309 @@
+// Attention of the Python module: sparse and dense partial attention (one head, or every
+// query head of a decode step with the GQA mapping) and the log-sum-exp merges of partial
+// states. K/V are borrowed in any layout with a contiguous innermost axis.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "common.hpp"
+#include "kvsift/attention/merge.hpp"
+#include "kvsift/attention/partial_state.hpp"
+#include "kvsift/attention/sparse_attention.hpp"
+
+namespace kvsift_python {
+namespace {
+
+/// K/V tensors as a kv_view: (tokens, dim) for one KV head, or (tokens, kv_heads, dim) in any
+/// layout whose innermost axis is contiguous (e.g. a slice of a preallocated cache).
+template <class T>
+kvsift::kv_view<T> kv_of(const tensor& k, const tensor& v) {
+  require<kvsift::dimension_mismatch>(
+      k.ndim() == v.ndim() && (k.ndim() == 2 || k.ndim() == 3),
+      "keys/values: expected both 2-D (tokens x dim) or both 3-D (tokens x kv_heads x dim), got ",
+      k.ndim(), "-D keys and ", v.ndim(), "-D values");
+  for (std::size_t ax = 0; ax < k.shape.size(); ++ax) {
+    require<kvsift::dimension_mismatch>(k.shape[ax] == v.shape[ax],
+                                        "keys/values: expected equal shapes, got ", k.shape[ax],
+                                        " and ", v.shape[ax], " on axis ", ax);
+  }
+  if (k.ndim() == 2) return kvsift::kv_view<T>(matrix_of<T>(k, "keys"), matrix_of<T>(v, "values"));
+  auto head_matrix = [](const tensor& a, const char* what) {
+    const auto n = static_cast<std::size_t>(a.shape[0]);
+    const auto d = static_cast<std::size_t>(a.shape[2]);
+    if (n > 0 && d > 0 && a.shape[1] > 0) require_aligned(a, what);
+    require(d <= 1 || stride_elems(a, 2, what) == 1, what,
+            ": expected a contiguous last axis, got stride ", a.strides[2], " (pass ",
+            kvsift_python::layout_fix(a), "; kvsift does not copy silently)");
+    // The strides are passed through unchanged: kvsift must read exactly the elements numpy
+    // would. Replacing a stride (a broadcast's 0 by d, as this once did) reads past the buffer.
+    const std::size_t rs = n <= 1
+                               ? std::max<std::size_t>(d * static_cast<std::size_t>(a.shape[1]), 1)
+                               : stride_elems(a, 0, what);
+    require(n <= 1 || rs >= d, what, ": expected a token stride >= ", d,
+            " elements (rows must not overlap), got ", rs, " (pass ", kvsift_python::layout_fix(a),
+            "; kvsift does not copy silently)");
+    const std::size_t hs = a.shape[1] <= 1 ? d : stride_elems(a, 1, what);
+    return std::pair(kvsift::matrix_view<const T>(reinterpret_cast<const T*>(a.data), n, d,
+                                                  std::max<std::size_t>({rs, d, 1})),
+                     hs);
+  };
+  const auto [km, khs] = head_matrix(k, "keys");
+  const auto [vm, vhs] = head_matrix(v, "values");
+  require(khs == vhs, "keys/values: expected the same head stride, got ", khs, " and ", vhs,
+          " elements");
+  return kvsift::kv_view<T>(km, vm, static_cast<std::size_t>(k.shape[1]), khs);
+}
+
+std::vector<float> bias_of(const py::object& bias) {
+  if (bias.is_none()) return {};
+  const auto b = vector_of(bias, "bias");
+  return {b.s.begin(), b.s.end()};
+}
+
+/// Calls `fn(kv_view<T>)` for the K/V element type (f32, f16, bf16); the tensors stay alive for
+/// the call. The GIL is the caller's business (fn may build Python results).
+template <class Fn>
+decltype(auto) visit_kv(const py::handle& keys_h, const py::handle& values_h, Fn&& fn) {
+  const tensor k = tensor_of(keys_h, "keys");
+  const tensor v = tensor_of(values_h, "values");
+  require_dtype(k, dtypes::stored, "keys");
+  require_dtype(v, dtypes::stored, "values");
+  if (k.kind != v.kind || k.itemsize != v.itemsize) {
+    fail<kvsift::invalid_argument>("values: expected the dtype of keys (",
+                                   kvsift_python::dtype_name(k), "), got ",
+                                   kvsift_python::dtype_name(v));
+  }
+  if (k.is_f32()) return fn(kv_of<float>(k, v));
+  if (k.is_f16()) return fn(kv_of<kvsift::half>(k, v));
+  return fn(kv_of<kvsift::bfloat16>(k, v));
+}
+
+/// One partial state from `fn(kv, state)`, computed with the GIL released.
+template <class Fn>
+std::pair<py::array_t<float>, float> with_kv(const py::handle& keys_h, const py::handle& values_h,
+                                             Fn&& fn) {
+  kvsift::partial_state st;
+  visit_kv(keys_h, values_h, [&](const auto& kv) {
+    py::gil_scoped_release release;
+    fn(kv, st);
+  });
+  return {to_numpy(st.o), st.lse};
+}
+
+// ----------------------------------------------------------------------------- batched heads
+
+/// Runs `one(q_row, q_head, kv_head, kv, state)` for every query head of q (H, d) over K/V with
+/// kv_heads KV heads: the GQA mapping, query head h reads KV head h / (H / kv_heads). Heads run
+/// on `threads` threads (0 = all) with the GIL released -> (o (H, d), lse (H,)).
+template <class One>
+std::pair<py::array_t<float>, py::array_t<float>> over_heads(const py::handle& q_h,
+                                                             const py::handle& keys_h,
+                                                             const py::handle& values_h,
+                                                             std::size_t threads, One&& one) {
+  const tensor qt = tensor_of(q_h, "q");
+  const auto q = f32_matrix_of(qt, "q");
+  return visit_kv(keys_h, values_h, [&](const auto& kv) {
+    const std::size_t heads = q.rows();
+    const std::size_t d = q.cols();
+    const std::size_t hkv = kv.kv_heads();
+    require<kvsift::dimension_mismatch>(d == kv.head_dim(), "q: expected head dim ", kv.head_dim(),
+                                        " (that of keys), got ", d);
+    require<kvsift::dimension_mismatch>(
+        hkv > 0 && heads % hkv == 0, "q: expected a number of query heads that is a multiple of ",
+        "the ", hkv, " KV heads (GQA groups), got ", heads);
+    const std::size_t group = heads / hkv;
+    py::array_t<float> o(
+        std::vector<py::ssize_t>{static_cast<py::ssize_t>(heads), static_cast<py::ssize_t>(d)});
+    py::array_t<float> lse(static_cast<py::ssize_t>(heads));
+    float* op = o.mutable_data();
+    float* lp = lse.mutable_data();
+    {
+      py::gil_scoped_release release;
+      const std::size_t t =
+          std::min(heads, threads == 0 ? kvsift::default_thread_count() : threads);
+      std::vector<kvsift::partial_state> st(std::max<std::size_t>(t, 1));
+      kvsift::parallel_for(heads, st.size(), [&](std::size_t h, std::size_t w) {
+        one(q.row_span(h), h, h / group, kv, st[w]);
+        std::copy(st[w].o.begin(), st[w].o.end(), op + h * d);
+        lp[h] = st[w].lse;
+      });
+    }
+    return std::pair(std::move(o), std::move(lse));
+  });
+}
+
+/// Token lists of a (H, k) integer array, one row per query head (what a batched search
+/// returns): INVALID_ID entries are padding and skipped, other values must be valid ids.
+/// -> flat ids and row starts (H + 1). O(H k).
+std::pair<std::vector<id_t>, std::vector<std::size_t>> token_rows_of(const py::handle& h,
+                                                                     std::size_t heads) {
+  tensor t = tensor_of(h, "tokens");
+  if ((t.kind != 'i' && t.kind != 'u') || t.itemsize > 8 || (t.itemsize & (t.itemsize - 1)) != 0) {
+    fail<kvsift::invalid_argument>("tokens: expected an integer array of token ids, got dtype ",
+                                   kvsift_python::dtype_name(t));
+  }
+  require_native_order(t, "tokens");
+  require<kvsift::dimension_mismatch>(
+      t.ndim() == 2 && t.shape[0] == static_cast<std::int64_t>(heads),
+      "tokens: expected a 2-D array (", heads, " query heads x k), got ", t.ndim(),
+      " dimension(s) of ", t.ndim() > 0 ? t.shape[0] : 0, " rows");
+  const auto k = static_cast<std::size_t>(t.shape[1]);
+  std::vector<id_t> ids;
+  ids.reserve(kvsift::checked_mul(heads, k, "tokens: heads x k"));
+  std::vector<std::size_t> starts{0};
+  for (std::size_t r = 0; r < heads; ++r) {
+    for (std::size_t c = 0; c < k; ++c) {
+      const std::byte* p = t.data + static_cast<std::int64_t>(r) * t.strides[0] +
+                           static_cast<std::int64_t>(c) * t.strides[1];
+      tensor one = {};
+      one.data = p;
+      one.kind = t.kind;
+      one.itemsize = t.itemsize;
+      one.strides = {0};
+      const std::int64_t v = int_at(one, 0);
+      if (v == static_cast<std::int64_t>(kvsift::invalid_id)) continue;
+      require<kvsift::out_of_range>(v >= 0 && v < static_cast<std::int64_t>(kvsift::invalid_id),
+                                    "tokens: expected ids in [0, ", kvsift::invalid_id,
+                                    ") or INVALID_ID, got ", v, " at (", r, ", ", c, ")");
+      ids.push_back(static_cast<id_t>(v));
+    }
+    starts.push_back(ids.size());
+  }
+  return {std::move(ids), std::move(starts)};
+}
+
+/// Elementwise merge of H partial states: (o_a, lse_a) and (o_b, lse_b) of shapes (H, d), (H,).
+std::pair<py::array_t<float>, py::array_t<float>> merge_states(const py::handle& o_a_h,
+                                                               const py::handle& lse_a_h,
+                                                               const py::handle& o_b_h,
+                                                               const py::handle& lse_b_h) {
+  const tensor ta = tensor_of(o_a_h, "o_a");
+  const tensor tb = tensor_of(o_b_h, "o_b");
+  const auto a = f32_matrix_of(ta, "o_a");
+  const auto b = f32_matrix_of(tb, "o_b");
+  const auto la = vector_of(lse_a_h, "lse_a");
+  const auto lb = vector_of(lse_b_h, "lse_b");
+  require<kvsift::dimension_mismatch>(a.rows() == b.rows() && a.cols() == b.cols(),
+                                      "merge_states: expected o_a and o_b of one shape, got (",
+                                      a.rows(), ", ", a.cols(), ") and (", b.rows(), ", ", b.cols(),
+                                      ")");
+  require<kvsift::dimension_mismatch>(
+      la.s.size() == a.rows() && lb.s.size() == a.rows(), "merge_states: expected ", a.rows(),
+      " lse values per side (one per state), got ", la.s.size(), " and ", lb.s.size());
+  const std::size_t heads = a.rows();
+  const std::size_t d = a.cols();
+  py::array_t<float> o(
+      std::vector<py::ssize_t>{static_cast<py::ssize_t>(heads), static_cast<py::ssize_t>(d)});
+  py::array_t<float> lse(static_cast<py::ssize_t>(heads));
+  float* op = o.mutable_data();
+  float* lp = lse.mutable_data();
+  for (std::size_t h = 0; h < heads; ++h) {
+    std::copy_n(a.row(h), d, op + h * d);
+    lp[h] = la.s[h];
+    kvsift::merge_into(std::span<float>(op + h * d, d), lp[h], {b.row_span(h), lb.s[h]});
+  }
+  return {std::move(o), std::move(lse)};
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  m.def(
+      "sparse_attention",
+      [](const py::handle& q, const py::handle& keys, const py::handle& values,
+         const py::handle& tokens, std::size_t kv_head, float scale, const py::object& bias) {
+        const auto qv = vector_of(q, "q");
+        const std::span<const float> qs = qv.s;
+        const auto ids = ids_of(tokens, "tokens");
+        const auto b = bias_of(bias);
+        return with_kv(keys, values, [&](const auto& kv, kvsift::partial_state& st) {
+          kvsift::sparse_attention(qs, kv_head, ids, kv, {.scale = scale, .bias = b}, st);
+        });
+      },
+      py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("tokens"), py::kw_only(),
+      py::arg("kv_head") = 0, py::arg("scale") = 0.0f, py::arg("bias") = py::none(),
+      "Attention of q over the listed tokens -> (o, lse) (natural-log LSE of the scaled "
+      "logits; the empty set gives (0, -inf)). keys/values: (n, d) or (n, kv_heads, d), "
+      "float32 or float16, borrowed. scale 0 = 1/sqrt(d). O(len(tokens) d).");
+  m.def(
+      "dense_attention",
+      [](const py::handle& q, const py::handle& keys, const py::handle& values, std::size_t first,
+         std::size_t last, std::size_t kv_head, float scale, const py::object& bias) {
+        const auto qv = vector_of(q, "q");
+        const std::span<const float> qs = qv.s;
+        const auto b = bias_of(bias);
+        return with_kv(keys, values, [&](const auto& kv, kvsift::partial_state& st) {
+          kvsift::dense_attention(qs, kv_head, first, last, kv, {.scale = scale, .bias = b}, st);
+        });
+      },
+      py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("first"), py::arg("last"),
+      py::kw_only(), py::arg("kv_head") = 0, py::arg("scale") = 0.0f, py::arg("bias") = py::none(),
+      "Attention of q over tokens [first, last) -> (o, lse); same path as sparse_attention.");
+  m.def(
+      "merge",
+      [](const py::handle& o_a, float lse_a, const py::handle& o_b, float lse_b) {
+        const auto a = vector_of(o_a, "o_a");
+        const auto b = vector_of(o_b, "o_b");
+        const auto st = kvsift::merge({a.s, lse_a}, {b.s, lse_b});
+        return std::pair(to_numpy(st.o), st.lse);
+      },
+      py::arg("o_a"), py::arg("lse_a"), py::arg("o_b"), py::arg("lse_b"),
+      "Log-sum-exp merge of two partial states over disjoint token sets -> (o, lse). O(d).");
+  m.def(
+      "dense_attention_heads",
+      [](const py::handle& q, const py::handle& keys, const py::handle& values, std::size_t first,
+         std::size_t last, float scale, std::size_t threads) {
+        return over_heads(q, keys, values, threads,
+                          [&](auto qs, std::size_t, std::size_t g, const auto& kv, auto& st) {
+                            kvsift::dense_attention(qs, g, first, last, kv, {.scale = scale}, st);
+                          });
+      },
+      py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("first"), py::arg("last"),
+      py::kw_only(), py::arg("scale") = 0.0f, py::arg("threads") = 1,
+      "Attention of every query head of q (H, d) float32 over tokens [first, last) of K/V "
+      "(n, kv_heads, d) (or (n, d), one KV head) -> (o (H, d), lse (H,)). GQA: query head h "
+      "reads KV head h // (H // kv_heads). threads: heads in parallel (0 = all; 1 is fastest "
+      "for one decode step of short lists). O(H (last - first) d).");
+  m.def(
+      "sparse_attention_heads",
+      [](const py::handle& q, const py::handle& keys, const py::handle& values,
+         const py::handle& tokens, float scale, std::size_t threads) {
+        const tensor qt = tensor_of(q, "q");
+        const std::size_t heads = qt.ndim() >= 1 ? static_cast<std::size_t>(qt.shape[0]) : 0;
+        const auto [ids, starts] = token_rows_of(tokens, heads);
+        return over_heads(q, keys, values, threads,
+                          [&](auto qs, std::size_t h, std::size_t g, const auto& kv, auto& st) {
+                            const std::span<const id_t> row(ids.data() + starts[h],
+                                                            starts[h + 1] - starts[h]);
+                            kvsift::sparse_attention(qs, g, row, kv, {.scale = scale}, st);
+                          });
+      },
+      py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("tokens"), py::kw_only(),
+      py::arg("scale") = 0.0f, py::arg("threads") = 1,
+      "Attention of every query head of q (H, d) over its own token list: row h of tokens "
+      "(H, k) integer (what search_heads returns; INVALID_ID entries are padding and skipped). "
+      "GQA mapping and result as dense_attention_heads. O(H k d).");
+  m.def("merge_states", &merge_states, py::arg("o_a"), py::arg("lse_a"), py::arg("o_b"),
+        py::arg("lse_b"),
+        "Merges H pairs of partial states: o_a, o_b (H, d) float32, lse_a, lse_b (H,) -> "
+        "(o (H, d), lse (H,)). Each pair is merge(). O(H d).");
+  m.def(
+      "merge_n",
+      [](const py::handle& os_h, const py::handle& lses_h) {
+        const tensor os = tensor_of(os_h, "os");
+        const auto o = f32_matrix_of(os, "os");
+        const auto lses = vector_of(lses_h, "lses");
+        require<kvsift::dimension_mismatch>(lses.s.size() == o.rows(), "merge_n: expected ",
+                                            o.rows(), " lse values (one per state), got ",
+                                            lses.s.size());
+        std::vector<kvsift::partial_state_view> views;
+        for (std::size_t i = 0; i < o.rows(); ++i) views.push_back({o.row_span(i), lses.s[i]});
+        const auto st = kvsift::merge_n(views, o.cols());
+        return std::pair(to_numpy(st.o), st.lse);
+      },
+      py::arg("os"), py::arg("lses"),
+      "Merges s partial states (os: (s, d) float32, lses: (s,)) in one pass -> (o, lse).");
+}
+
+}  // namespace kvsift_python

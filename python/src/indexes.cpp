@@ -1,0 +1,298 @@
+// Index objects of the Python module: construction (the builds release the GIL) and the
+// bindings of FlatIndex, RoarGraphIndex, InsertableGraphIndex and BlockIndex.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <filesystem>
+#include <istream>
+#include <sstream>
+#include <streambuf>
+
+#include "bindings.hpp"
+#include "indexes.hpp"
+#include "kvsift/index/graph_io.hpp"
+#include "kvsift/index/roargraph_builder.hpp"
+
+namespace kvsift_python {
+namespace {
+
+py_flat make_flat(const py::handle& keys_h) {
+  tensor keys = tensor_of(keys_h, "keys");
+  auto index = over_keys<py_flat::variant>(
+      keys, [](auto store) { return kvsift::flat_index<decltype(store)>(store); });
+  return {py::reinterpret_borrow<py::object>(keys_h), std::move(keys), std::move(index)};
+}
+
+py_graph make_roargraph(const py::handle& keys_h, const py::handle& train_h,
+                        const kvsift::roargraph_params& params) {
+  tensor keys = tensor_of(keys_h, "keys");
+  const tensor train = tensor_of(train_h, "train_queries");
+  const auto tq = f32_matrix_of(train, "train_queries");
+  kvsift::roargraph_build_stats st;
+  auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
+    py::gil_scoped_release release;
+    return kvsift::roargraph_builder<>(params).build(store, tq, &st);
+  });
+  return {py::reinterpret_borrow<py::object>(keys_h),
+          std::move(keys),
+          std::move(index),
+          {st.knn_seconds, st.projection_seconds, st.connectivity_seconds, st.total_seconds}};
+}
+
+// ----------------------------------------------------------------------------- persistence
+
+/// A read-only streambuf over bytes owned elsewhere (a Python bytes object), so a pickled graph
+/// is parsed in place instead of being copied into a std::string first.
+class bytes_streambuf : public std::streambuf {
+ public:
+  bytes_streambuf(const char* data, std::size_t size) {
+    char* p = const_cast<char*>(data);  // the get area only: never written through
+    setg(p, p, p + size);
+  }
+};
+
+void save_roargraph(const py_graph& self, const std::filesystem::path& path) {
+  py::gil_scoped_release release;
+  std::visit([&](const auto& g) { kvsift::save_graph(g, path); }, self.index());
+}
+
+py_graph load_roargraph(const std::filesystem::path& path, const py::handle& keys_h) {
+  tensor keys = tensor_of(keys_h, "keys");
+  auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
+    py::gil_scoped_release release;
+    return kvsift::load_graph(path, store);
+  });
+  return {py::reinterpret_borrow<py::object>(keys_h), std::move(keys), std::move(index)};
+}
+
+std::uint64_t roargraph_fingerprint(const py_graph& self) {
+  return std::visit([](const auto& g) { return kvsift::key_fingerprint(g.store()); }, self.index());
+}
+
+/// Pickle state, version 1: (1, keys, graph bytes (write_graph), build stats). The keys are the
+/// caller's object itself, so pickle copies their data (and they must be picklable: a NumPy
+/// array or a torch tensor is); the graph bytes carry the metric and the keys' fingerprint,
+/// checked again on unpickling.
+constexpr int pickle_version = 1;
+
+py::tuple roargraph_getstate(const py_graph& self) {
+  std::ostringstream out(std::ios::binary);
+  {
+    py::gil_scoped_release release;
+    std::visit([&](const auto& g) { kvsift::write_graph(g, out); }, self.index());
+  }
+  const build_info& st = self.build_stats();
+  return py::make_tuple(pickle_version, self.keys(), py::bytes(out.str()),
+                        py::make_tuple(st.knn_seconds, st.projection_seconds,
+                                       st.connectivity_seconds, st.total_seconds));
+}
+
+py_graph roargraph_setstate(const py::tuple& state) {
+  require(state.size() == 4 && py::isinstance<py::int_>(state[0]) &&
+              state[0].cast<int>() == pickle_version && py::isinstance<py::bytes>(state[2]),
+          "RoarGraphIndex pickle: expected state (", pickle_version,
+          ", keys, graph bytes, build stats), got a tuple of ", state.size(),
+          " items; it was made by another kvsift version");
+  const py::handle keys_h = state[1];
+  tensor keys = tensor_of(keys_h, "keys");
+  char* data = nullptr;
+  py::ssize_t size = 0;
+  if (PYBIND11_BYTES_AS_STRING_AND_SIZE(state[2].ptr(), &data, &size) != 0) {
+    throw py::error_already_set();
+  }
+  const auto st = state[3].cast<std::tuple<double, double, double, double>>();
+  const py::object graph_bytes = state[2];  // keeps data alive while the GIL is released
+  auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
+    py::gil_scoped_release release;
+    bytes_streambuf buf(data, static_cast<std::size_t>(size));
+    std::istream in(&buf);
+    return kvsift::read_graph(in, static_cast<std::uint64_t>(size), store,
+                              "pickled RoarGraphIndex");
+  });
+  return {py::reinterpret_borrow<py::object>(keys_h),
+          std::move(keys),
+          std::move(index),
+          {std::get<0>(st), std::get<1>(st), std::get<2>(st), std::get<3>(st)}};
+}
+
+std::unique_ptr<py_insertable> make_insertable(const py::handle& keys_h, const py::handle& train_h,
+                                               const kvsift::roargraph_params& p,
+                                               const kvsift::graph_insert_params& ip) {
+  const tensor keys = tensor_of(keys_h, "keys");
+  const tensor train = tensor_of(train_h, "train_queries");
+  const auto k = f32_matrix_of(keys, "keys");
+  const auto t = f32_matrix_of(train, "train_queries");
+  py::gil_scoped_release release;
+  return std::make_unique<py_insertable>(
+      kvsift::build_insertable(kvsift::roargraph_builder<>(p), k, t, ip));
+}
+
+id_t insertable_insert(py_insertable& self, const py::handle& keys_h) {
+  const tensor keys = tensor_of(keys_h, "keys");
+  const auto k = f32_matrix_of(keys, "keys");
+  py::gil_scoped_release release;
+  return self.insert(k);
+}
+
+}  // namespace
+
+void bind_indexes(py::module_& m) {
+  py::class_<build_info>(m, "BuildStats", "Wall-clock seconds per RoarGraph build phase.")
+      .def_readonly("knn_seconds", &build_info::knn_seconds)
+      .def_readonly("projection_seconds", &build_info::projection_seconds)
+      .def_readonly("connectivity_seconds", &build_info::connectivity_seconds)
+      .def_readonly("total_seconds", &build_info::total_seconds);
+
+  py::class_<py_flat>(m, "FlatIndex",
+                      "Exact index (the oracle). FlatIndex(keys): keys (n, d) float32/float16 "
+                      "with contiguous rows, borrowed (kept alive, not copied).")
+      .def(py::init(&make_flat), py::arg("keys"))
+      .def_property_readonly("size", &py_flat::size)
+      .def_property_readonly("dim", &py_flat::dim)
+      .def_property_readonly("dtype", &py_flat::dtype)
+      .def_property_readonly("keys", &py_flat::keys,
+                             "The caller's key array itself (borrowed, never a copy).")
+      .def("topk", &flat_topk, py::arg("queries"), py::arg("k"), py::kw_only(),
+           py::arg("filter") = py::none(), py::arg("threads") = 0,
+           "Exact top-k of (d,) or (m, d) float32 queries, O(m n d), multithreaded over queries.")
+      .def("dipr", &flat_dipr, py::arg("query"), py::arg("beta"), py::kw_only(), py::arg("l0") = 64,
+           py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
+           py::arg("filter") = py::none(), py::arg("entries") = py::none(),
+           "Exact DIPR: every key with score >= best - beta. O(n d).");
+
+  py::class_<py_graph>(m, "RoarGraphIndex",
+                       "RoarGraph over keys (n, d) float32/float16 (borrowed, kept alive), built "
+                       "from float32 training queries (m, d). Build: O(m n d) kNN + projection + "
+                       "connectivity; the GIL is released.")
+      .def(py::init([](const py::handle& keys, const py::handle& train, std::size_t nq,
+                       std::size_t M, std::size_t L, std::size_t threads, std::uint64_t seed) {
+             kvsift::roargraph_params p;
+             p.nq = bounded_count(nq, "RoarGraphIndex: nq");
+             p.M = bounded_count(M, "RoarGraphIndex: M");
+             p.L = bounded_count(L, "RoarGraphIndex: L");
+             p.threads = threads;
+             p.seed = seed;
+             return make_roargraph(keys, train, p);
+           }),
+           py::arg("keys"), py::arg("train_queries"), py::kw_only(), py::arg("nq") = 100,
+           py::arg("M") = 35, py::arg("L") = 500, py::arg("threads") = 0, py::arg("seed") = 2024)
+      .def_property_readonly("size", &py_graph::size)
+      .def_property_readonly("dim", &py_graph::dim)
+      .def_property_readonly("dtype", &py_graph::dtype)
+      .def_property_readonly("keys", &py_graph::keys,
+                             "The caller's key array itself (borrowed, never a copy).")
+      .def_property_readonly("build_stats", &py_graph::build_stats)
+      .def_property_readonly("max_degree",
+                             [](const py_graph& g) {
+                               return std::visit([](const auto& i) { return i.max_degree(); },
+                                                 g.index());
+                             })
+      .def_property_readonly("entry_point",
+                             [](const py_graph& g) {
+                               return std::visit([](const auto& i) { return i.entry_point(); },
+                                                 g.index());
+                             })
+      .def("search", &graph_search, py::arg("queries"), py::arg("k"), py::kw_only(),
+           py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("entries") = py::none(),
+           py::arg("threads") = 0,
+           "Approximate top-k (beam search, pool L >= k) of (d,) or (m, d) float32 queries; with "
+           "a filter only passing ids are returned (2-hop walk).")
+      .def("dipr", &graph_dipr, py::arg("query"), py::arg("beta"), py::kw_only(),
+           py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
+           py::arg("filter") = py::none(), py::arg("entries") = py::none(),
+           "DIPRS graph search: keys with score >= best - beta; seed_score (e.g. the best "
+           "window score) tightens pruning from the first hop.")
+      .def_property_readonly("key_fingerprint", &roargraph_fingerprint,
+                             "64-bit FNV-1a fingerprint of the keys (shape, dtype and bytes; "
+                             "every row up to 16 MiB of keys, 4096 evenly spaced rows beyond) "
+                             "that save() records and load() checks. O(n d) up to that size.")
+      .def("save", &save_roargraph, py::arg("path"),
+           "Writes the graph (not the keys) to path atomically, with the metric and the keys' "
+           "fingerprint. O(n M). Raises IoError if the file cannot be written.")
+      .def_static("load", &load_roargraph, py::arg("path"), py::arg("keys"),
+                  "RoarGraphIndex.load(path, keys): the graph saved at path over these keys "
+                  "(borrowed as by the constructor). Raises IoError for a missing, truncated or "
+                  "corrupted file, InvalidArgument if the file was built over other keys (the "
+                  "expected and actual fingerprints are named), another shape, dtype or metric. "
+                  "O(n M) plus the fingerprint.")
+      .def(py::pickle(&roargraph_getstate, &roargraph_setstate),
+           "Pickling is self-contained: the state holds the key array (pickled as the object it "
+           "is, so its data is copied and it must be picklable) and the graph bytes; "
+           "unpickling checks the keys' fingerprint like load().");
+
+  py::class_<py_insertable>(m, "InsertableGraphIndex",
+                            "RoarGraph over float32 keys (n, d), copied, that grows: insert() adds "
+                            "decode-time keys by RoarGraph's update rule. Searches may run from "
+                            "several threads; an insert waits for them and excludes them.")
+      .def(py::init([](const py::handle& keys, const py::handle& train, std::size_t nq,
+                       std::size_t M, std::size_t L, std::size_t threads, std::size_t insert_L,
+                       std::size_t query_neighbors) {
+             kvsift::roargraph_params p;
+             p.nq = bounded_count(nq, "InsertableGraphIndex: nq");
+             p.M = bounded_count(M, "InsertableGraphIndex: M");
+             p.L = bounded_count(L, "InsertableGraphIndex: L");
+             p.threads = threads;
+             kvsift::graph_insert_params ip;
+             ip.L = insert_L;
+             ip.query_neighbors = query_neighbors;
+             return make_insertable(keys, train, p, ip);
+           }),
+           py::arg("keys"), py::arg("train_queries"), py::kw_only(), py::arg("nq") = 100,
+           py::arg("M") = 35, py::arg("L") = 500, py::arg("threads") = 0, py::arg("insert_L") = 32,
+           py::arg("query_neighbors") = 4)
+      .def_property_readonly("size", &py_insertable::size)
+      .def("insert", &insertable_insert, py::arg("keys"),
+           "Inserts float32 keys (count, d) in order; returns the id of the first. All keys are "
+           "checked (dimension, NaN/Inf, id space) before any is inserted.")
+      .def("search", &insertable_search, py::arg("queries"), py::arg("k"), py::kw_only(),
+           py::arg("L") = 100, py::arg("threads") = 0,
+           "Approximate top-k (beam search, pool L >= k) of (d,) or (m, d) float32 queries.");
+
+  py::class_<py_block>(m, "BlockIndex",
+                       "Coarse block index (Quest min/max representative): BlockIndex(keys, "
+                       "block_size) over float32 keys (n, d) with contiguous rows. Keeps only the "
+                       "summaries (3 d floats per block; the keys are not referenced after the "
+                       "build). Build O(n d), GIL released.")
+      .def(py::init<const py::handle&, std::int64_t>(), py::arg("keys"), py::arg("block_size"))
+      .def_property_readonly("size", [](const py_block& b) { return b.index().size(); })
+      .def_property_readonly("dim", [](const py_block& b) { return b.index().dim(); })
+      .def_property_readonly("block_size", [](const py_block& b) { return b.index().block_size(); })
+      .def_property_readonly("blocks", [](const py_block& b) { return b.index().blocks(); })
+      .def_property_readonly("summary_bytes",
+                             [](const py_block& b) { return b.index().summary_bytes(); })
+      .def(
+          "tokens_of",
+          [](const py_block& self, std::int64_t b) {
+            require<kvsift::out_of_range>(b >= 0, "BlockIndex.tokens_of: expected block >= 0, got ",
+                                          b);
+            const auto r = self.index().tokens_of(static_cast<std::size_t>(b));
+            return std::pair(r.first, r.last);
+          },
+          py::arg("block"), "Token range [first, last) of a block. O(1).")
+      .def(
+          "bounds",
+          [](const py_block& self, const py::handle& q, std::int64_t b) {
+            require<kvsift::out_of_range>(b >= 0, "BlockIndex.bounds: expected block >= 0, got ",
+                                          b);
+            const auto bb =
+                self.index().bounds(vector_of(q, "query").s, static_cast<std::size_t>(b));
+            return std::pair(bb.upper, bb.lower);
+          },
+          py::arg("query"), py::arg("block"),
+          "(upper, lower) bounds of the block's best logit q.k. O(d).")
+      .def("topk", &block_topk, py::arg("query"), py::arg("k"), py::kw_only(),
+           py::arg("filter") = py::none(),
+           "The k blocks with the highest upper bounds among blocks with a token passing the "
+           "filter. O(B d) for B blocks.")
+      .def("dipr", &block_dipr, py::arg("query"), py::arg("beta"), py::kw_only(),
+           py::arg("filter") = py::none(),
+           "Block-level DIPR: every block whose upper bound is >= (best lower bound) - beta; "
+           "contains every passing token within beta of the best. O(B d + r log r).")
+      .def("tokens", &block_tokens, py::arg("blocks"), py::kw_only(),
+           py::arg("filter") = py::none(),
+           "Token ids (uint32) of the blocks that pass the filter, in block order.");
+}
+
+}  // namespace kvsift_python

@@ -1,0 +1,275 @@
+// Searches of the Python module: top-k, beam, DIPR and block searches over the index objects,
+// the filters they take, and their result types. Every search runs with the GIL released.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "indexes.hpp"
+#include "kvsift/search/beam_search.hpp"
+#include "kvsift/search/dipr_search.hpp"
+
+namespace kvsift_python {
+namespace {
+
+template <class Index>
+dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, std::size_t l0,
+                     std::size_t max_candidates, std::optional<float> seed_score,
+                     const py::object& filter, const py::object& entries) {
+  const auto qv = vector_of(query_h, "query");
+  const std::span<const float> q = qv.s;
+  const auto p = dipr_params_of(beta, l0, max_candidates, seed_score);
+  const filter_t f = filter_of(filter, self.size());
+  const std::vector<id_t> extra =
+      entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
+  kvsift::dipr_result r;
+  {
+    py::gil_scoped_release release;
+    std::visit(
+        [&](const auto& index, const auto& pred) {
+          if constexpr (std::is_same_v<Index, py_flat>) {
+            require(extra.empty(), "FlatIndex.dipr: entries are meaningless for a flat scan");
+            index.dipr(q, p, thread_workspace(), r, pred);
+          } else {
+            kvsift::dipr_search(index, q, p, thread_workspace(), r, pred,
+                                std::span<const id_t>(extra));
+          }
+        },
+        self.index(), f);
+  }
+  return to_python(r);
+}
+
+/// Runs `search(index, q, ws, result, pred)` with the GIL released and converts the result.
+template <class Search>
+block_output block_search(const py_block& self, const py::handle& query_h, const py::object& filter,
+                          Search&& search) {
+  const auto qv = vector_of(query_h, "query");
+  const std::span<const float> q = qv.s;
+  // block_index does not check queries for NaN/Inf (a NaN score just ranks last), so a NaN
+  // query would silently return arbitrary blocks: rejected here. O(d).
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    require<kvsift::non_finite_value>(
+        std::isfinite(q[i]), "BlockIndex: expected a finite query, got ", q[i], " at position ", i);
+  }
+  const filter_t f = filter_of(filter, self.index().size());
+  kvsift::block_result r;
+  {
+    py::gil_scoped_release release;
+    std::visit([&](const auto& pred) { search(self.index(), q, thread_workspace(), r, pred); }, f);
+  }
+  block_output out;
+  out.blocks = py::array_t<std::int64_t>(static_cast<py::ssize_t>(r.blocks.size()));
+  std::copy(r.blocks.begin(), r.blocks.end(), out.blocks.mutable_data());
+  out.scores = to_numpy(r.scores);
+  out.distance_computations = static_cast<std::int64_t>(r.stats.distance_computations);
+  return out;
+}
+
+}  // namespace
+
+search_result flat_topk(const py_flat& self, const py::handle& queries, std::size_t k,
+                        const py::object& filter, std::size_t threads) {
+  const filter_t f = filter_of(filter, self.size());
+  return std::visit(
+      [&](const auto& index, const auto& pred) {
+        return batched_topk(queries, k, threads,
+                            [&](std::size_t, auto q, auto& ws, auto ids, auto scores) {
+                              return index.topk(q, k, ws, ids, scores, pred);
+                            });
+      },
+      self.index(), f);
+}
+
+search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
+                           std::size_t L, const py::object& filter, const py::object& entries,
+                           std::size_t threads) {
+  const filter_t f = filter_of(filter, self.size());
+  const std::vector<id_t> extra =
+      entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
+  const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search: L")};
+  return std::visit(
+      [&](const auto& index, const auto& pred) {
+        return batched_topk(queries, k, threads,
+                            [&](std::size_t, auto q, auto& ws, auto ids, auto scores) {
+                              return kvsift::beam_search(index, q, p, ws, ids, scores, pred,
+                                                         std::span<const id_t>(extra));
+                            });
+      },
+      self.index(), f);
+}
+
+/// Top-k of query head h of `queries` (H, d) in `indexes[h / (H / len(indexes))]`: one call
+/// for the query heads of a decode step over the per-KV-head indexes (GQA), heads in parallel.
+search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
+                           std::size_t L, const py::object& filter, std::size_t threads) {
+  using one_index = std::variant<const py_graph*, const py_flat*>;
+  std::vector<one_index> idx;
+  for (const auto& h : indexes) {
+    if (py::isinstance<py_graph>(h)) {
+      idx.emplace_back(&h.cast<const py_graph&>());
+    } else if (py::isinstance<py_flat>(h)) {
+      idx.emplace_back(&h.cast<const py_flat&>());
+    } else {
+      throw py::type_error("search_heads: expected a list of RoarGraphIndex or FlatIndex, got " +
+                           std::string(py::str(py::type::of(h).attr("__name__"))));
+    }
+  }
+  const tensor qt = tensor_of(queries, "queries");
+  const std::int64_t heads = qt.ndim() == 2 ? qt.shape[0] : -1;
+  require<kvsift::dimension_mismatch>(
+      !idx.empty() && heads >= 0 && static_cast<std::size_t>(heads) % idx.size() == 0,
+      "search_heads: expected (H, d) queries with H a multiple of the ", idx.size(),
+      " indexes (one per KV head), got ", qt.ndim(), "-D queries of ", heads, " rows");
+  const std::size_t group = static_cast<std::size_t>(heads) / idx.size();
+  const filter_t f =
+      filter_of(filter, std::visit([](const auto* i) { return i->size(); }, idx.front()));
+  const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search_heads: L")};
+  return std::visit(
+      [&](const auto& pred) {
+        return batched_topk(
+            queries, k, threads, [&](std::size_t h, auto q, auto& ws, auto ids, auto scores) {
+              return std::visit(
+                  [&](const auto* index) {
+                    return std::visit(
+                        [&](const auto& i) -> kvsift::search_stats {
+                          if constexpr (std::is_same_v<decltype(index), const py_flat*>) {
+                            return i.topk(q, k, ws, ids, scores, pred);
+                          } else {
+                            return kvsift::beam_search(i, q, p, ws, ids, scores, pred);
+                          }
+                        },
+                        index->index());
+                  },
+                  idx[h / group]);
+            });
+      },
+      f);
+}
+
+dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, std::size_t l0,
+                      std::size_t max_candidates, std::optional<float> seed_score,
+                      const py::object& filter, const py::object& entries) {
+  return run_dipr(self, query, beta, l0, max_candidates, seed_score, filter, entries);
+}
+
+dipr_output graph_dipr(const py_graph& self, const py::handle& query, float beta, std::size_t l0,
+                       std::size_t max_candidates, std::optional<float> seed_score,
+                       const py::object& filter, const py::object& entries) {
+  return run_dipr(self, query, beta, l0, max_candidates, seed_score, filter, entries);
+}
+
+search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,
+                                std::size_t L, std::size_t threads) {
+  const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search: L")};
+  return batched_topk(
+      queries, k, threads, [&](std::size_t, auto q, auto& ws, auto ids, auto scores) {
+        return self.read(
+            [&](const auto& g) { return kvsift::beam_search(g, q, p, ws, ids, scores); });
+      });
+}
+
+block_output block_topk(const py_block& self, const py::handle& query, std::size_t k,
+                        const py::object& filter) {
+  return block_search(self, query, filter,
+                      [k](const auto& idx, auto qs, auto& ws, auto& r, const auto& pred) {
+                        idx.topk(qs, k, ws, r, pred);
+                      });
+}
+
+block_output block_dipr(const py_block& self, const py::handle& query, float beta,
+                        const py::object& filter) {
+  return block_search(self, query, filter,
+                      [beta](const auto& idx, auto qs, auto& ws, auto& r, const auto& pred) {
+                        idx.dipr(qs, beta, ws, r, pred);
+                      });
+}
+
+/// Token ids (int64, block order) of the given blocks that pass the filter.
+py::array_t<std::int64_t> block_tokens(const py_block& self, const py::handle& blocks_h,
+                                       const py::object& filter) {
+  const tensor a = int_vector_of(blocks_h, "blocks", "block ids");
+  std::vector<std::size_t> blocks(static_cast<std::size_t>(a.shape[0]));
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::int64_t b = int_at(a, static_cast<std::int64_t>(i));
+    // Negative values would wrap to huge ones; the C++ call checks the upper end.
+    require<kvsift::out_of_range>(b >= 0, "blocks: expected block ids >= 0, got ", b,
+                                  " at position ", i);
+    blocks[i] = static_cast<std::size_t>(b);
+  }
+  const filter_t f = filter_of(filter, self.index().size());
+  std::vector<id_t> ids;
+  std::visit(
+      [&](const auto& pred) {
+        // tokens() does not validate its predicate (the searches do): a mask of another length
+        // is an error here too, not a silent partial filter.
+        kvsift::validate_predicate(pred, self.index().size());
+        self.index().tokens(blocks, ids, pred);
+      },
+      f);
+  return ids_to_numpy(ids);
+}
+
+void bind_search(py::module_& m) {
+  py::class_<kvsift::id_below>(m, "IdBelow", "Filter: only ids < prefix_len (prefix reuse).")
+      .def(py::init([](std::size_t n) { return kvsift::id_below{n}; }), py::arg("prefix_len"))
+      .def_readonly("prefix_len", &kvsift::id_below::prefix_len);
+  py::class_<kvsift::id_range>(m, "IdRange", "Filter: only ids in [first, last).")
+      .def(py::init([](std::size_t a, std::size_t b) {
+             return kvsift::id_range{a, b};
+           }),
+           py::arg("first"), py::arg("last"))
+      .def_readonly("first", &kvsift::id_range::first)
+      .def_readonly("last", &kvsift::id_range::last);
+
+  py::class_<id_mask_filter>(m, "IdMask",
+                             "Filter: only ids whose entry in mask is true. mask: 1-D bool (or "
+                             "uint8, nonzero passes) array of one entry per key, borrowed (kept "
+                             "alive, not copied; do not change it during a search). A mask of "
+                             "another length than the index raises DimensionMismatch.")
+      .def(py::init([](const py::handle& mask) { return id_mask_of(mask); }), py::arg("mask"))
+      .def_property_readonly(
+          "mask", [](const id_mask_filter& f) { return f.t.owner; },
+          "The array (or DLPack export) read, not a copy.")
+      .def("__len__", [](const id_mask_filter& f) { return f.bytes.size(); });
+  py::class_<id_list_filter>(m, "IdList",
+                             "Filter: only the listed ids. ids: 1-D integer array (copied; "
+                             "duplicates allowed). Each search builds a bitmap over the index "
+                             "(O(n / 8 + len(ids))); an id >= the index size raises OutOfRange.")
+      .def(py::init(
+               [](const py::handle& ids) { return id_list_filter{ids_of(ids, "IdList: ids")}; }),
+           py::arg("ids"))
+      .def_property_readonly(
+          "ids", [](const id_list_filter& f) { return ids_to_numpy(f.ids); },
+          "The ids as int64 (a copy).")
+      .def("__len__", [](const id_list_filter& f) { return f.ids.size(); });
+
+  py::class_<search_result>(m, "SearchResult",
+                            "Top-k result: ids/scores (k,) or (m, k), best first; missing "
+                            "results are INVALID_ID with the worst score.")
+      .def_readonly("ids", &search_result::ids)
+      .def_readonly("scores", &search_result::scores)
+      .def_readonly("distance_computations", &search_result::distance_computations)
+      .def_readonly("hops", &search_result::hops);
+  py::class_<dipr_output>(m, "DiprResult", "Every key within beta of the best score, best first.")
+      .def_readonly("ids", &dipr_output::ids)
+      .def_readonly("scores", &dipr_output::scores)
+      .def_readonly("best_score", &dipr_output::best_score)
+      .def_readonly("capped", &dipr_output::capped)
+      .def_readonly("distance_computations", &dipr_output::distance_computations)
+      .def_readonly("hops", &dipr_output::hops);
+
+  py::class_<block_output>(m, "BlockResult",
+                           "Blocks of a block-index search, best first, with their scores.")
+      .def_readonly("blocks", &block_output::blocks)
+      .def_readonly("scores", &block_output::scores)
+      .def_readonly("distance_computations", &block_output::distance_computations);
+
+  m.def("search_heads", &search_heads, py::arg("indexes"), py::arg("queries"), py::arg("k"),
+        py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
+        "Top-k for every query head of a decode step: queries (H, d) float32, indexes one "
+        "RoarGraphIndex or FlatIndex per KV head; query head h searches indexes[h // (H // "
+        "len(indexes))] -> SearchResult with ids/scores (H, k). L: beam pool (graph only).");
+}
+
+}  // namespace kvsift_python
