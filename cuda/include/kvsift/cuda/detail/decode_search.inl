@@ -461,6 +461,18 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       }
     };
 
+    // The first pool entry at or after `from` not yet expanded (INT_MAX if none), warp-uniform.
+    auto unexpanded_from = [&](int from) {
+      int at = INT_MAX;
+      for (int i = from + lane; i < cnt; i += 32) {
+        if ((pool[i].id & walk_expanded) == 0u) {
+          at = i;
+          break;
+        }
+      }
+      return __reduce_min_sync(full, at);
+    };
+
     if (run) {
       // Seeds: the graph's entry points in order, each visited or walked through.
       int seeded_n = 0;
@@ -509,14 +521,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
 
       for (;;) {
         if (capped) break;
-        int pick = INT_MAX;
-        for (int i = lane; i < cnt; i += 32) {
-          if ((pool[i].id & walk_expanded) == 0u) {
-            pick = i;
-            break;
-          }
-        }
-        pick = __reduce_min_sync(full, pick);
+        int pick = unexpanded_from(0);
         std::uint32_t next = invalid_id;
         if constexpr (Dipr) {
           if (c.expand > 1) {
@@ -536,14 +541,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
                 __syncwarp();
                 if (lane == 0) pool[pick].id = u | walk_expanded;
                 __syncwarp();
-                int after = INT_MAX;
-                for (int i = pick + 1 + lane; i < cnt; i += 32) {
-                  if ((pool[i].id & walk_expanded) == 0u) {
-                    after = i;
-                    break;
-                  }
-                }
-                pick = __reduce_min_sync(full, after);
+                pick = unexpanded_from(pick + 1);
               } else {
                 // The next in-range entry from the cursor that is still in range.
                 const float threshold = best - c.beta;
@@ -605,14 +603,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
             if (lane == 0) pool[pick].id = u | walk_expanded;
             __syncwarp();
             nv += expand(u, nv);
-            int after = INT_MAX;
-            for (int i = pick + 1 + lane; i < cnt; i += 32) {
-              if ((pool[i].id & walk_expanded) == 0u) {
-                after = i;
-                break;
-              }
-            }
-            pick = __reduce_min_sync(full, after);
+            pick = unexpanded_from(pick + 1);
             if (pick == INT_MAX) break;
           }
           if (nv > 0) visit(nv);
