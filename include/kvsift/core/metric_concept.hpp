@@ -1,6 +1,6 @@
 #pragma once
 // The `Metric` concept and the rank keys that let one search serve every metric, apart from the
-// metrics themselves (<kvsift/core/metric.hpp>, whose SIMD kernels bring in xsimd): code that
+// metrics themselves (<kvsift/core/metric.hpp>, with their SIMD kernels): code that
 // only ranks scores a graph computed (the searches) includes this header alone.
 
 #include <cmath>

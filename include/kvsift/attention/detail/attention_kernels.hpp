@@ -1,6 +1,7 @@
 #pragma once
 // Small f32 vector kernels used by the merge and by sparse attention: the weighted sums of
-// output rows. xsimd, like the metric kernels, so they follow the translation unit's ISA.
+// output rows. On the compiler's vector extension (core/detail/simd.hpp), like the metric
+// kernels, so they follow the translation unit's ISA.
 
 #include <algorithm>
 #include <bit>
@@ -8,47 +9,37 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kvsift/core/detail/simd.hpp"
 #include "kvsift/core/detail/simd_kernels.hpp"
 
 namespace kvsift::detail {
 
 /// y = a * x + y.
 inline void axpy_f32(float a, const float* x, float* y, std::size_t n) noexcept {
+  constexpr std::size_t w = simd::width;
+  const simd::vfloat va = simd::splat(a);
   std::size_t i = 0;
-#if KVSIFT_HAS_SIMD
-  constexpr std::size_t w = fbatch::size;
-  const fbatch va(a);
-  for (; i + w <= n; i += w) {
-    xsimd::fma(va, fbatch::load_unaligned(x + i), fbatch::load_unaligned(y + i))
-        .store_unaligned(y + i);
-  }
-#endif
+  for (; i + w <= n; i += w) simd::store(y + i, va * simd::load(x + i) + simd::load(y + i));
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
 /// y = a * y.
 inline void scale_f32(float a, float* y, std::size_t n) noexcept {
+  constexpr std::size_t w = simd::width;
+  const simd::vfloat va = simd::splat(a);
   std::size_t i = 0;
-#if KVSIFT_HAS_SIMD
-  constexpr std::size_t w = fbatch::size;
-  const fbatch va(a);
-  for (; i + w <= n; i += w) (va * fbatch::load_unaligned(y + i)).store_unaligned(y + i);
-#endif
+  for (; i + w <= n; i += w) simd::store(y + i, va * simd::load(y + i));
   for (; i < n; ++i) y[i] *= a;
 }
 
 /// y = a * x + b * y. The merge's inner loop: one read of each input, one write.
 inline void axpby_f32(float a, const float* x, float b, float* y, std::size_t n) noexcept {
+  constexpr std::size_t w = simd::width;
+  const simd::vfloat va = simd::splat(a), vb = simd::splat(b);
   std::size_t i = 0;
-#if KVSIFT_HAS_SIMD
-  constexpr std::size_t w = fbatch::size;
-  const fbatch va(a);
-  const fbatch vb(b);
   for (; i + w <= n; i += w) {
-    xsimd::fma(va, fbatch::load_unaligned(x + i), vb * fbatch::load_unaligned(y + i))
-        .store_unaligned(y + i);
+    simd::store(y + i, va * simd::load(x + i) + vb * simd::load(y + i));
   }
-#endif
   for (; i < n; ++i) y[i] = a * x[i] + b * y[i];
 }
 

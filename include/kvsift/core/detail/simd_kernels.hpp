@@ -1,8 +1,8 @@
 #pragma once
-// SIMD kernels behind the metrics. xsimd picks the widest instruction set the translation
-// unit is compiled for (SSE2 on any x86-64; AVX2 / AVX-512 with -march flags, see the
-// KVSIFT_NATIVE build option). 16-bit keys are widened to f32 in small stack chunks so the
-// inner loop stays a pure f32 FMA loop.
+// SIMD kernels behind the metrics, on the compiler's vector extension (core/detail/simd.hpp):
+// as wide as the instruction set the translation unit is compiled for (SSE2 on any x86-64;
+// AVX2 / AVX-512 with -march flags, see the KVSIFT_NATIVE build option). 16-bit keys are
+// widened to f32 in small stack chunks so the inner loop stays a pure f32 FMA loop.
 
 #include <algorithm>
 #include <bit>
@@ -11,8 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include <xsimd/xsimd.hpp>
-
+#include "kvsift/core/detail/simd.hpp"
 #include "kvsift/core/element.hpp"
 
 #if defined(__F16C__)
@@ -21,54 +20,39 @@
 
 namespace kvsift::detail {
 
-#if !defined(XSIMD_NO_SUPPORTED_ARCHITECTURE)
-#define KVSIFT_HAS_SIMD 1
-using fbatch = xsimd::batch<float>;
-#else
-#define KVSIFT_HAS_SIMD 0
-#endif
-
 inline float dot_f32(const float* a, const float* b, std::size_t d) noexcept {
+  using simd::load;
+  constexpr std::size_t w = simd::width;
   std::size_t i = 0;
-  float acc = 0.0f;
-#if KVSIFT_HAS_SIMD
-  constexpr std::size_t w = fbatch::size;
-  fbatch s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);  // four chains hide FMA latency
+  simd::vfloat s0{}, s1{}, s2{}, s3{};  // four chains hide FMA latency
   for (; i + 4 * w <= d; i += 4 * w) {
-    s0 = xsimd::fma(fbatch::load_unaligned(a + i), fbatch::load_unaligned(b + i), s0);
-    s1 = xsimd::fma(fbatch::load_unaligned(a + i + w), fbatch::load_unaligned(b + i + w), s1);
-    s2 = xsimd::fma(fbatch::load_unaligned(a + i + 2 * w), fbatch::load_unaligned(b + i + 2 * w),
-                    s2);
-    s3 = xsimd::fma(fbatch::load_unaligned(a + i + 3 * w), fbatch::load_unaligned(b + i + 3 * w),
-                    s3);
+    s0 += load(a + i) * load(b + i);
+    s1 += load(a + i + w) * load(b + i + w);
+    s2 += load(a + i + 2 * w) * load(b + i + 2 * w);
+    s3 += load(a + i + 3 * w) * load(b + i + 3 * w);
   }
-  for (; i + w <= d; i += w) {
-    s0 = xsimd::fma(fbatch::load_unaligned(a + i), fbatch::load_unaligned(b + i), s0);
-  }
-  acc = xsimd::hadd((s0 + s1) + (s2 + s3));
-#endif
+  for (; i + w <= d; i += w) s0 += load(a + i) * load(b + i);
+  float acc = simd::hsum((s0 + s1) + (s2 + s3));
   for (; i < d; ++i) acc += a[i] * b[i];
   return acc;
 }
 
 inline float l2sq_f32(const float* a, const float* b, std::size_t d) noexcept {
+  using simd::load;
+  constexpr std::size_t w = simd::width;
   std::size_t i = 0;
-  float acc = 0.0f;
-#if KVSIFT_HAS_SIMD
-  constexpr std::size_t w = fbatch::size;
-  fbatch s0(0.0f), s1(0.0f);
+  simd::vfloat s0{}, s1{};
   for (; i + 2 * w <= d; i += 2 * w) {
-    const fbatch t0 = fbatch::load_unaligned(a + i) - fbatch::load_unaligned(b + i);
-    const fbatch t1 = fbatch::load_unaligned(a + i + w) - fbatch::load_unaligned(b + i + w);
-    s0 = xsimd::fma(t0, t0, s0);
-    s1 = xsimd::fma(t1, t1, s1);
+    const simd::vfloat t0 = load(a + i) - load(b + i);
+    const simd::vfloat t1 = load(a + i + w) - load(b + i + w);
+    s0 += t0 * t0;
+    s1 += t1 * t1;
   }
   for (; i + w <= d; i += w) {
-    const fbatch t = fbatch::load_unaligned(a + i) - fbatch::load_unaligned(b + i);
-    s0 = xsimd::fma(t, t, s0);
+    const simd::vfloat t = load(a + i) - load(b + i);
+    s0 += t * t;
   }
-  acc = xsimd::hadd(s0 + s1);
-#endif
+  float acc = simd::hsum(s0 + s1);
   for (; i < d; ++i) {
     const float t = a[i] - b[i];
     acc += t * t;
