@@ -1,4 +1,7 @@
 #include "kvsift/index/knn.hpp"
+#if defined(KVSIFT_TESTS_EIGEN)
+#include "kvsift/index/knn_eigen.hpp"
+#endif
 #include "../test_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -73,13 +76,13 @@ fixture make(std::size_t n, std::size_t d, std::size_t m, std::size_t stride, un
   return f;
 }
 
-template <class T>
+template <class T, class Engine = kvsift::cpu_knn_engine>
 void check_engine(const fixture& f, std::size_t k, const kvsift::cpu_knn_params& p) {
   std::vector<T> conv(f.keys.size());
   for (std::size_t i = 0; i < f.keys.size(); ++i) conv[i] = kvsift::from_float<T>(f.keys[i]);
   const kvsift::matrix_view<const T> keys(conv.data(), f.n, f.d, f.stride);
   const kvsift::matrix_view<const float> q(f.queries.data(), f.m, f.d, f.stride);
-  const auto got = kvsift::cpu_knn_engine(p).search(q, keys, k);
+  const auto got = Engine(p).search(q, keys, k);
   const auto want = oracle(q, keys, k);
   REQUIRE(got.rows == f.m);
   REQUIRE(got.k == k);
@@ -114,6 +117,19 @@ TEST_CASE("cpu_knn_engine equals a brute-force oracle", "[index][knn]") {
   check_engine<kvsift::half>(f, 10, {});
 }
 
+#if defined(KVSIFT_TESTS_EIGEN)
+TEST_CASE("eigen_knn_engine (the peer over Eigen's GEMM) equals a brute-force oracle",
+          "[index][knn]") {
+  const fixture f = make(61, 19, 23, 24, 17);
+  for (std::size_t k : {std::size_t{1}, std::size_t{10}, f.n + 5}) {
+    const kvsift::cpu_knn_params p{2, 5, 7};
+    check_engine<float, kvsift::eigen_knn_engine>(f, k, p);
+    check_engine<kvsift::half, kvsift::eigen_knn_engine>(f, k, p);
+    check_engine<kvsift::bfloat16, kvsift::eigen_knn_engine>(f, k, p);
+  }
+}
+#endif
+
 TEST_CASE("cpu_knn_engine pads k > n with invalid_id and -inf", "[index][knn]") {
   const fixture f = make(6, 4, 3, 4, 2);
   const kvsift::matrix_view<const float> keys(f.keys.data(), f.n, f.d);
@@ -145,7 +161,16 @@ TEST_CASE("cpu_knn_engine is independent of thread count and blocking on real da
   const auto b = kvsift::cpu_knn_engine({2, 7, 13}).search(qv, kv, 12);
   CHECK(a.ids == b.ids);
   CHECK(a.scores == b.scores);
-  // Different blocks change only summation order: ids agree with the oracle up to near-ties.
+  // Each score is one sum over the dimensions in index order, whatever the blocks: other
+  // block sizes (1 x 1, tiles cut at every edge, one block) give the same bits.
+  for (const kvsift::cpu_knn_params p :
+       {kvsift::cpu_knn_params{1, 1, 1}, kvsift::cpu_knn_params{2, 5, 33},
+        kvsift::cpu_knn_params{1, 1000, 1000}}) {
+    const auto c = kvsift::cpu_knn_engine(p).search(qv, kv, 12);
+    CHECK(a.ids == c.ids);
+    CHECK(a.scores == c.scores);
+  }
+  // Ids agree with the (double precision) oracle, scores to f32 rounding.
   const auto want = oracle(qv, kv, 12);
   std::size_t agree = 0;
   for (std::size_t i = 0; i < m * 12; ++i) {
