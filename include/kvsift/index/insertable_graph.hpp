@@ -21,7 +21,10 @@
 //      ones), found from the far end with O(R) distances instead of O(R^2); x takes the
 //      dropped member's slot, or is itself dropped. If no row kept x, x replaces the
 //      lowest-ranked edge of its nearest chosen neighbour, so every inserted key has an
-//      in-edge.
+//      in-edge;
+//   6. x -> p for every pivot p whose row kept x, while x's row has room (the projection links
+//      every key a pivot keeps back to the pivot; without it late queries of a real dump lost
+//      the attention sink, the pivot of most lists).
 //
 // Memory kept for the rule, beyond the graph (n x max_degree ids) and the keys: the training
 // queries (m x d f32), their kNN lists (m x nq ids + m x nq f32 scores) and per query its

@@ -317,6 +317,19 @@ void insertable_graph<T, M>::insert_one(const T* key) {
   }
   // 5. Reverse edges.
   link_back(x, targets_);
+  // 6. The projection's reverse edge: a pivot p that kept x (p -> x) is linked back from x
+  //    (x -> p), as the build links every key a pivot keeps back to it (`project`). Without
+  //    it the late queries of the SmolLM2 8K dump missed the attention sink (key 0, the pivot
+  //    of most lists) in 291 of 410 answers after the inserts: recall@100 0.9836 / 0.9922 at
+  //    pool 100 / 200, against 0.9867 / 0.9979 with it (the rebuild: 0.9972 / 0.9999).
+  id_t* row_x = &adj_[n * R_];
+  for (std::size_t i = kept_.size(); i < targets_.size() && degrees_[x] < R_; ++i) {
+    const id_t p = targets_[i];
+    const auto nb = neighbors(p);
+    if (std::find(nb.begin(), nb.end(), x) == nb.end()) continue;
+    if (std::find(row_x, row_x + degrees_[x], p) != row_x + degrees_[x]) continue;
+    row_x[degrees_[x]++] = p;
+  }
 }
 
 template <Element T, Metric M>
