@@ -298,6 +298,7 @@ void insertable_graph<T, M>::insert_one(const T* key) {
   //    best entry kept beside it: the best only changes when x beats it (it is never the one
   //    replaced, unless nq = 1, where x then beats it too).
   targets_.assign(kept_.begin(), kept_.end());
+  id_t last_pivot = invalid_id;
   if (params_.update_query_knn) {
     for (std::size_t i = 0; i < m_; ++i) {
       // x's key is finite and its id the highest, so it beats the worst entry exactly when
@@ -309,8 +310,12 @@ void insertable_graph<T, M>::insert_one(const T* key) {
       detail::replace_worst(list, nq_, nx);
       worst_key_[i] = list[0].key;
       if (ranks_before(nx, best_[i])) best_[i] = nx;
+      // Most lists a key enters share a few pivots (the sink above all): the last one seen
+      // spares the search of the targets for it.
       const id_t pivot = best_[i].id;
-      if (pivot != x && std::find(targets_.begin(), targets_.end(), pivot) == targets_.end()) {
+      if (pivot == x || pivot == last_pivot) continue;
+      last_pivot = pivot;
+      if (std::find(targets_.begin(), targets_.end(), pivot) == targets_.end()) {
         targets_.push_back(pivot);
       }
     }
