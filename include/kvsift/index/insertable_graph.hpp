@@ -59,9 +59,11 @@ namespace kvsift {
 struct graph_insert_params {
   /// Out-edges chosen for a new key; 0 = max_degree / 2 (the build's M). <= max_degree.
   std::size_t degree = 0;
-  /// Pool of the Euclidean graph search from the new key (the build's step 3 uses its L); the
-  /// search dominates the insert cost. >= 1.
-  std::size_t L = 32;
+  /// Pool of the Euclidean graph search from the new key (the build's step 3 uses its L);
+  /// about 10% of an insert's instructions at 48. At 32 recall@100 on the SmolLM2 8K dump
+  /// (last 20% inserted) was 0.0105 below a rebuild at search pool 100, at 48 it is 0.0087,
+  /// for 4.7% more instructions per insert (docs/algorithms.md). >= 1.
+  std::size_t L = 48;
   /// Nearest training queries whose kNN keys become candidates; 0 = graph search alone
   /// (an ablation: the query-aware part of the rule off).
   std::size_t query_neighbors = 4;
