@@ -177,7 +177,7 @@ class InsertableGraphIndex:
         M: int = 35,
         L: int = 500,
         threads: int = 0,
-        insert_L: int = 32,
+        insert_L: int = 48,
         query_neighbors: int = 4,
     ) -> None: ...
     @property

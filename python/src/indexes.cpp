@@ -240,7 +240,7 @@ void bind_indexes(py::module_& m) {
              return make_insertable(keys, train, p, ip);
            }),
            py::arg("keys"), py::arg("train_queries"), py::kw_only(), py::arg("nq") = 100,
-           py::arg("M") = 35, py::arg("L") = 500, py::arg("threads") = 0, py::arg("insert_L") = 32,
+           py::arg("M") = 35, py::arg("L") = 500, py::arg("threads") = 0, py::arg("insert_L") = 48,
            py::arg("query_neighbors") = 4)
       .def_property_readonly("size", &py_insertable::size)
       .def("insert", &insertable_insert, py::arg("keys"),

@@ -15,14 +15,22 @@
 //   5. reverse edges y -> x for every chosen y and for the pivot (best key) of every list x
 //      entered in 4 (the projection links a query's pivot to its other kNN keys; without
 //      these edges recall after inserting 20% of OOD keys dropped by 0.03-0.04): appended
-//      while y's row has room, otherwise y's row is re-pruned with x as one more candidate
-//      (the build's rule for full rows), which may drop x or another edge; if no row kept x,
-//      x replaces the lowest-ranked edge of its nearest chosen neighbour, so every inserted
-//      key has an in-edge.
+//      while y's row has room; a full row keeps R of its R members and x as the build's
+//      re-pruning (RNG, filled to R) would, which drops exactly one: the farthest occluded
+//      candidate (here: occluded by any closer candidate; the re-pruning asks only the kept
+//      ones), found from the far end with O(R) distances instead of O(R^2); x takes the
+//      dropped member's slot, or is itself dropped. If no row kept x, x replaces the
+//      lowest-ranked edge of its nearest chosen neighbour, so every inserted key has an
+//      in-edge;
+//   6. x -> p for every pivot p whose row kept x, while x's row has room (the projection links
+//      every key a pivot keeps back to the pivot; without it late queries of a real dump lost
+//      the attention sink, the pivot of most lists).
 //
 // Memory kept for the rule, beyond the graph (n x max_degree ids) and the keys: the training
-// queries (m x d f32) and their kNN lists (m x nq ids + m x nq f32 scores). At m = n / 10,
-// nq = 100, d = 128 that is 131 bytes per key, against 280 for the graph at degree 70.
+// queries (m x d f32), their kNN lists (m x nq ids + m x nq f32 scores) and per query its
+// best and worst entry (12 bytes); per row how many of its edges RNG kept (4 bytes). At
+// m = n / 10, nq = 100, d = 128 that is 136 bytes per key, against 280 for the graph at
+// degree 70.
 //
 // The index owns its keys (copied once at construction) and grows them geometrically, so an
 // insert appends to amortised-constant storage and never copies all keys.
@@ -30,6 +38,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -37,6 +46,7 @@
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/metric.hpp"
+#include "kvsift/core/topk.hpp"
 #include "kvsift/core/vector_store.hpp"
 #include "kvsift/index/graph_index.hpp"
 #include "kvsift/index/knn_result.hpp"
@@ -49,9 +59,11 @@ namespace kvsift {
 struct graph_insert_params {
   /// Out-edges chosen for a new key; 0 = max_degree / 2 (the build's M). <= max_degree.
   std::size_t degree = 0;
-  /// Pool of the Euclidean graph search from the new key (the build's step 3 uses its L); the
-  /// search dominates the insert cost. >= 1.
-  std::size_t L = 32;
+  /// Pool of the Euclidean graph search from the new key (the build's step 3 uses its L);
+  /// about 10% of an insert's instructions at 48. At 32 recall@100 on the SmolLM2 8K dump
+  /// (last 20% inserted) was 0.0105 below a rebuild at search pool 100, at 48 it is 0.0087,
+  /// for 4.7% more instructions per insert (docs/algorithms.md). >= 1.
+  std::size_t L = 48;
   /// Nearest training queries whose kNN keys become candidates; 0 = graph search alone
   /// (an ablation: the query-aware part of the rule off).
   std::size_t query_neighbors = 4;
@@ -65,9 +77,9 @@ struct graph_insert_params {
 /// Memory held by an `insertable_graph`, in bytes (sizes, not capacities).
 struct insertable_graph_memory {
   std::size_t keys = 0;       ///< n x d x sizeof(T)
-  std::size_t graph = 0;      ///< n x max_degree ids + n degrees
+  std::size_t graph = 0;      ///< n x max_degree ids + n degrees + n row layouts
   std::size_t queries = 0;    ///< m x d f32 training queries
-  std::size_t query_knn = 0;  ///< m x nq ids and scores
+  std::size_t query_knn = 0;  ///< m x nq ids and scores + per query its best and worst
 };
 
 /**
@@ -137,7 +149,8 @@ class insertable_graph {
    *
    * Each key: O(m d) to score the training queries, one graph search of pool L
    * (O(hops x max_degree x d)), RNG pruning of its candidates (O(candidates x degree x d) worst
-   * case) and, per chosen neighbour with a full row, one re-pruning (O(max_degree^2 d)).
+   * case), O(log nq) per kNN list it enters and, per chosen neighbour or pivot with a full
+   * row, O(R d) (O(R^2 d) worst case, when the row's far members are not occluded).
    * Storage grows geometrically (amortised O(d + max_degree) per key, never a copy of all keys
    * per insert). An empty batch (0 rows) is a no-op.
    *
@@ -154,6 +167,12 @@ class insertable_graph {
    */
   id_t insert(matrix_view<const T> keys);
 
+  /// The training queries' kNN lists as they stand (the build's, updated by every insert):
+  /// row i holds query i's keys best first (ties: lower id), scores raw (M's scale), missing
+  /// entries invalid_id / the worst score. With `snapshot()` it is all a new insertable_graph
+  /// needs to continue from this state. O(m nq log nq); thread safety as the searches.
+  [[nodiscard]] knn_result query_knn() const;
+
   /// A `graph_index` over a copy of the current keys and graph (to save it with graph_io, or
   /// to search it without the insert state). O(n d + n max_degree).
   [[nodiscard]] graph_index<owning_store<T>, M> snapshot() const;
@@ -161,24 +180,34 @@ class insertable_graph {
  private:
   void insert_one(const T* key);
   void link_back(id_t x, std::span<const id_t> chosen);
+  void reprune_row(id_t y, id_t x);
 
   std::size_t dim_ = 0, R_ = 0, degree_ = 0;
   graph_insert_params params_{};
   std::vector<T> keys_;    // n x d
   std::vector<id_t> adj_;  // n x R, padded with invalid_id
   std::vector<std::uint32_t> degrees_;
+  // Per row: how many of its leading edges RNG pruning kept, when the row is laid out as the
+  // pruning leaves it (kept edges, then pruned ones, each in rank order around the row's key);
+  // unknown_layout until a full row is first re-pruned (appends and the in-edge repair reset
+  // it). Lets most inserts into a full row skip the re-pruning (link_back).
+  static constexpr std::uint32_t unknown_layout = std::numeric_limits<std::uint32_t>::max();
+  std::vector<std::uint32_t> kept_count_;
   std::vector<id_t> entries_;
   std::size_t m_ = 0, nq_ = 0;
-  std::vector<float> queries_;        // m x d
-  std::vector<id_t> knn_ids_;         // m x nq, unordered after inserts, invalid_id = empty
-  std::vector<float> knn_keys_;       // m x nq rank keys (to_key<M>), -inf for empty slots
-  std::vector<std::uint32_t> worst_;  // per query: slot of its worst kNN entry
+  std::vector<float> queries_;  // m x d
+  // m x nq (rank key to_key<M>, id): per query a heap, worst entry first
+  // (detail::worst_first); empty slots are (-inf, invalid_id).
+  std::vector<scored_id> knn_;
+  std::vector<scored_id> best_;   // per query: its best kNN entry (the projection's pivot)
+  std::vector<float> worst_key_;  // per query: the key of its worst kNN entry (list front)
   // Scratch of the insert (exclusive, so members): no allocation per key once warmed up.
   search_workspace ws_;
-  std::vector<float> xf_, scratch_, qkeys_;
+  std::vector<float> xf_, yf_, scratch_, qkeys_;
   std::vector<id_t> ids_, kept_, merged_, targets_;
   std::vector<float> scores_;
-  std::vector<scored_id> cands_;
+  std::vector<scored_id> cands_, top_;
+  bool linked_ = false;  // a re-pruning of link_back's current insert kept x
 };
 
 /// Builds a RoarGraph index with `builder` over `keys` from `train_queries` and returns it
