@@ -1,7 +1,7 @@
-# Type stub of the kvsift extension module (installed next to it; the module is one file, not a
-# package, so there is no py.typed). python/tests/test_stub.py checks that every public name and
-# method of the module appears here and nothing more. Arrays are anything NumPy or DLPack can
-# describe (numpy.ndarray, torch.Tensor, ...); they are borrowed, never copied.
+# Type stub of the kvsift package (python/kvsift: the extension kvsift._kvsift re-exported by
+# __init__.py; py.typed marks the package as typed). python/tests/test_stub.py checks that every
+# public name and method of the package appears here and nothing more. Arrays are anything NumPy
+# or DLPack can describe (numpy.ndarray, torch.Tensor, ...); they are borrowed, never copied.
 import os
 from typing import Any, Optional, Sequence, Tuple, Union
 
