@@ -149,6 +149,7 @@ class RoarGraphIndex:
         filter: Filter = None,
         entries: Optional[ArrayLike] = None,
         threads: int = 0,
+        degree_cap: int = 0,
     ) -> SearchResult: ...
     def dipr(
         self,
@@ -160,6 +161,7 @@ class RoarGraphIndex:
         seed_score: Optional[float] = None,
         filter: Filter = None,
         entries: Optional[ArrayLike] = None,
+        degree_cap: int = 0,
     ) -> DiprResult: ...
     def save(self, path: PathLike) -> None: ...
     @staticmethod
@@ -322,4 +324,5 @@ def search_heads(
     L: int = 100,
     filter: Filter = None,
     threads: int = 1,
+    degree_cap: int = 0,
 ) -> SearchResult: ...
