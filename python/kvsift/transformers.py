@@ -16,9 +16,13 @@ What happens:
   ``kvsift.sample_gqa_queries``).
 - **Decode** (one query token) computes, for all query heads at once, exact attention over the
   static window (the first ``sink`` tokens, the last ``window`` prompt tokens and every generated
-  token), top-``k`` retrieval over the middle tokens (``search_heads``), sparse attention over the
-  retrieved ones (``sparse_attention_heads``), and the exact log-sum-exp merge
-  (``merge_states``). With ``k`` >= the number of middle tokens this is exact attention.
+  token), retrieval over the middle tokens, sparse attention over the retrieved ones
+  (``sparse_attention_heads``), and the exact log-sum-exp merge (``merge_states``). Retrieval is
+  top-``k`` (``mode="topk"``, one batched ``search_heads`` call) or DIPR (``mode="dipr"``: every
+  middle token whose raw score q.k is within ``beta`` of the best score, the window's best
+  included, as AlayaDB's window-seeded DIPRS; one ``RoarGraphIndex.dipr`` call per query head,
+  since the module has no batched DIPR). With ``k`` >= the number of middle tokens (or a ``beta``
+  covering every score) this is exact attention.
 
 Limits (each raises ``kvsift.InvalidArgument`` naming expected and actual values, or says what
 to do): batch size 1; no padding (an attention mask hiding cached tokens, e.g. a prompt holding
@@ -36,6 +40,7 @@ from __future__ import annotations
 import contextvars
 import math
 
+import numpy as np
 import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -96,6 +101,12 @@ class KvsiftCache(DynamicCache):
             training, in (0, 1]; seed: the build's random seed.
         threads: threads over heads for the per-step kvsift calls (1 is usually fastest for one
             decode step; 0 = all cores).
+        mode: ``"topk"`` (k best middle tokens) or ``"dipr"`` (middle tokens within ``beta`` of
+            the best raw score q.k, the window's best included; at most ``max_candidates`` a head,
+            0 = 64 * l0; ``l0``: the DIPRS exploration capacity).
+
+    ``retrieved`` counts the middle tokens attended over all decode steps, layers and heads (a
+    DIPR budget is adaptive; top-k retrieves min(k, middle) per head and step).
 
     Raises ``kvsift.InvalidArgument`` for a parameter out of range (before anything is stored),
     and at prefill when ``sink + window`` leaves no middle token of the prompt.
@@ -116,6 +127,10 @@ class KvsiftCache(DynamicCache):
         train_ratio: float = 0.25,
         seed: int = 2024,
         threads: int = 1,
+        mode: str = "topk",
+        beta: float = 8.0,
+        l0: int = 64,
+        max_candidates: int = 0,
     ):
         self.sink = _check_count("sink", sink, 0)
         self.window = _check_count("window", window, 0)
@@ -131,8 +146,17 @@ class KvsiftCache(DynamicCache):
         self.train_ratio = float(train_ratio)
         self.seed = _check_count("seed", seed, 0)
         self.threads = _check_count("threads", threads, 0)
+        if mode not in ("topk", "dipr"):
+            raise _invalid(f"mode must be 'topk' or 'dipr', got {mode!r}")
+        self.mode = mode
+        if not (isinstance(beta, (int, float)) and 0 <= beta < math.inf):
+            raise _invalid(f"beta must be finite and >= 0 (raw q.k units), got {beta!r}")
+        self.beta = float(beta)
+        self.l0 = _check_count("l0", l0, 1)
+        self.max_candidates = _check_count("max_candidates", max_candidates, 0)
         super().__init__(config=config)
         self.kvsift_layers: dict[int, _LayerIndex] = {}
+        self.retrieved = 0
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         # Validate a prefill before it changes anything: the prompt must leave middle tokens.
@@ -254,17 +278,49 @@ def kvsift_attention(
         o, lse = _ks.merge_states(
             o, lse, *_ks.dense_attention_heads(q, keys, values, 0, lo, scale=scale, threads=threads)
         )
-    k = min(cache.k, hi - lo)
-    found = _ks.search_heads(state.graphs, q, k, L=max(cache.L, k), threads=threads)
+    if cache.mode == "dipr":
+        ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi)
+    else:
+        k = min(cache.k, hi - lo)
+        ids = _ks.search_heads(state.graphs, q, k, L=max(cache.L, k), threads=threads).ids
+    cache.retrieved += int((ids != _ks.INVALID_ID).sum())
     o, lse = _ks.merge_states(
         o,
         lse,
         *_ks.sparse_attention_heads(
-            q, keys[lo:hi], values[lo:hi], found.ids, scale=scale, threads=threads
+            q, keys[lo:hi], values[lo:hi], ids, scale=scale, threads=threads
         ),
     )
     out = torch.from_numpy(o).to(query.dtype).view(1, 1, query.shape[1], query.shape[3])
     return out, None
+
+
+def _dipr_ids(cache, graphs, q, keys, lo, hi):
+    """(H, width) int64 middle-token ids per query head, INVALID_ID-padded: window-seeded DIPR.
+
+    The seed is each head's best raw score over the window ([0, lo) and [hi, n)), so a middle
+    token is kept only when it is within beta of the best score of the whole context."""
+    heads, d = q.shape
+    kv_heads = keys.shape[1]
+    window = torch.cat([keys[:lo], keys[hi:]]).float()  # (n_w, KVH, d): O(n_w d) copy
+    best = torch.einsum("wkd,kgd->kgw", window, q.view(kv_heads, heads // kv_heads, d))
+    best = best.amax(dim=-1).reshape(heads).tolist()
+    rows = [
+        graphs[h * kv_heads // heads]
+        .dipr(
+            q[h],
+            cache.beta,
+            l0=cache.l0,
+            max_candidates=cache.max_candidates,
+            seed_score=best[h],
+        )
+        .ids
+        for h in range(heads)
+    ]
+    ids = np.full((heads, max(1, max(len(r) for r in rows))), _ks.INVALID_ID, dtype=np.int64)
+    for h, r in enumerate(rows):
+        ids[h, : len(r)] = r
+    return ids
 
 
 def _attends_to_all(mask: torch.Tensor, n: int) -> bool:

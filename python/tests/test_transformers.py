@@ -232,3 +232,69 @@ def test_gemma3_sliding_layers_keep_sdpa_and_the_global_layer_is_exact():
     padded[0, 100] = 0
     with pytest.raises(ks.InvalidArgument, match="attention mask hides cached tokens"):
         generate(model, padded, kt.KvsiftCache(model.config, sink=4, window=32), new=2)
+
+
+def test_dipr_covering_every_score_equals_eager(models):
+    model, ids, ref = models
+    cache = kt.KvsiftCache(
+        model.config, sink=4, window=32, mode="dipr", beta=1e6, l0=PROMPT, max_candidates=PROMPT
+    )
+    out = generate(model, ids, cache)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_logit_gap(out, ref) < 1e-5
+    # Every middle token of every head, layer and decode step (NEW - 1 of them) was retrieved.
+    assert cache.retrieved == (NEW - 1) * 2 * 4 * (PROMPT - 4 - 32)
+
+
+def test_dipr_with_a_small_beta_retrieves_fewer_and_runs(models):
+    model, ids, ref = models
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.05)
+    out = generate(model, ids, cache)
+    assert out.sequences.shape == ref.sequences.shape
+    assert 0 < cache.retrieved < (NEW - 1) * 2 * 4 * (PROMPT - 4 - 32) // 4
+    assert max_logit_gap(out, ref) > 1e-4
+
+
+def test_dipr_decode_step_equals_window_seeded_dipr_by_hand(models):
+    model, ids, _ = models
+    cache = kt.KvsiftCache(model.config, sink=3, window=5, mode="dipr", beta=0.3, l0=16)
+    generate(model, ids, cache, new=2)
+    layer = model.model.layers[0].self_attn
+    key, value = cache.layers[0].keys, cache.layers[0].values
+    q = torch.randn(1, 4, 1, 16) * 3
+    # Heads 0 and 2 point at a window key of their KV head: the window's best score then leads,
+    # and the seed must cut the middle tokens that an unseeded DIPR would keep.
+    q[0, 0, 0], q[0, 2, 0] = 3 * key[0, 0, PROMPT - 2], 3 * key[0, 1, PROMPT - 2]
+    kt._active_cache.set(cache)
+    out, _ = kt.kvsift_attention(layer, q, key, value, None, scaling=0.25)
+    n, lo, hi = key.shape[2], 3, PROMPT - 5
+    for h in range(4):
+        g = h // 2
+        qh = q[0, h, 0].numpy()
+        k_all = key[0, g].numpy()
+        window = np.concatenate([np.arange(0, lo), np.arange(hi, n)])
+        seed = float((k_all[window] @ qh).max())
+        graph = cache.kvsift_layers[0].graphs[g]
+        mid = graph.dipr(qh, 0.3, l0=16, seed_score=seed).ids
+        if h in (0, 2):
+            assert len(mid) < len(graph.dipr(qh, 0.3, l0=16).ids)
+        toks = np.concatenate([window, lo + mid])
+        logits = 0.25 * (k_all[toks].astype(np.float64) @ qh)
+        w = np.exp(logits - logits.max())
+        want = (w / w.sum()) @ value[0, g, toks].numpy()
+        np.testing.assert_allclose(out[0, 0, h].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "flat"}, r"mode must be 'topk' or 'dipr', got 'flat'"),
+        ({"beta": -1.0}, r"beta must be finite and >= 0 \(raw q.k units\), got -1.0"),
+        ({"beta": float("inf")}, r"beta must be finite and >= 0 \(raw q.k units\), got inf"),
+        ({"l0": 0}, r"l0 must be >= 1, got 0"),
+        ({"max_candidates": -1}, r"max_candidates must be >= 0, got -1"),
+    ],
+)
+def test_bad_dipr_parameters_are_rejected(kwargs, message):
+    with pytest.raises(ks.InvalidArgument, match=message):
+        kt.KvsiftCache(tiny_config(), **kwargs)
