@@ -19,7 +19,7 @@ What happens:
   token), retrieval over the middle tokens, sparse attention over the retrieved ones
   (``sparse_attention_heads``), and the exact log-sum-exp merge (``merge_states``). Retrieval is
   top-``k`` (``mode="topk"``, one batched ``search_heads`` call) or DIPR (``mode="dipr"``: every
-  middle token whose raw score q.k is within ``beta`` of the best score, the window's best
+  middle token whose attention logit is within ``beta`` of the best logit, the window's best
   included, as AlayaDB's window-seeded DIPRS; one ``RoarGraphIndex.dipr`` call per query head,
   since the module has no batched DIPR). With ``k`` >= the number of middle tokens (or a ``beta``
   covering every score) this is exact attention.
@@ -101,9 +101,10 @@ class KvsiftCache(DynamicCache):
             training, in (0, 1]; seed: the build's random seed.
         threads: threads over heads for the per-step kvsift calls (1 is usually fastest for one
             decode step; 0 = all cores).
-        mode: ``"topk"`` (k best middle tokens) or ``"dipr"`` (middle tokens within ``beta`` of
-            the best raw score q.k, the window's best included; at most ``max_candidates`` a head,
-            0 = 64 * l0; ``l0``: the DIPRS exploration capacity).
+        mode: ``"topk"`` (k best middle tokens) or ``"dipr"`` (middle tokens whose attention
+            logit, scaling * q.k, is within ``beta`` of the best one, the window's best included:
+            a token kept has at least exp(-beta) times the best token's weight; at most
+            ``max_candidates`` a head, 0 = 64 * l0; ``l0``: the DIPRS exploration capacity).
 
     ``retrieved`` counts the middle tokens attended over all decode steps, layers and heads (a
     DIPR budget is adaptive; top-k retrieves min(k, middle) per head and step).
@@ -150,7 +151,7 @@ class KvsiftCache(DynamicCache):
             raise _invalid(f"mode must be 'topk' or 'dipr', got {mode!r}")
         self.mode = mode
         if not (isinstance(beta, (int, float)) and 0 <= beta < math.inf):
-            raise _invalid(f"beta must be finite and >= 0 (raw q.k units), got {beta!r}")
+            raise _invalid(f"beta must be finite and >= 0 (logit units), got {beta!r}")
         self.beta = float(beta)
         self.l0 = _check_count("l0", l0, 1)
         self.max_candidates = _check_count("max_candidates", max_candidates, 0)
@@ -279,7 +280,7 @@ def kvsift_attention(
             o, lse, *_ks.dense_attention_heads(q, keys, values, 0, lo, scale=scale, threads=threads)
         )
     if cache.mode == "dipr":
-        ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi)
+        ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi, scale)
     else:
         k = min(cache.k, hi - lo)
         ids = _ks.search_heads(state.graphs, q, k, L=max(cache.L, k), threads=threads).ids
@@ -295,11 +296,12 @@ def kvsift_attention(
     return out, None
 
 
-def _dipr_ids(cache, graphs, q, keys, lo, hi):
+def _dipr_ids(cache, graphs, q, keys, lo, hi, scale):
     """(H, width) int64 middle-token ids per query head, INVALID_ID-padded: window-seeded DIPR.
 
     The seed is each head's best raw score over the window ([0, lo) and [hi, n)), so a middle
-    token is kept only when it is within beta of the best score of the whole context."""
+    token is kept only when it is within beta of the best logit of the whole context. The
+    graph scores raw q.k, so the logit range beta is beta / scale there."""
     heads, d = q.shape
     kv_heads = keys.shape[1]
     window = torch.cat([keys[:lo], keys[hi:]]).float()  # (n_w, KVH, d): O(n_w d) copy
@@ -309,7 +311,7 @@ def _dipr_ids(cache, graphs, q, keys, lo, hi):
         graphs[h * kv_heads // heads]
         .dipr(
             q[h],
-            cache.beta,
+            cache.beta / scale,
             l0=cache.l0,
             max_candidates=cache.max_candidates,
             seed_score=best[h],

@@ -248,7 +248,7 @@ def test_dipr_covering_every_score_equals_eager(models):
 
 def test_dipr_with_a_small_beta_retrieves_fewer_and_runs(models):
     model, ids, ref = models
-    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.05)
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.01)
     out = generate(model, ids, cache)
     assert out.sequences.shape == ref.sequences.shape
     assert 0 < cache.retrieved < (NEW - 1) * 2 * 4 * (PROMPT - 4 - 32) // 4
@@ -257,7 +257,7 @@ def test_dipr_with_a_small_beta_retrieves_fewer_and_runs(models):
 
 def test_dipr_decode_step_equals_window_seeded_dipr_by_hand(models):
     model, ids, _ = models
-    cache = kt.KvsiftCache(model.config, sink=3, window=5, mode="dipr", beta=0.3, l0=16)
+    cache = kt.KvsiftCache(model.config, sink=3, window=5, mode="dipr", beta=0.075, l0=16)
     generate(model, ids, cache, new=2)
     layer = model.model.layers[0].self_attn
     key, value = cache.layers[0].keys, cache.layers[0].values
@@ -275,6 +275,7 @@ def test_dipr_decode_step_equals_window_seeded_dipr_by_hand(models):
         window = np.concatenate([np.arange(0, lo), np.arange(hi, n)])
         seed = float((k_all[window] @ qh).max())
         graph = cache.kvsift_layers[0].graphs[g]
+        # beta 0.075 in logits is 0.075 / 0.25 = 0.3 in the graph's raw q.k.
         mid = graph.dipr(qh, 0.3, l0=16, seed_score=seed).ids
         if h in (0, 2):
             assert len(mid) < len(graph.dipr(qh, 0.3, l0=16).ids)
@@ -289,8 +290,8 @@ def test_dipr_decode_step_equals_window_seeded_dipr_by_hand(models):
     "kwargs, message",
     [
         ({"mode": "flat"}, r"mode must be 'topk' or 'dipr', got 'flat'"),
-        ({"beta": -1.0}, r"beta must be finite and >= 0 \(raw q.k units\), got -1.0"),
-        ({"beta": float("inf")}, r"beta must be finite and >= 0 \(raw q.k units\), got inf"),
+        ({"beta": -1.0}, r"beta must be finite and >= 0 \(logit units\), got -1.0"),
+        ({"beta": float("inf")}, r"beta must be finite and >= 0 \(logit units\), got inf"),
         ({"l0": 0}, r"l0 must be >= 1, got 0"),
         ({"max_candidates": -1}, r"max_candidates must be >= 0, got -1"),
     ],
