@@ -96,6 +96,8 @@ class KvsiftCache(DynamicCache):
         k: middle tokens retrieved per query head and step, >= 1 (clamped to the number of
             middle tokens; k >= that number makes decode exact).
         L: search pool size (>= k after clamping; default ``max(k, 128)``).
+        degree_cap: expand only each graph node's first ``degree_cap`` neighbours in the
+            decode searches (top-k and DIPR), 0 = all: fewer keys scored, at some recall.
         M: RoarGraph out-degree bound; build_L: construction pool; nq: query->key neighbours per
             training query; train_ratio: fraction of each query head's prefill queries used for
             training, in (0, 1]; seed: the build's random seed.
@@ -132,6 +134,7 @@ class KvsiftCache(DynamicCache):
         beta: float = 8.0,
         l0: int = 64,
         max_candidates: int = 0,
+        degree_cap: int = 0,
     ):
         self.sink = _check_count("sink", sink, 0)
         self.window = _check_count("window", window, 0)
@@ -155,6 +158,7 @@ class KvsiftCache(DynamicCache):
         self.beta = float(beta)
         self.l0 = _check_count("l0", l0, 1)
         self.max_candidates = _check_count("max_candidates", max_candidates, 0)
+        self.degree_cap = _check_count("degree_cap", degree_cap, 0)
         super().__init__(config=config)
         self.kvsift_layers: dict[int, _LayerIndex] = {}
         self.retrieved = 0
@@ -283,7 +287,9 @@ def kvsift_attention(
         ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi, scale)
     else:
         k = min(cache.k, hi - lo)
-        ids = _ks.search_heads(state.graphs, q, k, L=max(cache.L, k), threads=threads).ids
+        ids = _ks.search_heads(
+            state.graphs, q, k, L=max(cache.L, k), threads=threads, degree_cap=cache.degree_cap
+        ).ids
     cache.retrieved += int((ids != _ks.INVALID_ID).sum())
     o, lse = _ks.merge_states(
         o,
@@ -315,6 +321,7 @@ def _dipr_ids(cache, graphs, q, keys, lo, hi, scale):
             l0=cache.l0,
             max_candidates=cache.max_candidates,
             seed_score=best[h],
+            degree_cap=cache.degree_cap,
         )
         .ids
         for h in range(heads)

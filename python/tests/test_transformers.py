@@ -139,6 +139,7 @@ def test_decode_step_equals_the_module_calls_by_hand(models):
         ({"train_ratio": 0.0}, r"train_ratio must be in \(0, 1\], got 0.0"),
         ({"train_ratio": float("nan")}, r"train_ratio must be in \(0, 1\], got nan"),
         ({"threads": -1}, r"threads must be >= 0, got -1"),
+        ({"degree_cap": -2}, r"degree_cap must be >= 0, got -2"),
     ],
 )
 def test_bad_parameters_are_rejected_at_construction(kwargs, message):
@@ -299,3 +300,19 @@ def test_dipr_decode_step_equals_window_seeded_dipr_by_hand(models):
 def test_bad_dipr_parameters_are_rejected(kwargs, message):
     with pytest.raises(ks.InvalidArgument, match=message):
         kt.KvsiftCache(tiny_config(), **kwargs)
+
+
+def test_degree_cap_reaches_the_decode_searches(models, monkeypatch):
+    """degree_cap is passed to search_heads and to every per-head DIPR call."""
+    model, ids, _ = models
+    seen = []
+
+    def spy(fn):
+        return lambda *a, **kw: seen.append(kw["degree_cap"]) or fn(*a, **kw)
+
+    monkeypatch.setattr(kt._ks, "search_heads", spy(ks.search_heads))
+    generate(model, ids, kt.KvsiftCache(model.config, sink=4, window=32, k=8, degree_cap=3), new=2)
+    monkeypatch.setattr(kt._ks.RoarGraphIndex, "dipr", spy(ks.RoarGraphIndex.dipr))
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.01, degree_cap=5)
+    generate(model, ids, cache, new=2)
+    assert seen == [3, 3] + [5] * 8  # 2 layers x 1 step; then 2 layers x 4 heads
