@@ -196,14 +196,17 @@ void bind_indexes(py::module_& m) {
                              })
       .def("search", &graph_search, py::arg("queries"), py::arg("k"), py::kw_only(),
            py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("entries") = py::none(),
-           py::arg("threads") = 0,
+           py::arg("threads") = 0, py::arg("degree_cap") = 0,
            "Approximate top-k (beam search, pool L >= k) of (d,) or (m, d) float32 queries; with "
-           "a filter only passing ids are returned (2-hop walk).")
+           "a filter only passing ids are returned (2-hop walk). degree_cap > 0 expands only "
+           "each node's first degree_cap neighbours (the builder puts the most useful first): "
+           "fewer vectors scored per hop, at some recall; 0 = all.")
       .def("dipr", &graph_dipr, py::arg("query"), py::arg("beta"), py::kw_only(),
            py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
            py::arg("filter") = py::none(), py::arg("entries") = py::none(),
+           py::arg("degree_cap") = 0,
            "DIPRS graph search: keys with score >= best - beta; seed_score (e.g. the best "
-           "window score) tightens pruning from the first hop.")
+           "window score) tightens pruning from the first hop; degree_cap as in search.")
       .def_property_readonly("key_fingerprint", &roargraph_fingerprint,
                              "64-bit FNV-1a fingerprint of the keys (shape, dtype and bytes; "
                              "every row up to 16 MiB of keys, 4096 evenly spaced rows beyond) "

@@ -118,20 +118,22 @@ struct block_output {
 /// Exact top-k of (d,) or (m, d) queries, multithreaded over queries.
 search_result flat_topk(const py_flat& self, const py::handle& queries, std::size_t k,
                         const py::object& filter, std::size_t threads);
-/// Beam search of (d,) or (m, d) queries (pool L), optionally filtered and with extra entries.
+/// Beam search of (d,) or (m, d) queries (pool L), optionally filtered and with extra entries;
+/// degree_cap > 0 expands only each node's first degree_cap neighbours.
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
-                           std::size_t threads);
+                           std::size_t threads, std::size_t degree_cap);
 /// Top-k of every query head of a decode step over one index per KV head (GQA).
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
-                           std::size_t L, const py::object& filter, std::size_t threads);
+                           std::size_t L, const py::object& filter, std::size_t threads,
+                           std::size_t degree_cap);
 /// Exact DIPR over a flat index / DIPRS over a graph.
 dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, std::size_t l0,
                       std::size_t max_candidates, std::optional<float> seed_score,
                       const py::object& filter, const py::object& entries);
 dipr_output graph_dipr(const py_graph& self, const py::handle& query, float beta, std::size_t l0,
                        std::size_t max_candidates, std::optional<float> seed_score,
-                       const py::object& filter, const py::object& entries);
+                       const py::object& filter, const py::object& entries, std::size_t degree_cap);
 search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,
                                 std::size_t L, std::size_t threads);
 /// Block-index searches: the k best blocks, block-level DIPR, and the tokens of blocks.

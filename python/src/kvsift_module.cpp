@@ -19,7 +19,7 @@
 
 namespace py = pybind11;
 
-PYBIND11_MODULE(kvsift, m) {
+PYBIND11_MODULE(_kvsift, m) {
   m.doc() =
       "kvsift: retrieval-based sparse attention (RoarGraph / flat indexes, top-k, DIPR and "
       "filtered search, sparse attention with log-sum-exp merge). Arrays are borrowed, never "

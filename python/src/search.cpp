@@ -15,10 +15,12 @@ namespace {
 template <class Index>
 dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, std::size_t l0,
                      std::size_t max_candidates, std::optional<float> seed_score,
-                     const py::object& filter, const py::object& entries) {
+                     const py::object& filter, const py::object& entries,
+                     std::size_t degree_cap = 0) {
   const auto qv = vector_of(query_h, "query");
   const std::span<const float> q = qv.s;
-  const auto p = dipr_params_of(beta, l0, max_candidates, seed_score);
+  auto p = dipr_params_of(beta, l0, max_candidates, seed_score);
+  p.degree_cap = bounded_count(degree_cap, "dipr: degree_cap");
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -83,11 +85,13 @@ search_result flat_topk(const py_flat& self, const py::handle& queries, std::siz
 
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
-                           std::size_t threads) {
+                           std::size_t threads, std::size_t degree_cap) {
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
-  const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search: L")};
+  const kvsift::beam_search_params p{.k = k,
+                                     .L = bounded_count(L, "search: L"),
+                                     .degree_cap = bounded_count(degree_cap, "search: degree_cap")};
   return std::visit(
       [&](const auto& index, const auto& pred) {
         return batched_topk(queries, k, threads,
@@ -102,7 +106,8 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
 /// Top-k of query head h of `queries` (H, d) in `indexes[h / (H / len(indexes))]`: one call
 /// for the query heads of a decode step over the per-KV-head indexes (GQA), heads in parallel.
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
-                           std::size_t L, const py::object& filter, std::size_t threads) {
+                           std::size_t L, const py::object& filter, std::size_t threads,
+                           std::size_t degree_cap) {
   using one_index = std::variant<const py_graph*, const py_flat*>;
   std::vector<one_index> idx;
   for (const auto& h : indexes) {
@@ -124,7 +129,11 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
   const std::size_t group = static_cast<std::size_t>(heads) / idx.size();
   const filter_t f =
       filter_of(filter, std::visit([](const auto* i) { return i->size(); }, idx.front()));
-  const kvsift::beam_search_params p{.k = k, .L = bounded_count(L, "search_heads: L")};
+  // degree_cap shapes the graph walk only: a FlatIndex head scans every key either way.
+  const kvsift::beam_search_params p{
+      .k = k,
+      .L = bounded_count(L, "search_heads: L"),
+      .degree_cap = bounded_count(degree_cap, "search_heads: degree_cap")};
   return std::visit(
       [&](const auto& pred) {
         return batched_topk(
@@ -155,8 +164,9 @@ dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, 
 
 dipr_output graph_dipr(const py_graph& self, const py::handle& query, float beta, std::size_t l0,
                        std::size_t max_candidates, std::optional<float> seed_score,
-                       const py::object& filter, const py::object& entries) {
-  return run_dipr(self, query, beta, l0, max_candidates, seed_score, filter, entries);
+                       const py::object& filter, const py::object& entries,
+                       std::size_t degree_cap) {
+  return run_dipr(self, query, beta, l0, max_candidates, seed_score, filter, entries, degree_cap);
 }
 
 search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,
@@ -267,9 +277,11 @@ void bind_search(py::module_& m) {
 
   m.def("search_heads", &search_heads, py::arg("indexes"), py::arg("queries"), py::arg("k"),
         py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
+        py::arg("degree_cap") = 0,
         "Top-k for every query head of a decode step: queries (H, d) float32, indexes one "
         "RoarGraphIndex or FlatIndex per KV head; query head h searches indexes[h // (H // "
-        "len(indexes))] -> SearchResult with ids/scores (H, k). L: beam pool (graph only).");
+        "len(indexes))] -> SearchResult with ids/scores (H, k). L: beam pool; degree_cap: "
+        "expand only each node's first degree_cap neighbours, 0 = all (graph only).");
 }
 
 }  // namespace kvsift_python

@@ -1,7 +1,7 @@
-# Type stub of the kvsift extension module (installed next to it; the module is one file, not a
-# package, so there is no py.typed). python/tests/test_stub.py checks that every public name and
-# method of the module appears here and nothing more. Arrays are anything NumPy or DLPack can
-# describe (numpy.ndarray, torch.Tensor, ...); they are borrowed, never copied.
+# Type stub of the kvsift package (python/kvsift: the extension kvsift._kvsift re-exported by
+# __init__.py; py.typed marks the package as typed). python/tests/test_stub.py checks that every
+# public name and method of the package appears here and nothing more. Arrays are anything NumPy
+# or DLPack can describe (numpy.ndarray, torch.Tensor, ...); they are borrowed, never copied.
 import os
 from typing import Any, Optional, Sequence, Tuple, Union
 
@@ -149,6 +149,7 @@ class RoarGraphIndex:
         filter: Filter = None,
         entries: Optional[ArrayLike] = None,
         threads: int = 0,
+        degree_cap: int = 0,
     ) -> SearchResult: ...
     def dipr(
         self,
@@ -160,6 +161,7 @@ class RoarGraphIndex:
         seed_score: Optional[float] = None,
         filter: Filter = None,
         entries: Optional[ArrayLike] = None,
+        degree_cap: int = 0,
     ) -> DiprResult: ...
     def save(self, path: PathLike) -> None: ...
     @staticmethod
@@ -322,4 +324,5 @@ def search_heads(
     L: int = 100,
     filter: Filter = None,
     threads: int = 1,
+    degree_cap: int = 0,
 ) -> SearchResult: ...

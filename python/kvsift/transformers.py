@@ -1,0 +1,349 @@
+"""Retrieval attention for Hugging Face transformers models (RetrievalAttention on kvsift).
+
+A model switches to kvsift attention in three lines::
+
+    import kvsift.transformers as kt
+    model.set_attn_implementation(kt.NAME)          # or from_pretrained(..., attn_implementation=)
+    cache = kt.KvsiftCache(model.config, sink=4, window=64, k=100)
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=32)
+
+What happens:
+
+- **Prefill** (a call with more than one query token) runs transformers' SDPA attention
+  unchanged. Right after it, per layer, :class:`KvsiftCache` builds one RoarGraph index per KV
+  head over the prompt's *middle* keys (all but the first ``sink`` and the last ``window``
+  tokens), trained on the prefill queries of that KV head's query group (GQA-shared, sampled with
+  ``kvsift.sample_gqa_queries``).
+- **Decode** (one query token) computes, for all query heads at once, exact attention over the
+  static window (the first ``sink`` tokens, the last ``window`` prompt tokens and every generated
+  token), retrieval over the middle tokens, sparse attention over the retrieved ones
+  (``sparse_attention_heads``), and the exact log-sum-exp merge (``merge_states``). Retrieval is
+  top-``k`` (``mode="topk"``, one batched ``search_heads`` call) or DIPR (``mode="dipr"``: every
+  middle token whose attention logit is within ``beta`` of the best logit, the window's best
+  included, as AlayaDB's window-seeded DIPRS; one ``RoarGraphIndex.dipr`` call per query head,
+  since the module has no batched DIPR). With ``k`` >= the number of middle tokens (or a ``beta``
+  covering every score) this is exact attention.
+
+Limits (each raises ``kvsift.InvalidArgument`` naming expected and actual values, or says what
+to do): batch size 1; no padding (an attention mask hiding cached tokens, e.g. a prompt holding
+the pad token id, which generate() masks); one prefill per cache (a second multi-token call on a
+built cache, e.g. chunked prefill or a second turn, needs a new cache); no attention logit
+soft-capping. Tokens generated after the prefill stay in the window (they are not inserted into
+the index). Layers with a sliding window (Gemma-3 local layers) keep transformers' SDPA.
+
+Thread safety: a cache belongs to one generation at a time; the kvsift calls release the GIL and
+run ``threads`` threads over heads.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+
+import numpy as np
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from . import _kvsift as _ks
+
+__all__ = ["NAME", "KvsiftCache", "kvsift_attention", "register"]
+
+#: The name kvsift attention is registered under (``config._attn_implementation``).
+NAME = "kvsift"
+
+# The cache whose update() ran last in this context: transformers passes the cache to the
+# attention module but not to the attention function, and every attention layer calls
+# past_key_values.update(...) right before the attention function. The function checks that the
+# key tensor it receives is that cache's own, so a stale or foreign cache is an error, not a
+# silent mix-up.
+_active_cache: contextvars.ContextVar[KvsiftCache | None] = contextvars.ContextVar(
+    "kvsift_active_cache", default=None
+)
+
+
+def _invalid(message: str) -> Exception:
+    return _ks.InvalidArgument("kvsift.transformers: " + message)
+
+
+def _check_count(name: str, value, lowest: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(f"{name} must be an int, got {type(value).__name__}")
+    if value < lowest:
+        raise _invalid(f"{name} must be >= {lowest}, got {value}")
+    return value
+
+
+class _LayerIndex:
+    """The built state of one attention layer: prompt length and one graph per KV head."""
+
+    __slots__ = ("prompt", "graphs")
+
+    def __init__(self, prompt: int, graphs: list):
+        self.prompt = prompt
+        self.graphs = graphs
+
+
+class KvsiftCache(DynamicCache):
+    """A transformers ``DynamicCache`` that also holds kvsift's per-layer, per-KV-head indexes.
+
+    Args:
+        config: the model's config (as for ``DynamicCache(config=...)``).
+        sink: first tokens always attended exactly (attention sinks), >= 0.
+        window: last prompt tokens always attended exactly, >= 0; generated tokens are always
+            attended exactly too. ``sink + window`` must be smaller than the prompt.
+        k: middle tokens retrieved per query head and step, >= 1 (clamped to the number of
+            middle tokens; k >= that number makes decode exact).
+        L: search pool size (>= k after clamping; default ``max(k, 128)``).
+        degree_cap: expand only each graph node's first ``degree_cap`` neighbours in the
+            decode searches (top-k and DIPR), 0 = all: fewer keys scored, at some recall.
+        M: RoarGraph out-degree bound; build_L: construction pool; nq: query->key neighbours per
+            training query; train_ratio: fraction of each query head's prefill queries used for
+            training, in (0, 1]; seed: the build's random seed.
+        threads: threads over heads for the per-step kvsift calls (1 is usually fastest for one
+            decode step; 0 = all cores).
+        mode: ``"topk"`` (k best middle tokens) or ``"dipr"`` (middle tokens whose attention
+            logit, scaling * q.k, is within ``beta`` of the best one, the window's best included:
+            a token kept has at least exp(-beta) times the best token's weight; at most
+            ``max_candidates`` a head, 0 = 64 * l0; ``l0``: the DIPRS exploration capacity).
+
+    ``retrieved`` counts the middle tokens attended over all decode steps, layers and heads (a
+    DIPR budget is adaptive; top-k retrieves min(k, middle) per head and step).
+
+    Raises ``kvsift.InvalidArgument`` for a parameter out of range (before anything is stored),
+    and at prefill when ``sink + window`` leaves no middle token of the prompt.
+    Build cost per layer: O(n_train * n_mid * d) kNN per KV head plus the projection.
+    """
+
+    def __init__(
+        self,
+        config,
+        *,
+        sink: int = 4,
+        window: int = 64,
+        k: int = 100,
+        L: int | None = None,
+        M: int = 32,
+        build_L: int = 200,
+        nq: int = 100,
+        train_ratio: float = 0.25,
+        seed: int = 2024,
+        threads: int = 1,
+        mode: str = "topk",
+        beta: float = 8.0,
+        l0: int = 64,
+        max_candidates: int = 0,
+        degree_cap: int = 0,
+    ):
+        self.sink = _check_count("sink", sink, 0)
+        self.window = _check_count("window", window, 0)
+        self.k = _check_count("k", k, 1)
+        self.L = max(self.k, 128) if L is None else _check_count("L", L, 1)
+        if self.L < self.k:
+            raise _invalid(f"L must be >= k ({self.k}), got {self.L}")
+        self.M = _check_count("M", M, 1)
+        self.build_L = _check_count("build_L", build_L, 1)
+        self.nq = _check_count("nq", nq, 1)
+        if not (isinstance(train_ratio, (int, float)) and 0 < train_ratio <= 1):
+            raise _invalid(f"train_ratio must be in (0, 1], got {train_ratio!r}")
+        self.train_ratio = float(train_ratio)
+        self.seed = _check_count("seed", seed, 0)
+        self.threads = _check_count("threads", threads, 0)
+        if mode not in ("topk", "dipr"):
+            raise _invalid(f"mode must be 'topk' or 'dipr', got {mode!r}")
+        self.mode = mode
+        if not (isinstance(beta, (int, float)) and 0 <= beta < math.inf):
+            raise _invalid(f"beta must be finite and >= 0 (logit units), got {beta!r}")
+        self.beta = float(beta)
+        self.l0 = _check_count("l0", l0, 1)
+        self.max_candidates = _check_count("max_candidates", max_candidates, 0)
+        self.degree_cap = _check_count("degree_cap", degree_cap, 0)
+        super().__init__(config=config)
+        self.kvsift_layers: dict[int, _LayerIndex] = {}
+        self.retrieved = 0
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        # Validate a prefill before it changes anything: the prompt must leave middle tokens.
+        built = layer_idx in self.kvsift_layers
+        new = key_states.shape[-2]
+        if new > 1 and not self._is_sliding(layer_idx):
+            if built:
+                raise _invalid(
+                    f"layer {layer_idx} already holds a prompt of "
+                    f"{self.kvsift_layers[layer_idx].prompt} tokens with its indexes; a second "
+                    f"multi-token call ({new} tokens: chunked prefill or a new turn) needs a new "
+                    "KvsiftCache"
+                )
+            prompt = self.get_seq_length(layer_idx) + new
+            if self.sink + self.window >= prompt:
+                raise _invalid(
+                    f"sink ({self.sink}) + window ({self.window}) must be smaller than the prompt "
+                    f"({prompt} tokens) so that some tokens are retrieved; lower them or use "
+                    "plain attention for short prompts"
+                )
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        _active_cache.set(self)
+        return keys, values
+
+    def _is_sliding(self, layer_idx: int) -> bool:
+        return layer_idx < len(self.layers) and getattr(self.layers[layer_idx], "is_sliding", False)
+
+    def _build(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> None:
+        """Indexes of one layer from its prefill queries (1, H, n, d) and keys (1, KVH, n, d)."""
+        heads, kv_heads, prompt = query.shape[1], key.shape[1], key.shape[2]
+        group = heads // kv_heads
+        lo, hi = self.sink, prompt - self.window
+        q = query[0].detach().float()
+        graphs = []
+        for g in range(kv_heads):
+            # The index borrows these keys: a view of the cache tensor, which it keeps alive
+            # (DynamicLayer concatenates into new tensors at each step, never in place).
+            keys = key[0, g, lo:hi].detach()
+            train = _ks.sample_gqa_queries(
+                [q[h].contiguous() for h in range(g * group, (g + 1) * group)],
+                self.train_ratio,
+                self.seed + g,
+            )
+            graphs.append(
+                _ks.RoarGraphIndex(
+                    keys,
+                    train,
+                    nq=min(self.nq, hi - lo),
+                    M=self.M,
+                    L=max(self.build_L, self.M),
+                    threads=0,
+                    seed=self.seed + layer_idx,
+                )
+            )
+        self.kvsift_layers[layer_idx] = _LayerIndex(prompt, graphs)
+
+
+def _cache_for(module, key: torch.Tensor) -> KvsiftCache:
+    cache = _active_cache.get()
+    layer = getattr(module, "layer_idx", None)
+    if (
+        cache is None
+        or layer is None
+        or layer >= len(cache.layers)
+        or cache.layers[layer].keys is not key
+    ):
+        raise RuntimeError(
+            "kvsift.transformers: kvsift attention needs its cache: pass "
+            "past_key_values=kvsift.transformers.KvsiftCache(model.config, ...) to generate() or "
+            "the forward call (a model with attn_implementation='kvsift' cannot use a DynamicCache)"
+        )
+    return cache
+
+
+def kvsift_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
+    """The attention function registered as ``NAME`` (transformers' AttentionInterface).
+
+    query (B, H, q_len, d), key/value (B, KVH, n, d): the whole cached sequence. Prefill (q_len >
+    1) and sliding-window layers run SDPA and, on prefill, build the layer's indexes; decode
+    (q_len == 1) runs window + top-k retrieval + merge with one batched kvsift call per stage.
+    Returns (output (B, q_len, H, d) in the query's dtype, None).
+    """
+    if kwargs.get("softcap") is not None:
+        raise _invalid("attention logit soft-capping is not supported")
+    sliding = kwargs.get("sliding_window") is not None
+    if query.shape[2] > 1 or sliding:
+        out = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        if not sliding:
+            if query.shape[0] != 1:
+                raise _invalid(f"batch size must be 1, got {query.shape[0]}")
+            _cache_for(module, key)._build(module.layer_idx, query, key)
+        return out
+    cache = _cache_for(module, key)
+    if query.shape[0] != 1:
+        raise _invalid(f"batch size must be 1, got {query.shape[0]}")
+    state = cache.kvsift_layers.get(module.layer_idx)
+    if state is None:
+        raise _invalid(
+            f"layer {module.layer_idx}: decode before any prefill (the cache holds no prompt)"
+        )
+    if attention_mask is not None and not _attends_to_all(attention_mask, key.shape[2]):
+        raise _invalid(
+            "the attention mask hides cached tokens (padding, e.g. a pad token id in the "
+            "prompt); kvsift attention attends to every cached token: pass an unpadded prompt"
+        )
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    q = query[0, :, 0, :].detach().float().contiguous()  # (H, d): the one copy, d floats a head
+    # (n, KVH, d) views of the cache, read in place by kvsift (innermost axis contiguous).
+    keys = key[0].detach().transpose(0, 1)
+    values = value[0].detach().transpose(0, 1)
+    n, prompt, threads = keys.shape[0], state.prompt, cache.threads
+    lo, hi = cache.sink, prompt - cache.window
+    o, lse = _ks.dense_attention_heads(q, keys, values, hi, n, scale=scale, threads=threads)
+    if lo > 0:
+        o, lse = _ks.merge_states(
+            o, lse, *_ks.dense_attention_heads(q, keys, values, 0, lo, scale=scale, threads=threads)
+        )
+    if cache.mode == "dipr":
+        ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi, scale)
+    else:
+        k = min(cache.k, hi - lo)
+        ids = _ks.search_heads(
+            state.graphs, q, k, L=max(cache.L, k), threads=threads, degree_cap=cache.degree_cap
+        ).ids
+    cache.retrieved += int((ids != _ks.INVALID_ID).sum())
+    o, lse = _ks.merge_states(
+        o,
+        lse,
+        *_ks.sparse_attention_heads(
+            q, keys[lo:hi], values[lo:hi], ids, scale=scale, threads=threads
+        ),
+    )
+    out = torch.from_numpy(o).to(query.dtype).view(1, 1, query.shape[1], query.shape[3])
+    return out, None
+
+
+def _dipr_ids(cache, graphs, q, keys, lo, hi, scale):
+    """(H, width) int64 middle-token ids per query head, INVALID_ID-padded: window-seeded DIPR.
+
+    The seed is each head's best raw score over the window ([0, lo) and [hi, n)), so a middle
+    token is kept only when it is within beta of the best logit of the whole context. The
+    graph scores raw q.k, so the logit range beta is beta / scale there."""
+    heads, d = q.shape
+    kv_heads = keys.shape[1]
+    window = torch.cat([keys[:lo], keys[hi:]]).float()  # (n_w, KVH, d): O(n_w d) copy
+    best = torch.einsum("wkd,kgd->kgw", window, q.view(kv_heads, heads // kv_heads, d))
+    best = best.amax(dim=-1).reshape(heads).tolist()
+    rows = [
+        graphs[h * kv_heads // heads]
+        .dipr(
+            q[h],
+            cache.beta / scale,
+            l0=cache.l0,
+            max_candidates=cache.max_candidates,
+            seed_score=best[h],
+            degree_cap=cache.degree_cap,
+        )
+        .ids
+        for h in range(heads)
+    ]
+    ids = np.full((heads, max(1, max(len(r) for r in rows))), _ks.INVALID_ID, dtype=np.int64)
+    for h, r in enumerate(rows):
+        ids[h, : len(r)] = r
+    return ids
+
+
+def _attends_to_all(mask: torch.Tensor, n: int) -> bool:
+    """Whether a decode step's mask (bool: True attends; float: 0 attends) lets the query see
+    all n cached tokens. O(n), against the O(n d) of the step's window alone."""
+    row = mask[..., :n]
+    return bool(row.all()) if row.dtype == torch.bool else bool((row == 0).all())
+
+
+def register(name: str = NAME) -> None:
+    """Registers kvsift attention (and SDPA's mask format for it) under ``name``. Idempotent;
+    importing this module registers ``NAME``."""
+    AttentionInterface.register(name, kvsift_attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+
+
+register()

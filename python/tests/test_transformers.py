@@ -1,0 +1,318 @@
+"""kvsift.transformers on a tiny randomly initialised Llama (2 layers, 4 query heads, 2 KV heads,
+head dim 16, a 300-token prompt), on the CPU: with every middle token retrieved, decoding equals
+eager attention (same tokens, logits to 1e-5); with a small k it differs but runs; bad
+parameters and misuse raise errors naming the fix. Skipped where torch/transformers are not
+installed (.ci/install-deps.sh installs them for CI)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import kvsift as ks  # noqa: E402
+import kvsift.transformers as kt  # noqa: E402
+
+PROMPT, NEW = 300, 8
+
+
+def tiny_config():
+    return transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+    )
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(tiny_config()).eval()
+    eager.set_attn_implementation("eager")
+    # Own config: set_attn_implementation writes into it, and a shared one would switch both.
+    model = transformers.LlamaForCausalLM(tiny_config()).eval()
+    model.load_state_dict(eager.state_dict())
+    model.set_attn_implementation(kt.NAME)
+    ids = torch.randint(0, 256, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = eager.generate(
+            ids,
+            max_new_tokens=NEW,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return model, ids, ref
+
+
+def generate(model, ids, cache, new=NEW):
+    with torch.no_grad():
+        return model.generate(
+            ids,
+            past_key_values=cache,
+            max_new_tokens=new,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+
+
+def max_logit_gap(a, b):
+    return max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits))
+
+
+def test_retrieving_every_middle_token_equals_eager(models):
+    model, ids, ref = models
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, k=PROMPT)  # k clamps to 264
+    out = generate(model, ids, cache)
+    assert torch.equal(out.sequences, ref.sequences)
+    for got, want in zip(out.logits, ref.logits):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # The decode steps went through the indexes: one graph per layer and KV head, over exactly
+    # the middle tokens of the prompt (first 4 and last 32 stay in the window).
+    assert sorted(cache.kvsift_layers) == [0, 1]
+    for state in cache.kvsift_layers.values():
+        assert state.prompt == PROMPT and len(state.graphs) == 2
+        assert all(g.size == PROMPT - 4 - 32 for g in state.graphs)
+    assert cache.get_seq_length() == PROMPT + NEW - 1
+
+
+def test_no_sink_and_a_window_of_generated_tokens_only_still_exact(models):
+    model, ids, ref = models
+    out = generate(model, ids, kt.KvsiftCache(model.config, sink=0, window=0, k=PROMPT))
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_logit_gap(out, ref) < 1e-5
+
+
+def test_small_k_differs_from_eager_but_runs(models):
+    model, ids, ref = models
+    cache = kt.KvsiftCache(model.config, sink=2, window=8, k=4, L=16)
+    out = generate(model, ids, cache)
+    assert out.sequences.shape == ref.sequences.shape
+    assert all(torch.isfinite(x).all() for x in out.logits)
+    # The prefill is SDPA (the first token's logits are eager's); the decode steps attend 4 of
+    # 290 middle tokens, an approximation visibly not eager attention.
+    torch.testing.assert_close(out.logits[0], ref.logits[0], rtol=1e-5, atol=1e-5)
+    assert max_logit_gap(out, ref) > 1e-3
+
+
+def test_decode_step_equals_the_module_calls_by_hand(models):
+    """One decode step of one layer against kvsift's per-head calls written out: window
+    [0, sink) + [n0 - window, n) dense, the middle through each KV head's graph."""
+    model, ids, _ = models
+    cache = kt.KvsiftCache(model.config, sink=3, window=5, k=7, L=32)
+    generate(model, ids, cache, new=2)
+    layer = model.model.layers[1].self_attn
+    key, value = cache.layers[1].keys, cache.layers[1].values  # (1, 2, 301, 16)
+    q = torch.randn(1, 4, 1, 16)
+    kt._active_cache.set(cache)
+    out, _ = kt.kvsift_attention(layer, q, key, value, None, scaling=0.25)
+    n, lo, hi = key.shape[2], 3, PROMPT - 5
+    for h in range(4):
+        g = h // 2
+        graph = cache.kvsift_layers[1].graphs[g]
+        qh = q[0, h, 0].numpy()
+        mid = graph.search(qh, 7, L=32).ids
+        toks = np.concatenate([np.arange(0, lo), lo + mid, np.arange(hi, n)])
+        k_sel, v_sel = key[0, g, toks].numpy(), value[0, g, toks].numpy()
+        logits = 0.25 * (k_sel.astype(np.float64) @ qh)
+        w = np.exp(logits - logits.max())
+        want = (w / w.sum()) @ v_sel
+        np.testing.assert_allclose(out[0, 0, h].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"k": 0}, r"k must be >= 1, got 0"),
+        ({"k": -3}, r"k must be >= 1, got -3"),
+        ({"window": -1}, r"window must be >= 0, got -1"),
+        ({"sink": 2.5}, r"sink must be an int, got float"),
+        ({"k": 50, "L": 10}, r"L must be >= k \(50\), got 10"),
+        ({"train_ratio": 0.0}, r"train_ratio must be in \(0, 1\], got 0.0"),
+        ({"train_ratio": float("nan")}, r"train_ratio must be in \(0, 1\], got nan"),
+        ({"threads": -1}, r"threads must be >= 0, got -1"),
+        ({"degree_cap": -2}, r"degree_cap must be >= 0, got -2"),
+    ],
+)
+def test_bad_parameters_are_rejected_at_construction(kwargs, message):
+    with pytest.raises(ks.InvalidArgument, match=message):
+        kt.KvsiftCache(tiny_config(), **kwargs)
+
+
+def test_window_larger_than_the_prompt_is_rejected_before_anything_is_cached(models):
+    model, ids, _ = models
+    cache = kt.KvsiftCache(model.config, sink=4, window=400)
+    with pytest.raises(
+        ks.InvalidArgument,
+        match=r"sink \(4\) \+ window \(400\) must be smaller than the prompt \(300 tokens\)",
+    ):
+        generate(model, ids, cache)
+    assert cache.get_seq_length() == 0 and not cache.kvsift_layers
+    # Exactly the prompt is also too large: no middle token would be left to retrieve.
+    with pytest.raises(ks.InvalidArgument, match=r"window \(296\)"):
+        generate(model, ids, kt.KvsiftCache(model.config, sink=4, window=296))
+
+
+def test_misuse_names_the_fix(models):
+    model, ids, _ = models
+    with pytest.raises(RuntimeError, match="past_key_values=kvsift.transformers.KvsiftCache"):
+        with torch.no_grad():
+            model(ids[:, :20], past_key_values=transformers.DynamicCache(config=model.config))
+    with pytest.raises(ks.InvalidArgument, match="batch size must be 1, got 2"):
+        generate(model, ids.repeat(2, 1), kt.KvsiftCache(model.config))
+    cache = kt.KvsiftCache(model.config, sink=2, window=8)
+    generate(model, ids, cache, new=1)
+    with pytest.raises(ks.InvalidArgument, match="needs a new KvsiftCache"):
+        with torch.no_grad():
+            model(ids[:, :20], past_key_values=cache)
+
+
+def test_registration_is_visible_to_transformers():
+    assert transformers.AttentionInterface._global_mapping[kt.NAME] is kt.kvsift_attention
+    kt.register()  # idempotent
+    assert transformers.AttentionInterface._global_mapping[kt.NAME] is kt.kvsift_attention
+
+
+def test_readme_snippet_runs(models):
+    """python/README.md's `<!-- pytest: hf-switch -->` block, run as written on the tiny model."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    marker = readme.index("<!-- pytest: hf-switch -->")
+    start = readme.index("```python\n", marker) + len("```python\n")
+    snippet = readme[start : readme.index("```", start)]
+    model, ids, _ = models
+    scope = {"model": model, "ids": ids}
+    exec(compile(snippet, "python/README.md:hf-switch", "exec"), scope)
+    assert scope["out"].shape == (1, PROMPT + 16)
+    assert sorted(scope["cache"].kvsift_layers) == [0, 1]
+
+
+def test_gemma3_sliding_layers_keep_sdpa_and_the_global_layer_is_exact():
+    """Gemma-3: three sliding-window layers (SDPA, no index) and one global layer (kvsift);
+    with every middle token retrieved the decode equals eager attention."""
+    def config():
+        return transformers.Gemma3TextConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=1024,
+            sliding_window=64,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        )
+
+    torch.manual_seed(0)
+    eager = transformers.Gemma3ForCausalLM(config()).eval()
+    eager.set_attn_implementation("eager")
+    model = transformers.Gemma3ForCausalLM(config()).eval()
+    model.load_state_dict(eager.state_dict())
+    model.set_attn_implementation(kt.NAME)
+    # Token ids from 1: 0 is Gemma's pad token, which generate() masks out.
+    ids = torch.randint(1, 256, (1, PROMPT), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = eager.generate(
+            ids, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, k=PROMPT)
+    out = generate(model, ids, cache, new=4)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_logit_gap(out, ref) < 1e-5
+    assert sorted(cache.kvsift_layers) == [3]
+    # A prompt holding the pad token: generate() masks it, which kvsift attention refuses.
+    padded = ids.clone()
+    padded[0, 100] = 0
+    with pytest.raises(ks.InvalidArgument, match="attention mask hides cached tokens"):
+        generate(model, padded, kt.KvsiftCache(model.config, sink=4, window=32), new=2)
+
+
+def test_dipr_covering_every_score_equals_eager(models):
+    model, ids, ref = models
+    cache = kt.KvsiftCache(
+        model.config, sink=4, window=32, mode="dipr", beta=1e6, l0=PROMPT, max_candidates=PROMPT
+    )
+    out = generate(model, ids, cache)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_logit_gap(out, ref) < 1e-5
+    # Every middle token of every head, layer and decode step (NEW - 1 of them) was retrieved.
+    assert cache.retrieved == (NEW - 1) * 2 * 4 * (PROMPT - 4 - 32)
+
+
+def test_dipr_with_a_small_beta_retrieves_fewer_and_runs(models):
+    model, ids, ref = models
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.01)
+    out = generate(model, ids, cache)
+    assert out.sequences.shape == ref.sequences.shape
+    assert 0 < cache.retrieved < (NEW - 1) * 2 * 4 * (PROMPT - 4 - 32) // 4
+    assert max_logit_gap(out, ref) > 1e-4
+
+
+def test_dipr_decode_step_equals_window_seeded_dipr_by_hand(models):
+    model, ids, _ = models
+    cache = kt.KvsiftCache(model.config, sink=3, window=5, mode="dipr", beta=0.075, l0=16)
+    generate(model, ids, cache, new=2)
+    layer = model.model.layers[0].self_attn
+    key, value = cache.layers[0].keys, cache.layers[0].values
+    q = torch.randn(1, 4, 1, 16) * 3
+    # Heads 0 and 2 point at a window key of their KV head: the window's best score then leads,
+    # and the seed must cut the middle tokens that an unseeded DIPR would keep.
+    q[0, 0, 0], q[0, 2, 0] = 3 * key[0, 0, PROMPT - 2], 3 * key[0, 1, PROMPT - 2]
+    kt._active_cache.set(cache)
+    out, _ = kt.kvsift_attention(layer, q, key, value, None, scaling=0.25)
+    n, lo, hi = key.shape[2], 3, PROMPT - 5
+    for h in range(4):
+        g = h // 2
+        qh = q[0, h, 0].numpy()
+        k_all = key[0, g].numpy()
+        window = np.concatenate([np.arange(0, lo), np.arange(hi, n)])
+        seed = float((k_all[window] @ qh).max())
+        graph = cache.kvsift_layers[0].graphs[g]
+        # beta 0.075 in logits is 0.075 / 0.25 = 0.3 in the graph's raw q.k.
+        mid = graph.dipr(qh, 0.3, l0=16, seed_score=seed).ids
+        if h in (0, 2):
+            assert len(mid) < len(graph.dipr(qh, 0.3, l0=16).ids)
+        toks = np.concatenate([window, lo + mid])
+        logits = 0.25 * (k_all[toks].astype(np.float64) @ qh)
+        w = np.exp(logits - logits.max())
+        want = (w / w.sum()) @ value[0, g, toks].numpy()
+        np.testing.assert_allclose(out[0, 0, h].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "flat"}, r"mode must be 'topk' or 'dipr', got 'flat'"),
+        ({"beta": -1.0}, r"beta must be finite and >= 0 \(logit units\), got -1.0"),
+        ({"beta": float("inf")}, r"beta must be finite and >= 0 \(logit units\), got inf"),
+        ({"l0": 0}, r"l0 must be >= 1, got 0"),
+        ({"max_candidates": -1}, r"max_candidates must be >= 0, got -1"),
+    ],
+)
+def test_bad_dipr_parameters_are_rejected(kwargs, message):
+    with pytest.raises(ks.InvalidArgument, match=message):
+        kt.KvsiftCache(tiny_config(), **kwargs)
+
+
+def test_degree_cap_reaches_the_decode_searches(models, monkeypatch):
+    """degree_cap is passed to search_heads and to every per-head DIPR call."""
+    model, ids, _ = models
+    seen = []
+
+    def spy(fn):
+        return lambda *a, **kw: seen.append(kw["degree_cap"]) or fn(*a, **kw)
+
+    monkeypatch.setattr(kt._ks, "search_heads", spy(ks.search_heads))
+    generate(model, ids, kt.KvsiftCache(model.config, sink=4, window=32, k=8, degree_cap=3), new=2)
+    monkeypatch.setattr(kt._ks.RoarGraphIndex, "dipr", spy(ks.RoarGraphIndex.dipr))
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.01, degree_cap=5)
+    generate(model, ids, cache, new=2)
+    assert seen == [3, 3] + [5] * 8  # 2 layers x 1 step; then 2 layers x 4 heads
