@@ -112,6 +112,20 @@ class FlatIndex:
         entries: Optional[ArrayLike] = None,
     ) -> DiprResult: ...
 
+class DiprHeadsResult:
+    @property
+    def ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def scores(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def counts(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def best_scores(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def capped(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def distance_computations(self) -> npt.NDArray[np.int64]: ...
+
 class RoarGraphIndex:
     def __init__(
         self,
@@ -316,6 +330,19 @@ def sparse_attention_heads(
 def merge_states(
     o_a: ArrayLike, lse_a: ArrayLike, o_b: ArrayLike, lse_b: ArrayLike
 ) -> Tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def dipr_heads(
+    indexes: Sequence[RoarGraphIndex],
+    queries: ArrayLike,
+    beta: float,
+    *,
+    l0: int = 64,
+    max_candidates: int = 0,
+    seed_scores: Optional[ArrayLike] = None,
+    filter: Filter = None,
+    entries: Optional[ArrayLike] = None,
+    threads: int = 1,
+    degree_cap: int = 0,
+) -> DiprHeadsResult: ...
 def search_heads(
     indexes: Sequence[Union[RoarGraphIndex, FlatIndex]],
     queries: ArrayLike,

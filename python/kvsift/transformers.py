@@ -20,8 +20,7 @@ What happens:
   (``sparse_attention_heads``), and the exact log-sum-exp merge (``merge_states``). Retrieval is
   top-``k`` (``mode="topk"``, one batched ``search_heads`` call) or DIPR (``mode="dipr"``: every
   middle token whose attention logit is within ``beta`` of the best logit, the window's best
-  included, as AlayaDB's window-seeded DIPRS; one ``RoarGraphIndex.dipr`` call per query head,
-  since the module has no batched DIPR). With ``k`` >= the number of middle tokens (or a ``beta``
+  included, as AlayaDB's window-seeded DIPRS; one batched ``dipr_heads`` call). With ``k`` >= the number of middle tokens (or a ``beta``
   covering every score) this is exact attention.
 
 Limits (each raises ``kvsift.InvalidArgument`` naming expected and actual values, or says what
@@ -284,7 +283,7 @@ def kvsift_attention(
             o, lse, *_ks.dense_attention_heads(q, keys, values, 0, lo, scale=scale, threads=threads)
         )
     if cache.mode == "dipr":
-        ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi, scale)
+        ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi, scale, threads)
     else:
         k = min(cache.k, hi - lo)
         ids = _ks.search_heads(
@@ -302,7 +301,7 @@ def kvsift_attention(
     return out, None
 
 
-def _dipr_ids(cache, graphs, q, keys, lo, hi, scale):
+def _dipr_ids(cache, graphs, q, keys, lo, hi, scale, threads):
     """(H, width) int64 middle-token ids per query head, INVALID_ID-padded: window-seeded DIPR.
 
     The seed is each head's best raw score over the window ([0, lo) and [hi, n)), so a middle
@@ -312,24 +311,17 @@ def _dipr_ids(cache, graphs, q, keys, lo, hi, scale):
     kv_heads = keys.shape[1]
     window = torch.cat([keys[:lo], keys[hi:]]).float()  # (n_w, KVH, d): O(n_w d) copy
     best = torch.einsum("wkd,kgd->kgw", window, q.view(kv_heads, heads // kv_heads, d))
-    best = best.amax(dim=-1).reshape(heads).tolist()
-    rows = [
-        graphs[h * kv_heads // heads]
-        .dipr(
-            q[h],
-            cache.beta / scale,
-            l0=cache.l0,
-            max_candidates=cache.max_candidates,
-            seed_score=best[h],
-            degree_cap=cache.degree_cap,
-        )
-        .ids
-        for h in range(heads)
-    ]
-    ids = np.full((heads, max(1, max(len(r) for r in rows))), _ks.INVALID_ID, dtype=np.int64)
-    for h, r in enumerate(rows):
-        ids[h, : len(r)] = r
-    return ids
+    best = best.amax(dim=-1).reshape(heads).detach().numpy().astype(np.float32)
+    return _ks.dipr_heads(
+        graphs,
+        q,
+        cache.beta / scale,
+        l0=cache.l0,
+        max_candidates=cache.max_candidates,
+        seed_scores=best,
+        threads=threads,
+        degree_cap=cache.degree_cap,
+    ).ids
 
 
 def _attends_to_all(mask: torch.Tensor, n: int) -> bool:

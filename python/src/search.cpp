@@ -156,6 +156,105 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
       f);
 }
 
+/// DIPR for every query head of a decode step, in one call (the per-head Python loop of a
+/// DIPR decode step, done on `threads` threads with the GIL released). Results are padded to
+/// the longest head's count: ids INVALID_ID and scores -inf past `counts[h]`, which is the
+/// form `sparse_attention_heads` takes.
+struct dipr_heads_output {
+  py::array_t<std::int64_t> ids;                    ///< (H, width), width = max(1, max count)
+  py::array_t<float> scores;                        ///< (H, width)
+  py::array_t<std::int64_t> counts;                 ///< (H,)
+  py::array_t<float> best_scores;                   ///< (H,)
+  py::array_t<bool> capped;                         ///< (H,)
+  py::array_t<std::int64_t> distance_computations;  ///< (H,)
+};
+
+dipr_heads_output dipr_heads(const py::list& indexes, const py::handle& queries, float beta,
+                             std::size_t l0, std::size_t max_candidates,
+                             const py::object& seed_scores, const py::object& filter,
+                             const py::object& entries, std::size_t threads,
+                             std::size_t degree_cap) {
+  std::vector<const py_graph*> idx;
+  for (const auto& h : indexes) {
+    if (!py::isinstance<py_graph>(h)) {
+      throw py::type_error("dipr_heads: expected a list of RoarGraphIndex, got " +
+                           std::string(py::str(py::type::of(h).attr("__name__"))));
+    }
+    idx.push_back(&h.cast<const py_graph&>());
+  }
+  const tensor qt = tensor_of(queries, "queries");
+  require_dtype(qt, dtypes::f32, "queries");
+  const std::int64_t rows = qt.ndim() == 2 ? qt.shape[0] : -1;
+  require<kvsift::dimension_mismatch>(
+      !idx.empty() && rows > 0 && static_cast<std::size_t>(rows) % idx.size() == 0,
+      "dipr_heads: expected (H, d) queries with H a multiple of the ", idx.size(),
+      " indexes (one per KV head), got ", qt.ndim(), "-D queries of ", rows, " rows");
+  const kvsift::matrix_view<const float> q = matrix_of<float>(qt, "queries");
+  const std::size_t heads = q.rows(), group = heads / idx.size();
+  // Seeds: one per query head (each head's best window logit), or none.
+  std::vector<float> seeds;
+  if (!seed_scores.is_none()) {
+    const auto sv = vector_of(seed_scores, "seed_scores");
+    require<kvsift::dimension_mismatch>(sv.s.size() == heads, "dipr_heads: expected ", heads,
+                                        " seed_scores (one per query head), got ", sv.s.size());
+    seeds.assign(sv.s.begin(), sv.s.end());
+  }
+  kvsift::dipr_params base = dipr_params_of(beta, l0, max_candidates, std::nullopt);
+  base.degree_cap = bounded_count(degree_cap, "dipr_heads: degree_cap");
+  const filter_t f = filter_of(filter, idx.front()->size());
+  const std::vector<id_t> extra =
+      entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
+  std::vector<kvsift::dipr_result> res(heads);
+  {
+    py::gil_scoped_release release;
+    const std::size_t t = std::min(heads, threads == 0 ? kvsift::default_thread_count() : threads);
+    std::vector<kvsift::search_workspace> ws(std::max<std::size_t>(t, 1));
+    std::visit(
+        [&](const auto& pred) {
+          kvsift::parallel_for(heads, ws.size(), [&](std::size_t h, std::size_t w) {
+            kvsift::dipr_params p = base;
+            if (!seeds.empty()) p.seed_score = seeds[h];
+            std::visit(
+                [&](const auto& index) {
+                  kvsift::dipr_search(index, q.row_span(h), p, ws[w], res[h], pred,
+                                      std::span<const id_t>(extra));
+                },
+                idx[h / group]->index());
+          });
+        },
+        f);
+  }
+  std::size_t width = 1;
+  for (const auto& r : res) width = std::max(width, r.ids.size());
+  dipr_heads_output out;
+  const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(heads),
+                                       static_cast<py::ssize_t>(width)};
+  out.ids = py::array_t<std::int64_t>(shape);
+  out.scores = py::array_t<float>(shape);
+  const auto hn = static_cast<py::ssize_t>(heads);
+  out.counts = py::array_t<std::int64_t>(hn);
+  out.best_scores = py::array_t<float>(hn);
+  out.capped = py::array_t<bool>(hn);
+  out.distance_computations = py::array_t<std::int64_t>(hn);
+  std::int64_t* ids = out.ids.mutable_data();
+  float* scores = out.scores.mutable_data();
+  for (std::size_t h = 0; h < heads; ++h) {
+    const auto& r = res[h];
+    for (std::size_t j = 0; j < width; ++j) {
+      const bool have = j < r.ids.size();
+      ids[h * width + j] = have ? static_cast<std::int64_t>(r.ids[j])
+                                : static_cast<std::int64_t>(kvsift::invalid_id);
+      scores[h * width + j] = have ? r.scores[j] : -std::numeric_limits<float>::infinity();
+    }
+    out.counts.mutable_data()[h] = static_cast<std::int64_t>(r.ids.size());
+    out.best_scores.mutable_data()[h] = r.best_score;
+    out.capped.mutable_data()[h] = r.capped;
+    out.distance_computations.mutable_data()[h] =
+        static_cast<std::int64_t>(r.stats.distance_computations);
+  }
+  return out;
+}
+
 dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, std::size_t l0,
                       std::size_t max_candidates, std::optional<float> seed_score,
                       const py::object& filter, const py::object& entries) {
@@ -275,6 +374,27 @@ void bind_search(py::module_& m) {
       .def_readonly("scores", &block_output::scores)
       .def_readonly("distance_computations", &block_output::distance_computations);
 
+  py::class_<dipr_heads_output>(
+      m, "DiprHeadsResult",
+      "DIPR of every query head: ids/scores (H, width) best first, padded past counts[h] with "
+      "INVALID_ID / -inf (the form sparse_attention_heads takes).")
+      .def_readonly("ids", &dipr_heads_output::ids)
+      .def_readonly("scores", &dipr_heads_output::scores)
+      .def_readonly("counts", &dipr_heads_output::counts)
+      .def_readonly("best_scores", &dipr_heads_output::best_scores)
+      .def_readonly("capped", &dipr_heads_output::capped)
+      .def_readonly("distance_computations", &dipr_heads_output::distance_computations);
+  m.def("dipr_heads", &dipr_heads, py::arg("indexes"), py::arg("queries"), py::arg("beta"),
+        py::kw_only(), py::arg("l0") = 64, py::arg("max_candidates") = 0,
+        py::arg("seed_scores") = py::none(), py::arg("filter") = py::none(),
+        py::arg("entries") = py::none(), py::arg("threads") = 1, py::arg("degree_cap") = 0,
+        "DIPR for every query head of a decode step: queries (H, d) float32, indexes one "
+        "RoarGraphIndex per KV head (query head h uses indexes[h // (H // len(indexes))]). beta: "
+        "keep every key whose score is within beta of the head's best, in raw q.k units; "
+        "seed_scores: (H,) each head's best score known beforehand (e.g. over the static "
+        "window), or None; l0 / max_candidates / entries / filter / degree_cap as in "
+        "RoarGraphIndex.dipr. Heads run on `threads` threads with the GIL released. -> "
+        "DiprHeadsResult.");
   m.def("search_heads", &search_heads, py::arg("indexes"), py::arg("queries"), py::arg("k"),
         py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
         py::arg("degree_cap") = 0,

@@ -303,7 +303,7 @@ def test_bad_dipr_parameters_are_rejected(kwargs, message):
 
 
 def test_degree_cap_reaches_the_decode_searches(models, monkeypatch):
-    """degree_cap is passed to search_heads and to every per-head DIPR call."""
+    """degree_cap is passed to search_heads and to the batched DIPR call."""
     model, ids, _ = models
     seen = []
 
@@ -312,7 +312,7 @@ def test_degree_cap_reaches_the_decode_searches(models, monkeypatch):
 
     monkeypatch.setattr(kt._ks, "search_heads", spy(ks.search_heads))
     generate(model, ids, kt.KvsiftCache(model.config, sink=4, window=32, k=8, degree_cap=3), new=2)
-    monkeypatch.setattr(kt._ks.RoarGraphIndex, "dipr", spy(ks.RoarGraphIndex.dipr))
+    monkeypatch.setattr(kt._ks, "dipr_heads", spy(ks.dipr_heads))
     cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.01, degree_cap=5)
     generate(model, ids, cache, new=2)
-    assert seen == [3, 3] + [5] * 8  # 2 layers x 1 step; then 2 layers x 4 heads
+    assert seen == [3, 3, 5, 5]  # 2 layers x 1 step, top-k then DIPR
