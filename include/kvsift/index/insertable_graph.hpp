@@ -15,13 +15,14 @@
 //   5. reverse edges y -> x for every chosen y and for the pivot (best key) of every list x
 //      entered in 4 (the projection links a query's pivot to its other kNN keys; without
 //      these edges recall after inserting 20% of OOD keys dropped by 0.03-0.04): appended
-//      while y's row has room; a full row keeps R of its R members and x as the build's
-//      re-pruning (RNG, filled to R) would, which drops exactly one: the farthest occluded
-//      candidate (here: occluded by any closer candidate; the re-pruning asks only the kept
-//      ones), found from the far end with O(R) distances instead of O(R^2); x takes the
-//      dropped member's slot, or is itself dropped. If no row kept x, x replaces the
-//      lowest-ranked edge of its nearest chosen neighbour, so every inserted key has an
-//      in-edge;
+//      while y's row has room; a full row becomes what the build's re-pruning (RNG in rank
+//      order, filled to R) makes of its R edges and x, edge for edge. A row remembers its
+//      last pruning's layout (kept edges, then pruned ones, each in rank order), so when x
+//      is occluded by a kept edge ranking before it only a few distances decide: the fill
+//      drops the farthest pruned candidate, x or the row's last edge; otherwise (x would be
+//      kept, or the layout is unknown) the row is re-pruned, O(R^2). If no row kept x, x
+//      replaces the lowest-ranked edge of its nearest chosen neighbour, so every inserted key
+//      has an in-edge;
 //   6. x -> p for every pivot p whose row kept x, while x's row has room (the projection links
 //      every key a pivot keeps back to the pivot; without it late queries of a real dump lost
 //      the attention sink, the pivot of most lists).
