@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvsift/core/checked_size.hpp"
+#include "kvsift/core/detail/simd.hpp"
 #include "kvsift/core/detail/simd_kernels.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/topk.hpp"
@@ -95,31 +96,32 @@ inline void push_top(std::vector<scored_id>& top, std::size_t t, scored_id v) {
 template <Metric M>
 void score_rows(const float* rows, std::size_t m, std::size_t d, const float* x, float* out) {
   std::size_t i = 0;
-#if KVSIFT_HAS_SIMD
   constexpr bool ip = std::same_as<M, inner_product>, euclid = std::same_as<M, l2>;
   if constexpr (ip || euclid) {
-    constexpr std::size_t w = fbatch::size;
-    const auto term = [](const fbatch& q, const fbatch& xb, const fbatch& acc) {
+    using simd::load;
+    using simd::vfloat;
+    constexpr std::size_t w = simd::width;
+    const auto term = [](vfloat q, vfloat xb, vfloat acc) {
       if constexpr (ip) {
-        return xsimd::fma(q, xb, acc);
+        return acc + q * xb;
       } else {
-        const fbatch t = q - xb;
-        return xsimd::fma(t, t, acc);
+        const vfloat t = q - xb;
+        return acc + t * t;
       }
     };
     for (; i + 4 <= m; i += 4) {
       const float* r0 = rows + i * d;
       const float *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
-      fbatch s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
+      vfloat s0{}, s1{}, s2{}, s3{};
       std::size_t c = 0;
       for (; c + w <= d; c += w) {
-        const fbatch xb = fbatch::load_unaligned(x + c);
-        s0 = term(fbatch::load_unaligned(r0 + c), xb, s0);
-        s1 = term(fbatch::load_unaligned(r1 + c), xb, s1);
-        s2 = term(fbatch::load_unaligned(r2 + c), xb, s2);
-        s3 = term(fbatch::load_unaligned(r3 + c), xb, s3);
+        const vfloat xb = load(x + c);
+        s0 = term(load(r0 + c), xb, s0);
+        s1 = term(load(r1 + c), xb, s1);
+        s2 = term(load(r2 + c), xb, s2);
+        s3 = term(load(r3 + c), xb, s3);
       }
-      float a[4] = {xsimd::hadd(s0), xsimd::hadd(s1), xsimd::hadd(s2), xsimd::hadd(s3)};
+      float a[4] = {simd::hsum(s0), simd::hsum(s1), simd::hsum(s2), simd::hsum(s3)};
       for (; c < d; ++c) {
         const float* r[4] = {r0, r1, r2, r3};
         for (int j = 0; j < 4; ++j) {
@@ -134,7 +136,6 @@ void score_rows(const float* rows, std::size_t m, std::size_t d, const float* x,
       std::copy_n(a, 4, out + i);
     }
   }
-#endif
   for (; i < m; ++i) out[i] = M::score(rows + i * d, x, d);
 }
 
