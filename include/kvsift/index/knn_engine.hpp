@@ -1,7 +1,8 @@
 #pragma once
 // The `KnnEngine` concept: step 1 of the RoarGraph build (and the training-time oracle) as a
-// policy point. Kept apart from the CPU engine (<kvsift/index/knn.hpp>, Eigen inside) so that a
-// GPU engine and its .cu translation units can model it without including Eigen.
+// policy point. Kept apart from the CPU engines (<kvsift/index/knn.hpp>, and the Eigen-backed
+// <kvsift/index/knn_eigen.hpp>) so that a GPU engine and its .cu translation units can model it
+// without compiling any CPU engine.
 
 #include <concepts>
 #include <cstddef>
