@@ -50,7 +50,7 @@ inline std::string tag_string(const std::array<char, metric_name_bytes>& t) {
   return printable_bytes({t.data(), len});
 }
 
-inline std::string hex64(std::uint64_t x) { return concat("0x", std::hex, x); }
+inline std::string hex64(std::uint64_t x) { return concat("0x", hex{x}); }
 }  // namespace detail
 
 /// A 64-bit fingerprint of the vectors of `store`: FNV-1a over n, d, the element type and the

@@ -17,7 +17,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,11 +52,11 @@ struct plan {
   }
   /// One paragraph: the plan, its parameters, and why each rule acted.
   [[nodiscard]] std::string explain() const {
-    std::ostringstream os;
-    os << name() << " (decided by rule '" << decided_by << "'; GPU bytes " << gpu_bytes << ")";
-    for (const auto& [k, v] : params) os << " " << k << "=" << v;
-    for (const auto& r : reasons) os << "\n  - " << r;
-    return os.str();
+    std::string s =
+        detail::concat(name(), " (decided by rule '", decided_by, "'; GPU bytes ", gpu_bytes, ")");
+    for (const auto& [k, v] : params) s += detail::concat(" ", k, "=", v);
+    for (const auto& r : reasons) s += "\n  - " + r;
+    return s;
   }
 };
 

@@ -209,8 +209,8 @@ class binary_reader {
   void verify_checksum() {
     const std::uint64_t computed = checksum_.value();
     const auto stored = read_pod<std::uint64_t>("checksum");
-    require<io_error>(stored == computed, "checksum mismatch: the file stores 0x", std::hex, stored,
-                      ", its contents hash to 0x", computed, "; the file is corrupted");
+    require<io_error>(stored == computed, "checksum mismatch: the file stores 0x", hex{stored},
+                      ", its contents hash to 0x", hex{computed}, "; the file is corrupted");
   }
 
   /// Throws unless every byte has been consumed, so trailing garbage is not ignored. O(1).
@@ -420,7 +420,7 @@ void atomic_write(const std::filesystem::path& path, Write&& write) {
   int fd = -1;
   for (int attempt = 0; attempt < 64 && fd < 0; ++attempt) {
     const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
-    tmp = dir / concat(".", path.filename().string(), ".tmp.", ::getpid(), ".", std::hex, r);
+    tmp = dir / concat(".", path.filename().string(), ".tmp.", ::getpid(), ".", hex{r});
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
