@@ -8,11 +8,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <span>
 #include <vector>
 
 #include "kvsift/core/dense_matrix.hpp"
+#include "kvsift/core/detail/mt19937_64.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
 
@@ -39,7 +39,7 @@ inline dense_matrix<float> sample_gqa_queries(std::span<const matrix_view<const 
         1, static_cast<std::size_t>(std::llround(ratio * static_cast<double>(heads[h].rows()))));
   }
   dense_matrix<float> out(total, d);
-  std::mt19937_64 rng(seed);
+  detail::mt19937_64 rng(seed);
   std::size_t next = 0;
   for (const auto& head : heads) {
     const std::size_t m = head.rows();

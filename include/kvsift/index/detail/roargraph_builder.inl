@@ -8,11 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <random>
 #include <span>
 #include <string_view>
 #include <type_traits>
 #include <vector>
+
+#include "kvsift/core/detail/mt19937_64.hpp"
 
 namespace kvsift {
 
@@ -270,7 +271,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
 
   std::vector<id_t> order(n);
   for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<id_t>(i);
-  std::mt19937_64 rng(params_.seed);
+  detail::mt19937_64 rng(params_.seed);
   for (std::size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
 
   const std::size_t most = max_batch(n);
