@@ -10,12 +10,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <future>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "kvsift/core/dense_matrix.hpp"
+#include "kvsift/core/detail/background_task.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/vector_store.hpp"
@@ -89,13 +90,14 @@ std::vector<graph_index<Store, M>> build_heads(const roargraph_builder<M, Engine
   std::vector<graph_index<Store, M>> out;
   out.reserve(jobs.size());
   if (stats != nullptr) stats->assign(jobs.size(), {});
-  std::future<knn_job> next;
-  if (!jobs.empty()) next = std::async(std::launch::async, knn_of, 0);
+  // The next head's kNN runs on a helper thread; a background_task waits in its destructor,
+  // so an exception below still waits for the helper before `jobs` goes away.
+  std::optional<detail::background_task<knn_job>> next;
+  if (!jobs.empty()) next.emplace([&knn_of] { return knn_of(0); });
   for (std::size_t h = 0; h < jobs.size(); ++h) {
-    knn_job cur = next.get();
-    // A std::async future blocks in its destructor, so an exception below still waits for
-    // the helper before `jobs` goes away.
-    if (h + 1 < jobs.size()) next = std::async(std::launch::async, knn_of, h + 1);
+    knn_job cur = next->get();
+    next.reset();
+    if (h + 1 < jobs.size()) next.emplace([&knn_of, h] { return knn_of(h + 1); });
     roargraph_build_stats st;
     out.push_back(builder.build_from_knn(jobs[h].keys, cur.knn, &st));
     st.knn_seconds = cur.seconds;
