@@ -44,6 +44,7 @@ struct tensor {
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> strides;  ///< in bytes, as NumPy reports them
   std::string dl_dtype;               ///< the dtype's name for a DLPack tensor (NumPy: empty)
+  int cuda_device = -1;               ///< the CUDA device of a device tensor (host: -1)
 
   [[nodiscard]] std::int64_t ndim() const { return static_cast<std::int64_t>(shape.size()); }
   [[nodiscard]] bool is_f32() const { return kind == 'f' && itemsize == 4 && native_order; }
@@ -114,9 +115,20 @@ inline std::string dl_dtype_name(const dlpack::DLDataType& t) {
 }
 
 /// Describes a DLTensor; `owner` already owns the export (released on any throw below).
-inline tensor from_dltensor(const dlpack::DLTensor& dl, py::object owner, const char* what) {
+/// `cuda`: the caller is a CUDA function and wants device memory (kDLCUDA); otherwise host
+/// memory is required.
+inline tensor from_dltensor(const dlpack::DLTensor& dl, py::object owner, const char* what,
+                            bool cuda = false) {
+  if (cuda && dl.device.device_type != dlpack::kDLCUDA) {
+    kvsift::detail::fail<kvsift::invalid_argument>(
+        what, ": expected a tensor in CUDA device memory, got one on ",
+        dl.device.device_type == dlpack::kDLCPU ? std::string("cpu") : device_name(dl.device),
+        " (kvsift.cuda functions read device memory; move it with x.cuda(), kvsift does not "
+        "copy silently)");
+  }
   // Pinned host memory (kDLCUDAHost) is ordinary host memory to the CPU code.
-  if (dl.device.device_type != dlpack::kDLCPU && dl.device.device_type != dlpack::kDLCUDAHost) {
+  if (!cuda && dl.device.device_type != dlpack::kDLCPU &&
+      dl.device.device_type != dlpack::kDLCUDAHost) {
     kvsift::detail::fail<kvsift::invalid_argument>(
         what, ": expected a tensor in host memory (device cpu), got one on ",
         device_name(dl.device),
@@ -126,6 +138,7 @@ inline tensor from_dltensor(const dlpack::DLTensor& dl, py::object owner, const 
   tensor t;
   t.owner = std::move(owner);
   t.from = origin::dlpack;
+  if (cuda) t.cuda_device = dl.device.device_id;
   t.dl_dtype = dl_dtype_name(dl.dtype);
   t.itemsize = dl.dtype.bits / 8;
   const bool whole_bytes = dl.dtype.bits % 8 == 0 && dl.dtype.lanes == 1 && t.itemsize > 0;
@@ -188,21 +201,32 @@ py::object own_export(py::handle capsule, const char* name, const char* used_nam
 /// Consumes `h.__dlpack__()`. Asks for a versioned export without copies (DLPack 1.0 producers
 /// then raise BufferError rather than copy); a producer predating those keywords raises
 /// TypeError and is asked again without them.
-inline tensor from_dlpack(const py::handle& h, const char* what) {
+/// `stream` (CUDA only): the consumer stream, passed to the producer as the DLPack protocol
+/// asks, so a producer working on another stream makes that stream wait before we read. The
+/// protocol spells the legacy default stream (handle 0) as 1 and refuses 0 (ambiguous).
+inline tensor from_dlpack(const py::handle& h, const char* what, bool cuda = false,
+                          std::intptr_t stream = 0) {
+  if (cuda && stream == 0) stream = 1;
   // Device first: exporting a CUDA tensor with stream=None may synchronise its stream, which a
   // call that then refuses the tensor has no business doing.
   if (py::hasattr(h, "__dlpack_device__")) {
     const auto dev = h.attr("__dlpack_device__")().cast<std::pair<int, int>>();
     from_dltensor(dlpack::DLTensor{nullptr, {dev.first, dev.second}, 0, {}, nullptr, nullptr, 0},
-                  py::none(), what);
+                  py::none(), what, cuda);
   }
   py::object cap;
   try {
-    cap = h.attr("__dlpack__")(py::arg("max_version") = py::make_tuple(1, 0),
-                               py::arg("copy") = false);
+    if (cuda) {
+      cap = h.attr("__dlpack__")(py::arg("stream") = stream,
+                                 py::arg("max_version") = py::make_tuple(1, 0),
+                                 py::arg("copy") = false);
+    } else {
+      cap = h.attr("__dlpack__")(py::arg("max_version") = py::make_tuple(1, 0),
+                                 py::arg("copy") = false);
+    }
   } catch (py::error_already_set& e) {
     if (!e.matches(PyExc_TypeError)) throw;
-    cap = h.attr("__dlpack__")();
+    cap = cuda ? h.attr("__dlpack__")(py::arg("stream") = stream) : h.attr("__dlpack__")();
   }
   if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned") != 0) {
     dlpack::DLManagedTensorVersioned* m = nullptr;
@@ -212,12 +236,12 @@ inline tensor from_dlpack(const py::handle& h, const char* what) {
     kvsift::detail::require((m->flags & dlpack::flag_is_copied) == 0, what,
                             ": the DLPack producer copied the tensor (flag IS_COPIED); kvsift "
                             "reads the caller's memory and does not accept a silent copy");
-    return from_dltensor(m->dl_tensor, std::move(owner), what);
+    return from_dltensor(m->dl_tensor, std::move(owner), what, cuda);
   }
   if (PyCapsule_IsValid(cap.ptr(), "dltensor") != 0) {
     dlpack::DLManagedTensor* m = nullptr;
     py::object owner = own_export(cap, "dltensor", "used_dltensor", m);
-    return from_dltensor(m->dl_tensor, std::move(owner), what);
+    return from_dltensor(m->dl_tensor, std::move(owner), what, cuda);
   }
   kvsift::detail::fail<kvsift::invalid_argument>(
       what,

@@ -1,0 +1,198 @@
+"""kvsift's CUDA kernels on device tensors: LSE merges and paged sparse attention.
+
+Shapes follow FlashInfer, so states interoperate: a partial attention state is ``v``
+``[seq, heads, dim]`` (float32, float16 or bfloat16) with ``s`` ``[seq, heads]`` float32, the
+log-sum-exp of the state's logits. ``lse_base`` says which logarithm ``s`` uses: ``"e"``
+(natural, kvsift's and PyTorch's convention) or ``2`` (FlashInfer's). Tensors come from any
+DLPack producer on the current CUDA device (torch, CuPy, JAX) and are read in place; outputs
+are allocated by the inputs' own framework, so results are ordinary torch (or CuPy) tensors.
+Nothing is copied: a tensor on the host, on another device, of another dtype or not
+contiguous is refused with a message naming the fix.
+
+Every call is enqueued on the caller's current stream (``torch.cuda.current_stream()`` for
+torch tensors, CuPy's current stream for CuPy arrays) unless ``stream=`` names another
+(a ``torch.cuda.Stream``, a ``cupy.cuda.Stream`` or a raw ``cudaStream_t`` integer), and
+returns without synchronising.
+
+Bad values on the device (an lse of NaN or +inf, token ids out of range) cannot be checked
+before the launch without a synchronisation; pass ``status=`` (an int32 device tensor of shape
+(1,) that you zeroed) and the kernels OR a non-zero code into it (see kvsift::cuda's docs), as
+the C++ API does. Needs the extension ``kvsift._kvsift_cuda``: build the package with
+``-C cmake.define.KVSIFT_PY_CUDA=ON`` (pip) or ``-DKVSIFT_PY_CUDA=ON`` (CMake).
+"""
+
+from __future__ import annotations
+
+import math
+
+try:
+    from . import _kvsift_cuda as _ext
+except ImportError as e:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "kvsift.cuda needs the extension kvsift._kvsift_cuda, which this build of kvsift does not "
+        "have; rebuild with pip install ./python -C cmake.define.KVSIFT_PY_CUDA=ON (nvcc 12+)"
+    ) from e
+
+CudaError = _ext.CudaError
+current_device = _ext.current_device
+
+_LN2 = math.log(2.0)
+
+__all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention",
+           "CudaError", "current_device"]
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _stream(like, stream) -> int:
+    """The cudaStream_t (as an integer) to enqueue on: `stream` when given, else the current
+    stream of `like`'s framework, else the legacy default stream (0)."""
+    if stream is not None:
+        for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+            if hasattr(stream, attr):
+                return int(getattr(stream, attr))
+        return int(stream)
+    if _is_torch(like):
+        import torch
+
+        return int(torch.cuda.current_stream(like.device).cuda_stream)
+    if type(like).__module__.startswith("cupy"):
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
+
+
+class _on_stream:
+    """Runs the framework-side work of a call (base-2 scalings, output allocation) on the
+    stream the kernel uses, so an explicit ``stream=`` orders them like the kernel."""
+
+    def __init__(self, like, stream, explicit):
+        self.ctx = None
+        if explicit and _is_torch(like):
+            import torch
+
+            self.ctx = torch.cuda.stream(torch.cuda.ExternalStream(stream, device=like.device))
+        elif explicit and type(like).__module__.startswith("cupy"):
+            import cupy
+
+            self.ctx = cupy.cuda.ExternalStream(stream)
+
+    def __enter__(self):
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+def _empty(like, shape, dtype=None):
+    """An uninitialised tensor of `like`'s framework and device."""
+    if _is_torch(like):
+        import torch
+
+        return torch.empty(shape, dtype=like.dtype if dtype is None else getattr(torch, dtype),
+                           device=like.device)
+    if type(like).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.empty(shape, dtype=like.dtype if dtype is None else dtype)
+    raise TypeError(f"kvsift.cuda: outputs can be allocated for torch and CuPy inputs, got "
+                    f"{type(like).__name__}")
+
+
+def _check_base(lse_base) -> bool:
+    """True for base 2, False for base e; anything else is an error."""
+    if lse_base in ("e", math.e):
+        return False
+    if lse_base in (2, "2"):
+        return True
+    raise ValueError(f"lse_base: expected 'e' (natural log) or 2, got {lse_base!r}")
+
+
+def merge_state(v_a, s_a, v_b, s_b, *, lse_base="e", stream=None, status=None):
+    """Merges two partial attention states per (position, head), like FlashInfer's
+    ``merge_state``: returns ``(v, s)``, the state over the union of both token sets.
+
+    v_a, v_b: [seq, heads, dim] float32/float16/bfloat16 (same dtype); s_a, s_b: [seq, heads]
+    float32 in base ``lse_base``. An empty state (s = -inf) is the identity. O(seq * heads *
+    dim), one kernel launch (plus two tiny scalings when lse_base is 2).
+    """
+    base2 = _check_base(lse_base)
+    st = _stream(v_a, stream)
+    with _on_stream(v_a, st, stream is not None):
+        if base2:
+            s_a, s_b = s_a * _LN2, s_b * _LN2
+        v = _empty(v_a, tuple(v_a.shape))
+        s = _empty(s_a, tuple(s_a.shape))
+        _ext.merge_state(v_a, s_a, v_b, s_b, v, s, st, status)
+        if base2:
+            s *= 1.0 / _LN2
+    return v, s
+
+
+def merge_state_in_place(v, s, v_other, s_other, *, lse_base="e", stream=None, status=None):
+    """In place: ``(v, s) <- merge((v, s), (v_other, s_other))``, writing the caller's tensors
+    (FlashInfer's ``merge_state_in_place``). A row with an invalid lse is left unchanged."""
+    base2 = _check_base(lse_base)
+    st = _stream(v, stream)
+    with _on_stream(v, st, stream is not None):
+        if base2:
+            s *= _LN2
+            s_other = s_other * _LN2
+        _ext.merge_state_in_place(v, s, v_other, s_other, st, status)
+        if base2:
+            s *= 1.0 / _LN2
+
+
+def merge_states(v, s, indptr, *, lse_base="e", stream=None, status=None):
+    """Variable-length merge (FlashInfer's ``variable_length_merge_states``): position p merges
+    the states ``indptr[p] .. indptr[p + 1]`` of ``v`` [num_states, heads, dim] / ``s``
+    [num_states, heads]; ``indptr`` is int64 [num_pos + 1], non-decreasing (on the device, not
+    checked). Returns ``(v_out [num_pos, heads, dim], s_out [num_pos, heads])``; a position
+    with no state gets the empty state."""
+    base2 = _check_base(lse_base)
+    st = _stream(v, stream)
+    with _on_stream(v, st, stream is not None):
+        if base2:
+            s = s * _LN2
+        num_pos = int(indptr.shape[0]) - 1
+        v_out = _empty(v, (num_pos, int(v.shape[1]), int(v.shape[2])))
+        s_out = _empty(s, (num_pos, int(s.shape[1])))
+        _ext.merge_states(v, s, indptr, v_out, s_out, st, status)
+        if base2:
+            s_out *= 1.0 / _LN2
+    return v_out, s_out
+
+
+def sparse_attention(q, k_pages, v_pages, page_table, indptr, ids, *, scale=None, num_splits=0,
+                     lse_base="e", stream=None, status=None):
+    """Decode attention of each query head over its own list of tokens in head-wise paged K/V.
+
+    q: [qo_heads, dim] float32, one decode query per head. k_pages, v_pages: [num_pages,
+    page_size, dim] (float32/float16/bfloat16, same dtype); token t of KV head g lives in page
+    ``page_table[g, t // page_size]``, row ``t % page_size``; page_table: int32 [kv_heads,
+    max_pages_per_head]. Query head h reads KV head ``h // (qo_heads // kv_heads)`` (GQA) and
+    attends to the tokens ``ids[indptr[h] : indptr[h + 1]]`` (CSR: indptr int64 [qo_heads + 1],
+    ids int32). dim must be 64, 128 or 256. ``scale`` defaults to 1 / sqrt(dim).
+    ``num_splits``: blocks per head (0 = chosen from the device). Returns ``(o [qo_heads, dim]
+    float32, lse [qo_heads] float32)``, a partial state ready for merge_state. O(total tokens *
+    dim), two launches at most; the workspace comes from the inputs' framework's allocator.
+    """
+    base2 = _check_base(lse_base)
+    st = _stream(q, stream)
+    heads, dim = int(q.shape[0]), int(q.shape[1])
+    with _on_stream(q, st, stream is not None):
+        o = _empty(q, (heads, dim), "float32")
+        lse = _empty(q, (heads,), "float32")
+        ws_bytes = _ext.sparse_attention_workspace_size(heads, dim, num_splits)
+        ws = _empty(q, (ws_bytes,), "uint8") if ws_bytes > 0 else None
+        _ext.sparse_attention(q, k_pages, v_pages, page_table, indptr, ids, o, lse, ws,
+                              float("nan") if scale is None else float(scale), int(num_splits), st,
+                              status)
+        if base2:
+            lse *= 1.0 / _LN2
+    return o, lse

@@ -1,0 +1,276 @@
+// kvsift._kvsift_cuda: kvsift's CUDA kernels (LSE merges, paged sparse attention) on device
+// tensors from any DLPack producer (torch, CuPy, JAX), without copies. The low-level
+// functions here take every output too (the caller's framework allocates it, so results are
+// the framework's own tensors); kvsift/cuda.py wraps them in FlashInfer-shaped calls that
+// allocate outputs, pick the caller's current stream and convert base-2 LSEs.
+//
+// Checks before any launch: device memory (kDLCUDA) on the current device, dtypes, shapes,
+// contiguous row-major layout. Device-side data (lse values, token ids) is checked by the
+// kernels through the optional `status` word, as in C++.
+#include <pybind11/pybind11.h>
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../tensor.hpp"
+#include "cuda_ops.hpp"
+#include "kvsift/core/error.hpp"
+
+namespace py = pybind11;
+using kvsift::detail::fail;
+using kvsift::detail::require;
+using kvsift_python::tensor;
+namespace ops = kvsift_python::cuda_ops;
+
+namespace {
+
+/// A device tensor on the current device with compact row-major layout, as `what`.
+tensor device_tensor(const py::handle& h, const char* what, std::intptr_t stream, int device) {
+  if (py::isinstance<py::array>(h)) {
+    fail<kvsift::invalid_argument>(what,
+                                   ": expected a tensor in CUDA device memory, got a "
+                                   "numpy.ndarray (host memory; move it with torch.as_tensor(x, "
+                                   "device='cuda') or cupy.asarray(x))");
+  }
+  require(py::hasattr(h, "__dlpack__"), what,
+          ": expected a DLPack tensor in CUDA memory (torch.Tensor, cupy.ndarray, ...), got ",
+          std::string(py::str(py::type::of(h).attr("__name__"))));
+  tensor t = kvsift_python::detail::from_dlpack(h, what, /*cuda=*/true, stream);
+  require(t.cuda_device == device, what, ": tensor is on cuda:", t.cuda_device,
+          " but the current device is cuda:", device, " (call torch.cuda.set_device(",
+          t.cuda_device, ") or move the tensor there)");
+  std::int64_t expect = static_cast<std::int64_t>(t.itemsize);
+  for (std::int64_t ax = t.ndim() - 1; ax >= 0; --ax) {
+    const auto a = static_cast<std::size_t>(ax);
+    require(t.shape[a] <= 1 || t.strides[a] == expect, what, ": expected a contiguous row-major ",
+            "tensor, got byte stride ", t.strides[a], " on axis ", ax, " (expected ", expect,
+            "); make it contiguous with x.contiguous()");
+    expect *= t.shape[a];
+  }
+  return t;
+}
+
+ops::dtype value_type(const tensor& t, const char* what) {
+  if (t.is_f32()) return ops::dtype::f32;
+  if (t.is_f16()) return ops::dtype::f16;
+  if (t.is_bf16()) return ops::dtype::bf16;
+  fail<kvsift::invalid_argument>(what, ": expected float32, float16 or bfloat16, got ", t.dl_dtype);
+}
+
+void require_kind(const tensor& t, char kind, std::size_t itemsize, const char* what,
+                  const char* name) {
+  require(t.kind == kind && t.itemsize == itemsize, what, ": expected ", name, ", got ", t.dl_dtype,
+          " (convert with x.to(torch.", name, "))");
+}
+
+void require_shape(const tensor& t, const std::vector<std::int64_t>& shape, const char* what) {
+  auto str = [](const std::vector<std::int64_t>& s) {
+    std::string r = "(";
+    for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + (s.size() == 1 ? ",)" : ")");
+  };
+  require<kvsift::dimension_mismatch>(t.shape == shape, what, ": expected shape ", str(shape),
+                                      ", got ", str(t.shape));
+}
+
+int as_int(std::int64_t v, const char* what) {
+  require(v >= 0 && v <= std::numeric_limits<int>::max(), what, ": ", v,
+          " does not fit the kernel's int range");
+  return static_cast<int>(v);
+}
+
+template <class T = void>
+T* ptr(const tensor& t) {
+  return const_cast<T*>(reinterpret_cast<const T*>(t.data));
+}
+
+int* status_ptr(const py::object& status, std::intptr_t stream, int device) {
+  if (status.is_none()) return nullptr;
+  const tensor s = device_tensor(status, "status", stream, device);
+  require_kind(s, 'i', 4, "status", "int32");
+  require(s.shape.size() == 1 && s.shape[0] >= 1, "status: expected an int32 tensor of shape (1,)");
+  return ptr<int>(s);
+}
+
+/// The two-state merge's shape checks; returns (rows, heads, dim).
+std::array<std::int64_t, 3> state_shape(const tensor& v, const tensor& s, const char* vn,
+                                        const char* sn) {
+  require<kvsift::dimension_mismatch>(v.ndim() == 3, vn, ": expected [seq, heads, dim], got ",
+                                      v.ndim(), " axes");
+  require_kind(s, 'f', 4, sn, "float32");
+  require_shape(s, {v.shape[0], v.shape[1]}, sn);
+  return {v.shape[0], v.shape[1], v.shape[2]};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kvsift_cuda, m) {
+  m.doc() =
+      "kvsift's CUDA kernels on device tensors (DLPack, zero copy). Use kvsift.cuda, which wraps "
+      "these low-level functions (outputs passed in, explicit stream) in FlashInfer-shaped "
+      "calls.";
+  // The CUDA layer's own error (a failed launch or device query): a RuntimeError.
+  py::register_exception<ops::cuda_failure>(m, "CudaError", PyExc_RuntimeError);
+
+  m.def("current_device", &ops::current_device, "The current CUDA device (cudaGetDevice).");
+
+  m.def(
+      "merge_state",
+      [](py::handle v_a, py::handle s_a, py::handle v_b, py::handle s_b, py::handle v_out,
+         py::handle s_out, std::intptr_t stream, py::object status) {
+        const int dev = ops::current_device();
+        const tensor va = device_tensor(v_a, "v_a", stream, dev);
+        const tensor sa = device_tensor(s_a, "s_a", stream, dev);
+        const tensor vb = device_tensor(v_b, "v_b", stream, dev);
+        const tensor sb = device_tensor(s_b, "s_b", stream, dev);
+        const tensor vo = device_tensor(v_out, "v_out", stream, dev);
+        const tensor so = device_tensor(s_out, "s_out", stream, dev);
+        const auto [rows, heads, dim] = state_shape(va, sa, "v_a", "s_a");
+        const ops::dtype t = value_type(va, "v_a");
+        for (const auto* x : {&vb, &vo}) {
+          require(value_type(*x, "v_b/v_out") == t, "merge_state: v_b and v_out must have v_a's ",
+                  "dtype ", va.dl_dtype, ", got ", x->dl_dtype);
+          require_shape(*x, va.shape, x == &vb ? "v_b" : "v_out");
+        }
+        state_shape(vb, sb, "v_b", "s_b");
+        state_shape(vo, so, "v_out", "s_out");
+        int* st = status_ptr(status, stream, dev);
+        py::gil_scoped_release release;
+        ops::merge_state(t, ptr(va), ptr<float>(sa), ptr(vb), ptr<float>(sb), ptr(vo),
+                         ptr<float>(so), rows, as_int(heads, "heads"), as_int(dim, "dim"), stream,
+                         st);
+      },
+      py::arg("v_a"), py::arg("s_a"), py::arg("v_b"), py::arg("s_b"), py::arg("v_out"),
+      py::arg("s_out"), py::arg("stream"), py::arg("status") = py::none(),
+      "Low level: v_out, s_out <- merge((v_a, s_a), (v_b, s_b)); natural-log lse; enqueued on "
+      "`stream` (an integer cudaStream_t). Use kvsift.cuda.merge_state.");
+
+  m.def(
+      "merge_state_in_place",
+      [](py::handle v, py::handle s, py::handle v_other, py::handle s_other, std::intptr_t stream,
+         py::object status) {
+        const int dev = ops::current_device();
+        const tensor tv = device_tensor(v, "v", stream, dev);
+        const tensor ts = device_tensor(s, "s", stream, dev);
+        const tensor to = device_tensor(v_other, "v_other", stream, dev);
+        const tensor tso = device_tensor(s_other, "s_other", stream, dev);
+        const auto [rows, heads, dim] = state_shape(tv, ts, "v", "s");
+        const ops::dtype t = value_type(tv, "v");
+        require(value_type(to, "v_other") == t,
+                "merge_state_in_place: v_other must have v's dtype ", tv.dl_dtype, ", got ",
+                to.dl_dtype);
+        require_shape(to, tv.shape, "v_other");
+        state_shape(to, tso, "v_other", "s_other");
+        int* st = status_ptr(status, stream, dev);
+        py::gil_scoped_release release;
+        ops::merge_state_in_place(t, ptr(tv), ptr<float>(ts), ptr(to), ptr<float>(tso), rows,
+                                  as_int(heads, "heads"), as_int(dim, "dim"), stream, st);
+      },
+      py::arg("v"), py::arg("s"), py::arg("v_other"), py::arg("s_other"), py::arg("stream"),
+      py::arg("status") = py::none(),
+      "Low level: (v, s) <- merge((v, s), (v_other, s_other)), in the caller's memory.");
+
+  m.def(
+      "merge_states",
+      [](py::handle v, py::handle s, py::handle indptr, py::handle v_out, py::handle s_out,
+         std::intptr_t stream, py::object status) {
+        const int dev = ops::current_device();
+        const tensor tv = device_tensor(v, "v", stream, dev);
+        const tensor ts = device_tensor(s, "s", stream, dev);
+        const tensor ti = device_tensor(indptr, "indptr", stream, dev);
+        const tensor vo = device_tensor(v_out, "v_out", stream, dev);
+        const tensor so = device_tensor(s_out, "s_out", stream, dev);
+        const auto [num_states, heads, dim] = state_shape(tv, ts, "v", "s");
+        const ops::dtype t = value_type(tv, "v");
+        require_kind(ti, 'i', 8, "indptr", "int64");
+        require<kvsift::dimension_mismatch>(ti.ndim() == 1 && ti.shape[0] >= 1,
+                                            "indptr: expected shape (num_pos + 1,)");
+        const std::int64_t num_pos = ti.shape[0] - 1;
+        require(value_type(vo, "v_out") == t, "merge_states: v_out must have v's dtype ",
+                tv.dl_dtype, ", got ", vo.dl_dtype);
+        require_shape(vo, {num_pos, heads, dim}, "v_out");
+        require_shape(so, {num_pos, heads}, "s_out");
+        require_kind(so, 'f', 4, "s_out", "float32");
+        int* st = status_ptr(status, stream, dev);
+        py::gil_scoped_release release;
+        ops::merge_states(t, ptr(tv), ptr<float>(ts), num_states, ptr<std::int64_t>(ti), num_pos,
+                          as_int(heads, "heads"), as_int(dim, "dim"), ptr(vo), ptr<float>(so),
+                          stream, st);
+      },
+      py::arg("v"), py::arg("s"), py::arg("indptr"), py::arg("v_out"), py::arg("s_out"),
+      py::arg("stream"), py::arg("status") = py::none(),
+      "Low level: position p of (v_out, s_out) merges states indptr[p]..indptr[p+1] of (v, s).");
+
+  m.def(
+      "sparse_attention_workspace_size",
+      [](std::int64_t qo_heads, std::int64_t dim, int num_splits) {
+        return ops::sparse_attention_workspace_size(as_int(qo_heads, "qo_heads"),
+                                                    as_int(dim, "dim"), num_splits);
+      },
+      py::arg("qo_heads"), py::arg("dim"), py::arg("num_splits") = 0,
+      "Bytes of device workspace sparse_attention needs (0 when the split count is 1).");
+
+  m.def(
+      "sparse_attention",
+      [](py::handle q, py::handle k_pages, py::handle v_pages, py::handle page_table,
+         py::handle indptr, py::handle ids, py::handle o, py::handle lse, py::object workspace,
+         float scale, int num_splits, std::intptr_t stream, py::object status) {
+        const int dev = ops::current_device();
+        const tensor tq = device_tensor(q, "q", stream, dev);
+        const tensor tk = device_tensor(k_pages, "k_pages", stream, dev);
+        const tensor tv = device_tensor(v_pages, "v_pages", stream, dev);
+        const tensor tp = device_tensor(page_table, "page_table", stream, dev);
+        const tensor ti = device_tensor(indptr, "indptr", stream, dev);
+        const tensor tid = device_tensor(ids, "ids", stream, dev);
+        const tensor to = device_tensor(o, "o", stream, dev);
+        const tensor tl = device_tensor(lse, "lse", stream, dev);
+        require_kind(tq, 'f', 4, "q", "float32");
+        require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [qo_heads, dim], got ",
+                                            tq.ndim(), " axes");
+        const std::int64_t qo_heads = tq.shape[0], dim = tq.shape[1];
+        require<kvsift::dimension_mismatch>(tk.ndim() == 3,
+                                            "k_pages: expected [num_pages, page_size, dim], got ",
+                                            tk.ndim(), " axes");
+        require_shape(tv, tk.shape, "v_pages");
+        const ops::dtype kt = value_type(tk, "k_pages");
+        require(value_type(tv, "v_pages") == kt, "sparse_attention: v_pages must have k_pages' ",
+                "dtype ", tk.dl_dtype, ", got ", tv.dl_dtype);
+        require<kvsift::dimension_mismatch>(tk.shape[2] == dim, "k_pages: head dim ", tk.shape[2],
+                                            " differs from q's ", dim);
+        require_kind(tp, 'i', 4, "page_table", "int32");
+        require<kvsift::dimension_mismatch>(
+            tp.ndim() == 2, "page_table: expected [kv_heads, max_pages_per_head], got ", tp.ndim(),
+            " axes");
+        require_kind(ti, 'i', 8, "indptr", "int64");
+        require_shape(ti, {qo_heads + 1}, "indptr");
+        require_kind(tid, 'i', 4, "ids", "int32");
+        require<kvsift::dimension_mismatch>(tid.ndim() == 1, "ids: expected a 1-D tensor");
+        require_kind(to, 'f', 4, "o", "float32");
+        require_shape(to, {qo_heads, dim}, "o");
+        require_kind(tl, 'f', 4, "lse", "float32");
+        require_shape(tl, {qo_heads}, "lse");
+        void* ws = nullptr;
+        std::size_t ws_bytes = 0;
+        if (!workspace.is_none()) {
+          const tensor tw = device_tensor(workspace, "workspace", stream, dev);
+          ws = ptr(tw);
+          ws_bytes = tw.itemsize;
+          for (const auto e : tw.shape) ws_bytes *= static_cast<std::size_t>(e);
+        }
+        int* st = status_ptr(status, stream, dev);
+        py::gil_scoped_release release;
+        ops::sparse_attention(kt, ptr<float>(tq), as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
+                              ptr(tk), ptr(tv), tk.shape[0], as_int(tk.shape[1], "page_size"),
+                              ptr<std::int32_t>(tp), as_int(tp.shape[0], "kv_heads"),
+                              as_int(tp.shape[1], "max_pages_per_head"), ptr<std::int64_t>(ti),
+                              tid.shape[0] == 0 ? nullptr : ptr<std::int32_t>(tid), ptr<float>(to),
+                              ptr<float>(tl), ws, ws_bytes, scale, num_splits, stream, st);
+      },
+      py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("page_table"),
+      py::arg("indptr"), py::arg("ids"), py::arg("o"), py::arg("lse"), py::arg("workspace"),
+      py::arg("scale"), py::arg("num_splits"), py::arg("stream"), py::arg("status") = py::none(),
+      "Low level: paged sparse attention into (o, lse). Use kvsift.cuda.sparse_attention.");
+}

@@ -1,0 +1,120 @@
+// nvcc half of kvsift._kvsift_cuda: instantiates kvsift::cuda's merge and sparse attention
+// kernels for f32 / f16 / bf16 behind the pointer-level interface of cuda_ops.hpp.
+#include "cuda_ops.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include <kvsift/cuda/error.cuh>
+#include <kvsift/cuda/merge.cuh>
+#include <kvsift/cuda/sparse_attention.cuh>
+
+namespace kvsift_python::cuda_ops {
+namespace {
+
+namespace kc = kvsift::cuda;
+
+cudaStream_t as_stream(std::intptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+/// Calls f with a typed null pointer of the element type `t` names; a kvsift::cuda_error
+/// leaves as cuda_failure (the module's side has no CUDA headers to catch the original).
+template <class F>
+void with_type(dtype t, F&& f) try {
+  switch (t) {
+    case dtype::f32:
+      f(static_cast<float*>(nullptr));
+      return;
+    case dtype::f16:
+      f(static_cast<__half*>(nullptr));
+      return;
+    case dtype::bf16:
+      f(static_cast<__nv_bfloat16*>(nullptr));
+      return;
+  }
+} catch (const kvsift::cuda_error& e) {
+  throw cuda_failure(e.what());
+}
+
+}  // namespace
+
+int current_device() {
+  int d = -1;
+  const cudaError_t err = cudaGetDevice(&d);
+  if (err != cudaSuccess) {
+    throw cuda_failure(std::string("cudaGetDevice failed: ") + cudaGetErrorName(err) + " (" +
+                       cudaGetErrorString(err) + ")");
+  }
+  return d;
+}
+
+void merge_state(dtype t, const void* v_a, const float* s_a, const void* v_b, const float* s_b,
+                 void* v_out, float* s_out, std::int64_t rows, int heads, int dim,
+                 std::intptr_t stream, int* status) {
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::merge_state(static_cast<const T*>(v_a), s_a, static_cast<const T*>(v_b), s_b,
+                    static_cast<T*>(v_out), s_out, rows, heads, dim, as_stream(stream), {}, status);
+  });
+}
+
+void merge_state_in_place(dtype t, void* v, float* s, const void* v_other, const float* s_other,
+                          std::int64_t rows, int heads, int dim, std::intptr_t stream,
+                          int* status) {
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::merge_state_in_place(static_cast<T*>(v), s, static_cast<const T*>(v_other), s_other, rows,
+                             heads, dim, as_stream(stream), {}, status);
+  });
+}
+
+void merge_states(dtype t, const void* v, const float* s, std::int64_t num_states,
+                  const std::int64_t* indptr, std::int64_t num_pos, int heads, int dim, void* v_out,
+                  float* s_out, std::intptr_t stream, int* status) {
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::merge_states(static_cast<const T*>(v), s, num_states, indptr, num_pos, heads, dim,
+                     static_cast<T*>(v_out), s_out, as_stream(stream), {}, status);
+  });
+}
+
+std::size_t sparse_attention_workspace_size(int qo_heads, int dim, int num_splits) {
+  kc::sparse_attention_params p;
+  p.num_splits = num_splits;
+  std::size_t bytes = 0;
+  with_type(dtype::f32,
+            [&](auto*) { bytes = kc::sparse_attention_workspace_size(qo_heads, dim, p); });
+  return bytes;
+}
+
+void sparse_attention(dtype kv, const float* q, int qo_heads, int dim, const void* k_pages,
+                      const void* v_pages, std::int64_t num_pages, int page_size,
+                      const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
+                      const std::int64_t* indptr, const std::int32_t* ids, float* out_o,
+                      float* out_lse, void* workspace, std::size_t workspace_bytes, float scale,
+                      int num_splits, std::intptr_t stream, int* status) {
+  kc::sparse_attention_params p;
+  if (!std::isnan(scale)) p.scale = scale;
+  p.num_splits = num_splits;
+  p.status = status;
+  with_type(kv, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::paged_kv_ref<T> ref;
+    ref.k_pages = static_cast<const T*>(k_pages);
+    ref.v_pages = static_cast<const T*>(v_pages);
+    ref.num_pages = num_pages;
+    ref.page_size = page_size;
+    ref.head_dim = dim;
+    ref.page_table = page_table;
+    ref.num_kv_heads = kv_heads;
+    ref.max_pages_per_head = max_pages_per_head;
+    kc::sparse_attention(q, qo_heads, dim, ref, indptr, ids, out_o, out_lse, workspace,
+                         workspace_bytes, as_stream(stream), p);
+  });
+}
+
+}  // namespace kvsift_python::cuda_ops

@@ -1,0 +1,53 @@
+#pragma once
+// The CUDA operations of kvsift._kvsift_cuda as plain C++ functions over raw device pointers:
+// the nvcc-compiled half (cuda_ops.cu, which instantiates kvsift::cuda's kernels) behind a
+// header the host-compiled pybind11 half (cuda_module.cpp) can include without CUDA headers.
+// Every function enqueues on `stream` (a cudaStream_t as an integer, 0 = legacy default) and
+// returns without synchronising; argument checks are kvsift::cuda's own (kvsift::
+// invalid_argument / dimension_mismatch; a kvsift::cuda_error comes out as cuda_failure).
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+
+namespace kvsift_python::cuda_ops {
+
+/// kvsift::cuda_error (a failed launch or runtime call) as seen from code compiled without
+/// the CUDA headers; the module turns it into kvsift.cuda.CudaError (a RuntimeError).
+class cuda_failure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Element type of K/V or of merged outputs.
+enum class dtype { f32, f16, bf16 };
+
+/// The current CUDA device (cudaGetDevice). @throw kvsift::cuda::cuda_error
+int current_device();
+
+/// kvsift::cuda::merge_state: out = merge((v_a, s_a), (v_b, s_b)), natural-log lse.
+void merge_state(dtype t, const void* v_a, const float* s_a, const void* v_b, const float* s_b,
+                 void* v_out, float* s_out, std::int64_t rows, int heads, int dim,
+                 std::intptr_t stream, int* status);
+
+/// kvsift::cuda::merge_state_in_place: (v, s) <- merge((v, s), (v_other, s_other)).
+void merge_state_in_place(dtype t, void* v, float* s, const void* v_other, const float* s_other,
+                          std::int64_t rows, int heads, int dim, std::intptr_t stream, int* status);
+
+/// kvsift::cuda::merge_states: position p merges states indptr[p] .. indptr[p + 1].
+void merge_states(dtype t, const void* v, const float* s, std::int64_t num_states,
+                  const std::int64_t* indptr, std::int64_t num_pos, int heads, int dim, void* v_out,
+                  float* s_out, std::intptr_t stream, int* status);
+
+/// kvsift::cuda::sparse_attention_workspace_size. `num_splits` 0 = automatic.
+std::size_t sparse_attention_workspace_size(int qo_heads, int dim, int num_splits);
+
+/// kvsift::cuda::sparse_attention over head-wise paged K/V. `scale` NaN = 1 / sqrt(dim).
+void sparse_attention(dtype kv, const float* q, int qo_heads, int dim, const void* k_pages,
+                      const void* v_pages, std::int64_t num_pages, int page_size,
+                      const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
+                      const std::int64_t* indptr, const std::int32_t* ids, float* out_o,
+                      float* out_lse, void* workspace, std::size_t workspace_bytes, float scale,
+                      int num_splits, std::intptr_t stream, int* status);
+
+}  // namespace kvsift_python::cuda_ops

@@ -1,0 +1,175 @@
+"""kvsift.cuda: the CUDA kernels on torch tensors. Skipped without the kvsift._kvsift_cuda
+extension (built with KVSIFT_PY_CUDA=ON) or without a CUDA device; run on the H200."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+try:
+    import kvsift.cuda as kc
+except ImportError as e:
+    pytest.skip(f"kvsift._kvsift_cuda not built: {e}", allow_module_level=True)
+import kvsift  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def ref_merge(va, sa, vb, sb, base=math.e):
+    """The merge in float64: lse = log(b^sa + b^sb), v = weights * v."""
+    ln = math.log(base)
+    sa, sb = sa.double() * ln, sb.double() * ln
+    m = torch.maximum(sa, sb)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    lse = m + torch.log(torch.exp(sa - m) + torch.exp(sb - m))
+    wa, wb = torch.exp(sa - lse), torch.exp(sb - lse)
+    v = wa[..., None] * va.double() + wb[..., None] * vb.double()
+    return v, lse / ln
+
+
+def states(rows, heads, dim, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    v = torch.randn(rows, heads, dim, device="cuda", generator=g).to(dtype)
+    s = torch.randn(rows, heads, device="cuda", generator=g) * 4
+    return v, s
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("base", ["e", 2])
+def test_merge_state_matches_the_formula(dtype, base):
+    va, sa = states(7, 32, 128, dtype, 1)
+    vb, sb = states(7, 32, 128, dtype, 2)
+    sb[0, 0] = -math.inf  # the empty state is the identity
+    v, s = kc.merge_state(va, sa, vb, sb, lse_base=base)
+    assert v.dtype == dtype and v.shape == va.shape and s.dtype == torch.float32
+    rv, rs = ref_merge(va, sa, vb, sb, 2.0 if base == 2 else math.e)
+    assert torch.allclose(v.double(), rv, atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.allclose(s.double(), rs, atol=1e-5, rtol=1e-5)
+    assert torch.equal(v[0, 0], va[0, 0])
+
+
+def test_merge_state_in_place_writes_the_callers_tensor():
+    va, sa = states(3, 8, 64, torch.float16, 3)
+    vb, sb = states(3, 8, 64, torch.float16, 4)
+    rv, rs = ref_merge(va, sa, vb, sb)
+    ptr = va.data_ptr()
+    kc.merge_state_in_place(va, sa, vb, sb)
+    assert va.data_ptr() == ptr
+    assert torch.allclose(va.double(), rv, atol=2e-3, rtol=2e-3)
+    assert torch.allclose(sa.double(), rs, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_merge_states_variable_length(dtype):
+    v, s = states(10, 4, 128, dtype, 5)
+    indptr = torch.tensor([0, 3, 3, 10], dtype=torch.int64, device="cuda")
+    vo, so = kc.merge_states(v, s, indptr)
+    assert vo.shape == (3, 4, 128) and so.shape == (3, 4)
+    for p, (a, b) in enumerate([(0, 3), (3, 3), (3, 10)]):
+        if a == b:
+            assert torch.all(so[p] == -math.inf) and torch.all(vo[p] == 0)
+            continue
+        lse = torch.logsumexp(s[a:b].double(), dim=0)
+        w = torch.exp(s[a:b].double() - lse)
+        ref = (w[..., None] * v[a:b].double()).sum(0)
+        assert torch.allclose(vo[p].double(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+        assert torch.allclose(so[p].double(), lse, atol=1e-5)
+
+
+def paged(n, kv_heads, dim, page, dtype, seed):
+    """K/V of kv_heads heads x n tokens in shuffled pages, and the dense copies for reference."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per_head = (n + page - 1) // page
+    num_pages = kv_heads * pages_per_head + 3
+    k = torch.randn(num_pages, page, dim, device="cuda", generator=g).to(dtype)
+    v = torch.randn(num_pages, page, dim, device="cuda", generator=g).to(dtype)
+    perm = torch.randperm(num_pages, device="cuda", generator=g)[: kv_heads * pages_per_head]
+    table = perm.view(kv_heads, pages_per_head).to(torch.int32).contiguous()
+    kd = k[table.long()].reshape(kv_heads, pages_per_head * page, dim)[:, :n]
+    vd = v[table.long()].reshape(kv_heads, pages_per_head * page, dim)[:, :n]
+    return k, v, table, kd, vd
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [0, 1, 3])
+def test_sparse_attention_matches_dense_attention_over_the_listed_tokens(dtype, splits):
+    n, kv_heads, group, dim, page = 300, 2, 4, 128, 16
+    k, v, table, kd, vd = paged(n, kv_heads, dim, page, dtype, 6)
+    heads = kv_heads * group
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(heads, dim, device="cuda", generator=g)
+    lists = [torch.randint(0, n, (c,), device="cuda", generator=g) for c in
+             [0, 1, 17, 150, 300, 5, 64, 299]]
+    indptr = torch.tensor([0] + [len(x) for x in lists], device="cuda").cumsum(0).to(torch.int64)
+    ids = torch.cat(lists).to(torch.int32)
+    o, lse = kc.sparse_attention(q, k, v, table, indptr, ids, num_splits=splits)
+    for h, x in enumerate(lists):
+        if len(x) == 0:
+            assert lse[h] == -math.inf and torch.all(o[h] == 0)
+            continue
+        kh, vh = kd[h // group][x].double(), vd[h // group][x].double()
+        logits = (kh @ q[h].double()) / math.sqrt(dim)
+        ref_lse = torch.logsumexp(logits, 0)
+        ref_o = torch.softmax(logits, 0) @ vh
+        assert torch.allclose(o[h].double(), ref_o, atol=1e-4, rtol=1e-4)
+        assert abs(lse[h].item() - ref_lse.item()) < 1e-4
+    o2, lse2 = kc.sparse_attention(q, k, v, table, indptr, ids, lse_base=2, num_splits=splits)
+    finite = torch.isfinite(lse)
+    assert torch.allclose(lse2[finite], lse[finite] / math.log(2.0), rtol=1e-6)
+
+
+def test_runs_on_the_callers_current_stream_and_an_explicit_one():
+    va, sa = states(64, 32, 128, torch.float16, 8)
+    vb, sb = states(64, 32, 128, torch.float16, 9)
+    rv, _ = ref_merge(va, sa, vb, sb)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        v, s = kc.merge_state(va, sa, vb, sb)
+    side.synchronize()
+    assert torch.allclose(v.double(), rv, atol=2e-3)
+    other = torch.cuda.Stream()
+    other.wait_stream(torch.cuda.current_stream())
+    v2, _ = kc.merge_state(va, sa, vb, sb, stream=other)
+    other.synchronize()
+    assert torch.equal(v, v2)
+
+
+def test_status_word_reports_an_invalid_lse_and_the_row_comes_back_empty():
+    va, sa = states(2, 4, 64, torch.float32, 10)
+    vb, sb = states(2, 4, 64, torch.float32, 11)
+    sa[1, 2] = math.nan
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    v, s = kc.merge_state(va, sa, vb, sb, status=status)
+    assert status.item() != 0
+    assert s[1, 2] == -math.inf and torch.all(v[1, 2] == 0)
+    assert torch.isfinite(s[0]).all()
+
+
+def test_bad_input_is_refused_with_the_fix_named():
+    va, sa = states(2, 4, 64, torch.float32, 12)
+    with pytest.raises(ValueError, match=r"x\.cuda\(\)"):
+        kc.merge_state(va.cpu(), sa, va, sa)
+    with pytest.raises(ValueError, match="float32"):
+        kc.merge_state(va, sa.half(), va, sa)
+    with pytest.raises(ValueError, match="contiguous"):
+        kc.merge_state(va.transpose(0, 1), sa.t(), va.transpose(0, 1), sa.t())
+    with pytest.raises(ValueError, match="shape"):
+        kc.merge_state(va, sa, va[:1], sa[:1])
+    with pytest.raises(ValueError, match="lse_base"):
+        kc.merge_state(va, sa, va, sa, lse_base=10)
+    q = torch.zeros(4, 64, device="cuda")
+    k, v, table, _, _ = paged(32, 2, 64, 16, torch.float16, 13)
+    indptr = torch.zeros(5, dtype=torch.int64, device="cuda")
+    ids = torch.zeros(0, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="int32"):
+        kc.sparse_attention(q, k, v, table.long(), indptr, ids)
+    with pytest.raises(ValueError, match="head dim"):
+        kc.sparse_attention(torch.zeros(4, 128, device="cuda"), k, v, table, indptr, ids)
+    with pytest.raises(ValueError):  # 3 query heads over 2 KV heads: not a GQA grouping
+        kc.sparse_attention(q[:3], k, v, table, indptr[:4], ids)
+    with pytest.raises(ValueError, match="float32"):
+        kc.sparse_attention(q.half(), k, v, table, indptr, ids)
+    assert issubclass(kvsift.InvalidArgument, ValueError)
