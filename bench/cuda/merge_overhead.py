@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Per-call cost of a small GPU merge from Python (kvsift.cuda.merge_state on torch tensors),
+the Python half of the comparison whose C++ half is kvsift-cuda-merge_overhead_bench: same
+shapes, same number of calls, host time of the loop (synchronised once at the end) and stream
+time (CUDA events). Reports the high-level call (allocates its outputs, as FlashInfer's does)
+and the low-level one (outputs passed in).
+
+Usage: merge_overhead.py [--rows 1] [--heads 32] [--dim 128] [--calls 5000]
+"""
+import argparse
+import time
+
+import torch
+
+import kvsift.cuda as kc
+from kvsift import _kvsift_cuda as ext
+
+
+def measure(fn, calls):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    best_host, best_dev = 1e30, 1e30
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        b.record()
+        b.synchronize()
+        best_host = min(best_host, (t1 - t0) * 1e6 / calls)
+        best_dev = min(best_dev, a.elapsed_time(b) * 1e3 / calls)
+    return best_host, best_dev
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--calls", type=int, default=5000)
+    a = ap.parse_args()
+    v = [torch.zeros(a.rows, a.heads, a.dim, dtype=torch.float16, device="cuda") for _ in range(3)]
+    s = [torch.zeros(a.rows, a.heads, dtype=torch.float32, device="cuda") for _ in range(3)]
+    st = torch.cuda.current_stream().cuda_stream
+    rows = [("kvsift.cuda.merge_state (allocates outputs)",
+             lambda: kc.merge_state(v[0], s[0], v[1], s[1])),
+            ("kvsift._kvsift_cuda.merge_state (outputs passed in)",
+             lambda: ext.merge_state(v[0], s[0], v[1], s[1], v[2], s[2], st)),
+            ("torch.logaddexp on the lse (one torch op, for scale)",
+             lambda: torch.logaddexp(s[0], s[1]))]
+    for name, fn in rows:
+        h, d = measure(fn, a.calls)
+        print(f"Python {name} [{a.rows}, {a.heads}, {a.dim}] f16: host {h:.2f} us/call "
+              f"(enqueue), stream {d:.2f} us/call (events)")
+
+
+if __name__ == "__main__":
+    main()
