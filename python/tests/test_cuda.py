@@ -173,3 +173,16 @@ def test_bad_input_is_refused_with_the_fix_named():
     with pytest.raises(ValueError, match="float32"):
         kc.sparse_attention(q.half(), k, v, table, indptr, ids)
     assert issubclass(kvsift.InvalidArgument, ValueError)
+
+
+def test_readme_cuda_block_runs_as_written():
+    """python/README.md's `<!-- pytest: cuda-merge -->` block, run as written."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    marker = readme.index("<!-- pytest: cuda-merge -->")
+    start = readme.index("```python\n", marker) + len("```python\n")
+    snippet = readme[start : readme.index("```", start)]
+    scope = {}
+    exec(compile(snippet, "python/README.md:cuda-merge", "exec"), scope)
+    assert scope["v"].shape == (4, 32, 128)

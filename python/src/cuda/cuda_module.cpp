@@ -53,6 +53,15 @@ tensor device_tensor(const py::handle& h, const char* what, std::intptr_t stream
   return t;
 }
 
+/// Reads a call's device tensors: all on the current device, exported for `stream`.
+struct intake {
+  std::intptr_t stream;
+  int device = ops::current_device();
+  tensor operator()(const py::handle& h, const char* what) const {
+    return device_tensor(h, what, stream, device);
+  }
+};
+
 ops::dtype value_type(const tensor& t, const char* what) {
   if (t.is_f32()) return ops::dtype::f32;
   if (t.is_f16()) return ops::dtype::f16;
@@ -87,9 +96,9 @@ T* ptr(const tensor& t) {
   return const_cast<T*>(reinterpret_cast<const T*>(t.data));
 }
 
-int* status_ptr(const py::object& status, std::intptr_t stream, int device) {
+int* status_ptr(const py::object& status, const intake& in) {
   if (status.is_none()) return nullptr;
-  const tensor s = device_tensor(status, "status", stream, device);
+  const tensor s = in(status, "status");
   require_kind(s, 'i', 4, "status", "int32");
   require(s.shape.size() == 1 && s.shape[0] >= 1, "status: expected an int32 tensor of shape (1,)");
   return ptr<int>(s);
@@ -121,13 +130,13 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       "merge_state",
       [](py::handle v_a, py::handle s_a, py::handle v_b, py::handle s_b, py::handle v_out,
          py::handle s_out, std::intptr_t stream, py::object status) {
-        const int dev = ops::current_device();
-        const tensor va = device_tensor(v_a, "v_a", stream, dev);
-        const tensor sa = device_tensor(s_a, "s_a", stream, dev);
-        const tensor vb = device_tensor(v_b, "v_b", stream, dev);
-        const tensor sb = device_tensor(s_b, "s_b", stream, dev);
-        const tensor vo = device_tensor(v_out, "v_out", stream, dev);
-        const tensor so = device_tensor(s_out, "s_out", stream, dev);
+        const intake in{stream};
+        const tensor va = in(v_a, "v_a");
+        const tensor sa = in(s_a, "s_a");
+        const tensor vb = in(v_b, "v_b");
+        const tensor sb = in(s_b, "s_b");
+        const tensor vo = in(v_out, "v_out");
+        const tensor so = in(s_out, "s_out");
         const auto [rows, heads, dim] = state_shape(va, sa, "v_a", "s_a");
         const ops::dtype t = value_type(va, "v_a");
         for (const auto* x : {&vb, &vo}) {
@@ -137,7 +146,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         }
         state_shape(vb, sb, "v_b", "s_b");
         state_shape(vo, so, "v_out", "s_out");
-        int* st = status_ptr(status, stream, dev);
+        int* st = status_ptr(status, in);
         py::gil_scoped_release release;
         ops::merge_state(t, ptr(va), ptr<float>(sa), ptr(vb), ptr<float>(sb), ptr(vo),
                          ptr<float>(so), rows, as_int(heads, "heads"), as_int(dim, "dim"), stream,
@@ -152,11 +161,11 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       "merge_state_in_place",
       [](py::handle v, py::handle s, py::handle v_other, py::handle s_other, std::intptr_t stream,
          py::object status) {
-        const int dev = ops::current_device();
-        const tensor tv = device_tensor(v, "v", stream, dev);
-        const tensor ts = device_tensor(s, "s", stream, dev);
-        const tensor to = device_tensor(v_other, "v_other", stream, dev);
-        const tensor tso = device_tensor(s_other, "s_other", stream, dev);
+        const intake in{stream};
+        const tensor tv = in(v, "v");
+        const tensor ts = in(s, "s");
+        const tensor to = in(v_other, "v_other");
+        const tensor tso = in(s_other, "s_other");
         const auto [rows, heads, dim] = state_shape(tv, ts, "v", "s");
         const ops::dtype t = value_type(tv, "v");
         require(value_type(to, "v_other") == t,
@@ -164,7 +173,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
                 to.dl_dtype);
         require_shape(to, tv.shape, "v_other");
         state_shape(to, tso, "v_other", "s_other");
-        int* st = status_ptr(status, stream, dev);
+        int* st = status_ptr(status, in);
         py::gil_scoped_release release;
         ops::merge_state_in_place(t, ptr(tv), ptr<float>(ts), ptr(to), ptr<float>(tso), rows,
                                   as_int(heads, "heads"), as_int(dim, "dim"), stream, st);
@@ -177,12 +186,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       "merge_states",
       [](py::handle v, py::handle s, py::handle indptr, py::handle v_out, py::handle s_out,
          std::intptr_t stream, py::object status) {
-        const int dev = ops::current_device();
-        const tensor tv = device_tensor(v, "v", stream, dev);
-        const tensor ts = device_tensor(s, "s", stream, dev);
-        const tensor ti = device_tensor(indptr, "indptr", stream, dev);
-        const tensor vo = device_tensor(v_out, "v_out", stream, dev);
-        const tensor so = device_tensor(s_out, "s_out", stream, dev);
+        const intake in{stream};
+        const tensor tv = in(v, "v");
+        const tensor ts = in(s, "s");
+        const tensor ti = in(indptr, "indptr");
+        const tensor vo = in(v_out, "v_out");
+        const tensor so = in(s_out, "s_out");
         const auto [num_states, heads, dim] = state_shape(tv, ts, "v", "s");
         const ops::dtype t = value_type(tv, "v");
         require_kind(ti, 'i', 8, "indptr", "int64");
@@ -194,7 +203,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         require_shape(vo, {num_pos, heads, dim}, "v_out");
         require_shape(so, {num_pos, heads}, "s_out");
         require_kind(so, 'f', 4, "s_out", "float32");
-        int* st = status_ptr(status, stream, dev);
+        int* st = status_ptr(status, in);
         py::gil_scoped_release release;
         ops::merge_states(t, ptr(tv), ptr<float>(ts), num_states, ptr<std::int64_t>(ti), num_pos,
                           as_int(heads, "heads"), as_int(dim, "dim"), ptr(vo), ptr<float>(so),
@@ -218,15 +227,15 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       [](py::handle q, py::handle k_pages, py::handle v_pages, py::handle page_table,
          py::handle indptr, py::handle ids, py::handle o, py::handle lse, py::object workspace,
          float scale, int num_splits, std::intptr_t stream, py::object status) {
-        const int dev = ops::current_device();
-        const tensor tq = device_tensor(q, "q", stream, dev);
-        const tensor tk = device_tensor(k_pages, "k_pages", stream, dev);
-        const tensor tv = device_tensor(v_pages, "v_pages", stream, dev);
-        const tensor tp = device_tensor(page_table, "page_table", stream, dev);
-        const tensor ti = device_tensor(indptr, "indptr", stream, dev);
-        const tensor tid = device_tensor(ids, "ids", stream, dev);
-        const tensor to = device_tensor(o, "o", stream, dev);
-        const tensor tl = device_tensor(lse, "lse", stream, dev);
+        const intake in{stream};
+        const tensor tq = in(q, "q");
+        const tensor tk = in(k_pages, "k_pages");
+        const tensor tv = in(v_pages, "v_pages");
+        const tensor tp = in(page_table, "page_table");
+        const tensor ti = in(indptr, "indptr");
+        const tensor tid = in(ids, "ids");
+        const tensor to = in(o, "o");
+        const tensor tl = in(lse, "lse");
         require_kind(tq, 'f', 4, "q", "float32");
         require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [qo_heads, dim], got ",
                                             tq.ndim(), " axes");
@@ -255,12 +264,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         void* ws = nullptr;
         std::size_t ws_bytes = 0;
         if (!workspace.is_none()) {
-          const tensor tw = device_tensor(workspace, "workspace", stream, dev);
+          const tensor tw = in(workspace, "workspace");
           ws = ptr(tw);
           ws_bytes = tw.itemsize;
           for (const auto e : tw.shape) ws_bytes *= static_cast<std::size_t>(e);
         }
-        int* st = status_ptr(status, stream, dev);
+        int* st = status_ptr(status, in);
         py::gil_scoped_release release;
         ops::sparse_attention(kt, ptr<float>(tq), as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
                               ptr(tk), ptr(tv), tk.shape[0], as_int(tk.shape[1], "page_size"),
