@@ -4,6 +4,9 @@
 // per-phase build seconds, vectors scored, an FNV-1a hash of the adjacency (same graph or not)
 // and recall@10 / recall@100 at search pools 10..300 against the exact inner-product top-k.
 //   kvsift-build_speed N THREADS EVAL CONFIGS [REPEAT]
+// N = `sample` takes bench/data/sample instead (keys of layer 15 KV head 0; training = the first
+// 95% of positions of query heads 0-2, evaluation = the last 5%, as kvsift-bench --sample; EVAL
+// ignored), read from the directory in $KVSIFT_SAMPLE_DIR or bench/data/sample.
 // CONFIGS: comma-separated `cap:L:batch` (roargraph_params::connectivity_degree_cap, L, batch).
 // Each configuration is built REPEAT times (alternating with the others); the recall is that of
 // its last build. How it was run is written in the results file that quotes it.
@@ -15,6 +18,7 @@
 
 #include <kvsift/index/knn.hpp>
 #include <kvsift/index/roargraph_builder.hpp>
+#include <kvsift/io/vector_io.hpp>
 #include <kvsift/search/beam_search.hpp>
 #include <kvsift/testing/ood_generator.hpp>
 #include <string>
@@ -62,9 +66,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s N THREADS EVAL cap:L:batch[,...] [REPEAT]\n", argv[0]);
     return 2;
   }
-  const std::size_t n = std::strtoull(argv[1], nullptr, 10);
+  const bool sample = std::string(argv[1]) == "sample";
+  std::size_t n = std::strtoull(argv[1], nullptr, 10);
   const std::size_t threads = std::strtoull(argv[2], nullptr, 10);
-  const std::size_t eval = std::strtoull(argv[3], nullptr, 10);
+  std::size_t eval = std::strtoull(argv[3], nullptr, 10);
   const int repeat = argc > 5 ? std::atoi(argv[5]) : 1;
   std::vector<config> configs;
   for (std::string s = argv[4]; !s.empty();) {
@@ -75,12 +80,34 @@ int main(int argc, char** argv) {
     s.erase(0, std::min(e + 1, s.size()));
   }
 
-  testing::ood_params p;
-  p.keys = n;
-  p.dim = 128;
-  const std::size_t train = std::max<std::size_t>(1, n / 10);
-  p.queries = train + eval;
-  const auto data = testing::make_ood(p);
+  testing::ood_data data;
+  std::size_t train = 0;
+  if (sample) {
+    const char* env = std::getenv("KVSIFT_SAMPLE_DIR");
+    const std::string dir = env != nullptr ? env : "bench/data/sample";
+    const auto k = read_fbin(dir + "/L15_k0.fbin");
+    data.dim = k.cols();
+    n = k.rows();
+    data.keys.assign(k.view().row(0), k.view().row(0) + n * data.dim);
+    std::vector<float> tr, ev;
+    for (int h = 0; h < 3; ++h) {
+      const auto q = read_fbin(dir + "/L15_q" + std::to_string(h) + ".fbin");
+      const std::size_t t = q.rows() * 95 / 100;
+      tr.insert(tr.end(), q.view().row(0), q.view().row(0) + t * data.dim);
+      ev.insert(ev.end(), q.view().row(t), q.view().row(0) + q.rows() * data.dim);
+    }
+    train = tr.size() / data.dim;
+    eval = ev.size() / data.dim;
+    data.queries = std::move(tr);
+    data.queries.insert(data.queries.end(), ev.begin(), ev.end());
+  } else {
+    testing::ood_params p;
+    p.keys = n;
+    p.dim = 128;
+    train = std::max<std::size_t>(1, n / 10);
+    p.queries = train + eval;
+    data = testing::make_ood(p);
+  }
   const auto keys = data.key_view();
   const auto train_q = data.query_view().row_range(0, train);
   const auto eval_q = data.query_view().row_range(train, eval);
@@ -91,7 +118,8 @@ int main(int argc, char** argv) {
   base.threads = threads;
   const auto t0 = std::chrono::steady_clock::now();
   const knn_result knn = roargraph_builder<>(base).training_knn(keys, train_q);
-  std::printf("ood n=%zu d=128 train=%zu eval=%zu threads=%zu knn %.2fs\n", n, train, eval, threads,
+  std::printf("%s n=%zu d=%zu train=%zu eval=%zu threads=%zu knn %.2fs\n",
+              sample ? "sample" : "ood", n, data.dim, train, eval, threads,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
   std::vector<graph_index<view_store<float>>> graphs;
