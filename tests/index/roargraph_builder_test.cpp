@@ -344,6 +344,23 @@ TEST_CASE("roargraph_builder: connectivity searches on the engine equal the CPU 
   (void)kvsift::roargraph_builder<>(p).build(store, train(), &st_cpu);
   CHECK(st_engine.connectivity_distance_computations == st_cpu.connectivity_distance_computations);
 
+  // With a degree cap the engine searches the rows it was sent, cut to the cap (it knows no
+  // cap): the same capped graph and the same vectors scored as the CPU's capped searches.
+  {
+    auto pc = p;
+    pc.connectivity_degree_cap = 8;
+    kvsift::roargraph_build_stats st_cap_engine, st_cap_cpu;
+    const auto cpu_capped = kvsift::roargraph_builder<>(pc).build(store, train(), &st_cap_cpu);
+    const auto engine_capped =
+        kvsift::roargraph_builder<kvsift::inner_product, searching_engine>(pc, engine)
+            .build(store, train(), &st_cap_engine);
+    CHECK(std::ranges::equal(cpu_capped.adjacency(), engine_capped.adjacency()));
+    CHECK(st_cap_engine.connectivity_distance_computations ==
+          st_cap_cpu.connectivity_distance_computations);
+    CHECK(st_cap_cpu.connectivity_distance_computations <
+          st_cpu.connectivity_distance_computations);
+  }
+
   // Switched off, the engine is not asked.
   p.engine_connectivity = false;
   *engine.calls = 0;

@@ -88,7 +88,8 @@ struct roargraph_params {
   bool connectivity_fill = true;
   /// Step 3's CPU searches expand at most this many neighbours of each node (0 = all; see
   /// `beam_search_params::degree_cap`). Cheaper searches over the growing graph, measured for
-  /// its effect on build time and recall in docs/algorithms.md. The engine's searches ignore it.
+  /// its effect on build time and recall in docs/algorithms.md. An engine's searches honour it
+  /// too: they are sent the rows cut to the cap, so the graph is the CPU build's.
   std::size_t connectivity_degree_cap = 0;
 };
 
@@ -262,10 +263,12 @@ class roargraph_builder {
   void enhance_rounds(const Store& store, detail::adjacency_lists& adj, id_t entry,
                       roargraph_build_stats& st, OnRound& on_round, Searcher* searcher) const;
 
-  // Sends `rows` of the adjacency to an engine's searcher, padded to width R.
+  // Sends `rows` of the adjacency to an engine's searcher, padded to width R. Only the first
+  // `width` ids of each row are sent: a search over rows cut to the degree cap is the capped
+  // search (`capped_neighbors`), so the engine honours the cap without knowing about it.
   template <class Searcher>
   static void upload_rows(Searcher& searcher, const detail::adjacency_lists& adj,
-                          const std::vector<id_t>& rows, std::size_t R,
+                          const std::vector<id_t>& rows, std::size_t R, std::size_t width,
                           std::vector<id_t>& padded_rows, std::size_t threads);
 
   // Re-pruning full lists can drop a key's last in-edge. Every key must be reachable from

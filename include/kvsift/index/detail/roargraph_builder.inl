@@ -251,7 +251,6 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   const std::size_t n = store.size(), R = degree_cap();
   const bool fill = params_.connectivity_fill;
   const std::size_t L = std::min(params_.L, n);
-  const detail::building_graph<Store, key_metric> g{store, adj, entry};
   knn_result key_neighbors;  // with connectivity_knn: each key's exact nearest keys (l2)
   if (params_.connectivity_knn > 0 && n > 1) {
     const auto t_knn = std::chrono::steady_clock::now();
@@ -287,11 +286,15 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   connectivity_batch engine_out;
   std::size_t engine_scored = 0;
   std::vector<id_t> padded_rows;  // rows sent to the engine's searcher, padded to R
+  // Rows as the searches see them: cut to the degree cap (0 = none).
+  const std::size_t cap = params_.connectivity_degree_cap;
+  const std::size_t width = cap == 0 ? R : std::min(cap, R);
   if constexpr (on_engine) {
     std::vector<id_t> all(n);
     for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<id_t>(i);
-    upload_rows(*searcher, adj, all, R, padded_rows, threads);
+    upload_rows(*searcher, adj, all, R, width, padded_rows, threads);
   }
+  const detail::building_graph<Store, key_metric> g{store, adj, entry};
   std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
   for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) {
     const std::size_t bn = std::min(batch, n - b0);
@@ -326,8 +329,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
             b.scores.resize(L);
             ws[t].query.resize(store.dim());
             detail::widen(store.row(x), ws[t].query.data(), store.dim());
-            const auto s = beam_search(g, std::span<const float>(ws[t].query),
-                                       {L, L, params_.connectivity_degree_cap}, ws[t],
+            const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L, cap}, ws[t],
                                        std::span<id_t>(b.ids), std::span<float>(b.scores));
             scored[t] += s.distance_computations;
             for (std::size_t j = 0; j < s.count; ++j) {
@@ -380,7 +382,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
           if (row.size() > R) row = prune_around(store, x, row, R, fill, scratch[t]);
         },
         16);
-    if constexpr (on_engine) upload_rows(*searcher, adj, touched, R, padded_rows, threads);
+    if constexpr (on_engine) upload_rows(*searcher, adj, touched, R, width, padded_rows, threads);
     st.connectivity_merge_seconds += detail::seconds_since(t_merge);
     on_round();
   }
@@ -394,14 +396,14 @@ template <class Searcher>
 void roargraph_builder<M, Engine>::upload_rows(Searcher& searcher,
                                                const detail::adjacency_lists& adj,
                                                const std::vector<id_t>& rows, std::size_t R,
-                                               std::vector<id_t>& padded_rows,
+                                               std::size_t width, std::vector<id_t>& padded_rows,
                                                std::size_t threads) {
   padded_rows.resize(rows.size() * R);
   parallel_for(
       rows.size(), threads,
       [&](std::size_t i, std::size_t) {
         const auto& row = adj.rows[rows[i]];
-        const std::size_t k = std::min(R, row.size());
+        const std::size_t k = std::min(width, row.size());
         std::copy_n(row.begin(), k, padded_rows.begin() + i * R);
         std::fill(padded_rows.begin() + i * R + k, padded_rows.begin() + (i + 1) * R, invalid_id);
       },
