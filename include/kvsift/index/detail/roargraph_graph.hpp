@@ -31,14 +31,9 @@ struct building_graph {
   std::size_t dim() const { return store.dim(); }
   id_t entry_point() const { return entry; }
   std::span<const id_t> neighbors(id_t i) const { return adj.neighbors(i); }
-  /// The walk prefetches each fresh neighbour's row before scoring the batch (as the query-time
-  /// `graph_index` does): step 3's searches wait on key rows most of their time. Does not change
-  /// which keys are scored, so the graph is the same with or without it.
-  void prefetch(id_t i) const noexcept {
-    const char* p = reinterpret_cast<const char*>(store.row(i));
-    const std::size_t bytes = store.dim() * sizeof(typename S::value_type);
-    for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
-  }
+  // No prefetch() here: prefetching each fresh neighbour's row (as graph_index does at query
+  // time) cut step 3's CPU time to 0.71x with one thread on the development machine but made
+  // the 16-thread build on the H200 host 1.15-1.28x slower (same graph); docs/algorithms.md.
   float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
 };
 static_assert(Graph<building_graph<view_store<float>, l2>>);
