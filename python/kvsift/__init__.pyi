@@ -13,6 +13,8 @@ Filter = Union[None, "IdBelow", "IdRange", "IdMask", "IdList"]
 PathLike = Union[str, os.PathLike[str]]
 
 __version__: str
+#: The build of the extension in use: "avx512", "avx2", "sse2" (x86-64 baseline) or "baseline".
+isa: str
 INVALID_ID: int
 
 class InvalidArgument(ValueError): ...

@@ -14,12 +14,19 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings.hpp"
+#include "kvsift/core/detail/simd.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
 
+// The same sources build the baseline module _kvsift and, on x86-64, the ISA variants
+// _kvsift_avx2 / _kvsift_avx512 (python/CMakeLists.txt; kvsift/__init__.py imports one).
+#ifndef KVSIFT_PYTHON_MODULE
+#define KVSIFT_PYTHON_MODULE _kvsift
+#endif
+
 namespace py = pybind11;
 
-PYBIND11_MODULE(_kvsift, m) {
+PYBIND11_MODULE(KVSIFT_PYTHON_MODULE, m) {
   m.doc() =
       "kvsift: retrieval-based sparse attention (RoarGraph / flat indexes, top-k, DIPR and "
       "filtered search, sparse attention with log-sum-exp merge). Arrays are borrowed, never "
@@ -47,6 +54,14 @@ PYBIND11_MODULE(_kvsift, m) {
   m.attr("__version__") = KVSIFT_PYTHON_VERSION;
 #endif
   m.attr("INVALID_ID") = py::int_(kvsift::invalid_id);
+  // Lanes of the f32 vector the kernels were compiled with (4 SSE2/NEON, 8 AVX2, 16 AVX-512):
+  // python/tests/test_isa.py checks that each variant really got its instruction set.
+  m.attr("_simd_width") = py::int_(kvsift::detail::simd::width);
+#ifdef KVSIFT_PYTHON_VARIANTS
+  // The ISA variants built next to this module (";"-separated, empty when none): the tests
+  // require each to exist and load where the CPU can run it.
+  m.attr("_variants_built") = KVSIFT_PYTHON_VARIANTS;
+#endif
 
   kvsift_python::bind_search(m);
   kvsift_python::bind_indexes(m);
