@@ -144,13 +144,32 @@ class plan_executor {
   void retrieve(const plan& p, const Resources& res, std::span<const float> q,
                 const plan_step_params& params, search_workspace& ws, plan_retrieval& out) const;
 
-  /// retrieve, then dense attention over the window ranges [0, initial) and [context -
-  /// recent, context) plus sparse attention over the retrieved ids of KV head `kv_head` of
-  /// `kv`, merged in that order (a full plan: dense attention over [0, context)).
+  /// Step 0 of execute: checks the K/V side (context <= kv.tokens(), kv_head, q's length and
+  /// values, the scale; no bias) and returns `params` with dipr.seed_score set to the window's
+  /// best raw score when seed_from_window. O(window * head_dim).
+  /// @throw out_of_range, dimension_mismatch, non_finite_value, invalid_argument as execute.
+  template <KvSource S>
+  [[nodiscard]] plan_step_params prepare(std::span<const float> q, const S& kv, std::size_t kv_head,
+                                         const plan_step_params& params) const;
+
+  /// Step 2 of execute: the retrieval's output state (a full plan: dense over [0, context);
+  /// otherwise the window ranges densely and r.ids sparsely, merged). `out`'s allocation is
+  /// reused. O((window + r.ids.size()) * head_dim).
+  /// @throw out_of_range for a context or window beyond the K/V tokens, or an id >= tokens;
+  ///        otherwise as sparse_attention.
+  template <KvSource S>
+  void attend(const plan_retrieval& r, std::span<const float> q, const S& kv, std::size_t kv_head,
+              const plan_step_params& params, partial_state& out) const;
+
+  /// The step for one query head: prepare, retrieve, attend. Dense attention over the window
+  /// ranges [0, initial) and [context - recent, context) plus sparse attention over the
+  /// retrieved ids of KV head `kv_head` of `kv`, merged in that order (a full plan: dense
+  /// attention over [0, context)). On a throw from the retrieval `out.retrieval` is left
+  /// empty and `out.state` unchanged.
   /// Complexity: retrieval + O((window + retrieved) * head_dim).
   /// @throw as retrieve, plus out_of_range if context > kv.tokens() or kv_head >=
   ///        kv.kv_heads(), dimension_mismatch if q.size() != kv.head_dim(), and what the
-  ///        attention throws (checked before any search).
+  ///        attention throws (all checked before any search).
   template <KvSource S>
   void execute(const plan& p, const Resources& res, std::span<const float> q, const S& kv,
                std::size_t kv_head, const plan_step_params& params, search_workspace& ws,

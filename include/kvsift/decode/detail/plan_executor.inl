@@ -232,10 +232,9 @@ void plan_executor<Resources>::retrieve(const plan& p, const Resources& res,
 
 template <class Resources>
 template <KvSource S>
-void plan_executor<Resources>::execute(const plan& p, const Resources& res,
-                                       std::span<const float> q, const S& kv, std::size_t kv_head,
-                                       const plan_step_params& params, search_workspace& ws,
-                                       plan_step_output& out) const {
+plan_step_params plan_executor<Resources>::prepare(std::span<const float> q, const S& kv,
+                                                   std::size_t kv_head,
+                                                   const plan_step_params& params) const {
   detail::require<out_of_range>(params.context <= kv.tokens(), "execute_plan: context ",
                                 params.context, " exceeds the ", kv.tokens(),
                                 " tokens of the K/V source");
@@ -247,34 +246,55 @@ void plan_executor<Resources>::execute(const plan& p, const Resources& res,
                   params.attention.bias.size(), " values");
   plan_step_params prm = params;
   if (params.seed_from_window) {
-    // The best raw score of the window, which execute attends anyway (NaN when it is empty).
-    float seed = -std::numeric_limits<float>::infinity();
-    const std::size_t d = kv.head_dim();
+    // The best raw score of the window, which attend() reads anyway (NaN when it is empty).
+    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+    float seed = neg_inf;
+    const std::size_t d = kv.head_dim(), ctx = params.context;
     auto see = [&](std::size_t t) {
       seed =
           std::max(seed, inner_product::score(q.data(), kv.key(kv_head, static_cast<id_t>(t)), d));
     };
-    const std::size_t ctx = std::min(params.context, kv.tokens());
     for (std::size_t t = 0; t < std::min(params.window.initial, ctx); ++t) see(t);
     for (std::size_t t = ctx - std::min(params.window.recent, ctx); t < ctx; ++t) see(t);
-    prm.dipr.seed_score = seed == -std::numeric_limits<float>::infinity()
-                              ? std::numeric_limits<float>::quiet_NaN()
-                              : seed;
+    prm.dipr.seed_score = seed == neg_inf ? std::numeric_limits<float>::quiet_NaN() : seed;
   }
-  retrieve(p, res, q, prm, ws, out.retrieval);
-  const auto& r = out.retrieval;
+  return prm;
+}
+
+template <class Resources>
+template <KvSource S>
+void plan_executor<Resources>::attend(const plan_retrieval& r, std::span<const float> q,
+                                      const S& kv, std::size_t kv_head,
+                                      const plan_step_params& params, partial_state& out) const {
+  detail::require<out_of_range>(params.context <= kv.tokens() &&
+                                    params.window.initial <= params.context &&
+                                    params.window.recent <= params.context,
+                                "plan_executor::attend: expected context <= ", kv.tokens(),
+                                " and each window part <= context, got context ", params.context,
+                                ", window ", params.window.initial, " + ", params.window.recent);
   if (r.everything) {
-    dense_attention(q, kv_head, 0, params.context, kv, params.attention, out.state);
+    dense_attention(q, kv_head, 0, params.context, kv, params.attention, out);
     return;
   }
   // Window first, then the retrieved ids: the order in which the Python example merged them.
-  dense_attention(q, kv_head, 0, params.window.initial, kv, params.attention, out.state);
+  dense_attention(q, kv_head, 0, params.window.initial, kv, params.attention, out);
   partial_state part;
   dense_attention(q, kv_head, params.context - params.window.recent, params.context, kv,
                   params.attention, part);
-  merge_into(out.state, part);
+  merge_into(out, part);
   sparse_attention(q, kv_head, std::span<const id_t>(r.ids), kv, params.attention, part);
-  merge_into(out.state, part);
+  merge_into(out, part);
+}
+
+template <class Resources>
+template <KvSource S>
+void plan_executor<Resources>::execute(const plan& p, const Resources& res,
+                                       std::span<const float> q, const S& kv, std::size_t kv_head,
+                                       const plan_step_params& params, search_workspace& ws,
+                                       plan_step_output& out) const {
+  const plan_step_params prm = prepare(q, kv, kv_head, params);
+  retrieve(p, res, q, prm, ws, out.retrieval);
+  attend(out.retrieval, q, kv, kv_head, prm, out.state);
 }
 
 }  // namespace kvsift
