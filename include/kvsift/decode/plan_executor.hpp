@@ -98,7 +98,8 @@ struct plan_retrieval {
 struct plan_request {
   const plan& chosen;
   std::span<const float> query;  ///< finite, checked
-  id_range range;                ///< non-empty, within [0, context); clip it to the index size
+  id_range range;                ///< within [0, context), maybe empty (first >= last:
+                                 ///< retrieve nothing); clip it to the index size
   const plan_step_params& params;
 };
 
