@@ -180,6 +180,30 @@ TEST_CASE("each built-in plan executed equals the hand-written composition",
   CHECK(cut > 20);
 }
 
+TEST_CASE("an index over fewer tokens than the context retrieves only indexed tokens",
+          "[plan_executor][decode]") {
+  // Decode-time tokens not yet indexed: the retrieval range is clipped to the index's size
+  // (the window still covers the newest tokens).
+  const auto& f = fx();
+  const auto keys = f.data.key_view().row_range(0, 1200);
+  const kvsift::flat_index<kvsift::view_store<float>> flat{kvsift::view_store<float>(keys)};
+  const kvsift::block_index<> coarse(keys, block);
+  const kvsift::default_plan_resources res{.flat = &flat, .coarse = &coarse};
+  kvsift::search_workspace ws;
+  kvsift::plan_step_output out;
+  auto p = make_plan("coarse", "dipr");
+  p.params["beta"] = 1e9;
+  for (const char* index : {"flat", "coarse"}) {
+    p.index = index;
+    kvsift::execute_plan(p, res, f.eval.row_span(0), ev().kv, 0,
+                         {.context = 1500, .window = {16, 64}, .dipr = {.beta = 1e9f}}, ws, out);
+    INFO(index);
+    CHECK(out.retrieval.ids.size() == 1200 - 16);
+    CHECK(out.retrieval.range.last == 1500 - 64);  // the request; the index clips it
+    for (auto id : out.retrieval.ids) CHECK((id >= 16 && id < 1200));
+  }
+}
+
 TEST_CASE("window seeding prunes DIPR with the window's best score", "[plan_executor][decode]") {
   const auto& f = fx();
   const auto res = resources();
