@@ -14,6 +14,7 @@
 #include <system_error>
 #include <vector>
 
+#include "kvsift/decode/plan_executor.hpp"
 #include "kvsift/kvsift.hpp"
 #include "kvsift/search/planner.hpp"
 #include "kvsift_bench/hdf5_dataset.hpp"
@@ -325,7 +326,13 @@ inline options parse(int argc, char** argv) {
   }
   if (!o.plan.empty()) {
     try {
-      (void)kvsift::planner().parse_name(o.plan);
+      // A registered (index, query) pair the executor has no retrieval for (e.g. flat-full)
+      // is refused here, not after the indexes are built.
+      const auto kinds = kvsift::planner().parse_name(o.plan);
+      const auto& exec = kvsift::default_plan_executor<kvsift::default_plan_resources>();
+      if (kinds && !exec.can_run(kinds->first, kinds->second)) {
+        usage_error("--plan: no executor for plan '" + o.plan + "'; runnable: " + exec.runnable());
+      }
     } catch (const kvsift::invalid_argument& e) {
       usage_error(std::string("--plan: ") + e.what());
     }

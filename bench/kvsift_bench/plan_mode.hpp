@@ -8,13 +8,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/attention/quality.hpp"
+#include "kvsift/decode/plan_executor.hpp"
 #include "kvsift/index/block_index.hpp"
 #include "kvsift/kvsift.hpp"
 #include "kvsift/search/planner.hpp"
@@ -92,6 +95,10 @@ inline int run_plan(const options& o) {
       const double token_bytes = pp.kv_bytes_per_token();
       const double summary_tokens = static_cast<double>(coarse.summary_bytes()) / token_bytes;
       const float beta = static_cast<float>(pp.dipr_beta);
+      using resources_t =
+          kvsift::plan_resources<kvsift::flat_index<store_t>, std::remove_cvref_t<decltype(graph)>>;
+      const resources_t indexes{.flat = &flat, .graph = &graph, .coarse = &coarse};
+      const auto& exec = kvsift::default_plan_executor<resources_t>();
       std::vector<kvsift::search_workspace> ws(o.build.threads ? o.build.threads
                                                                : kvsift::default_thread_count());
       const std::size_t cells = o.plan_budget.size() * methods.size();
@@ -100,12 +107,10 @@ inline int run_plan(const options& o) {
       kvsift::parallel_for(evals, ws.size(), [&](std::size_t e, std::size_t th) {
         const std::size_t t = first + e * (n - first) / evals, context = t + 1;
         const auto q = Q.cview().row_span(t);
-        const kvsift::id_below pred{context};
         // Full attention over the causal context is the baseline of every (budget, method)
         // cell of this query: computed once here, not once per cell.
         const auto full = kvsift::dense_attention(q, 0, 0, context, kv);
-        kvsift::block_result br;
-        kvsift::dipr_result dr;
+        kvsift::plan_retrieval got;
         for (std::size_t b = 0; b < o.plan_budget.size(); ++b) {
           const std::size_t budget = o.plan_budget[b];
           const auto equal_blocks = static_cast<std::size_t>(std::max(
@@ -123,37 +128,19 @@ inline int run_plan(const options& o) {
                              .gpu_budget_bytes = static_cast<double>(budget) * token_bytes,
                              .latency_budget_us = std::nullopt});
             }
-            std::vector<kvsift::id_t> ids;
-            if (p.index == "full") {
-              for (std::size_t i = 0; i < context; ++i) ids.push_back(static_cast<kvsift::id_t>(i));
-            } else if (p.index == "coarse") {
-              const auto kb = static_cast<std::size_t>(
-                  p.params.count("k_blocks") ? p.params.at("k_blocks") : equal_blocks);
-              if (p.query == "dipr")
-                coarse.dipr(q, beta, ws[th], br, pred);
-              else
-                coarse.topk(q, kb, ws[th], br, pred);
-              coarse.tokens(br.blocks, ids, pred);
-            } else if (p.query == "dipr") {
-              if (p.index == "flat")
-                flat.dipr(q, {.beta = beta}, ws[th], dr, pred);
-              else
-                kvsift::dipr_search(graph, q, {.beta = beta, .l0 = pp.dipr_l0}, ws[th], dr, pred);
-              ids = dr.ids;
-            } else {  // top-k of the budget on the flat or graph index
-              std::vector<kvsift::id_t> out(budget);
-              std::vector<float> sc(budget);
-              if (p.index == "flat")
-                flat.topk(q, budget, ws[th], out, sc, pred);
-              else
-                kvsift::beam_search(graph, q, {budget, std::max<std::size_t>(budget, 100)}, ws[th],
-                                    out, sc, pred);
-              std::erase(out, kvsift::invalid_id);
-              ids = out;
+            // The library's one dispatch: the search the plan names, restricted to the
+            // causal context, cut to the best B (full attention is never cut).
+            exec.retrieve(p, indexes, q,
+                          {.context = context,
+                           .budget = budget,
+                           .k_blocks = equal_blocks,
+                           .dipr = {.beta = beta, .l0 = pp.dipr_l0}},
+                          ws[th], got);
+            std::vector<kvsift::id_t> ids = got.ids;
+            if (got.everything) {
+              ids.resize(context);
+              std::iota(ids.begin(), ids.end(), kvsift::id_t{0});
             }
-            // Retrieved ids are best-first (blocks best-first): keep the best B. Full attention
-            // is not a retrieval and is never cut.
-            if (p.index != "full" && ids.size() > budget) ids.resize(budget);
             const auto att = kvsift::attended_tokens(context, ids);
             const auto qual = kvsift::compare_states(full, kvsift::sparse_attention(q, 0, att, kv));
             res[e * cells + b * methods.size() + m] = {static_cast<double>(att.size()),

@@ -143,8 +143,6 @@ class Decoder:
         if mode == "auto":
             t0 = time.perf_counter()
             plan = self.planner.plan(n, reused_prefix=0, layer=il, gpu_budget_bytes=self.gpu_budget)
-            if plan.filter_prefix is not None:  # a reused prefix (never here: reused_prefix=0)
-                hi = min(hi, plan.filter_prefix)
             stats["search"] += time.perf_counter() - t0
             if il not in self.plans_seen:  # once per layer; reasons only when they change
                 explain = plan.explain()
@@ -152,11 +150,22 @@ class Decoder:
                 self.plans_seen[il] = explain
                 print(f"  auto, layer {il}, context {n}: " + (f"{plan.name} (as layer {il - 1})" if same else explain),
                       flush=True)
-            if plan.query == "full":
-                mode = "full"
         for h in range(cfg.n_head):
             g = h // cfg.group
             qh = q[h]
+            if plan is not None:
+                # The library's plan executor: the planned search over the middle [SINK, n -
+                # RECENT) (the indexed part, below the plan's prefix), DIPR seeded with the
+                # window's best score, then window + retrieved attention merged.
+                r = ks.execute_plan(plan, qh, K, V, context=n, kv_head=g, window=(SINK, RECENT),
+                                    flat=self.flats[il][g], graph=self.graphs[il][g], coarse=self.blocks[il][g],
+                                    beta=self.beta, l0=64, max_candidates=4096, seed_from_window=True)
+                out[h] = r.o
+                stats["search"] += r.search_seconds
+                stats["attention"] += r.attention_seconds
+                stats["attended"] += n if r.everything else SINK + RECENT + len(r.ids)
+                stats["scanned"] += r.scanned * (self.planner_block_size if plan.index == "coarse" else 1)
+                continue
             if mode == "full":
                 t0 = time.perf_counter()
                 out[h] = ks.dense_attention(qh, K, V, 0, n, kv_head=g)[0]
@@ -170,15 +179,10 @@ class Decoder:
                     r = self.graphs[il][g].search(qh, self.topk, L=self.search_L, filter=ks.IdRange(lo, hi))
                     ids = r.ids[r.ids != ks.INVALID_ID]
                     stats["scanned"] += int(r.distance_computations[0])
-                elif plan is not None and plan.query == "topk":  # coarse block top-k
-                    r = self.blocks[il][g].topk(qh, int(plan.params["k_blocks"]), filter=ks.IdRange(lo, hi))
-                    ids = self.blocks[il][g].tokens(r.blocks, filter=ks.IdRange(lo, hi))
-                    stats["scanned"] += r.distance_computations * self.planner_block_size
-                else:  # DIPR: window+dipr on the graph, or the planner's flat/graph DIPR
+                else:  # window+dipr on the graph
                     seed = float(max((K[:SINK, g] @ qh).max(), (K[n - RECENT:, g] @ qh).max()))
-                    beta = self.beta if plan is None else plan.params["beta"]
-                    index = self.flats[il][g] if plan is not None and plan.index == "flat" else self.graphs[il][g]
-                    r = index.dipr(qh, beta, l0=64, max_candidates=4096, seed_score=seed, filter=ks.IdRange(lo, hi))
+                    r = self.graphs[il][g].dipr(qh, self.beta, l0=64, max_candidates=4096, seed_score=seed,
+                                                filter=ks.IdRange(lo, hi))
                     ids = r.ids
                     stats["scanned"] += r.distance_computations
                 stats["search"] += time.perf_counter() - t0

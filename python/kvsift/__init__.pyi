@@ -282,6 +282,46 @@ class Planner:
     def rules(self) -> list[str]: ...
     def remove_rule(self, name: str) -> None: ...
 
+class PlanStep:
+    @property
+    def o(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def lse(self) -> float: ...
+    @property
+    def ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def everything(self) -> bool: ...
+    @property
+    def scanned(self) -> int: ...
+    @property
+    def capped(self) -> bool: ...
+    @property
+    def search_seconds(self) -> float: ...
+    @property
+    def attention_seconds(self) -> float: ...
+
+def execute_plan(
+    plan: Plan,
+    q: ArrayLike,
+    keys: ArrayLike,
+    values: ArrayLike,
+    *,
+    context: int,
+    kv_head: int = 0,
+    window: Tuple[int, int] = (0, 0),
+    flat: Optional[FlatIndex] = None,
+    graph: Optional[RoarGraphIndex] = None,
+    coarse: Optional[BlockIndex] = None,
+    budget: int = 0,
+    topk: int = 0,
+    beam: int = 100,
+    k_blocks: int = 16,
+    beta: float = 1.0,
+    l0: int = 64,
+    max_candidates: int = 0,
+    seed_from_window: bool = False,
+    scale: float = 0.0,
+) -> PlanStep: ...
 def sample_gqa_queries(
     heads: Sequence[ArrayLike], ratio: float, seed: int = 7
 ) -> npt.NDArray[np.float32]: ...

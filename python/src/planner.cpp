@@ -1,10 +1,16 @@
-// The query planner of the Python module (Plan, Planner) and GQA training-query sampling.
+// The query planner of the Python module (Plan, Planner), the plan executor (execute_plan) and
+// GQA training-query sampling.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+
 #include "bindings.hpp"
 #include "common.hpp"
+#include "indexes.hpp"
+#include "kv_tensor.hpp"
+#include "kvsift/decode/plan_executor.hpp"
 #include "kvsift/index/gqa_sampling.hpp"
 #include "kvsift/search/planner.hpp"
 
@@ -45,6 +51,38 @@ kvsift::plan_inputs plan_inputs_of(std::int64_t context, std::int64_t reused_pre
   in.gpu_budget_bytes = gpu_budget_bytes;
   in.latency_budget_us = latency_budget_us;
   return in;
+}
+
+/// One executed step (execute_plan's result).
+struct plan_step_result {
+  py::array_t<float> o;
+  float lse = 0;
+  py::array_t<std::int64_t> ids;
+  bool everything = false;
+  std::size_t scanned = 0;
+  bool capped = false;
+  double search_seconds = 0, attention_seconds = 0;
+};
+
+/// The float32 alternative of an index variant, or a clear error: the executor's resources are
+/// indexes over float32 keys (the e2e example's, and the bench's).
+template <class Index, class Variant>
+const Index* f32_index(const Variant& v, const char* what) {
+  const auto* idx = std::get_if<Index>(&v);
+  require(idx != nullptr, "execute_plan: expected ", what, " over float32 keys");
+  return idx;
+}
+
+kvsift::default_plan_resources resources_of(const py::object& flat, const py::object& graph,
+                                            const py::object& coarse) {
+  kvsift::default_plan_resources r;
+  if (!flat.is_none())
+    r.flat = f32_index<flat_t<float>>(flat.cast<const py_flat&>().index(), "flat");
+  if (!graph.is_none()) {
+    r.graph = f32_index<graph_t<float>>(graph.cast<const py_graph&>().index(), "graph");
+  }
+  if (!coarse.is_none()) r.coarse = &coarse.cast<const py_block&>().index();
+  return r;
 }
 
 }  // namespace
@@ -128,6 +166,75 @@ void bind_planner(py::module_& m) {
       .def("remove_rule", &kvsift::planner::remove_rule, py::arg("name"),
            "Removes a rule by name; unknown names raise.");
 
+  py::class_<plan_step_result>(m, "PlanStep",
+                               "One executed plan step: output state, retrieved ids, counters.")
+      .def_readonly("o", &plan_step_result::o)
+      .def_readonly("lse", &plan_step_result::lse)
+      .def_readonly("ids", &plan_step_result::ids)
+      .def_readonly("everything", &plan_step_result::everything)
+      .def_readonly("scanned", &plan_step_result::scanned)
+      .def_readonly("capped", &plan_step_result::capped)
+      .def_readonly("search_seconds", &plan_step_result::search_seconds)
+      .def_readonly("attention_seconds", &plan_step_result::attention_seconds);
+
+  m.def(
+      "execute_plan",
+      [](const kvsift::plan& p, const py::handle& q, const py::handle& keys,
+         const py::handle& values, std::size_t context, std::size_t kv_head,
+         std::pair<std::size_t, std::size_t> window, const py::object& flat,
+         const py::object& graph, const py::object& coarse, std::size_t budget, std::size_t topk,
+         std::size_t beam, std::size_t k_blocks, float beta, std::size_t l0,
+         std::size_t max_candidates, bool seed_from_window, float scale) {
+        const auto qv = vector_of(q, "q");
+        const std::span<const float> qs = qv.s;
+        const auto res = resources_of(flat, graph, coarse);
+        kvsift::plan_step_params prm{
+            .context = context,
+            .window = {window.first, window.second},
+            .budget = budget,
+            .topk = topk,
+            .beam = beam,
+            .k_blocks = k_blocks,
+            .dipr = {.beta = beta, .l0 = l0, .max_candidates = max_candidates},
+            .seed_from_window = seed_from_window,
+            .attention = {.scale = scale}};
+        plan_step_result r;
+        kvsift::plan_step_output out;
+        visit_kv(keys, values, [&](const auto& kv) {
+          py::gil_scoped_release release;
+          thread_local kvsift::search_workspace ws;
+          const auto& ex = kvsift::default_plan_executor<kvsift::default_plan_resources>();
+          using clock = std::chrono::steady_clock;
+          const auto t0 = clock::now();
+          const auto ready = ex.prepare(qs, kv, kv_head, prm);
+          ex.retrieve(p, res, qs, ready, ws, out.retrieval);
+          const auto t1 = clock::now();
+          ex.attend(out.retrieval, qs, kv, kv_head, ready, out.state);
+          r.search_seconds = std::chrono::duration<double>(t1 - t0).count();
+          r.attention_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+        });
+        r.o = to_numpy(out.state.o);
+        r.lse = out.state.lse;
+        r.ids = ids_to_numpy(out.retrieval.ids);
+        r.everything = out.retrieval.everything;
+        r.scanned = out.retrieval.scanned;
+        r.capped = out.retrieval.capped;
+        return r;
+      },
+      py::arg("plan"), py::arg("q"), py::arg("keys"), py::arg("values"), py::kw_only(),
+      py::arg("context"), py::arg("kv_head") = 0,
+      py::arg("window") = std::pair<std::size_t, std::size_t>{0, 0}, py::arg("flat") = py::none(),
+      py::arg("graph") = py::none(), py::arg("coarse") = py::none(), py::arg("budget") = 0,
+      py::arg("topk") = 0, py::arg("beam") = 100, py::arg("k_blocks") = 16, py::arg("beta") = 1.0f,
+      py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_from_window") = false,
+      py::arg("scale") = 0.0f,
+      "Runs a Plan for one query head (kvsift::plan_executor): the plan's search over the given "
+      "index (FlatIndex / RoarGraphIndex over float32 keys, BlockIndex) restricted to "
+      "[window[0], context - window[1]) and the plan's prefix, cut to `budget` (0 = all), then "
+      "dense attention over the window plus sparse attention over the retrieved ids, merged "
+      "-> PlanStep (a full plan attends [0, context)). The plan's beta, l0 and k_blocks win "
+      "over the keywords. keys/values as dense_attention. Raises for a plan no executor runs, "
+      "an index the plan needs but was not given, wrong shapes, NaN/Inf in q.");
   m.def(
       "sample_gqa_queries",
       [](const py::list& heads, double ratio, std::uint64_t seed) {

@@ -52,6 +52,9 @@ case "$case_name" in
   unknown_option)
     expect 2 "unknown option '--frobnicate'" --demo --frobnicate 1
     expect 2 "--json: --plan runs write no JSON" --plan auto --plan-dump "$work" --json "$work/x"
+    # flat-full is a registered pair of kinds, but nothing executes it: refused up front.
+    expect 2 "--plan: no executor for plan 'flat-full'; runnable: .*graph-dipr" \
+      --plan flat-full --plan-dump "$work"
     ;;
   empty_queries)
     fbin "$work/k.fbin" 8 4

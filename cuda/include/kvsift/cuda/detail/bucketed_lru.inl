@@ -23,8 +23,13 @@ __device__ __forceinline__ std::uint32_t field(std::uint64_t v, int i) {
   return static_cast<std::uint32_t>(v >> (21 * i)) & 0x1fffffu;
 }
 
-__global__ void __launch_bounds__(lru_threads)
+// A template (instantiated for lru_threads only), so that this header-only kernel has one
+// definition however many translation units include bucketed_lru.cuh: as a plain __global__
+// function, two including units failed to link (multiple definition).
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
     bucketed_lru_kernel(bucketed_lru_ref st, lru_step_io io, int buckets) {
+  static_assert(Threads == lru_threads, "the body's scans are sized by lru_threads");
   using scan_u32 = cub::BlockScan<std::uint32_t, lru_threads>;
   using scan_u64 = cub::BlockScan<std::uint64_t, lru_threads>;
   __shared__ union {
@@ -196,8 +201,8 @@ inline void bucketed_lru_step(const bucketed_lru_ref& state, const lru_step_io& 
                               io.admitted_slots && io.counts && io.status,
                           "bucketed_lru_step: null device pointer for ", state.pairs, " pairs");
   const std::size_t smem = std::size_t{state.capacity} * (sizeof(std::uint32_t) + 1);
-  detail::bucketed_lru_kernel<<<state.pairs, detail::lru_threads, smem, stream>>>(state, io,
-                                                                                  buckets);
+  detail::bucketed_lru_kernel<detail::lru_threads>
+      <<<state.pairs, detail::lru_threads, smem, stream>>>(state, io, buckets);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 
