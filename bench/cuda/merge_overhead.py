@@ -47,7 +47,9 @@ def main():
     st = torch.cuda.current_stream().cuda_stream
     rows = [("kvsift.cuda.merge_state (allocates outputs)",
              lambda: kc.merge_state(v[0], s[0], v[1], s[1])),
-            ("kvsift._kvsift_cuda.merge_state (outputs passed in)",
+            ("kvsift._kvsift_cuda.merge_state (outputs passed in, C DLPack export)",
+             lambda: ext.merge_state(*kc._dl(v[0], s[0], v[1], s[1], v[2], s[2]), st)),
+            ("kvsift._kvsift_cuda.merge_state (outputs passed in, Tensor.__dlpack__)",
              lambda: ext.merge_state(v[0], s[0], v[1], s[1], v[2], s[2], st)),
             ("torch.logaddexp on the lse (one torch op, for scale)",
              lambda: torch.logaddexp(s[0], s[1]))]

@@ -46,6 +46,22 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def _dl(*tensors):
+    """Torch tensors as DLPack capsules from torch's C export (about 1 us each; the Python-level
+    ``Tensor.__dlpack__`` costs about 15 us, which dominated a small merge); everything else as
+    it is (the extension calls its ``__dlpack__``). No stream handshake is needed for torch: the
+    kernel runs on the stream the caller's work is ordered on (its current stream, or the
+    ``stream=`` it names and is responsible for)."""
+    out = []
+    for t in tensors:
+        if t is not None and _is_torch(t):
+            from torch.utils.dlpack import to_dlpack
+
+            t = to_dlpack(t)
+        out.append(t)
+    return out
+
+
 def _stream(like, stream) -> int:
     """The cudaStream_t (as an integer) to enqueue on: `stream` when given, else the current
     stream of `like`'s framework, else the legacy default stream (0)."""
@@ -55,6 +71,8 @@ def _stream(like, stream) -> int:
                 return int(getattr(stream, attr))
         return int(stream)
     if _is_torch(like):
+        if like.device.type != "cuda":
+            return 0  # refused by the extension with the fix named; torch would raise first
         import torch
 
         return int(torch.cuda.current_stream(like.device).cuda_stream)
@@ -128,7 +146,7 @@ def merge_state(v_a, s_a, v_b, s_b, *, lse_base="e", stream=None, status=None):
             s_a, s_b = s_a * _LN2, s_b * _LN2
         v = _empty(v_a, tuple(v_a.shape))
         s = _empty(s_a, tuple(s_a.shape))
-        _ext.merge_state(v_a, s_a, v_b, s_b, v, s, st, status)
+        _ext.merge_state(*_dl(v_a, s_a, v_b, s_b, v, s), st, *_dl(status))
         if base2:
             s *= 1.0 / _LN2
     return v, s
@@ -143,7 +161,7 @@ def merge_state_in_place(v, s, v_other, s_other, *, lse_base="e", stream=None, s
         if base2:
             s *= _LN2
             s_other = s_other * _LN2
-        _ext.merge_state_in_place(v, s, v_other, s_other, st, status)
+        _ext.merge_state_in_place(*_dl(v, s, v_other, s_other), st, *_dl(status))
         if base2:
             s *= 1.0 / _LN2
 
@@ -162,7 +180,7 @@ def merge_states(v, s, indptr, *, lse_base="e", stream=None, status=None):
         num_pos = int(indptr.shape[0]) - 1
         v_out = _empty(v, (num_pos, int(v.shape[1]), int(v.shape[2])))
         s_out = _empty(s, (num_pos, int(s.shape[1])))
-        _ext.merge_states(v, s, indptr, v_out, s_out, st, status)
+        _ext.merge_states(*_dl(v, s, indptr, v_out, s_out), st, *_dl(status))
         if base2:
             s_out *= 1.0 / _LN2
     return v_out, s_out
@@ -190,9 +208,9 @@ def sparse_attention(q, k_pages, v_pages, page_table, indptr, ids, *, scale=None
         lse = _empty(q, (heads,), "float32")
         ws_bytes = _ext.sparse_attention_workspace_size(heads, dim, num_splits)
         ws = _empty(q, (ws_bytes,), "uint8") if ws_bytes > 0 else None
-        _ext.sparse_attention(q, k_pages, v_pages, page_table, indptr, ids, o, lse, ws,
+        _ext.sparse_attention(*_dl(q, k_pages, v_pages, page_table, indptr, ids, o, lse, ws),
                               float("nan") if scale is None else float(scale), int(num_splits), st,
-                              status)
+                              *_dl(status))
         if base2:
             lse *= 1.0 / _LN2
     return o, lse

@@ -198,6 +198,30 @@ py::object own_export(py::handle capsule, const char* name, const char* used_nam
   return owner;
 }
 
+/// Consumes a DLPack capsule ("dltensor_versioned" or "dltensor") as the spec says: renamed to
+/// "used_*", its deleter called when the last kvsift reference goes.
+inline tensor from_capsule(const py::object& cap, const char* what, bool cuda) {
+  if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned") != 0) {
+    dlpack::DLManagedTensorVersioned* m = nullptr;
+    py::object owner = own_export(cap, "dltensor_versioned", "used_dltensor_versioned", m);
+    kvsift::detail::require(m->version.major == 1, what, ": expected a DLPack 1.x export, got ",
+                            m->version.major, ".", m->version.minor);
+    kvsift::detail::require((m->flags & dlpack::flag_is_copied) == 0, what,
+                            ": the DLPack producer copied the tensor (flag IS_COPIED); kvsift "
+                            "reads the caller's memory and does not accept a silent copy");
+    return from_dltensor(m->dl_tensor, std::move(owner), what, cuda);
+  }
+  if (PyCapsule_IsValid(cap.ptr(), "dltensor") != 0) {
+    dlpack::DLManagedTensor* m = nullptr;
+    py::object owner = own_export(cap, "dltensor", "used_dltensor", m);
+    return from_dltensor(m->dl_tensor, std::move(owner), what, cuda);
+  }
+  kvsift::detail::fail<kvsift::invalid_argument>(
+      what,
+      ": __dlpack__() returned no unused DLPack capsule (\"dltensor\" or "
+      "\"dltensor_versioned\")");
+}
+
 /// Consumes `h.__dlpack__()`. Asks for a versioned export without copies (DLPack 1.0 producers
 /// then raise BufferError rather than copy); a producer predating those keywords raises
 /// TypeError and is asked again without them.
@@ -207,6 +231,11 @@ py::object own_export(py::handle capsule, const char* name, const char* used_nam
 inline tensor from_dlpack(const py::handle& h, const char* what, bool cuda = false,
                           std::intptr_t stream = 0) {
   if (cuda && stream == 0) stream = 1;
+  // An already exported capsule (torch.utils.dlpack.to_dlpack(t), which kvsift.cuda passes for
+  // torch tensors: the Python-level __dlpack__ method costs ~15 us per tensor, the C export ~1 us)
+  // is consumed as it is; its device is checked from the DLTensor below.
+  if (PyCapsule_CheckExact(h.ptr()) != 0)
+    return from_capsule(py::reinterpret_borrow<py::object>(h), what, cuda);
   // Device first: exporting a CUDA tensor with stream=None may synchronise its stream, which a
   // call that then refuses the tensor has no business doing.
   if (py::hasattr(h, "__dlpack_device__")) {
@@ -228,25 +257,7 @@ inline tensor from_dlpack(const py::handle& h, const char* what, bool cuda = fal
     if (!e.matches(PyExc_TypeError)) throw;
     cap = cuda ? h.attr("__dlpack__")(py::arg("stream") = stream) : h.attr("__dlpack__")();
   }
-  if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned") != 0) {
-    dlpack::DLManagedTensorVersioned* m = nullptr;
-    py::object owner = own_export(cap, "dltensor_versioned", "used_dltensor_versioned", m);
-    kvsift::detail::require(m->version.major == 1, what, ": expected a DLPack 1.x export, got ",
-                            m->version.major, ".", m->version.minor);
-    kvsift::detail::require((m->flags & dlpack::flag_is_copied) == 0, what,
-                            ": the DLPack producer copied the tensor (flag IS_COPIED); kvsift "
-                            "reads the caller's memory and does not accept a silent copy");
-    return from_dltensor(m->dl_tensor, std::move(owner), what, cuda);
-  }
-  if (PyCapsule_IsValid(cap.ptr(), "dltensor") != 0) {
-    dlpack::DLManagedTensor* m = nullptr;
-    py::object owner = own_export(cap, "dltensor", "used_dltensor", m);
-    return from_dltensor(m->dl_tensor, std::move(owner), what, cuda);
-  }
-  kvsift::detail::fail<kvsift::invalid_argument>(
-      what,
-      ": __dlpack__() returned no unused DLPack capsule (\"dltensor\" or "
-      "\"dltensor_versioned\")");
+  return from_capsule(cap, what, cuda);
 }
 
 inline tensor from_numpy(py::array a) {

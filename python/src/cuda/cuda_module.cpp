@@ -35,7 +35,7 @@ tensor device_tensor(const py::handle& h, const char* what, std::intptr_t stream
                                    "numpy.ndarray (host memory; move it with torch.as_tensor(x, "
                                    "device='cuda') or cupy.asarray(x))");
   }
-  require(py::hasattr(h, "__dlpack__"), what,
+  require(py::hasattr(h, "__dlpack__") || PyCapsule_CheckExact(h.ptr()) != 0, what,
           ": expected a DLPack tensor in CUDA memory (torch.Tensor, cupy.ndarray, ...), got ",
           std::string(py::str(py::type::of(h).attr("__name__"))));
   tensor t = kvsift_python::detail::from_dlpack(h, what, /*cuda=*/true, stream);
