@@ -191,3 +191,19 @@ TEST_CASE("build_heads equals one GQA-shared build per KV head", "[index][progre
       message_of<kvsift::invalid_argument>([&] { (void)kvsift::build_heads(b, jobs_span(jobs)); }),
       Contains("KV head 1 has no query heads"));
 }
+
+TEST_CASE("build_heads rethrows an error of a head's kNN, which runs on a helper thread",
+          "[index][progress]") {
+  // Head 1's queries have another dimension than its keys: its training kNN throws on the
+  // background thread that overlaps it with head 0's build, and build_heads must rethrow that
+  // error (not return, not terminate) after head 0 was built.
+  const auto narrow = kvsift::testing::make_ood({.keys = 300, .queries = 40, .dim = 8, .seed = 9});
+  const auto q = data().query_view();
+  std::vector<kvsift::kv_head_job<kvsift::view_store<float>>> jobs{
+      {kvsift::view_store<float>(data().key_view()), {q.row_range(0, 200)}},
+      {kvsift::view_store<float>(data().key_view()), {narrow.query_view()}}};
+  const kvsift::roargraph_builder<> b(params());
+  using jobs_span = std::span<const kvsift::kv_head_job<kvsift::view_store<float>>>;
+  CHECK_THROWS_AS(kvsift::build_heads(b, jobs_span(jobs), {.sample_ratio = 0.5}),
+                  kvsift::dimension_mismatch);
+}
