@@ -7,6 +7,7 @@
 // N = `sample` takes bench/data/sample instead (keys of layer 15 KV head 0; training = the first
 // 95% of positions of query heads 0-2, evaluation = the last 5%, as kvsift-bench --sample; EVAL
 // ignored), read from the directory in $KVSIFT_SAMPLE_DIR or bench/data/sample.
+// N = `files:KEYS:TRAIN:EVAL` reads the three matrices (.fbin or .npy; EVAL ignored).
 // CONFIGS: comma-separated `cap:L:batch` (roargraph_params::connectivity_degree_cap, L, batch).
 // Each configuration is built REPEAT times (alternating with the others); the recall is that of
 // its last build. How it was run is written in the results file that quotes it.
@@ -66,7 +67,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s N THREADS EVAL cap:L:batch[,...] [REPEAT]\n", argv[0]);
     return 2;
   }
-  const bool sample = std::string(argv[1]) == "sample";
+  const std::string what = argv[1];
+  const bool sample = what == "sample", files = what.rfind("files:", 0) == 0;
   std::size_t n = std::strtoull(argv[1], nullptr, 10);
   const std::size_t threads = std::strtoull(argv[2], nullptr, 10);
   std::size_t eval = std::strtoull(argv[3], nullptr, 10);
@@ -82,7 +84,26 @@ int main(int argc, char** argv) {
 
   testing::ood_data data;
   std::size_t train = 0;
-  if (sample) {
+  if (files) {
+    std::vector<std::string> path;
+    for (std::size_t b = 6; b <= what.size();) {
+      const auto e = std::min(what.find(':', b), what.size());
+      path.push_back(what.substr(b, e - b));
+      b = e + 1;
+    }
+    if (path.size() != 3) {
+      std::fprintf(stderr, "expected files:KEYS:TRAIN:EVAL, got %s\n", what.c_str());
+      return 2;
+    }
+    const auto k = read_vectors(path[0]), tr = read_vectors(path[1]), ev = read_vectors(path[2]);
+    data.dim = k.cols();
+    n = k.rows();
+    train = tr.rows();
+    eval = ev.rows();
+    data.keys.assign(k.view().row(0), k.view().row(0) + n * data.dim);
+    data.queries.assign(tr.view().row(0), tr.view().row(0) + train * data.dim);
+    data.queries.insert(data.queries.end(), ev.view().row(0), ev.view().row(0) + eval * data.dim);
+  } else if (sample) {
     const char* env = std::getenv("KVSIFT_SAMPLE_DIR");
     const std::string dir = env != nullptr ? env : "bench/data/sample";
     const auto k = read_fbin(dir + "/L15_k0.fbin");
@@ -119,7 +140,10 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   const knn_result knn = roargraph_builder<>(base).training_knn(keys, train_q);
   std::printf("%s n=%zu d=%zu train=%zu eval=%zu threads=%zu knn %.2fs\n",
-              sample ? "sample" : "ood", n, data.dim, train, eval, threads,
+              files    ? "files"
+              : sample ? "sample"
+                       : "ood",
+              n, data.dim, train, eval, threads,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
   std::vector<graph_index<view_store<float>>> graphs;
