@@ -142,3 +142,45 @@ TEST_CASE("beam_search: a pool far larger than the index equals a pool of n",
   CHECK(sa == sb);
   CHECK(s1.distance_computations == s2.distance_computations);
 }
+
+namespace {
+
+// A star: node 0 links to 1..5, which have no out-edges; 1-d vectors with node i at i, so an
+// l2 query at 0 expands 0, 1, 2, ..., 5 in that order. Records what beam_search expands and
+// which rows it asks to prefetch.
+struct recording_star {
+  using metric_type = kvsift::l2;
+  std::vector<float> x{0, 1, 2, 3, 4, 5};
+  std::vector<kvsift::id_t> star{1, 2, 3, 4, 5};
+  mutable std::vector<kvsift::id_t> expanded, prefetched;
+  [[nodiscard]] std::size_t size() const { return x.size(); }
+  [[nodiscard]] std::size_t dim() const { return 1; }
+  [[nodiscard]] kvsift::id_t entry_point() const { return 0; }
+  [[nodiscard]] std::span<const kvsift::id_t> neighbors(kvsift::id_t u) const {
+    expanded.push_back(u);
+    return u == 0 ? std::span<const kvsift::id_t>(star) : std::span<const kvsift::id_t>();
+  }
+  void prefetch_neighbors(kvsift::id_t u) const { prefetched.push_back(u); }
+  [[nodiscard]] float score(const float* q, kvsift::id_t i) const {
+    return (q[0] - x[i]) * (q[0] - x[i]);
+  }
+};
+static_assert(kvsift::Graph<recording_star>);
+
+}  // namespace
+
+TEST_CASE("beam_search prefetches the adjacency row of the node it expands next", "[beam_search]") {
+  const recording_star g;
+  kvsift::search_workspace ws;
+  std::vector<kvsift::id_t> ids(3);
+  std::vector<float> scores(3);
+  const float q = 0.0f;
+  const auto s = kvsift::beam_search(g, std::span<const float>(&q, 1), {3, 10}, ws,
+                                     std::span<kvsift::id_t>(ids), std::span<float>(scores));
+  REQUIRE(s.count == 3);
+  CHECK(ids == std::vector<kvsift::id_t>{0, 1, 2});
+  REQUIRE(g.expanded == std::vector<kvsift::id_t>{0, 1, 2, 3, 4, 5});
+  // Expanding 0 leaves nothing unexpanded (no hint); from then on, while node i is expanded
+  // the hint names node i + 1, which is expanded next.
+  CHECK(g.prefetched == std::vector<kvsift::id_t>{2, 3, 4, 5});
+}

@@ -58,6 +58,12 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
   detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit);
   while (ws.pool.has_unexpanded()) {
     const candidate c = ws.pool.pop_unexpanded();
+    // A graph that can prefetch a node's adjacency row (the builder's growing graph: a row
+    // there is a separately allocated list) gets the next expansion's row fetched while this
+    // expansion scores its neighbours (docs/algorithms.md).
+    if constexpr (requires { g.prefetch_neighbors(c.id); }) {
+      if (ws.pool.has_unexpanded()) g.prefetch_neighbors(ws.pool.peek_unexpanded().id);
+    }
     ++stats.hops;
     detail::expand(g, c.id, pred, params.degree_cap, ws, visit);
   }

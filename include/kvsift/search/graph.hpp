@@ -18,7 +18,9 @@ namespace kvsift {
 /// - `g.neighbors(u)`: the out-neighbours of node u, convertible to `std::span<const id_t>`;
 /// - `g.score(q, i)`: raw metric score of the f32 query q (dim() floats) against node i;
 /// - `g.entry_point()` (invalid_id when empty) or `g.entry_points()` (every seed).
-/// Optional: `g.prefetch(i)`, a hint the walk issues before scoring a batch of neighbours.
+/// Optional: `g.prefetch(i)`, a hint the walk issues before scoring a batch of neighbours;
+/// `g.prefetch_neighbors(u)`, a hint `beam_search` issues for the next node it expects to
+/// expand while it scores the current one's neighbours.
 /// Searches call these from several threads at once on one const graph.
 template <class G>
 concept Graph = Metric<typename G::metric_type> && requires(const G& g, id_t u, const float* q) {
