@@ -1,4 +1,4 @@
-"""kvsift's CUDA kernels on device tensors: LSE merges and paged sparse attention.
+"""kvsift's CUDA kernels on device tensors: LSE merges, paged sparse attention and exact kNN.
 
 Shapes follow FlashInfer, so states interoperate: a partial attention state is ``v``
 ``[seq, heads, dim]`` (float32, float16 or bfloat16) with ``s`` ``[seq, heads]`` float32, the
@@ -38,7 +38,7 @@ current_device = _ext.current_device
 
 _LN2 = math.log(2.0)
 
-__all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention",
+__all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention", "knn",
            "CudaError", "current_device"]
 
 
@@ -214,3 +214,26 @@ def sparse_attention(q, k_pages, v_pages, page_table, indptr, ids, *, scale=None
         if base2:
             lse *= 1.0 / _LN2
     return o, lse
+
+
+def knn(queries, keys, k, *, stream=None):
+    """Exact top-``k`` keys by inner product for every query, on the GPU (cuBLAS GEMM streamed
+    through a bounded workspace, then a per-query selection): the training-query kNN of a
+    RoarGraph build, or a brute-force baseline.
+
+    queries: [m, dim], keys: [n, dim], both float32, float16 or bfloat16 (the same dtype;
+    16-bit inputs use tensor cores, scores accumulate in float32). 1 <= k <= min(n, 1024).
+    Returns ``(scores [m, k] float32, ids [m, k] int32)``, row i best first (higher score, then
+    lower id). O(m n dim) flops; the workspace (a few hundred MiB at most with the default
+    tiles) comes from the inputs' framework's allocator. NaN scores rank last.
+    """
+    st = _stream(queries, stream)
+    m, n = int(queries.shape[0]), int(keys.shape[0])
+    if not 1 <= int(k) <= n:
+        raise ValueError(f"k: expected 1 <= k <= n = {n}, got {k}")
+    with _on_stream(queries, st, stream is not None):
+        scores = _empty(queries, (m, int(k)), "float32")
+        ids = _empty(queries, (m, int(k)), "int32")
+        ws = _empty(queries, (_ext.knn_workspace_size(m, n, int(k)),), "uint8")
+        _ext.knn(*_dl(queries, keys), int(k), *_dl(scores, ids, ws), st)
+    return scores, ids

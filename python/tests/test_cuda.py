@@ -175,14 +175,69 @@ def test_bad_input_is_refused_with_the_fix_named():
     assert issubclass(kvsift.InvalidArgument, ValueError)
 
 
-def test_readme_cuda_block_runs_as_written():
-    """python/README.md's `<!-- pytest: cuda-merge -->` block, run as written."""
+@pytest.mark.parametrize("block,result", [("cuda-merge", "v"), ("cuda-knn", "scores")])
+def test_readme_cuda_blocks_run_as_written(block, result):
+    """python/README.md's `<!-- pytest: cuda-... -->` blocks, run as written."""
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    marker = readme.index("<!-- pytest: cuda-merge -->")
+    marker = readme.index(f"<!-- pytest: {block} -->")
     start = readme.index("```python\n", marker) + len("```python\n")
     snippet = readme[start : readme.index("```", start)]
     scope = {}
-    exec(compile(snippet, "python/README.md:cuda-merge", "exec"), scope)
-    assert scope["v"].shape == (4, 32, 128)
+    exec(compile(snippet, f"python/README.md:{block}", "exec"), scope)
+    assert scope[result].is_cuda
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_knn_matches_torch_topk(dtype):
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(37, 64, device="cuda", generator=g).to(dtype)
+    x = torch.randn(5000, 64, device="cuda", generator=g).to(dtype)
+    scores, ids = kc.knn(q, x, 50)
+    assert scores.shape == (37, 50) and scores.dtype == torch.float32
+    assert ids.shape == (37, 50) and ids.dtype == torch.int32
+    ref = q.float() @ x.float().T  # the GEMM's f32 accumulation of the same inputs
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    # The returned scores are the ids' scores, best first, and as good as torch's top-k
+    # (ids themselves may differ on near-ties of summation order).
+    assert torch.allclose(scores, ref.gather(1, ids.long()), atol=tol, rtol=tol)
+    assert bool((scores[:, :-1] >= scores[:, 1:]).all())
+    want = ref.topk(50, dim=1).values
+    assert torch.allclose(scores, want, atol=tol, rtol=tol)
+    assert all(len(set(r)) == 50 for r in ids.tolist())
+
+
+def test_knn_on_an_explicit_stream_and_all_keys():
+    s = torch.cuda.Stream()
+    q = torch.randn(3, 32, device="cuda")
+    x = torch.randn(40, 32, device="cuda")
+    x[7] = float("nan")  # NaN scores rank last
+    s.wait_stream(torch.cuda.current_stream())  # q and x were written on the current stream
+    scores, ids = kc.knn(q, x, 40, stream=s)
+    s.synchronize()
+    assert ids[:, -1].tolist() == [7, 7, 7]
+    assert sorted(ids[0].tolist()) == list(range(40))
+
+
+def test_knn_refuses_bad_input():
+    q = torch.randn(4, 32, device="cuda")
+    x = torch.randn(100, 32, device="cuda")
+    with pytest.raises(ValueError, match="k"):
+        kc.knn(q, x, 101)
+    with pytest.raises(ValueError, match="k"):
+        kc.knn(q, x, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        kc.knn(q, x.half(), 5)
+    with pytest.raises(ValueError, match="dim"):
+        kc.knn(q, torch.randn(100, 16, device="cuda"), 5)
+    with pytest.raises(ValueError, match=r"x\.cuda\(\)"):
+        kc.knn(q.cpu(), x, 5)
+    with pytest.raises(ValueError, match="contiguous"):
+        kc.knn(q, torch.randn(32, 100, device="cuda").T, 5)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        kc.knn(q.double(), x.double(), 5)
+    with pytest.raises(ValueError):
+        kc.knn(q[:0], x, 5)  # no queries
+    with pytest.raises(ValueError, match="1024"):
+        kc.knn(q, torch.randn(2000, 32, device="cuda"), 1025)

@@ -1,4 +1,4 @@
-// kvsift._kvsift_cuda: kvsift's CUDA kernels (LSE merges, paged sparse attention) on device
+// kvsift._kvsift_cuda: kvsift's CUDA kernels (LSE merges, paged sparse attention, kNN) on device
 // tensors from any DLPack producer (torch, CuPy, JAX), without copies. The low-level
 // functions here take every output too (the caller's framework allocates it, so results are
 // the framework's own tensors); kvsift/cuda.py wraps them in FlashInfer-shaped calls that
@@ -282,4 +282,50 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("indptr"), py::arg("ids"), py::arg("o"), py::arg("lse"), py::arg("workspace"),
       py::arg("scale"), py::arg("num_splits"), py::arg("stream"), py::arg("status") = py::none(),
       "Low level: paged sparse attention into (o, lse). Use kvsift.cuda.sparse_attention.");
+
+  m.def(
+      "knn_workspace_size",
+      [](std::int64_t m, std::int64_t n, std::int64_t k) {
+        return ops::knn_workspace_size(m, n, as_int(k, "k"));
+      },
+      py::arg("m"), py::arg("n"), py::arg("k"),
+      "Bytes of device workspace knn needs for m queries, n keys and k neighbours.");
+
+  m.def(
+      "knn",
+      [](py::handle queries, py::handle keys, std::int64_t k, py::handle out_scores,
+         py::handle out_ids, py::handle workspace, std::intptr_t stream) {
+        const intake in{stream};
+        const tensor tq = in(queries, "queries");
+        const tensor tk = in(keys, "keys");
+        const tensor ts = in(out_scores, "out_scores");
+        const tensor ti = in(out_ids, "out_ids");
+        const tensor tw = in(workspace, "workspace");
+        require<kvsift::dimension_mismatch>(tq.ndim() == 2, "queries: expected [m, dim], got ",
+                                            tq.ndim(), " axes");
+        require<kvsift::dimension_mismatch>(tk.ndim() == 2, "keys: expected [n, dim], got ",
+                                            tk.ndim(), " axes");
+        const ops::dtype t = value_type(tq, "queries");
+        require(value_type(tk, "keys") == t, "knn: keys must have the queries' dtype ", tq.dl_dtype,
+                ", got ", tk.dl_dtype);
+        const std::int64_t m = tq.shape[0], n = tk.shape[0], dim = tq.shape[1];
+        require<kvsift::dimension_mismatch>(tk.shape[1] == dim, "knn: keys have dim ", tk.shape[1],
+                                            ", queries ", dim);
+        // kvsift's ids are uint32; as int32 they keep their bits only below 2^31.
+        require(n <= std::numeric_limits<std::int32_t>::max(), "keys: at most ",
+                std::numeric_limits<std::int32_t>::max(), " rows (ids are int32), got ", n);
+        require_kind(ts, 'f', 4, "out_scores", "float32");
+        require_shape(ts, {m, k}, "out_scores");
+        require_kind(ti, 'i', 4, "out_ids", "int32");
+        require_shape(ti, {m, k}, "out_ids");
+        std::size_t ws_bytes = tw.itemsize;
+        for (const auto e : tw.shape) ws_bytes *= static_cast<std::size_t>(e);
+        py::gil_scoped_release release;
+        ops::knn(t, ptr(tq), m, ptr(tk), n, as_int(dim, "dim"), as_int(k, "k"), ptr<float>(ts),
+                 ptr<std::int32_t>(ti), ptr(tw), ws_bytes, stream);
+      },
+      py::arg("queries"), py::arg("keys"), py::arg("k"), py::arg("out_scores"), py::arg("out_ids"),
+      py::arg("workspace"), py::arg("stream"),
+      "Low level: exact top-k keys by inner product into (out_scores, out_ids). Use "
+      "kvsift.cuda.knn.");
 }

@@ -1,5 +1,5 @@
-// nvcc half of kvsift._kvsift_cuda: instantiates kvsift::cuda's merge and sparse attention
-// kernels for f32 / f16 / bf16 behind the pointer-level interface of cuda_ops.hpp.
+// nvcc half of kvsift._kvsift_cuda: instantiates kvsift::cuda's merge, sparse attention and
+// kNN kernels for f32 / f16 / bf16 behind the pointer-level interface of cuda_ops.hpp.
 #include "cuda_ops.hpp"
 
 #include <cuda_bf16.h>
@@ -7,10 +7,13 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
 #include <kvsift/cuda/error.cuh>
+#include <kvsift/cuda/knn.cuh>
 #include <kvsift/cuda/merge.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
 
@@ -114,6 +117,41 @@ void sparse_attention(dtype kv, const float* q, int qo_heads, int dim, const voi
     ref.max_pages_per_head = max_pages_per_head;
     kc::sparse_attention(q, qo_heads, dim, ref, indptr, ids, out_o, out_lse, workspace,
                          workspace_bytes, as_stream(stream), p);
+  });
+}
+
+std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k) {
+  return kc::knn_workspace_size(m, n, k);
+}
+
+void knn(dtype t, const void* queries, std::int64_t m, const void* keys, std::int64_t n, int dim,
+         int k, float* out_scores, std::int32_t* out_ids, void* workspace,
+         std::size_t workspace_bytes, std::intptr_t stream) {
+  // One handle per device for the process; the mutex covers setting its stream and enqueuing.
+  static std::mutex mutex;
+  static std::map<int, cublasHandle_t> handles;
+  const int device = current_device();
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = handles.find(device);
+  if (it == handles.end()) {
+    cublasHandle_t h = nullptr;
+    const cublasStatus_t st = cublasCreate(&h);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      throw cuda_failure("cublasCreate failed with status " + std::to_string(static_cast<int>(st)));
+    }
+    it = handles.emplace(device, h).first;
+  }
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    using E =
+        std::conditional_t<std::is_same_v<T, __half>, kvsift::half,
+                           std::conditional_t<std::is_same_v<T, float>, float, kvsift::bfloat16>>;
+    const kvsift::matrix_view<const E> q(
+        static_cast<const E*>(queries), static_cast<std::size_t>(m), static_cast<std::size_t>(dim));
+    const kvsift::matrix_view<const E> x(static_cast<const E*>(keys), static_cast<std::size_t>(n),
+                                         static_cast<std::size_t>(dim));
+    kc::knn(q, x, k, out_scores, reinterpret_cast<kvsift::id_t*>(out_ids), workspace,
+            workspace_bytes, it->second, as_stream(stream));
   });
 }
 

@@ -50,4 +50,16 @@ void sparse_attention(dtype kv, const float* q, int qo_heads, int dim, const voi
                       float* out_lse, void* workspace, std::size_t workspace_bytes, float scale,
                       int num_splits, std::intptr_t stream, int* status);
 
+/// kvsift::cuda::knn_workspace_size with the default tiles.
+std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k);
+
+/// kvsift::cuda::knn: row i of out_scores / out_ids (m x k) holds query i's k best keys by
+/// inner product, best first. Ids are written as int32 (the caller checked n <= INT32_MAX, so
+/// kvsift's uint32 ids have the same bits). Uses a cuBLAS handle of the current device that
+/// this library keeps for the process (created on first use, never destroyed: destroying it
+/// at interpreter exit can run after the CUDA context is gone); calls are serialised on it.
+void knn(dtype t, const void* queries, std::int64_t m, const void* keys, std::int64_t n, int dim,
+         int k, float* out_scores, std::int32_t* out_ids, void* workspace,
+         std::size_t workspace_bytes, std::intptr_t stream);
+
 }  // namespace kvsift_python::cuda_ops
