@@ -1,4 +1,5 @@
-"""kvsift's CUDA kernels on device tensors: LSE merges, paged sparse attention and exact kNN.
+"""kvsift's CUDA kernels on device tensors: LSE merges, paged sparse attention, exact kNN and
+page copies between pinned host memory and the device.
 
 Shapes follow FlashInfer, so states interoperate: a partial attention state is ``v``
 ``[seq, heads, dim]`` (float32, float16 or bfloat16) with ``s`` ``[seq, heads]`` float32, the
@@ -39,7 +40,7 @@ current_device = _ext.current_device
 _LN2 = math.log(2.0)
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention", "knn",
-           "CudaError", "current_device"]
+           "gather_pages", "scatter_pages", "CudaError", "current_device"]
 
 
 def _is_torch(x) -> bool:
@@ -237,3 +238,28 @@ def knn(queries, keys, k, *, stream=None):
         ws = _empty(queries, (_ext.knn_workspace_size(m, n, int(k)),), "uint8")
         _ext.knn(*_dl(queries, keys), int(k), *_dl(scores, ids, ws), st)
     return scores, ids
+
+
+def gather_pages(copies, host_pool, device_pool, *, stream=None, status=None):
+    """Copies host page ``copies[i, 0]`` of ``host_pool`` to device page ``copies[i, 1]`` of
+    ``device_pool`` for every i, in one launch: the GPU reads pinned host memory directly (no
+    staging copy on the CPU), as the KV manager's fetch of offloaded pages does.
+
+    copies: int64 [count, 2] on the device. host_pool: a pinned host tensor (``pin_memory=True``)
+    [host_pages, ...]; device_pool: a device tensor [device_pages, ...]; a page is one row, of
+    the same byte size in both (a positive multiple of 16), any dtype. A page id beyond its pool
+    skips that copy and sets bit 1 of ``status``. Overlapping destinations race, as with memcpy.
+    O(count * page bytes).
+    """
+    _copy_pages(True, copies, host_pool, device_pool, stream, status)
+
+
+def scatter_pages(copies, host_pool, device_pool, *, stream=None, status=None):
+    """The way back: device page ``copies[i, 1]`` to host page ``copies[i, 0]`` for every i.
+    Same contract as :func:`gather_pages`."""
+    _copy_pages(False, copies, host_pool, device_pool, stream, status)
+
+
+def _copy_pages(gather, copies, host_pool, device_pool, stream, status):
+    st = _stream(device_pool, stream)
+    _ext.copy_pages(gather, *_dl(copies, host_pool, device_pool), st, *_dl(status))

@@ -241,3 +241,50 @@ def test_knn_refuses_bad_input():
         kc.knn(q[:0], x, 5)  # no queries
     with pytest.raises(ValueError, match="1024"):
         kc.knn(q, torch.randn(2000, 32, device="cuda"), 1025)
+
+
+def test_gather_and_scatter_pages_copy_whole_pages():
+    host = torch.randn(10, 4, 64, dtype=torch.float16).pin_memory()  # 512-byte pages
+    dev = torch.zeros(6, 4, 64, dtype=torch.float16, device="cuda")
+    copies = torch.tensor([[3, 0], [7, 5], [0, 2]], dtype=torch.int64, device="cuda")
+    kc.gather_pages(copies, host, dev)
+    torch.cuda.synchronize()
+    for cpu_page, gpu_page in [(3, 0), (7, 5), (0, 2)]:
+        assert torch.equal(dev[gpu_page].cpu(), host[cpu_page])
+    for gpu_page in (1, 3, 4):
+        assert not dev[gpu_page].any()
+    dev[5] = 1.0
+    back = torch.tensor([[9, 5]], dtype=torch.int64, device="cuda")
+    kc.scatter_pages(back, host, dev)
+    torch.cuda.synchronize()
+    assert bool((host[9] == 1.0).all())
+    assert torch.equal(dev[0].cpu(), host[3])  # scatter leaves the device pool as it was
+
+
+def test_gather_pages_reports_a_page_out_of_range_and_skips_it():
+    host = torch.arange(4 * 8, dtype=torch.float32).view(4, 8).pin_memory()  # 32-byte pages
+    dev = torch.zeros(2, 8, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    copies = torch.tensor([[4, 0], [1, 1]], dtype=torch.int64, device="cuda")  # host page 4: none
+    kc.gather_pages(copies, host, dev, status=status)
+    torch.cuda.synchronize()
+    assert status.item() == 1
+    assert not dev[0].any() and torch.equal(dev[1].cpu(), host[1])
+
+
+def test_page_copies_refuse_bad_input():
+    pinned = torch.zeros(4, 16).pin_memory()
+    dev = torch.zeros(4, 16, device="cuda")
+    copies = torch.zeros(1, 2, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="pin_memory"):
+        kc.gather_pages(copies, torch.zeros(4, 16), dev)  # pageable
+    with pytest.raises(ValueError, match="int64"):
+        kc.gather_pages(copies.int(), pinned, dev)
+    with pytest.raises(ValueError, match="bytes"):
+        kc.gather_pages(copies, pinned, torch.zeros(4, 8, device="cuda"))
+    with pytest.raises(ValueError, match="host memory"):
+        kc.gather_pages(copies, dev, dev)
+    with pytest.raises(ValueError, match="count, 2"):
+        kc.gather_pages(torch.zeros(3, dtype=torch.int64, device="cuda"), pinned, dev)
+    with pytest.raises(ValueError, match=r"x\.cuda\(\)"):
+        kc.gather_pages(copies, pinned, pinned)

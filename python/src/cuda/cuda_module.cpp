@@ -1,7 +1,7 @@
-// kvsift._kvsift_cuda: kvsift's CUDA kernels (LSE merges, paged sparse attention, kNN) on device
-// tensors from any DLPack producer (torch, CuPy, JAX), without copies. The low-level
-// functions here take every output too (the caller's framework allocates it, so results are
-// the framework's own tensors); kvsift/cuda.py wraps them in FlashInfer-shaped calls that
+// kvsift._kvsift_cuda: kvsift's CUDA kernels (LSE merges, paged sparse attention, kNN, page
+// copies) on device tensors from any DLPack producer (torch, CuPy, JAX), without copies. The
+// low-level functions here take every output too (the caller's framework allocates it, so results
+// are the framework's own tensors); kvsift/cuda.py wraps them in FlashInfer-shaped calls that
 // allocate outputs, pick the caller's current stream and convert base-2 LSEs.
 //
 // Checks before any launch: device memory (kDLCUDA) on the current device, dtypes, shapes,
@@ -27,6 +27,18 @@ namespace ops = kvsift_python::cuda_ops;
 
 namespace {
 
+/// Compact row-major layout (size-1 axes may have any stride).
+void require_contiguous(const tensor& t, const char* what) {
+  std::int64_t expect = static_cast<std::int64_t>(t.itemsize);
+  for (std::int64_t ax = t.ndim() - 1; ax >= 0; --ax) {
+    const auto a = static_cast<std::size_t>(ax);
+    require(t.shape[a] <= 1 || t.strides[a] == expect, what, ": expected a contiguous row-major ",
+            "tensor, got byte stride ", t.strides[a], " on axis ", ax, " (expected ", expect,
+            "); make it contiguous with x.contiguous()");
+    expect *= t.shape[a];
+  }
+}
+
 /// A device tensor on the current device with compact row-major layout, as `what`.
 tensor device_tensor(const py::handle& h, const char* what, std::intptr_t stream, int device) {
   if (py::isinstance<py::array>(h)) {
@@ -42,14 +54,7 @@ tensor device_tensor(const py::handle& h, const char* what, std::intptr_t stream
   require(t.cuda_device == device, what, ": tensor is on cuda:", t.cuda_device,
           " but the current device is cuda:", device, " (call torch.cuda.set_device(",
           t.cuda_device, ") or move the tensor there)");
-  std::int64_t expect = static_cast<std::int64_t>(t.itemsize);
-  for (std::int64_t ax = t.ndim() - 1; ax >= 0; --ax) {
-    const auto a = static_cast<std::size_t>(ax);
-    require(t.shape[a] <= 1 || t.strides[a] == expect, what, ": expected a contiguous row-major ",
-            "tensor, got byte stride ", t.strides[a], " on axis ", ax, " (expected ", expect,
-            "); make it contiguous with x.contiguous()");
-    expect *= t.shape[a];
-  }
+  require_contiguous(t, what);
   return t;
 }
 
@@ -328,4 +333,48 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("workspace"), py::arg("stream"),
       "Low level: exact top-k keys by inner product into (out_scores, out_ids). Use "
       "kvsift.cuda.knn.");
+
+  m.def(
+      "copy_pages",
+      [](bool gather, py::handle copies, py::handle host_pool, py::handle device_pool,
+         std::intptr_t stream, py::object status) {
+        const intake in{stream};
+        const tensor tc = in(copies, "copies");
+        const tensor td = in(device_pool, "device_pool");
+        require(!py::isinstance<py::array>(host_pool), "host_pool: expected a pinned torch ",
+                "tensor (torch.empty(..., pin_memory=True)), got a numpy.ndarray");
+        const tensor th = kvsift_python::detail::from_dlpack(host_pool, "host_pool");
+        require_contiguous(th, "host_pool");
+        require_kind(tc, 'i', 8, "copies", "int64");
+        require<kvsift::dimension_mismatch>(
+            tc.ndim() == 2 && tc.shape[1] == 2,
+            "copies: expected [count, 2] (cpu_page, gpu_page), got ", tc.ndim(), " axes");
+        auto page_bytes = [](const tensor& t, const char* what) {
+          require<kvsift::dimension_mismatch>(t.ndim() >= 2, what,
+                                              ": expected [pages, ...] with a page per row, got ",
+                                              t.ndim(), " axes");
+          std::uint64_t b = t.itemsize;
+          for (std::size_t a = 1; a < t.shape.size(); ++a)
+            b *= static_cast<std::uint64_t>(t.shape[a]);
+          return b;
+        };
+        const std::uint64_t hb = page_bytes(th, "host_pool"), db = page_bytes(td, "device_pool");
+        require<kvsift::dimension_mismatch>(hb == db, "copy_pages: host pages of ", hb,
+                                            " bytes, device pages of ", db, " bytes");
+        const std::uint64_t count = static_cast<std::uint64_t>(tc.shape[0]);
+        // The kernel reads or writes the host pool through its device mapping: pageable memory
+        // would fault on the device. Checked only when there is something to copy.
+        require(count == 0 || th.shape[0] == 0 || ops::is_pinned_host(th.data), "host_pool: ",
+                "expected pinned (page-locked) host memory, got pageable memory (allocate it with "
+                "torch.empty(..., pin_memory=True) or x.pin_memory())");
+        int* st = status_ptr(status, in);
+        py::gil_scoped_release release;
+        ops::copy_pages(gather, count == 0 ? nullptr : ptr(tc), count, ptr(th),
+                        static_cast<std::uint64_t>(th.shape[0]), ptr(td),
+                        static_cast<std::uint64_t>(td.shape[0]), hb, st, stream);
+      },
+      py::arg("gather"), py::arg("copies"), py::arg("host_pool"), py::arg("device_pool"),
+      py::arg("stream"), py::arg("status") = py::none(),
+      "Low level: gather (host -> device) or scatter (device -> host) of whole pages. Use "
+      "kvsift.cuda.gather_pages / scatter_pages.");
 }

@@ -1,5 +1,6 @@
 // nvcc half of kvsift._kvsift_cuda: instantiates kvsift::cuda's merge, sparse attention and
-// kNN kernels for f32 / f16 / bf16 behind the pointer-level interface of cuda_ops.hpp.
+// kNN kernels for f32 / f16 / bf16, and the page copies, behind the pointer-level interface of
+// cuda_ops.hpp.
 #include "cuda_ops.hpp"
 
 #include <cuda_bf16.h>
@@ -15,6 +16,7 @@
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/cuda/merge.cuh>
+#include <kvsift/cuda/page_gather.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
 
 namespace kvsift_python::cuda_ops {
@@ -152,6 +154,35 @@ void knn(dtype t, const void* queries, std::int64_t m, const void* keys, std::in
                                          static_cast<std::size_t>(dim));
     kc::knn(q, x, k, out_scores, reinterpret_cast<kvsift::id_t*>(out_ids), workspace,
             workspace_bytes, it->second, as_stream(stream));
+  });
+}
+
+bool is_pinned_host(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unregistered pointer is an answer here, not an error
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
+void copy_pages(bool gather, const void* copies, std::uint64_t count, void* host,
+                std::uint64_t host_pages, void* device, std::uint64_t device_pages,
+                std::uint64_t page_bytes, int* status, std::intptr_t stream) {
+  static_assert(sizeof(kvsift::page_copy) == 16, "copies are (cpu_page, gpu_page) uint64 pairs");
+  kc::page_pools_ref pools;
+  pools.host = host;
+  pools.host_pages = host_pages;
+  pools.device = device;
+  pools.device_pages = device_pages;
+  pools.page_bytes = page_bytes;
+  const auto* c = static_cast<const kvsift::page_copy*>(copies);
+  with_type(dtype::f32, [&](auto*) {
+    if (gather) {
+      kc::gather_pages(c, count, pools, status, as_stream(stream));
+    } else {
+      kc::scatter_pages(c, count, pools, status, as_stream(stream));
+    }
   });
 }
 

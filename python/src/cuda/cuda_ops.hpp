@@ -62,4 +62,13 @@ void knn(dtype t, const void* queries, std::int64_t m, const void* keys, std::in
          int k, float* out_scores, std::int32_t* out_ids, void* workspace,
          std::size_t workspace_bytes, std::intptr_t stream);
 
+/// Whether `p` is page-locked host memory the device can read (cudaPointerGetAttributes).
+bool is_pinned_host(const void* p);
+
+/// kvsift::cuda::gather_pages (`gather`) or scatter_pages: `copies` holds `count` (cpu_page,
+/// gpu_page) pairs of uint64 in device memory; pools of `page_bytes`-sized pages.
+void copy_pages(bool gather, const void* copies, std::uint64_t count, void* host,
+                std::uint64_t host_pages, void* device, std::uint64_t device_pages,
+                std::uint64_t page_bytes, int* status, std::intptr_t stream);
+
 }  // namespace kvsift_python::cuda_ops
