@@ -14,19 +14,7 @@ Usage: page_gather_torch_baseline.py [--host-pages 16384] [--device-pages 4096] 
 
 import argparse
 
-
-def median_ms(fn, torch, warmup=2, reps=10):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+from cuda_timing import median_ms
 
 
 def main():

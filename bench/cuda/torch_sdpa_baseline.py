@@ -18,20 +18,7 @@ import argparse
 import json
 import sys
 
-
-def median_ms(fn, torch, warmup=3, reps=15):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+from cuda_timing import median_ms
 
 
 def main() -> int:
@@ -60,7 +47,7 @@ def main() -> int:
 
     # Copy bandwidth: a device-to-device copy of a buffer as large as K (read + write).
     dst = torch.empty_like(k)
-    copy_ms = median_ms(lambda: dst.copy_(k), torch)
+    copy_ms = median_ms(lambda: dst.copy_(k), torch, warmup=3, reps=15)
     copy_gbps = 2 * k.numel() * k.element_size() / (copy_ms * 1e-3) / 1e9
     del dst
     rows = []
@@ -77,7 +64,7 @@ def main() -> int:
             with sdpa_kernel([backend]):
                 fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
                 out = fn()
-                ms = median_ms(fn, torch)
+                ms = median_ms(fn, torch, warmup=3, reps=15)
         except RuntimeError as e:  # backend unavailable for these shapes/this build
             print(f"torch sdpa {name:<10} unavailable: {str(e).splitlines()[0][:100]}")
             continue

@@ -19,11 +19,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 import kvsift as ks
+
+from cpu_timing import best_of
 
 H, HKV, D = 32, 8, 128
 
@@ -45,20 +46,6 @@ def step(s):
     o, lse = ks.merge_states(o, lse, *ks.dense_attention_heads(q, K, V, n - s["recent"], n))
     r = ks.search_heads(s["graphs"], q, s["k"], L=s["L"], filter=s["filter"])
     return ks.merge_states(o, lse, *ks.sparse_attention_heads(q, K, V, r.ids))[0]
-
-
-def best_of(fn, reps, repeats):
-    """Best per-step time of `repeats` loops of `reps` steps, in this thread's CPU time (as the
-    tool measures its own): on a shared machine the wall clock also counts other processes'
-    turns on the core. Every call runs on this thread (threads=1)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.thread_time()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.thread_time() - t) / reps)
-    return best
 
 
 def profile(s, reps, repeats):

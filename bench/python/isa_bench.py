@@ -21,23 +21,10 @@ import subprocess
 import sys
 import time
 
+from cpu_timing import best_of
+
 H, HKV, D = 32, 8, 128
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def best_of(fn, reps, repeats=5):
-    """Best per-call time of `repeats` loops of `reps` calls, in the calling thread's CPU time:
-    every call here runs on this thread (threads=1), and on a shared machine the wall clock
-    also counts the time other processes hold the core (+-30% between runs on the 2-core build
-    machine; thread CPU time: a few %)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.thread_time()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.thread_time() - t) / reps)
-    return best
 
 
 def worker(a):

@@ -25,27 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "recall.hpp"
+
 using namespace kvsift;
+using kvsift_tools::recall_at;
 
 namespace {
-
-template <class G>
-double recall_at(const G& g, matrix_view<const float> eval, const knn_result& exact, std::size_t k,
-                 std::size_t L) {
-  std::size_t hit = 0;
-  search_workspace ws;
-  std::vector<id_t> ids(k);
-  std::vector<float> scores(k);
-  for (std::size_t i = 0; i < eval.rows(); ++i) {
-    const auto r = beam_search(g, std::span<const float>(eval.row(i), eval.cols()), {k, L}, ws,
-                               std::span<id_t>(ids), std::span<float>(scores));
-    const auto want = exact.row_ids(i).first(k);
-    for (std::size_t j = 0; j < r.count; ++j) {
-      hit += std::find(want.begin(), want.end(), ids[j]) != want.end();
-    }
-  }
-  return double(hit) / double(eval.rows() * k);
-}
 
 // User + system CPU seconds of the process: on a shared machine wall-clock time measures the
 // other tenants' load as much as the build, CPU time much less.

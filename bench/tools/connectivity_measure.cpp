@@ -10,23 +10,10 @@
 #include <kvsift/testing/ood_generator.hpp>
 #include <string>
 #include <vector>
+
+#include "recall.hpp"
 using namespace kvsift;
-template <class G>
-double recall_at(const G& g, matrix_view<const float> eval, const knn_result& exact, std::size_t k,
-                 std::size_t L) {
-  std::size_t hit = 0;
-  search_workspace ws;
-  std::vector<id_t> ids(k);
-  std::vector<float> scores(k);
-  for (std::size_t i = 0; i < eval.rows(); ++i) {
-    const auto r = beam_search(g, std::span<const float>(eval.row(i), eval.cols()), {k, L}, ws,
-                               std::span<id_t>(ids), std::span<float>(scores));
-    const auto want = exact.row_ids(i);
-    for (std::size_t j = 0; j < r.count; ++j)
-      hit += std::find(want.begin(), want.end(), ids[j]) != want.end();
-  }
-  return double(hit) / double(eval.rows() * k);
-}
+using kvsift_tools::recall_at;
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ood";
   std::size_t n = argc > 2 ? std::strtoull(argv[2], 0, 10) : 32768;
