@@ -1,5 +1,6 @@
 """kvsift's CUDA kernels on device tensors: LSE merges, paged sparse attention, exact kNN and
-page copies between pinned host memory and the device.
+page copies between pinned host memory and the device, and the bucketed LRU that decides
+which pages stay on the device.
 
 Shapes follow FlashInfer, so states interoperate: a partial attention state is ``v``
 ``[seq, heads, dim]`` (float32, float16 or bfloat16) with ``s`` ``[seq, heads]`` float32, the
@@ -25,6 +26,7 @@ the C++ API does. Needs the extension ``kvsift._kvsift_cuda``: build the package
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 try:
     from . import _kvsift_cuda as _ext
@@ -40,7 +42,8 @@ current_device = _ext.current_device
 _LN2 = math.log(2.0)
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention", "knn",
-           "gather_pages", "scatter_pages", "CudaError", "current_device"]
+           "gather_pages", "scatter_pages", "BucketedLRU", "LruStep", "CudaError",
+           "current_device"]
 
 
 def _is_torch(x) -> bool:
@@ -263,3 +266,71 @@ def scatter_pages(copies, host_pool, device_pool, *, stream=None, status=None):
 def _copy_pages(gather, copies, host_pool, device_pool, stream, status):
     st = _stream(device_pool, stream)
     _ext.copy_pages(gather, *_dl(copies, host_pool, device_pool), st, *_dl(status))
+
+
+class LruStep(NamedTuple):
+    """What one :meth:`BucketedLRU.step` did, per pair p (int32 device tensors): its evictions
+    are ``evicted_keys/evicted_slots[offsets[p] : offsets[p] + counts[p, 1]]``, its admissions
+    ``admitted_keys/admitted_slots[offsets[p] : offsets[p] + counts[p, 2]]``, in the CPU
+    reference's order; ``counts[p]`` is (hits, evictions, admissions); ``status[p]`` is 0, or 1
+    for a page id >= pages, or 2 for more distinct selected pages than slots (that pair's state
+    is then unchanged)."""
+
+    evicted_keys: object
+    evicted_slots: object
+    admitted_keys: object
+    admitted_slots: object
+    counts: object
+    status: object
+
+
+class BucketedLRU:
+    """Spin's bucketed LRU on the GPU for ``pairs`` (request, KV head) pairs at once: which of
+    ``pages`` logical KV pages hold one of ``capacity`` device page slots. Each step promotes
+    the selected resident pages to the newest age bucket, ages the others (``buckets`` buckets,
+    saturating), evicts the oldest where the selection's misses need room (lowest slot first
+    among equals) and admits the misses into the freed slots: the same evictions and
+    admissions as the CPU reference ``kvsift::bucketed_lru``, entry for entry.
+
+    State, as torch tensors on ``device`` (default: the current CUDA device): ``keys``
+    [pairs, capacity] int32, the page in each slot (-1 free); ``ages`` [pairs, capacity] uint8;
+    ``slot_of`` [pairs, pages] int32, each page's slot or -1: a page table for
+    :func:`sparse_attention` when the slots are pages of the device pool. Memory O(pairs *
+    (capacity + pages)); one launch per step, one thread block per pair, asynchronous.
+    """
+
+    def __init__(self, pairs, capacity, pages, *, buckets=64, device=None):
+        import torch
+
+        for name, value, lo, hi in (("pairs", pairs, 1, 2**32 - 1),
+                                    ("capacity", capacity, 1, 8192),
+                                    ("pages", pages, 1, 2**31 - 1),
+                                    ("buckets", buckets, 2, 256)):
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}")
+        self.buckets = buckets
+        dev = torch.device("cuda", _ext.current_device()) if device is None else torch.device(device)
+        self.keys = torch.full((pairs, capacity), -1, dtype=torch.int32, device=dev)
+        self.ages = torch.zeros((pairs, capacity), dtype=torch.uint8, device=dev)
+        self.slot_of = torch.full((pairs, pages), -1, dtype=torch.int32, device=dev)
+
+    def step(self, selected, offsets, *, stream=None) -> LruStep:
+        """One decode step: pair p selected the pages ``selected[offsets[p] : offsets[p + 1]]``
+        (int32 device tensor; repeats count once) with ``offsets`` int64 [pairs + 1] on the
+        device, non-decreasing (device data: not checked). Returns an :class:`LruStep`.
+        O(capacity + selection) per pair."""
+        import torch
+
+        st = _stream(self.keys, stream)
+        pairs = int(self.keys.shape[0])
+        total = int(selected.shape[0]) if selected.dim() == 1 else -1
+        with _on_stream(self.keys, st, stream is not None):
+            if total == 0:  # the kernel takes no empty buffers; the offsets say "nothing"
+                selected = torch.zeros(1, dtype=torch.int32, device=self.keys.device)
+            width = max(total, 1)
+            out = [_empty(self.keys, (width,), "int32") for _ in range(4)]
+            counts = _empty(self.keys, (pairs, 3), "int32")
+            status = _empty(self.keys, (pairs,), "int32")
+            _ext.bucketed_lru_step(*_dl(self.keys, self.ages, self.slot_of, selected, offsets, *out,
+                                        counts, status), self.buckets, st)
+        return LruStep(*out, counts, status)

@@ -288,3 +288,77 @@ def test_page_copies_refuse_bad_input():
         kc.gather_pages(torch.zeros(3, dtype=torch.int64, device="cuda"), pinned, dev)
     with pytest.raises(ValueError, match=r"x\.cuda\(\)"):
         kc.gather_pages(copies, pinned, pinned)
+
+
+def lru_step(lru, per_pair):
+    """Runs one step with pair p selecting per_pair[p]; returns the step and host copies."""
+    flat = [p for sel in per_pair for p in sel]
+    offsets = [0]
+    for sel in per_pair:
+        offsets.append(offsets[-1] + len(sel))
+    r = lru.step(torch.tensor(flat, dtype=torch.int32, device="cuda"),
+                 torch.tensor(offsets, dtype=torch.int64, device="cuda"))
+    torch.cuda.synchronize()
+    return r, offsets
+
+
+def test_bucketed_lru_admits_then_evicts_the_page_not_selected():
+    lru = kc.BucketedLRU(1, 2, 8, buckets=4)
+    r, _ = lru_step(lru, [[0, 1]])
+    assert r.status.tolist() == [0] and r.counts.tolist() == [[0, 0, 2]]
+    assert sorted(r.admitted_keys[:2].tolist()) == [0, 1]
+    assert sorted(r.admitted_slots[:2].tolist()) == [0, 1]
+    slot0 = lru.slot_of[0, 0].item()
+    r, _ = lru_step(lru, [[1, 2]])  # page 1 hits; page 0, the only other, must make room
+    assert r.counts.tolist() == [[1, 1, 1]]
+    assert r.evicted_keys[:1].tolist() == [0] and r.evicted_slots[:1].tolist() == [slot0]
+    assert r.admitted_keys[:1].tolist() == [2] and r.admitted_slots[:1].tolist() == [slot0]
+    assert lru.slot_of[0, 0].item() == -1 and lru.slot_of[0, 2].item() == slot0
+
+
+def test_bucketed_lru_keeps_its_page_table_consistent_on_a_random_trace():
+    pairs, capacity, pages = 6, 16, 64
+    lru = kc.BucketedLRU(pairs, capacity, pages, buckets=8)
+    g = torch.Generator().manual_seed(5)
+    resident = [set() for _ in range(pairs)]
+    for _ in range(40):
+        per_pair = [torch.randint(0, pages, (int(torch.randint(0, capacity + 1, (1,), generator=g)),),
+                                  generator=g).tolist() for _ in range(pairs)]
+        r, off = lru_step(lru, per_pair)
+        assert r.status.tolist() == [0] * pairs
+        counts = r.counts.tolist()
+        for p in range(pairs):
+            want = set(per_pair[p])
+            hits, ev, ad = counts[p]
+            assert hits == len(want & resident[p]) and ad == len(want - resident[p])
+            evicted = set(r.evicted_keys[off[p]: off[p] + ev].tolist())
+            admitted = set(r.admitted_keys[off[p]: off[p] + ad].tolist())
+            assert admitted == want - resident[p] and not (evicted & want)
+            assert evicted <= resident[p]
+            resident[p] = (resident[p] - evicted) | admitted
+            assert len(resident[p]) <= capacity and want <= resident[p]
+    slot_of, keys = lru.slot_of.cpu(), lru.keys.cpu()
+    for p in range(pairs):
+        held = {(int(k), s) for s, k in enumerate(keys[p].tolist()) if k >= 0}
+        assert {k for k, _ in held} == resident[p]
+        assert all(slot_of[p, k].item() == s for k, s in held)
+        assert int((slot_of[p] >= 0).sum()) == len(resident[p])
+
+
+def test_bucketed_lru_reports_bad_selections_per_pair_and_refuses_bad_shapes():
+    lru = kc.BucketedLRU(2, 2, 8)
+    r, _ = lru_step(lru, [[9], [0, 1, 2]])  # pair 0: page 9 >= 8; pair 1: 3 pages > 2 slots
+    assert r.status.tolist() == [1, 2]
+    assert not bool((lru.keys >= 0).any())  # neither pair changed
+    r, _ = lru_step(lru, [[], [3]])  # an empty selection is a step too
+    assert r.status.tolist() == [0, 0] and r.counts.tolist() == [[0, 0, 0], [0, 0, 1]]
+    with pytest.raises(ValueError, match="capacity"):
+        kc.BucketedLRU(1, 8193, 8)
+    with pytest.raises(ValueError, match="buckets"):
+        kc.BucketedLRU(1, 4, 8, buckets=1)
+    with pytest.raises(ValueError, match="int32"):
+        lru.step(torch.zeros(2, dtype=torch.int64, device="cuda"),
+                 torch.zeros(3, dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match="shape"):
+        lru.step(torch.zeros(2, dtype=torch.int32, device="cuda"),
+                 torch.zeros(4, dtype=torch.int64, device="cuda"))

@@ -1,8 +1,9 @@
 // kvsift._kvsift_cuda: kvsift's CUDA kernels (LSE merges, paged sparse attention, kNN, page
-// copies) on device tensors from any DLPack producer (torch, CuPy, JAX), without copies. The
-// low-level functions here take every output too (the caller's framework allocates it, so results
-// are the framework's own tensors); kvsift/cuda.py wraps them in FlashInfer-shaped calls that
-// allocate outputs, pick the caller's current stream and convert base-2 LSEs.
+// copies, the bucketed LRU step) on device tensors from any DLPack producer (torch, CuPy, JAX),
+// without copies. The low-level functions here take every output too (the caller's framework
+// allocates it, so results are the framework's own tensors); kvsift/cuda.py wraps them in
+// FlashInfer-shaped calls that allocate outputs, pick the caller's current stream and convert
+// base-2 LSEs.
 //
 // Checks before any launch: device memory (kDLCUDA) on the current device, dtypes, shapes,
 // contiguous row-major layout. Device-side data (lse values, token ids) is checked by the
@@ -377,4 +378,70 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("stream"), py::arg("status") = py::none(),
       "Low level: gather (host -> device) or scatter (device -> host) of whole pages. Use "
       "kvsift.cuda.gather_pages / scatter_pages.");
+
+  m.def(
+      "bucketed_lru_step",
+      [](py::handle keys, py::handle ages, py::handle slot_of, py::handle selected,
+         py::handle offsets, py::handle evicted_keys, py::handle evicted_slots,
+         py::handle admitted_keys, py::handle admitted_slots, py::handle counts, py::handle status,
+         int buckets, std::intptr_t stream) {
+        const intake in{stream};
+        const tensor tk = in(keys, "keys");
+        const tensor ta = in(ages, "ages");
+        const tensor ts = in(slot_of, "slot_of");
+        const tensor tsel = in(selected, "selected");
+        const tensor toff = in(offsets, "offsets");
+        require_kind(tk, 'i', 4, "keys", "int32");
+        require<kvsift::dimension_mismatch>(
+            tk.ndim() == 2, "keys: expected [pairs, capacity], got ", tk.ndim(), " axes");
+        const std::int64_t pairs = tk.shape[0], capacity = tk.shape[1];
+        require_kind(ta, 'u', 1, "ages", "uint8");
+        require_shape(ta, {pairs, capacity}, "ages");
+        require_kind(ts, 'i', 4, "slot_of", "int32");
+        require<kvsift::dimension_mismatch>(ts.ndim() == 2 && ts.shape[0] == pairs,
+                                            "slot_of: expected [pairs = ", pairs, ", pages]");
+        require_kind(tsel, 'i', 4, "selected", "int32");
+        require<kvsift::dimension_mismatch>(tsel.ndim() == 1, "selected: expected a 1-D tensor");
+        require_kind(toff, 'i', 8, "offsets", "int64");
+        require_shape(toff, {pairs + 1}, "offsets");
+        const std::int64_t total = tsel.shape[0];
+        std::array<std::uint32_t*, 4> outs{};
+        const std::array<py::handle, 4> out_handles{evicted_keys, evicted_slots, admitted_keys,
+                                                    admitted_slots};
+        const std::array<const char*, 4> out_names{"evicted_keys", "evicted_slots", "admitted_keys",
+                                                   "admitted_slots"};
+        for (std::size_t i = 0; i < 4; ++i) {
+          const tensor t = in(out_handles[i], out_names[i]);
+          require_kind(t, 'i', 4, out_names[i], "int32");
+          require<kvsift::dimension_mismatch>(t.ndim() == 1 && t.shape[0] >= total, out_names[i],
+                                              ": expected a 1-D tensor of at least ", total,
+                                              " entries (one per selected page)");
+          outs[i] = ptr<std::uint32_t>(t);
+        }
+        const tensor tc = in(counts, "counts");
+        require_kind(tc, 'i', 4, "counts", "int32");
+        require_shape(tc, {pairs, 3}, "counts");
+        const tensor tst = in(status, "status");
+        require_kind(tst, 'i', 4, "status", "int32");
+        require_shape(tst, {pairs}, "status");
+        // The kernel's own checks (capacity <= 8192, pages < 2^31, buckets in [2, 256]) name
+        // the limits; the sizes only have to reach it intact.
+        auto u32 = [](std::int64_t v, const char* what) {
+          require(v >= 0 && v <= std::numeric_limits<std::uint32_t>::max(), what, ": ", v,
+                  " does not fit 32 bits");
+          return static_cast<std::uint32_t>(v);
+        };
+        const std::uint32_t n_pairs = u32(pairs, "pairs"), cap = u32(capacity, "capacity"),
+                            n_pages = u32(ts.shape[1], "pages");
+        py::gil_scoped_release release;
+        ops::bucketed_lru_step(
+            ptr<std::uint32_t>(tk), ptr<std::uint8_t>(ta), ptr<std::uint32_t>(ts), n_pairs, cap,
+            n_pages, ptr<std::uint32_t>(tsel), ptr<std::uint64_t>(toff), outs[0], outs[1], outs[2],
+            outs[3], ptr<std::uint32_t>(tc), ptr<int>(tst), buckets, stream);
+      },
+      py::arg("keys"), py::arg("ages"), py::arg("slot_of"), py::arg("selected"), py::arg("offsets"),
+      py::arg("evicted_keys"), py::arg("evicted_slots"), py::arg("admitted_keys"),
+      py::arg("admitted_slots"), py::arg("counts"), py::arg("status"), py::arg("buckets"),
+      py::arg("stream"),
+      "Low level: one bucketed LRU step for every pair. Use kvsift.cuda.BucketedLRU.");
 }

@@ -1,6 +1,6 @@
 // nvcc half of kvsift._kvsift_cuda: instantiates kvsift::cuda's merge, sparse attention and
-// kNN kernels for f32 / f16 / bf16, and the page copies, behind the pointer-level interface of
-// cuda_ops.hpp.
+// kNN kernels for f32 / f16 / bf16, the page copies and the bucketed LRU step, behind the
+// pointer-level interface of cuda_ops.hpp.
 #include "cuda_ops.hpp"
 
 #include <cuda_bf16.h>
@@ -13,6 +13,7 @@
 #include <string>
 #include <type_traits>
 
+#include <kvsift/cuda/bucketed_lru.cuh>
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/cuda/merge.cuh>
@@ -184,6 +185,32 @@ void copy_pages(bool gather, const void* copies, std::uint64_t count, void* host
       kc::scatter_pages(c, count, pools, status, as_stream(stream));
     }
   });
+}
+
+void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* slot_of,
+                       std::uint32_t pairs, std::uint32_t capacity, std::uint32_t pages,
+                       const std::uint32_t* selected, const std::uint64_t* offsets,
+                       std::uint32_t* evicted_keys, std::uint32_t* evicted_slots,
+                       std::uint32_t* admitted_keys, std::uint32_t* admitted_slots,
+                       std::uint32_t* counts, int* status, int buckets, std::intptr_t stream) {
+  kc::bucketed_lru_ref state;
+  state.keys = keys;
+  state.ages = ages;
+  state.slot_of = slot_of;
+  state.pairs = pairs;
+  state.capacity = capacity;
+  state.pages = pages;
+  kc::lru_step_io io;
+  io.selected = selected;
+  io.offsets = offsets;
+  io.evicted_keys = evicted_keys;
+  io.evicted_slots = evicted_slots;
+  io.admitted_keys = admitted_keys;
+  io.admitted_slots = admitted_slots;
+  io.counts = counts;
+  io.status = status;
+  with_type(dtype::f32,
+            [&](auto*) { kc::bucketed_lru_step(state, io, buckets, as_stream(stream)); });
 }
 
 }  // namespace kvsift_python::cuda_ops

@@ -71,4 +71,13 @@ void copy_pages(bool gather, const void* copies, std::uint64_t count, void* host
                 std::uint64_t host_pages, void* device, std::uint64_t device_pages,
                 std::uint64_t page_bytes, int* status, std::intptr_t stream);
 
+/// kvsift::cuda::bucketed_lru_step over `pairs` LRUs of `capacity` slots and `pages` pages,
+/// all arrays device memory laid out as bucketed_lru_ref / lru_step_io say.
+void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* slot_of,
+                       std::uint32_t pairs, std::uint32_t capacity, std::uint32_t pages,
+                       const std::uint32_t* selected, const std::uint64_t* offsets,
+                       std::uint32_t* evicted_keys, std::uint32_t* evicted_slots,
+                       std::uint32_t* admitted_keys, std::uint32_t* admitted_slots,
+                       std::uint32_t* counts, int* status, int buckets, std::intptr_t stream);
+
 }  // namespace kvsift_python::cuda_ops
