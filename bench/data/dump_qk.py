@@ -892,17 +892,25 @@ def next_token_stats(hidden: np.ndarray, lm_head: np.ndarray, ids: list[int], bl
 
 
 def rows_next_token_stats(hidden: np.ndarray, lm_head: np.ndarray, ids: list[int], rows: np.ndarray,
-                          block: int = 256) -> tuple[float, float]:
-    """Perplexity and top-1 accuracy of predicting token t+1 from position t, over t in ``rows``."""
+                          block: int = 256, per_row: dict | None = None) -> tuple[float, float]:
+    """Perplexity and top-1 accuracy of predicting token t+1 from position t, over t in ``rows``.
+    With ``per_row`` (a dict), also fills it with each row's log-probability of its target
+    (``logprob``) and its top-1 token (``argmax``), for comparisons with another implementation."""
     targets = np.asarray(ids)[rows + 1]
     nll, correct = 0.0, 0
+    logprob = np.empty(len(rows), dtype=np.float64)
+    argmax = np.empty(len(rows), dtype=np.int64)
     for s in range(0, len(rows), block):
         e = min(len(rows), s + block)
         logits = hidden[rows[s:e]] @ lm_head.T
         m = logits.max(axis=1, keepdims=True)
         lse = (m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))).astype(np.float64)
-        nll += float(np.sum(lse - logits[np.arange(e - s), targets[s:e]]))
-        correct += int(np.sum(logits.argmax(axis=1) == targets[s:e]))
+        logprob[s:e] = logits[np.arange(e - s), targets[s:e]] - lse
+        argmax[s:e] = logits.argmax(axis=1)
+    nll = float(-logprob.sum())
+    correct = int(np.sum(argmax == targets))
+    if per_row is not None:
+        per_row.update(logprob=logprob, argmax=argmax)
     return math.exp(nll / len(rows)), correct / len(rows)
 
 
@@ -990,6 +998,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="gemma3: score the next-token prediction of every S-th position only (default 1: all); "
                          "the vocab-262144 logits cost n x 262144 x 640 MACs")
     ap.add_argument("--quiet", action="store_true", help="no per-layer progress")
+    ap.add_argument("--predictions", type=Path,
+                    help="gemma3: also write the token ids and, per scored position, the log-probability "
+                         "of the next token and the top-1 token (.npz), for bench/data/llamacpp_agreement.py")
     return ap.parse_args(argv)
 
 
@@ -1023,6 +1034,8 @@ def run(args: argparse.Namespace, log) -> int:
         raise DumpError(f"--model {args.model} but {gguf_path} holds a '{cfg.arch}' model")
     if cfg.arch == "gemma3":
         return run_gemma3(args, log, reader, cfg, gguf_path, t_start)
+    if args.predictions:
+        raise DumpError("--predictions is implemented for gemma3 only (the SmolLM2 pass writes none)")
     args.rope_mode = args.rope_mode or "norm"
     tokenizer = ByteLevelBPE.from_reader(reader)
 
@@ -1125,8 +1138,17 @@ def run_gemma3(args: argparse.Namespace, log, reader, cfg: ModelConfig, gguf_pat
         raise DumpError(f"--ppl-stride must be >= 1, got {args.ppl_stride}")
     # Positions t = 0, S, 2S, ... predicting token t + 1: an unbiased sample of the whole text.
     rows = np.arange(0, n_tokens - 1, args.ppl_stride)
-    ppl, acc = rows_next_token_stats(hidden, weights.get("token_embd.weight"), ids, rows)
+    per_row: dict = {}
+    ppl, acc = rows_next_token_stats(hidden, weights.get("token_embd.weight"), ids, rows,
+                                     per_row=per_row)
     t_stats = time.time() - t0
+    if args.predictions:
+        # What another implementation of the same file (bench/data/llamacpp_agreement.py) needs
+        # to score the same positions of the same tokens: written beside the dump.
+        args.predictions.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(args.predictions, ids=np.asarray(ids, dtype=np.int32), rows=rows,
+                 logprob=per_row["logprob"], argmax=per_row["argmax"])
+        print(f"wrote per-position predictions to {args.predictions}")
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
     print(f"perplexity {ppl:.3f}  next-token accuracy {acc:.4f}  ({n_tokens} tokens, forward {t_forward:.1f}s, "
           f"logits {t_stats:.1f}s, peak RSS {peak_gib:.2f} GiB)")

@@ -166,6 +166,15 @@ def test_bad_layer_list(tmp_path):
     assert "--layers must be in [0, 2)" in r.stderr
 
 
+@needs_gguf
+def test_predictions_are_refused_for_a_llama_model(tmp_path):
+    model = write_gguf(tmp_path / "tiny.gguf")
+    r = run(tmp_path, "--gguf", str(model), "--predictions", str(tmp_path / "p.npz"))
+    assert r.returncode != 0
+    assert "--predictions is implemented for gemma3 only" in r.stderr
+    assert not (tmp_path / "p.npz").exists()
+
+
 # ------------------------------------------------------------- Gemma-3, no model needed
 
 SP = "\u2581"
@@ -283,6 +292,25 @@ def test_sliding_window_mask_semantics(window):
 def test_gemma3_layer_pattern():
     assert [il for il in range(18) if D.gemma3_is_global(il)] == [5, 11, 17]
     assert [il for il in range(6) if D.gemma3_is_global(il, 0)] == []  # period 0 is handled by callers
+
+
+def test_next_token_stats_per_row_match_the_totals():
+    # The per-position figures --predictions writes for llamacpp_agreement.py are the ones the
+    # perplexity and accuracy are computed from, at every block boundary.
+    rng = np.random.default_rng(3)
+    hidden = rng.standard_normal((40, 8)).astype(np.float32)
+    lm_head = rng.standard_normal((50, 8)).astype(np.float32)
+    ids = list(rng.integers(0, 50, 41))
+    rows = np.arange(0, 40, 3)
+    per_row = {}
+    ppl, acc = D.rows_next_token_stats(hidden, lm_head, ids, rows, block=4, per_row=per_row)
+    logits = (hidden[rows] @ lm_head.T).astype(np.float64)
+    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    want = logits[np.arange(len(rows)), np.asarray(ids)[rows + 1]] - lse
+    assert np.allclose(per_row["logprob"], want, atol=1e-4)
+    assert np.array_equal(per_row["argmax"], logits.argmax(1))
+    assert math.isclose(ppl, math.exp(-want.mean()), rel_tol=1e-5)
+    assert acc == np.mean(logits.argmax(1) == np.asarray(ids)[rows + 1])
 
 
 def test_gelu_tanh():
