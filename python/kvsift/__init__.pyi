@@ -386,7 +386,7 @@ def dipr_heads(
     degree_cap: int = 0,
 ) -> DiprHeadsResult: ...
 def search_heads(
-    indexes: Sequence[Union[RoarGraphIndex, FlatIndex]],
+    indexes: Sequence[Union[RoarGraphIndex, InsertableGraphIndex, FlatIndex]],
     queries: ArrayLike,
     k: int,
     *,

@@ -27,8 +27,12 @@ Limits (each raises ``kvsift.InvalidArgument`` naming expected and actual values
 to do): batch size 1; no padding (an attention mask hiding cached tokens, e.g. a prompt holding
 the pad token id, which generate() masks); one prefill per cache (a second multi-token call on a
 built cache, e.g. chunked prefill or a second turn, needs a new cache); no attention logit
-soft-capping. Tokens generated after the prefill stay in the window (they are not inserted into
-the index). Layers with a sliding window (Gemma-3 local layers) keep transformers' SDPA.
+soft-capping. Tokens generated after the prefill stay in the exact window, unless
+``generated_window=G`` is given: then only the last G generated tokens stay exact, and each
+older one is inserted into its layer's per-KV-head indexes (``InsertableGraphIndex``,
+RoarGraph's update rule) and retrieved like a prompt token from then on, so a long generation
+keeps a bounded window (top-k mode). Layers with a sliding window (Gemma-3 local layers) keep
+transformers' SDPA.
 
 Thread safety: a cache belongs to one generation at a time; the kvsift calls release the GIL and
 run ``threads`` threads over heads.
@@ -77,11 +81,12 @@ def _check_count(name: str, value, lowest: int) -> int:
 class _LayerIndex:
     """The built state of one attention layer: prompt length and one graph per KV head."""
 
-    __slots__ = ("prompt", "graphs")
+    __slots__ = ("prompt", "graphs", "inserted")
 
     def __init__(self, prompt: int, graphs: list):
         self.prompt = prompt
         self.graphs = graphs
+        self.inserted = 0  # generated tokens moved from the window into the graphs
 
 
 class KvsiftCache(DynamicCache):
@@ -106,6 +111,11 @@ class KvsiftCache(DynamicCache):
             logit, scaling * q.k, is within ``beta`` of the best one, the window's best included:
             a token kept has at least exp(-beta) times the best token's weight; at most
             ``max_candidates`` a head, 0 = 64 * l0; ``l0``: the DIPRS exploration capacity).
+        generated_window: None (default) keeps every generated token in the exact window; G >= 1
+            keeps the last G exact and inserts each older generated token into the indexes
+            (one ``InsertableGraphIndex.insert`` per KV head and token, tens of microseconds
+            each), from where top-k retrieves it. ``mode="topk"`` only. The indexes are then
+            ``InsertableGraphIndex`` (they copy the middle keys as float32).
 
     ``retrieved`` counts the middle tokens attended over all decode steps, layers and heads (a
     DIPR budget is adaptive; top-k retrieves min(k, middle) per head and step).
@@ -134,6 +144,7 @@ class KvsiftCache(DynamicCache):
         l0: int = 64,
         max_candidates: int = 0,
         degree_cap: int = 0,
+        generated_window: int | None = None,
     ):
         self.sink = _check_count("sink", sink, 0)
         self.window = _check_count("window", window, 0)
@@ -158,6 +169,14 @@ class KvsiftCache(DynamicCache):
         self.l0 = _check_count("l0", l0, 1)
         self.max_candidates = _check_count("max_candidates", max_candidates, 0)
         self.degree_cap = _check_count("degree_cap", degree_cap, 0)
+        self.generated_window = (
+            None if generated_window is None else _check_count("generated_window", generated_window, 1)
+        )
+        if self.generated_window is not None and mode != "topk":
+            raise _invalid(
+                "generated_window (inserting generated tokens into the indexes) needs mode='topk': "
+                "the DIPR decode search reads RoarGraphIndex, which does not take inserts"
+            )
         super().__init__(config=config)
         self.kvsift_layers: dict[int, _LayerIndex] = {}
         self.retrieved = 0
@@ -204,17 +223,29 @@ class KvsiftCache(DynamicCache):
                 self.train_ratio,
                 self.seed + g,
             )
-            graphs.append(
-                _ks.RoarGraphIndex(
-                    keys,
-                    train,
-                    nq=min(self.nq, hi - lo),
-                    M=self.M,
-                    L=max(self.build_L, self.M),
-                    threads=0,
-                    seed=self.seed + layer_idx,
+            if self.generated_window is None:
+                graphs.append(
+                    _ks.RoarGraphIndex(
+                        keys,
+                        train,
+                        nq=min(self.nq, hi - lo),
+                        M=self.M,
+                        L=max(self.build_L, self.M),
+                        threads=0,
+                        seed=self.seed + layer_idx,
+                    )
                 )
-            )
+            else:  # owns a growing float32 copy of the keys, so that tokens can join it
+                graphs.append(
+                    _ks.InsertableGraphIndex(
+                        keys.float().contiguous(),
+                        train,
+                        nq=min(self.nq, hi - lo),
+                        M=self.M,
+                        L=max(self.build_L, self.M),
+                        threads=0,
+                    )
+                )
         self.kvsift_layers[layer_idx] = _LayerIndex(prompt, graphs)
 
 
@@ -277,7 +308,21 @@ def kvsift_attention(
     values = value[0].detach().transpose(0, 1)
     n, prompt, threads = keys.shape[0], state.prompt, cache.threads
     lo, hi = cache.sink, prompt - cache.window
-    o, lse = _ks.dense_attention_heads(q, keys, values, hi, n, scale=scale, threads=threads)
+    if cache.generated_window is not None:
+        _insert_due(state, keys, n - cache.generated_window)
+    ins = state.inserted  # generated tokens [prompt, prompt + ins) are in the graphs
+    if ins == 0:
+        o, lse = _ks.dense_attention_heads(q, keys, values, hi, n, scale=scale, threads=threads)
+    else:
+        o, lse = _ks.dense_attention_heads(
+            q, keys, values, prompt + ins, n, scale=scale, threads=threads
+        )
+        if hi < prompt:
+            o, lse = _ks.merge_states(
+                o,
+                lse,
+                *_ks.dense_attention_heads(q, keys, values, hi, prompt, scale=scale, threads=threads),
+            )
     if lo > 0:
         o, lse = _ks.merge_states(
             o, lse, *_ks.dense_attention_heads(q, keys, values, 0, lo, scale=scale, threads=threads)
@@ -285,20 +330,44 @@ def kvsift_attention(
     if cache.mode == "dipr":
         ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi, scale, threads)
     else:
-        k = min(cache.k, hi - lo)
+        k = min(cache.k, hi - lo + ins)
         ids = _ks.search_heads(
             state.graphs, q, k, L=max(cache.L, k), threads=threads, degree_cap=cache.degree_cap
         ).ids
     cache.retrieved += int((ids != _ks.INVALID_ID).sum())
-    o, lse = _ks.merge_states(
-        o,
-        lse,
-        *_ks.sparse_attention_heads(
-            q, keys[lo:hi], values[lo:hi], ids, scale=scale, threads=threads
-        ),
-    )
+    if ins == 0:
+        parts = [(keys[lo:hi], values[lo:hi], ids)]
+    else:
+        # Graph ids: the middle tokens 0 .. mid - 1, then the inserted generated tokens.
+        mid, invalid = hi - lo, _ks.INVALID_ID
+        valid = ids != invalid
+        parts = [
+            (keys[lo:hi], values[lo:hi], np.where(valid & (ids < mid), ids, invalid)),
+            (
+                keys[prompt : prompt + ins],
+                values[prompt : prompt + ins],
+                np.where(valid & (ids >= mid), ids - mid, invalid),
+            ),
+        ]
+    for k_part, v_part, part_ids in parts:
+        o, lse = _ks.merge_states(
+            o,
+            lse,
+            *_ks.sparse_attention_heads(q, k_part, v_part, part_ids, scale=scale, threads=threads),
+        )
     out = torch.from_numpy(o).to(query.dtype).view(1, 1, query.shape[1], query.shape[3])
     return out, None
+
+
+def _insert_due(state, keys, upto: int) -> None:
+    """Inserts the generated tokens [prompt + inserted, upto) into every KV head's graph (keys
+    (n, KVH, d)); nothing when they are already in. O(tokens * insert)."""
+    start = state.prompt + state.inserted
+    if upto <= start:
+        return
+    for g, graph in enumerate(state.graphs):
+        graph.insert(keys[start:upto, g].float().contiguous())
+    state.inserted += upto - start
 
 
 def _dipr_ids(cache, graphs, q, keys, lo, hi, scale, threads):

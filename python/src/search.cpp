@@ -108,16 +108,20 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,
                            std::size_t degree_cap) {
-  using one_index = std::variant<const py_graph*, const py_flat*>;
+  using one_index = std::variant<const py_graph*, const py_flat*, const py_insertable*>;
   std::vector<one_index> idx;
   for (const auto& h : indexes) {
     if (py::isinstance<py_graph>(h)) {
       idx.emplace_back(&h.cast<const py_graph&>());
     } else if (py::isinstance<py_flat>(h)) {
       idx.emplace_back(&h.cast<const py_flat&>());
+    } else if (py::isinstance<py_insertable>(h)) {
+      idx.emplace_back(&h.cast<const py_insertable&>());
     } else {
-      throw py::type_error("search_heads: expected a list of RoarGraphIndex or FlatIndex, got " +
-                           std::string(py::str(py::type::of(h).attr("__name__"))));
+      throw py::type_error(
+          "search_heads: expected a list of RoarGraphIndex, InsertableGraphIndex or FlatIndex, "
+          "got " +
+          std::string(py::str(py::type::of(h).attr("__name__"))));
     }
   }
   const tensor qt = tensor_of(queries, "queries");
@@ -139,16 +143,23 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
         return batched_topk(
             queries, k, threads, [&](std::size_t h, auto q, auto& ws, auto ids, auto scores) {
               return std::visit(
-                  [&](const auto* index) {
-                    return std::visit(
-                        [&](const auto& i) -> kvsift::search_stats {
-                          if constexpr (std::is_same_v<decltype(index), const py_flat*>) {
-                            return i.topk(q, k, ws, ids, scores, pred);
-                          } else {
-                            return kvsift::beam_search(i, q, p, ws, ids, scores, pred);
-                          }
-                        },
-                        index->index());
+                  [&](const auto* index) -> kvsift::search_stats {
+                    if constexpr (std::is_same_v<decltype(index), const py_insertable*>) {
+                      // Shared with inserts: the search holds the read side of its lock.
+                      return index->read([&](const auto& g) {
+                        return kvsift::beam_search(g, q, p, ws, ids, scores, pred);
+                      });
+                    } else {
+                      return std::visit(
+                          [&](const auto& i) -> kvsift::search_stats {
+                            if constexpr (std::is_same_v<decltype(index), const py_flat*>) {
+                              return i.topk(q, k, ws, ids, scores, pred);
+                            } else {
+                              return kvsift::beam_search(i, q, p, ws, ids, scores, pred);
+                            }
+                          },
+                          index->index());
+                    }
                   },
                   idx[h / group]);
             });
@@ -399,7 +410,9 @@ void bind_search(py::module_& m) {
         py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
         py::arg("degree_cap") = 0,
         "Top-k for every query head of a decode step: queries (H, d) float32, indexes one "
-        "RoarGraphIndex or FlatIndex per KV head; query head h searches indexes[h // (H // "
+        "RoarGraphIndex, InsertableGraphIndex or FlatIndex per KV head (an insertable one is "
+        "searched under its read lock, so inserts from another thread wait); query head h "
+        "searches indexes[h // (H // "
         "len(indexes))] -> SearchResult with ids/scores (H, k). L: beam pool; degree_cap: "
         "expand only each node's first degree_cap neighbours, 0 = all (graph only).");
 }

@@ -78,7 +78,8 @@ def test_batched_apis_reject_wrong_shapes(step):
         ks.sparse_attention_heads(q, K, V, np.zeros((H, 3), np.float32))
     with pytest.raises(ks.DimensionMismatch, match="multiple of the 3 indexes"):
         ks.search_heads(graphs + graphs[:1], q, 4)
-    with pytest.raises(TypeError, match="RoarGraphIndex or FlatIndex"):
+    with pytest.raises(TypeError,
+                       match="RoarGraphIndex, InsertableGraphIndex or FlatIndex, got int"):
         ks.search_heads([graphs[0], 3], q, 4)
     with pytest.raises(ks.DimensionMismatch, match="one shape"):
         ks.merge_states(q, np.zeros(H, np.float32), q[:4], np.zeros(4, np.float32))

@@ -62,3 +62,17 @@ def test_insert_bad_input_changes_nothing(data):
     assert index.insert(np.zeros((0, D), np.float32)) == 500  # empty batch: no-op
     assert index.insert(keys[500:503]) == 500
     assert index.size == 503
+
+
+def test_search_heads_takes_insertable_indexes(data):
+    # One InsertableGraphIndex per KV head in the batched decode search (GQA group of 2), with
+    # the answers of each index's own search, inserted keys included.
+    keys, queries = data
+    a = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1)
+    b = ks.InsertableGraphIndex(keys[1000:2000], queries[100:200], nq=20, M=8, L=48, threads=1)
+    a.insert(keys[2000:2100])
+    b.insert(keys[2100:2200])
+    q = np.ascontiguousarray(queries[300:304])  # heads 0, 1 -> a; heads 2, 3 -> b
+    r = ks.search_heads([a, b], q, 10, L=40, threads=2)
+    np.testing.assert_array_equal(r.ids[:2], a.search(q[:2], 10, L=40).ids)
+    np.testing.assert_array_equal(r.ids[2:], b.search(q[2:], 10, L=40).ids)

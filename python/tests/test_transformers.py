@@ -84,6 +84,34 @@ def test_retrieving_every_middle_token_equals_eager(models):
     assert cache.get_seq_length() == PROMPT + NEW - 1
 
 
+def test_generated_tokens_inserted_into_the_indexes_keep_decode_exact(models):
+    model, ids, ref = models
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, k=PROMPT + NEW, generated_window=2)
+    out = generate(model, ids, cache)
+    assert torch.equal(out.sequences, ref.sequences)
+    for got, want in zip(out.logits, ref.logits):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # After the last step the cache holds PROMPT + NEW - 1 tokens: all generated ones but the
+    # last 2 left the window for the graphs, and retrieval found them there (exact logits).
+    inserted = NEW - 1 - 2
+    for state in cache.kvsift_layers.values():
+        assert state.inserted == inserted
+        assert all(isinstance(g, ks.InsertableGraphIndex) for g in state.graphs)
+        assert all(g.size == PROMPT - 4 - 32 + inserted for g in state.graphs)
+
+
+def test_inserted_generated_tokens_are_retrieved_with_a_small_k(models):
+    model, ids, ref = models
+    # No prompt window: the exact part is the sink and the newest generated token only.
+    cache = kt.KvsiftCache(model.config, sink=2, window=0, k=8, L=32, generated_window=1)
+    out = generate(model, ids, cache, new=12)
+    assert all(torch.isfinite(x).all() for x in out.logits)
+    for state in cache.kvsift_layers.values():
+        assert state.inserted == 12 - 1 - 1
+    # 11 decode steps x 2 layers x 4 query heads x 8 retrieved tokens.
+    assert cache.retrieved == 11 * 2 * 4 * 8
+
+
 def test_no_sink_and_a_window_of_generated_tokens_only_still_exact(models):
     model, ids, ref = models
     out = generate(model, ids, kt.KvsiftCache(model.config, sink=0, window=0, k=PROMPT))
@@ -140,6 +168,8 @@ def test_decode_step_equals_the_module_calls_by_hand(models):
         ({"train_ratio": float("nan")}, r"train_ratio must be in \(0, 1\], got nan"),
         ({"threads": -1}, r"threads must be >= 0, got -1"),
         ({"degree_cap": -2}, r"degree_cap must be >= 0, got -2"),
+        ({"generated_window": 0}, r"generated_window must be >= 1, got 0"),
+        ({"generated_window": 4, "mode": "dipr"}, r"generated_window .* needs mode='topk'"),
     ],
 )
 def test_bad_parameters_are_rejected_at_construction(kwargs, message):
