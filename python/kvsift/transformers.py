@@ -170,7 +170,9 @@ class KvsiftCache(DynamicCache):
         self.max_candidates = _check_count("max_candidates", max_candidates, 0)
         self.degree_cap = _check_count("degree_cap", degree_cap, 0)
         self.generated_window = (
-            None if generated_window is None else _check_count("generated_window", generated_window, 1)
+            None
+            if generated_window is None
+            else _check_count("generated_window", generated_window, 1)
         )
         if self.generated_window is not None and mode != "topk":
             raise _invalid(
@@ -223,29 +225,11 @@ class KvsiftCache(DynamicCache):
                 self.train_ratio,
                 self.seed + g,
             )
+            build = dict(nq=min(self.nq, hi - lo), M=self.M, L=max(self.build_L, self.M), threads=0)
             if self.generated_window is None:
-                graphs.append(
-                    _ks.RoarGraphIndex(
-                        keys,
-                        train,
-                        nq=min(self.nq, hi - lo),
-                        M=self.M,
-                        L=max(self.build_L, self.M),
-                        threads=0,
-                        seed=self.seed + layer_idx,
-                    )
-                )
+                graphs.append(_ks.RoarGraphIndex(keys, train, seed=self.seed + layer_idx, **build))
             else:  # owns a growing float32 copy of the keys, so that tokens can join it
-                graphs.append(
-                    _ks.InsertableGraphIndex(
-                        keys.float().contiguous(),
-                        train,
-                        nq=min(self.nq, hi - lo),
-                        M=self.M,
-                        L=max(self.build_L, self.M),
-                        threads=0,
-                    )
-                )
+                graphs.append(_ks.InsertableGraphIndex(keys.float().contiguous(), train, **build))
         self.kvsift_layers[layer_idx] = _LayerIndex(prompt, graphs)
 
 
@@ -321,7 +305,9 @@ def kvsift_attention(
             o, lse = _ks.merge_states(
                 o,
                 lse,
-                *_ks.dense_attention_heads(q, keys, values, hi, prompt, scale=scale, threads=threads),
+                *_ks.dense_attention_heads(
+                    q, keys, values, hi, prompt, scale=scale, threads=threads
+                ),
             )
     if lo > 0:
         o, lse = _ks.merge_states(

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../tensor.hpp"
@@ -91,10 +92,21 @@ void require_shape(const tensor& t, const std::vector<std::int64_t>& shape, cons
                                       ", got ", str(t.shape));
 }
 
-int as_int(std::int64_t v, const char* what) {
-  require(v >= 0 && v <= std::numeric_limits<int>::max(), what, ": ", v,
-          " does not fit the kernel's int range");
-  return static_cast<int>(v);
+/// v as the kernel's integer type I (int or uint32), refused when it does not fit.
+template <class I>
+I kernel_int(std::int64_t v, const char* what) {
+  require(v >= 0 && static_cast<std::uint64_t>(v) <= std::numeric_limits<I>::max(), what, ": ", v,
+          " does not fit the kernel's ", std::is_signed_v<I> ? "int" : "uint32", " range");
+  return static_cast<I>(v);
+}
+
+int as_int(std::int64_t v, const char* what) { return kernel_int<int>(v, what); }
+
+/// Bytes of the tensor's axes from `from` on (0: the whole tensor; 1: one row, e.g. a page).
+std::uint64_t bytes_of(const tensor& t, std::size_t from = 0) {
+  std::uint64_t b = t.itemsize;
+  for (std::size_t a = from; a < t.shape.size(); ++a) b *= static_cast<std::uint64_t>(t.shape[a]);
+  return b;
 }
 
 template <class T = void>
@@ -272,8 +284,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         if (!workspace.is_none()) {
           const tensor tw = in(workspace, "workspace");
           ws = ptr(tw);
-          ws_bytes = tw.itemsize;
-          for (const auto e : tw.shape) ws_bytes *= static_cast<std::size_t>(e);
+          ws_bytes = bytes_of(tw);
         }
         int* st = status_ptr(status, in);
         py::gil_scoped_release release;
@@ -324,11 +335,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         require_shape(ts, {m, k}, "out_scores");
         require_kind(ti, 'i', 4, "out_ids", "int32");
         require_shape(ti, {m, k}, "out_ids");
-        std::size_t ws_bytes = tw.itemsize;
-        for (const auto e : tw.shape) ws_bytes *= static_cast<std::size_t>(e);
         py::gil_scoped_release release;
         ops::knn(t, ptr(tq), m, ptr(tk), n, as_int(dim, "dim"), as_int(k, "k"), ptr<float>(ts),
-                 ptr<std::int32_t>(ti), ptr(tw), ws_bytes, stream);
+                 ptr<std::int32_t>(ti), ptr(tw), bytes_of(tw), stream);
       },
       py::arg("queries"), py::arg("keys"), py::arg("k"), py::arg("out_scores"), py::arg("out_ids"),
       py::arg("workspace"), py::arg("stream"),
@@ -354,10 +363,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
           require<kvsift::dimension_mismatch>(t.ndim() >= 2, what,
                                               ": expected [pages, ...] with a page per row, got ",
                                               t.ndim(), " axes");
-          std::uint64_t b = t.itemsize;
-          for (std::size_t a = 1; a < t.shape.size(); ++a)
-            b *= static_cast<std::uint64_t>(t.shape[a]);
-          return b;
+          return bytes_of(t, 1);
         };
         const std::uint64_t hb = page_bytes(th, "host_pool"), db = page_bytes(td, "device_pool");
         require<kvsift::dimension_mismatch>(hb == db, "copy_pages: host pages of ", hb,
@@ -426,13 +432,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         require_shape(tst, {pairs}, "status");
         // The kernel's own checks (capacity <= 8192, pages < 2^31, buckets in [2, 256]) name
         // the limits; the sizes only have to reach it intact.
-        auto u32 = [](std::int64_t v, const char* what) {
-          require(v >= 0 && v <= std::numeric_limits<std::uint32_t>::max(), what, ": ", v,
-                  " does not fit 32 bits");
-          return static_cast<std::uint32_t>(v);
-        };
-        const std::uint32_t n_pairs = u32(pairs, "pairs"), cap = u32(capacity, "capacity"),
-                            n_pages = u32(ts.shape[1], "pages");
+        const auto n_pairs = kernel_int<std::uint32_t>(pairs, "pairs");
+        const auto cap = kernel_int<std::uint32_t>(capacity, "capacity");
+        const auto n_pages = kernel_int<std::uint32_t>(ts.shape[1], "pages");
         py::gil_scoped_release release;
         ops::bucketed_lru_step(
             ptr<std::uint32_t>(tk), ptr<std::uint8_t>(ta), ptr<std::uint32_t>(ts), n_pairs, cap,

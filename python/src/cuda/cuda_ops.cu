@@ -27,24 +27,38 @@ namespace kc = kvsift::cuda;
 
 cudaStream_t as_stream(std::intptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
-/// Calls f with a typed null pointer of the element type `t` names; a kvsift::cuda_error
-/// leaves as cuda_failure (the module's side has no CUDA headers to catch the original).
+/// Calls f(); a kvsift::cuda_error leaves as cuda_failure (the module's side has no CUDA
+/// headers to catch the original).
 template <class F>
-void with_type(dtype t, F&& f) try {
-  switch (t) {
-    case dtype::f32:
-      f(static_cast<float*>(nullptr));
-      return;
-    case dtype::f16:
-      f(static_cast<__half*>(nullptr));
-      return;
-    case dtype::bf16:
-      f(static_cast<__nv_bfloat16*>(nullptr));
-      return;
-  }
+void translating_errors(F&& f) try {
+  f();
 } catch (const kvsift::cuda_error& e) {
   throw cuda_failure(e.what());
 }
+
+/// Calls f with a typed null pointer of the element type `t` names, translating errors.
+template <class F>
+void with_type(dtype t, F&& f) {
+  translating_errors([&] {
+    switch (t) {
+      case dtype::f32:
+        f(static_cast<float*>(nullptr));
+        return;
+      case dtype::f16:
+        f(static_cast<__half*>(nullptr));
+        return;
+      case dtype::bf16:
+        f(static_cast<__nv_bfloat16*>(nullptr));
+        return;
+    }
+  });
+}
+
+/// kvsift's element type for a CUDA one (the host-side kernels, e.g. knn, take kvsift's).
+template <class T>
+using kvsift_element_t =
+    std::conditional_t<std::is_same_v<T, __half>, kvsift::half,
+                       std::conditional_t<std::is_same_v<T, __nv_bfloat16>, kvsift::bfloat16, T>>;
 
 }  // namespace
 
@@ -92,8 +106,7 @@ std::size_t sparse_attention_workspace_size(int qo_heads, int dim, int num_split
   kc::sparse_attention_params p;
   p.num_splits = num_splits;
   std::size_t bytes = 0;
-  with_type(dtype::f32,
-            [&](auto*) { bytes = kc::sparse_attention_workspace_size(qo_heads, dim, p); });
+  translating_errors([&] { bytes = kc::sparse_attention_workspace_size(qo_heads, dim, p); });
   return bytes;
 }
 
@@ -145,10 +158,7 @@ void knn(dtype t, const void* queries, std::int64_t m, const void* keys, std::in
     it = handles.emplace(device, h).first;
   }
   with_type(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    using E =
-        std::conditional_t<std::is_same_v<T, __half>, kvsift::half,
-                           std::conditional_t<std::is_same_v<T, float>, float, kvsift::bfloat16>>;
+    using E = kvsift_element_t<std::remove_pointer_t<decltype(tag)>>;
     const kvsift::matrix_view<const E> q(
         static_cast<const E*>(queries), static_cast<std::size_t>(m), static_cast<std::size_t>(dim));
     const kvsift::matrix_view<const E> x(static_cast<const E*>(keys), static_cast<std::size_t>(n),
@@ -178,7 +188,7 @@ void copy_pages(bool gather, const void* copies, std::uint64_t count, void* host
   pools.device_pages = device_pages;
   pools.page_bytes = page_bytes;
   const auto* c = static_cast<const kvsift::page_copy*>(copies);
-  with_type(dtype::f32, [&](auto*) {
+  translating_errors([&] {
     if (gather) {
       kc::gather_pages(c, count, pools, status, as_stream(stream));
     } else {
@@ -209,8 +219,7 @@ void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* s
   io.admitted_slots = admitted_slots;
   io.counts = counts;
   io.status = status;
-  with_type(dtype::f32,
-            [&](auto*) { kc::bucketed_lru_step(state, io, buckets, as_stream(stream)); });
+  translating_errors([&] { kc::bucketed_lru_step(state, io, buckets, as_stream(stream)); });
 }
 
 }  // namespace kvsift_python::cuda_ops
