@@ -98,3 +98,39 @@ TEST_CASE("parallel_for with a chunk beyond n runs every index once", "[core][re
     CHECK(std::all_of(hits.begin(), hits.end(), [](const auto& h) { return h.load() == 1; }));
   }
 }
+
+// The threads under parallel_for (core/detail/threads.hpp): pthreads and the __atomic builtins
+// on POSIX with GCC or Clang, the standard library elsewhere. kvsift_std_threads_tests compiles
+// this file again with KVSIFT_STD_THREADS, so both implementations pass every test here.
+#if defined(KVSIFT_STD_THREADS)
+static_assert(KVSIFT_DETAIL_PTHREADS == 0, "KVSIFT_STD_THREADS must select std::thread");
+#elif defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+static_assert(KVSIFT_DETAIL_PTHREADS == 1, "Linux with GCC or Clang must use pthreads");
+#endif
+
+TEST_CASE("default_thread_count is what std::thread reports", "[core][parallel_for]") {
+  CHECK(kvsift::default_thread_count() ==
+        std::max<std::size_t>(1, std::thread::hardware_concurrency()));
+}
+
+TEST_CASE("parallel_for runs calls on distinct threads concurrently", "[core][parallel_for]") {
+  // Two calls that each wait for the other can only both finish if they run at the same time
+  // on different threads: guards against a pool that silently runs everything on the caller.
+  std::atomic<int> arrived{0};
+  std::atomic<bool> timed_out{false};
+  std::vector<std::thread::id> ids(2);
+  kvsift::parallel_for(2, 2, [&](std::size_t i, std::size_t) {
+    ids[i] = std::this_thread::get_id();
+    arrived.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (arrived.load() < 2) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        timed_out = true;
+        return;
+      }
+      std::this_thread::yield();
+    }
+  });
+  CHECK_FALSE(timed_out.load());
+  CHECK(ids[0] != ids[1]);
+}

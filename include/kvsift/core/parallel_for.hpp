@@ -4,26 +4,22 @@
 // never what is computed.
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <exception>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "kvsift/core/checked_size.hpp"
+#include "kvsift/core/detail/threads.hpp"
 
 namespace kvsift {
 
 /// Number of threads to use when the caller passes 0: the hardware concurrency (at least 1).
-inline std::size_t default_thread_count() noexcept {
-  return std::max<std::size_t>(1, std::thread::hardware_concurrency());
-}
+inline std::size_t default_thread_count() noexcept { return detail::hardware_threads(); }
 
 namespace detail {
 /// Test seam, null in production: when set, it is called with the worker index before each
-/// worker thread is created, and an exception it throws stands in for a failed std::thread
-/// construction (std::system_error when the system is out of threads), which a test cannot
+/// worker thread is created, and an exception it throws stands in for a failed thread
+/// creation (std::system_error when the system is out of threads), which a test cannot
 /// provoke reliably. Not thread-safe to change while a parallel_for runs.
 inline void (*parallel_for_spawn_hook)(std::size_t worker) = nullptr;
 }  // namespace detail
@@ -33,7 +29,7 @@ inline void (*parallel_for_spawn_hook)(std::size_t worker) = nullptr;
 /// `chunk` (0 counts as 1; a chunk beyond n is n). The first exception thrown by `fn` stops
 /// further work and is rethrown here. If a worker thread cannot be created, the workers
 /// already started are stopped and joined and that exception (std::system_error) is rethrown:
-/// never std::terminate from a joinable thread, and no call of fn runs after the return.
+/// no call of fn runs after the return.
 /// Complexity: n calls of fn. Thread safety: fn must be safe to call concurrently.
 template <class Fn>
 void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk = 1) {
@@ -47,40 +43,47 @@ void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk
     for (std::size_t i = 0; i < n; ++i) fn(i, std::size_t{0});
     return;
   }
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
+  detail::relaxed_counter next{0};
+  detail::relaxed_counter failed{0};   // 1 once a call of fn threw: the others stop
+  detail::relaxed_counter claimed{0};  // 1 once a thread has stored its exception in `error`
+  std::exception_ptr error;  // read only after every worker is joined (the join publishes it)
   auto worker = [&](std::size_t t) {
     try {
-      while (!failed.load(std::memory_order_relaxed)) {
-        const std::size_t begin = next.fetch_add(chunk, std::memory_order_relaxed);
+      while (failed.load() == 0) {
+        const std::size_t begin = next.fetch_add(chunk);
         if (begin >= n) break;
         const std::size_t end = begin + std::min(chunk, n - begin);
         for (std::size_t i = begin; i < end; ++i) fn(i, t);
       }
     } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-      failed.store(true, std::memory_order_relaxed);
+      if (claimed.exchange(1) == 0) error = std::current_exception();  // the first one wins
+      failed.store(1);
     }
   };
-  std::vector<std::thread> pool;
+  struct worker_call {  // what thread t runs
+    decltype(worker)* w;
+    std::size_t t;
+    void operator()() const { (*w)(t); }
+  };
+  std::vector<worker_call> calls;
+  calls.reserve(threads - 1);
+  for (std::size_t t = 1; t < threads; ++t) calls.push_back({&worker, t});
+  std::vector<detail::joinable_thread> pool;
   try {
     pool.reserve(threads - 1);
     for (std::size_t t = 1; t < threads; ++t) {
       if (detail::parallel_for_spawn_hook != nullptr) detail::parallel_for_spawn_hook(t);
-      pool.emplace_back(worker, t);
+      pool.emplace_back(calls[t - 1]);
     }
   } catch (...) {
-    // Destroying a joinable std::thread calls std::terminate: stop the started workers,
-    // join them, then report the failure.
-    failed.store(true, std::memory_order_relaxed);
-    for (auto& th : pool) th.join();
+    // Stop the started workers, join them (clear() destroys, and a joinable_thread joins when
+    // destroyed), then report the failure.
+    failed.store(1);
+    pool.clear();
     throw;
   }
   worker(0);
-  for (auto& th : pool) th.join();
+  pool.clear();  // joins
   if (error) std::rethrow_exception(error);
 }
 

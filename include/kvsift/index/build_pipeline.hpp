@@ -7,7 +7,6 @@
 // every query head of its group (sample_gqa_queries), which costs one build instead of one per
 // query head. Plain C++: the pipeline works with any KnnEngine, the CPU engine included.
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -17,6 +16,7 @@
 
 #include "kvsift/core/dense_matrix.hpp"
 #include "kvsift/core/detail/background_task.hpp"
+#include "kvsift/core/detail/clock.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/vector_store.hpp"
@@ -77,7 +77,7 @@ std::vector<graph_index<Store, M>> build_heads(const roargraph_builder<M, Engine
     double seconds = 0;
   };
   auto knn_of = [&](std::size_t h) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = detail::monotonic_seconds();
     const dense_matrix<float> q =
         sample_gqa_queries(std::span<const matrix_view<const float>>(jobs[h].query_heads),
                            params.sample_ratio, params.seed);
@@ -86,7 +86,7 @@ std::vector<graph_index<Store, M>> build_heads(const roargraph_builder<M, Engine
     return out;
   };
 
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = detail::monotonic_seconds();
   std::vector<graph_index<Store, M>> out;
   out.reserve(jobs.size());
   if (stats != nullptr) stats->assign(jobs.size(), {});

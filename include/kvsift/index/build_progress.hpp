@@ -4,8 +4,9 @@
 // (<kvsift/index/build_pipeline.hpp>) report through it.
 
 #include <cstddef>
-#include <functional>
 #include <string_view>
+
+#include "kvsift/core/detail/std_function.hpp"
 
 namespace kvsift {
 

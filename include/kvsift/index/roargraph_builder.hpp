@@ -17,7 +17,6 @@
 // in id order.
 
 #include <algorithm>
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +27,7 @@
 #include <vector>
 
 #include "kvsift/core/checked_size.hpp"
+#include "kvsift/core/detail/clock.hpp"
 #include "kvsift/core/detail/simd_kernels.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
@@ -153,7 +153,7 @@ class roargraph_builder {
                                             roargraph_build_stats* stats = nullptr,
                                             const build_progress_callback& progress = {}) const {
     validate(store.view(), train_queries);
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = detail::monotonic_seconds();
     roargraph_build_stats st;
     const knn_result knn = query_knn(store.view(), train_queries);
     st.knn_seconds = detail::seconds_since(t0);
@@ -203,7 +203,7 @@ class roargraph_builder {
     }
     require_finite(keys, "roargraph_builder: keys");
     const std::size_t total = steps_after_knn(keys.rows());
-    return finish(std::move(store), knn, std::chrono::steady_clock::now(), {}, stats, progress, 0,
+    return finish(std::move(store), knn, detail::monotonic_seconds(), {}, stats, progress, 0,
                   total);
   }
 
@@ -228,9 +228,8 @@ class roargraph_builder {
 
   // Steps 2-4 and the padded adjacency; `done` steps of `total` are finished on entry.
   template <MatrixStore Store>
-  graph_index<Store, M> finish(Store store, const knn_result& knn,
-                               std::chrono::steady_clock::time_point t0, roargraph_build_stats st,
-                               roargraph_build_stats* stats,
+  graph_index<Store, M> finish(Store store, const knn_result& knn, double t0,
+                               roargraph_build_stats st, roargraph_build_stats* stats,
                                const build_progress_callback& progress, std::size_t done,
                                std::size_t total) const;
 

@@ -5,8 +5,10 @@
 
 #include <exception>
 #include <optional>
-#include <thread>
 #include <utility>
+
+#include "kvsift/core/detail/std_function.hpp"
+#include "kvsift/core/detail/threads.hpp"
 
 namespace kvsift::detail {
 
@@ -18,31 +20,38 @@ template <class T>
 class background_task {
  public:
   template <class F>
-  explicit background_task(F f)
-      : thread_([this, f = std::move(f)]() mutable {
-          try {
-            value_.emplace(f());
-          } catch (...) {
-            error_ = std::current_exception();
-          }
-        }) {}
+  explicit background_task(F f) : run_(std::move(f), this), thread_(run_) {}
   background_task(const background_task&) = delete;
   background_task& operator=(const background_task&) = delete;
-  ~background_task() {
-    if (thread_.joinable()) thread_.join();
-  }
+  ~background_task() = default;  // thread_ is destroyed first and joins
 
   /// Waits for the function; returns its result or rethrows its exception. Call once.
   T get() {
-    if (thread_.joinable()) thread_.join();
+    thread_.join();
     if (error_) std::rethrow_exception(error_);
     return std::move(*value_);
   }
 
  private:
+  // What the thread runs: `f()` into value_, or its exception into error_.
+  struct runner {
+    template <class F>
+    runner(F f, background_task* owner)
+        : call([owner, f = std::move(f)]() mutable {
+            try {
+              owner->value_.emplace(f());
+            } catch (...) {
+              owner->error_ = std::current_exception();
+            }
+          }) {}
+    void operator()() { call(); }
+    std::function<void()> call;
+  };
+
   std::optional<T> value_;
   std::exception_ptr error_;
-  std::thread thread_;  // last: it starts after the members it writes are constructed
+  runner run_;
+  joinable_thread thread_;  // last: it starts after the members it writes are constructed
 };
 
 }  // namespace kvsift::detail

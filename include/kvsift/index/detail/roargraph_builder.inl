@@ -3,7 +3,6 @@
 // <kvsift/index/roargraph_builder.hpp>, which includes this file at its end).
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvsift/core/detail/clock.hpp"
 #include "kvsift/core/detail/mt19937_64.hpp"
 
 namespace kvsift {
@@ -83,17 +83,19 @@ std::size_t roargraph_builder<M, Engine>::connectivity_rounds(std::size_t n) con
 
 template <Metric M, KnnEngine Engine>
 template <MatrixStore Store>
-graph_index<Store, M> roargraph_builder<M, Engine>::finish(
-    Store store, const knn_result& knn, std::chrono::steady_clock::time_point t0,
-    roargraph_build_stats st, roargraph_build_stats* stats, const build_progress_callback& progress,
-    std::size_t done, std::size_t total) const {
+graph_index<Store, M> roargraph_builder<M, Engine>::finish(Store store, const knn_result& knn,
+                                                           double t0, roargraph_build_stats st,
+                                                           roargraph_build_stats* stats,
+                                                           const build_progress_callback& progress,
+                                                           std::size_t done,
+                                                           std::size_t total) const {
   const auto keys = store.view();
   const std::size_t n = keys.rows();
   auto report = [&](std::string_view phase) {
     ++done;
     if (progress) progress({done, total, detail::seconds_since(t0), phase});
   };
-  auto t1 = std::chrono::steady_clock::now();
+  auto t1 = detail::monotonic_seconds();
   detail::adjacency_lists adj = project(store, knn);
   st.projection_seconds = detail::seconds_since(t1);
   report("projection");
@@ -102,10 +104,10 @@ graph_index<Store, M> roargraph_builder<M, Engine>::finish(
   // entry without out-edges ends every search at one key, so it is chosen among keys with
   // edges there.
   const id_t entry = centroid_entry(keys, adj, /*with_edges_only=*/!params_.connectivity);
-  t1 = std::chrono::steady_clock::now();
+  t1 = detail::monotonic_seconds();
   if (params_.connectivity) {
     enhance(store, adj, entry, st, [&] { report("connectivity"); });
-    const auto t2 = std::chrono::steady_clock::now();
+    const auto t2 = detail::monotonic_seconds();
     repair_reachability(store, adj, entry);
     st.repair_seconds = detail::seconds_since(t2);
     report("repair");
@@ -253,7 +255,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   const std::size_t L = std::min(params_.L, n);
   knn_result key_neighbors;  // with connectivity_knn: each key's exact nearest keys (l2)
   if (params_.connectivity_knn > 0 && n > 1) {
-    const auto t_knn = std::chrono::steady_clock::now();
+    const auto t_knn = detail::monotonic_seconds();
     key_neighbors = key_knn(store.view(), std::min(params_.connectivity_knn + 1, n));
     st.connectivity_search_seconds += detail::seconds_since(t_knn);
   }
@@ -298,7 +300,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
   for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) {
     const std::size_t bn = std::min(batch, n - b0);
-    const auto t_search = std::chrono::steady_clock::now();
+    const auto t_search = detail::monotonic_seconds();
     if constexpr (on_engine) {
       searcher->search(std::span<const id_t>(order).subspan(b0, bn), entry, L, params_.M,
                        engine_out);
@@ -344,7 +346,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
           1);
     }
     st.connectivity_search_seconds += detail::seconds_since(t_search);
-    const auto t_merge = std::chrono::steady_clock::now();
+    const auto t_merge = detail::monotonic_seconds();
     // The round's new edges, both ways, in generation order, grouped by source with a stable
     // counting sort over flat arrays: a vector per key made this serial step cost more than
     // the parallel re-pruning at 131072 keys (cache misses on 131072 vector headers).

@@ -2,11 +2,11 @@
 // The RoarGraph build's graph under construction: adjacency lists, the `Graph` view the build's
 // beam searches walk, and the reachability marking the repair step uses.
 
-#include <chrono>
 #include <cstddef>
 #include <span>
 #include <vector>
 
+#include "kvsift/core/detail/clock.hpp"
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/vector_store.hpp"
@@ -69,9 +69,5 @@ inline std::size_t mark_reachable(const adjacency_lists& adj, id_t start,
 
 /// Marks the builder's own (CPU) step-3 searches.
 struct no_searcher {};
-
-inline double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace kvsift::detail
