@@ -10,7 +10,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <istream>
 #include <ostream>
 #include <string>
@@ -23,6 +22,7 @@
 #include "kvsift/core/vector_store.hpp"
 #include "kvsift/index/graph_index.hpp"
 #include "kvsift/io/detail/binary_io.hpp"
+#include "kvsift/io/file_path.hpp"
 
 namespace kvsift {
 
@@ -109,7 +109,7 @@ void write_graph(const graph_index<Store, M>& g, std::ostream& out) {
 /// other const use of g.
 /// @throw io_error if the file cannot be written.
 template <VectorStore Store, Metric M>
-void save_graph(const graph_index<Store, M>& g, const std::filesystem::path& path) {
+void save_graph(const graph_index<Store, M>& g, const file_path& path) {
   detail::atomic_write(path, [&](std::ostream& out) { write_graph(g, out); });
 }
 
@@ -170,7 +170,7 @@ graph_index<Store, M> read_graph(std::istream& in, std::uint64_t size, Store sto
 ///        its metric is not M or its key fingerprint differs from the store's (both values
 ///        named), or its adjacency is invalid.
 template <Metric M = inner_product, VectorStore Store>
-graph_index<Store, M> load_graph(const std::filesystem::path& path, Store store) {
+graph_index<Store, M> load_graph(const file_path& path, Store store) {
   auto file = detail::open_input_file(path);
   return read_graph<M>(file.stream, file.size, std::move(store),
                        detail::concat("'", path.string(), "'"));

@@ -8,14 +8,13 @@
 // Sizes read from a file are validated against the file's actual size before anything is
 // allocated, so a corrupted or truncated file is an io_error and never undefined behaviour.
 // Payloads are read with one bulk read straight into the result (no per-element I/O).
-// Writes go to `path + ".tmp"` and are renamed into place, so a failed write never leaves a
-// partial file at `path`.
+// Writes go to a temporary beside `path` and are renamed into place, so a failed write never leaves
+// a partial file at `path`.
 
 #include <algorithm>
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <istream>
 #include <limits>
 #include <ostream>
@@ -30,6 +29,7 @@
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/io/detail/binary_io.hpp"
+#include "kvsift/io/file_path.hpp"
 
 namespace kvsift {
 
@@ -88,7 +88,7 @@ struct bin_contents {
 
 /// Reads a big-ann-benchmarks binary file whose payload is n * d values of T.
 template <class T>
-bin_contents<T> read_bin_file(const std::filesystem::path& path, const char* format) {
+bin_contents<T> read_bin_file(const file_path& path, const char* format) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) == 4);
   input_file f = open_input_file(path);
   const std::string where = path.string();
@@ -307,7 +307,7 @@ inline std::string shape_string(const std::vector<std::uint64_t>& shape) {
 ///        8-byte header, or its size differs from 8 + 4 * n * d ("expected N bytes in the
 ///        file, got M bytes"), the header's sizes overflow, or it states n > 0 rows of
 ///        dimension 0 (which would need no payload: phantom rows).
-inline dense_matrix<float> read_fbin(const std::filesystem::path& path) {
+inline dense_matrix<float> read_fbin(const file_path& path) {
   auto c = detail::read_bin_file<float>(path, ".fbin");
   return dense_matrix<float>(c.rows, c.cols, std::move(c.data));
 }
@@ -317,7 +317,7 @@ inline dense_matrix<float> read_fbin(const std::filesystem::path& path) {
 /// @throw invalid_argument if rows or cols exceed uint32, or rows > 0 have dimension 0 (the
 ///        readers refuse such files); io_error naming the path if the
 ///        file cannot be written (then `path` is left unchanged).
-inline void write_fbin(const std::filesystem::path& path, matrix_view<const float> m) {
+inline void write_fbin(const file_path& path, matrix_view<const float> m) {
   const std::string where = path.string();
   detail::atomic_write(path, [&](std::ostream& out) {
     detail::write_bin_header(out, m.rows(), m.cols(), ".fbin", where);
@@ -328,7 +328,7 @@ inline void write_fbin(const std::filesystem::path& path, matrix_view<const floa
 /// Reads a .ibin file (uint32 n, uint32 d, n * d uint32 ids). Same format checks, complexity
 /// and thread safety as read_fbin.
 /// @throw io_error as read_fbin.
-inline id_matrix read_ibin(const std::filesystem::path& path) {
+inline id_matrix read_ibin(const file_path& path) {
   auto c = detail::read_bin_file<std::uint32_t>(path, ".ibin");
   return id_matrix{std::move(c.data), c.rows, c.cols};
 }
@@ -337,7 +337,7 @@ inline id_matrix read_ibin(const std::filesystem::path& path) {
 /// Complexity: O(rows * cols). Thread safety: concurrent writes to distinct paths are safe.
 /// @throw dimension_mismatch if ids.data.size() != ids.rows * ids.cols; invalid_argument if
 ///        rows or cols exceed uint32; io_error naming the path if the file cannot be written.
-inline void write_ibin(const std::filesystem::path& path, const id_matrix& ids) {
+inline void write_ibin(const file_path& path, const id_matrix& ids) {
   const std::size_t expected = detail::checked_element_count(ids.rows, ids.cols, "write_ibin");
   detail::require<dimension_mismatch>(ids.data.size() == expected, "write_ibin: expected ",
                                       ids.rows, " x ", ids.cols, " = ", expected, " ids, got ",
@@ -358,7 +358,7 @@ inline void write_ibin(const std::filesystem::path& path, const id_matrix& ids) 
 ///        fortran_order True, a big-endian or unsupported dtype, an array that is not 1-D or
 ///        2-D, rows of dimension 0 (shape (n, 0) with n > 0, or (0,)), or a data section
 ///        shorter (truncated) or longer than the shape requires.
-inline dense_matrix<float> read_npy(const std::filesystem::path& path) {
+inline dense_matrix<float> read_npy(const file_path& path) {
   detail::input_file f = detail::open_input_file(path);
   const std::string where = path.string();
 
@@ -462,7 +462,7 @@ inline dense_matrix<float> read_npy(const std::filesystem::path& path) {
 /// Complexity: O(rows * cols). Thread safety: concurrent writes to distinct paths are safe.
 /// @throw invalid_argument if rows > 0 have dimension 0 (read_npy refuses them); io_error
 ///        naming the path if the file cannot be written (then `path` is unchanged).
-inline void write_npy(const std::filesystem::path& path, matrix_view<const float> m) {
+inline void write_npy(const file_path& path, matrix_view<const float> m) {
   const std::string where = path.string();
   require_vector_dim(m.rows(), m.cols(), "write_npy");
   std::string header = detail::concat("{'descr': '<f4', 'fortran_order': False, 'shape': (",
@@ -488,8 +488,8 @@ inline void write_npy(const std::filesystem::path& path, matrix_view<const float
 /// Complexity, thread safety: those of the reader chosen.
 /// @throw invalid_argument naming the extension and the supported ones for any other
 ///        extension; io_error from the reader.
-inline dense_matrix<float> read_vectors(const std::filesystem::path& path) {
-  std::string ext = path.extension().string();
+inline dense_matrix<float> read_vectors(const file_path& path) {
+  std::string ext = path.extension();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (ext == ".fbin") return read_fbin(path);

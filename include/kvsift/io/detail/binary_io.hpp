@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <array>
@@ -17,13 +18,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <ios>
 #include <istream>
 #include <limits>
 #include <ostream>
-#include <random>
 #include <streambuf>
 #include <string>
 #include <string_view>
@@ -34,6 +33,7 @@
 
 #include "kvsift/core/element.hpp"
 #include "kvsift/core/error.hpp"
+#include "kvsift/io/file_path.hpp"
 
 namespace kvsift::detail {
 
@@ -307,15 +307,16 @@ struct input_file {
 /// Opens a regular file for binary reading. O(1) system calls.
 /// @throw io_error naming the path if it does not exist, is not a regular file, or cannot be
 ///        opened.
-inline input_file open_input_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  require<io_error>(std::filesystem::exists(status), "cannot open '", path.string(),
-                    "': no such file");
-  require<io_error>(std::filesystem::is_regular_file(status), "cannot open '", path.string(),
-                    "': not a regular file");
+inline input_file open_input_file(const file_path& path) {
+  struct ::stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int e = errno;
+    fail<io_error>("cannot open '", path.string(), "': ",
+                   e == ENOENT ? std::string("no such file") : std::generic_category().message(e));
+  }
+  require<io_error>(S_ISREG(st.st_mode), "cannot open '", path.string(), "': not a regular file");
   input_file f;
-  f.stream.open(path, std::ios::binary);
+  f.stream.open(path.c_str(), std::ios::binary);
   require<io_error>(f.stream.is_open(), "cannot open '", path.string(), "' for reading");
   // Size from the open handle rather than the path, so it describes the file we read.
   f.stream.seekg(0, std::ios::end);
@@ -381,6 +382,22 @@ inline const char* file_kind(mode_t mode) noexcept {
   return "not a regular file";
 }
 
+/// 64 bits for a temporary's name: the clock, a process-wide counter and an address, mixed
+/// (splitmix64). They need not be secret: O_EXCL | O_NOFOLLOW already refuse a planted file,
+/// and a collision only costs another attempt. (std::random_device would need <random>.)
+inline std::uint64_t temporary_name_bits() noexcept {
+  static std::uint64_t counter = 0;
+  ::timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  std::uint64_t x = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
+                    static_cast<std::uint64_t>(ts.tv_nsec);
+  x ^= __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull;
+  x ^= reinterpret_cast<std::uintptr_t>(&ts);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 /// Replaces `path` atomically: `write(std::ostream&)` fills a new temporary in the target's
 /// directory, named `.<name>.tmp.<pid>.<random>` and created with O_CREAT | O_EXCL (so a
 /// symlink or file planted at a predictable name is never followed or reused), which is
@@ -396,7 +413,7 @@ inline const char* file_kind(mode_t mode) noexcept {
 ///        or the temporary cannot be created, written, synced or renamed; any exception from
 ///        `write` is propagated.
 template <class Write>
-void atomic_write(const std::filesystem::path& path, Write&& write) {
+void atomic_write(const file_path& path, Write&& write) {
   const std::string where = path.string();
   struct ::stat st {};
   bool exists = false;
@@ -410,29 +427,28 @@ void atomic_write(const std::filesystem::path& path, Write&& write) {
     require<io_error>(e == ENOENT, "cannot write '", where,
                       "': ", std::generic_category().message(e));
   }
-  std::filesystem::path dir = path.parent_path();
-  if (dir.empty()) dir = ".";
+  std::string dir = path.parent_path();
+  if (dir.empty()) dir.push_back('.');  // (not `dir = "."`: g++ 12 warns -Wrestrict on it)
 
   // A fresh name per attempt; O_EXCL makes the creation fail rather than follow anything that
   // already has the name, and the loop only retries on that collision.
-  std::random_device rd;
-  std::filesystem::path tmp;
+  std::string tmp;
   int fd = -1;
   for (int attempt = 0; attempt < 64 && fd < 0; ++attempt) {
-    const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
-    tmp = dir / concat(".", path.filename().string(), ".tmp.", ::getpid(), ".", hex{r});
+    tmp = concat(dir, dir.back() == '/' ? "" : "/", ".", path.filename(), ".tmp.", ::getpid(), ".",
+                 hex{temporary_name_bits()});
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0) {
     const int e = errno;
-    fail<io_error>("cannot create a temporary in '", dir.string(), "' to write '", where,
+    fail<io_error>("cannot create a temporary in '", dir, "' to write '", where,
                    "': ", std::generic_category().message(e));
   }
   // Closes the descriptor and removes the temporary on every failure path.
   struct tmp_guard {
     int fd;
-    const std::filesystem::path* p;
+    const std::string* p;
     bool armed = true;
     ~tmp_guard() {
       if (fd >= 0) ::close(fd);
@@ -440,7 +456,7 @@ void atomic_write(const std::filesystem::path& path, Write&& write) {
     }
   } guard{fd, &tmp};
   auto fail_errno = [&](const char* step, int e) {
-    fail<io_error>("writing '", where, "' failed: ", step, " of the temporary '", tmp.string(),
+    fail<io_error>("writing '", where, "' failed: ", step, " of the temporary '", tmp,
                    "': ", std::generic_category().message(e));
   };
   if (exists && ::fchmod(fd, st.st_mode & 07777) != 0) fail_errno("fchmod", errno);
@@ -457,7 +473,7 @@ void atomic_write(const std::filesystem::path& path, Write&& write) {
   if (::close(fd_to_close) != 0) fail_errno("close", errno);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
-    fail<io_error>("cannot rename '", tmp.string(), "' to '", where,
+    fail<io_error>("cannot rename '", tmp, "' to '", where,
                    "': ", std::generic_category().message(e));
   }
   guard.armed = false;
