@@ -46,6 +46,7 @@
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
 #include "kvsift/search/graph.hpp"
+#include "kvsift/search/plan.hpp"
 #include "kvsift/search/planner.hpp"
 #include "kvsift/search/predicate.hpp"
 #include "kvsift/search/search_params.hpp"

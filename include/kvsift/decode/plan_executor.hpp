@@ -21,7 +21,6 @@
 
 #include <cmath>
 #include <cstddef>
-#include <functional>
 #include <limits>
 #include <map>
 #include <span>
@@ -34,6 +33,7 @@
 #include "kvsift/attention/quality.hpp"
 #include "kvsift/attention/sparse_attention.hpp"
 #include "kvsift/core/checked_size.hpp"
+#include "kvsift/core/detail/std_function.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/metric.hpp"
@@ -41,7 +41,7 @@
 #include "kvsift/index/block_index.hpp"
 #include "kvsift/index/flat_index.hpp"
 #include "kvsift/index/graph_index.hpp"
-#include "kvsift/search/planner.hpp"
+#include "kvsift/search/plan.hpp"
 #include "kvsift/search/predicate.hpp"
 #include "kvsift/search/search_params.hpp"
 #include "kvsift/search/search_workspace.hpp"

@@ -7,6 +7,11 @@
 // - sorts rows lexicographically by the ordered field values, so equal prefixes are adjacent;
 // - collapses exact duplicate rows into one request, with a map back to every original row.
 // `estimate_hit_rate` (prefix_trie.hpp) scores the resulting request order.
+//
+// The functions are templates with one defaulted, unused parameter (call them as plain
+// functions): their bodies, heavy in hash maps, sets and stable sorts, are then compiled only
+// where they are called, not in every translation unit that includes kvsift (0.1 s of the
+// umbrella header's compile time; docs/architecture.md, "Compile cost").
 
 #include <algorithm>
 #include <cctype>
@@ -28,7 +33,8 @@ using table_rows = std::vector<std::vector<std::string>>;
 
 /// Throws unless every row has the width of row 0. O(rows).
 /// @throw invalid_argument naming the first ragged row, its width and the expected one.
-inline void validate_table(const table_rows& rows) {
+template <class = void>
+void validate_table(const table_rows& rows) {
   for (std::size_t r = 1; r < rows.size(); ++r) {
     detail::require(rows[r].size() == rows[0].size(), "table: ragged rows: expected ",
                     rows[0].size(), " fields (as row 0), got ", rows[r].size(), " in row ", r);
@@ -37,7 +43,8 @@ inline void validate_table(const table_rows& rows) {
 
 /// Splits text into words at whitespace and ASCII punctuation (the separators are dropped):
 /// the token model of the reorder estimates. O(len).
-[[nodiscard]] inline std::vector<std::string_view> split_words(std::string_view text) {
+template <class = void>
+[[nodiscard]] std::vector<std::string_view> split_words(std::string_view text) {
   std::vector<std::string_view> out;
   std::size_t start = 0;
   auto is_sep = [](char c) {
@@ -58,6 +65,7 @@ inline void validate_table(const table_rows& rows) {
 class token_vocab {
  public:
   /// Appends the token ids of `text` (split_words) to `out`. O(len) expected.
+  template <class = void>
   void encode(std::string_view text, std::vector<token_id>& out) {
     for (auto w : split_words(text)) {
       auto [it, added] = ids_.try_emplace(std::string(w), static_cast<token_id>(ids_.size()));
@@ -80,7 +88,8 @@ struct column_score {
 
 /// Scores of every column, in column order. O(rows * row length).
 /// @throw invalid_argument for ragged rows.
-[[nodiscard]] inline std::vector<column_score> column_scores(const table_rows& rows) {
+template <class = void>
+[[nodiscard]] std::vector<column_score> column_scores(const table_rows& rows) {
   validate_table(rows);
   const std::size_t cols = rows.empty() ? 0 : rows[0].size();
   std::vector<column_score> out(cols);
@@ -115,8 +124,8 @@ struct batch_plan {
 /// Plans a batch. Column ties keep the original column order; row sort is stable.
 /// Complexity O(rows log rows * row length). Thread safety: pure function.
 /// @throw invalid_argument for ragged rows.
-[[nodiscard]] inline batch_plan plan_batch(const table_rows& rows,
-                                           const batch_plan_params& p = {}) {
+template <class = void>
+[[nodiscard]] batch_plan plan_batch(const table_rows& rows, const batch_plan_params& p = {}) {
   const auto scores = column_scores(rows);  // validates
   batch_plan plan;
   plan.columns.resize(scores.size());
@@ -161,7 +170,8 @@ struct batch_plan {
 /// `header[column]` (when a header is given) then of the field. O(total text).
 /// @throw invalid_argument for ragged rows, a header of the wrong width, or a plan whose
 ///        columns or requests do not fit the table.
-[[nodiscard]] inline std::vector<std::vector<token_id>> request_tokens(
+template <class = void>
+[[nodiscard]] std::vector<std::vector<token_id>> request_tokens(
     const table_rows& rows, const batch_plan& plan, token_vocab& vocab,
     const std::vector<std::string>& header = {}) {
   validate_table(rows);

@@ -14,51 +14,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kvsift/core/detail/std_function.hpp"
 #include "kvsift/core/error.hpp"
+#include "kvsift/search/plan.hpp"
 
 namespace kvsift {
-
-/// What the planner knows about one (request, layer).
-struct plan_inputs {
-  std::size_t context = 0;        ///< tokens in the context
-  std::size_t reused_prefix = 0;  ///< tokens reused from a cached prefix (<= context)
-  std::size_t layer = 0;
-  double gpu_budget_bytes = 0;  ///< GPU memory available to this (request, layer) (>= 0)
-  std::optional<double> latency_budget_us;  ///< optional; no default rule uses it
-};
-
-/// A chosen plan: which index, which query, an optional prefix filter and named parameters.
-struct plan {
-  std::string index;                         ///< a registered index kind
-  std::string query;                         ///< a registered query kind
-  std::optional<std::size_t> filter_prefix;  ///< id_below(*filter_prefix) when set
-  std::map<std::string, double> params;      ///< e.g. "k_blocks", "block_size"
-  std::vector<std::string> reasons;          ///< one sentence per rule that acted
-  std::string decided_by;                    ///< the rule that stopped planning
-  double gpu_bytes = 0;                      ///< memory the chosen index kind needs
-
-  /// Short name "index-query[+filter]", e.g. "graph-dipr+id_below(4096)".
-  [[nodiscard]] std::string name() const {
-    std::string s = index + "-" + query;
-    if (filter_prefix) s += "+id_below(" + std::to_string(*filter_prefix) + ")";
-    return s;
-  }
-  /// One paragraph: the plan, its parameters, and why each rule acted.
-  [[nodiscard]] std::string explain() const {
-    std::string s =
-        detail::concat(name(), " (decided by rule '", decided_by, "'; GPU bytes ", gpu_bytes, ")");
-    for (const auto& [k, v] : params) s += detail::concat(" ", k, "=", v);
-    for (const auto& r : reasons) s += "\n  - " + r;
-    return s;
-  }
-};
 
 /// An index kind: a name and the GPU memory (bytes) it needs for given inputs.
 struct index_kind {
@@ -73,7 +39,12 @@ struct query_kind {
   std::string description;
 };
 
-class planner;
+template <class = void>
+class basic_planner;
+/// The planner (below). It is a class template only so that its bodies (the registries, the
+/// default rules' std::function wrappers) are compiled where a planner is used, not in every
+/// translation unit that includes this header.
+using planner = basic_planner<>;
 
 /// What a rule does after looking at the inputs.
 enum class rule_outcome { pass, decide };
@@ -98,14 +69,15 @@ struct planner_params {
   }
 };
 
-/// The planner: registries plus ordered rules. Thread safety: plan() is const and safe
-/// concurrently; registration mutates and needs external synchronisation.
-class planner {
+/// The planner (use it as `planner`): registries plus ordered rules. Thread safety: choose()
+/// is const and safe concurrently; registration mutates and needs external synchronisation.
+template <class>
+class basic_planner {
  public:
   /// A planner with the default kinds and the AlayaDB rules (see default_rules()).
   /// @throw invalid_argument if a parameter is 0 (head_dim, block_size, k_blocks, dipr_l0) or
   ///        dipr_beta is negative or not finite.
-  explicit planner(planner_params p = {}) : params_(p) {
+  explicit basic_planner(planner_params p = {}) : params_(p) {
     detail::require(p.head_dim > 0 && p.block_size > 0 && p.k_blocks > 0 && p.dipr_l0 > 0,
                     "planner: expected head_dim, block_size, k_blocks, dipr_l0 > 0, got ",
                     p.head_dim, ", ", p.block_size, ", ", p.k_blocks, ", ", p.dipr_l0);
