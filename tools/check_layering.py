@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Checks kvsift's header layering (docs/architecture.md): which directory of
-include/kvsift may include which, and that no CUDA header reaches Eigen.
+include/kvsift may include which, that no CUDA header reaches Eigen, and that the standard
+headers which cost every includer a large share of its compile time are included only where
+they are needed (HEAVY_STD).
 
 Every `#include "kvsift/..."` / `#include <kvsift/...>` of every header under include/kvsift
 and cuda/include/kvsift is checked against the allowed layers of its directory. Headers kept
@@ -58,6 +60,27 @@ INDEX_MAY_SEARCH = {
     "index/build_pipeline.hpp",
     "index/insertable_graph.hpp",
     "index/detail/insertable_graph.inl",
+}
+
+# Standard headers that cost an includer 0.1-0.4 s each with g++ 12 (docs/architecture.md,
+# "Compile cost"), and the only headers allowed to include them: the fallbacks of the light
+# replacements (used where pthreads, POSIX clocks or libstdc++'s <bits/std_function.h> are
+# missing), the reader-writer lock of the shared insertable graph, the test-data generator,
+# and the CUDA kNN's per-device handle cache.
+HEAVY_STD = {
+    "thread": {"core/detail/threads.hpp"},
+    "atomic": {"core/detail/threads.hpp"},
+    "chrono": {"core/detail/clock.hpp"},
+    "functional": {"core/detail/std_function.hpp"},
+    "mutex": {"index/shared_insertable_graph.hpp", "cuda/detail/knn.inl"},
+    "shared_mutex": {"index/shared_insertable_graph.hpp"},
+    "random": {"testing/ood_generator.hpp"},
+    "filesystem": set(),
+    "future": set(),
+    "sstream": set(),
+    "iostream": set(),
+    "regex": set(),
+    "condition_variable": set(),
 }
 
 
@@ -119,6 +142,13 @@ def main() -> int:
                 if hit:
                     return hit
         return None
+
+    for rel, path in sorted(files.items()):
+        for inc in ANY_INCLUDE.findall(path.read_text()):
+            if inc in HEAVY_STD and rel not in HEAVY_STD[inc]:
+                where = ", ".join(sorted(HEAVY_STD[inc])) or "no kvsift header"
+                problems.append(f"{rel} includes <{inc}>, which only {where} may include "
+                                f"(compile cost; see docs/architecture.md)")
 
     for rel in sorted(files):
         if rel.startswith("cuda/"):

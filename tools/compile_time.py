@@ -7,13 +7,17 @@ Each header is compiled alone (`#include <kvsift/...>` and an empty main), `--re
 the minimum CPU time (user + sys of the compiler and its children, from wait4) and the peak
 resident memory of the largest compiler process are reported, with the preprocessed line count.
 
-Targets (issue "a fast umbrella include"): <kvsift/kvsift.hpp> <= 2 s CPU, every other public
-header <= 1 s. Over-target headers are listed as warnings; the exit status is 0 unless
+Targets: <kvsift/kvsift.hpp> <= 2 s CPU, every other public header <= 1 s. Over-target headers are listed as warnings; the exit status is 0 unless
 --strict is given (timings on a shared machine are noisy, so ctest only warns).
 
     tools/compile_time.py                       # every public header + the umbrella
     tools/compile_time.py kvsift/kvsift.hpp     # just these
     tools/compile_time.py --include-dir /other/checkout/include   # measure another tree
+    tools/compile_time.py --repeat 3 --compare-include-dir /old/checkout/include  # before/after
+
+Timings on a shared machine drift by tens of percent over minutes, so --repeat passes go
+round robin over the headers (each header's samples spread over the run) and the minimum is
+kept; compare trees with --compare-include-dir, in one run, rather than across runs.
 """
 
 import argparse
@@ -61,51 +65,81 @@ def main() -> int:
     ap.add_argument("--flags", default="-O2 -std=c++20")
     ap.add_argument("--system-include", action="append", default=[],
                     help="extra -isystem dirs (the library itself needs none)")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per header; the minimum is kept")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="round-robin passes over the headers; each header's minimum is kept")
+    ap.add_argument("--compare-include-dir", type=Path,
+                    help="another tree (e.g. an older checkout's include/) measured interleaved "
+                         "with this one; its times and the ratio are printed beside")
     ap.add_argument("--umbrella-target", type=float, default=2.0)
     ap.add_argument("--header-target", type=float, default=1.0)
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args()
 
     headers = args.headers or public_headers(args.include_dir)
-    base = [args.cxx, *args.flags.split(), f"-I{args.include_dir}"]
-    for d in args.system_include:
-        base += ["-isystem", d]
+    sys_inc = [x for d in args.system_include for x in ("-isystem", d)]
 
-    over = []
-    total = 0.0
-    print(f"{'header':<48} {'cpu s':>7} {'peak MiB':>9} {'pp lines':>9}  target")
+    trees = [args.include_dir] + ([args.compare_include_dir] if args.compare_include_dir else [])
+    jobs = []  # (header, tree index, command)
+    skipped = []
     with tempfile.TemporaryDirectory() as tmp:
         for h in headers:
             extra = []
             if h in OPTIONAL:
                 found = [d for d in OPTIONAL[h] if Path(d).is_dir()]
                 if not found:
-                    print(f"{h:<48} skipped: its optional dependency is not installed")
+                    skipped.append(h)
                     continue
                 extra = ["-isystem", found[0]]
-            src = Path(tmp) / "one.cpp"
+            src = Path(tmp) / (h.replace("/", "_") + ".cpp")
             src.write_text(f"#include <{h}>\nint main() {{ return 0; }}\n")
-            best_cpu, best_mem = float("inf"), 0.0
-            for _ in range(max(1, args.repeat)):
-                cpu, mem, rc = measure([*base, *extra, "-c", str(src), "-o", os.devnull])
+            for t, tree in enumerate(trees):
+                if t > 0 and not (tree / h).is_file():
+                    continue  # a header the other tree does not have
+                cmd = [args.cxx, *args.flags.split(), f"-I{tree}", *sys_inc, *extra]
+                jobs.append((h, t, cmd, src))
+        # Round robin: every header (and tree) once per pass, so the samples of one header are
+        # spread over the whole run and a slow minute of a shared machine hits all alike.
+        best: dict[tuple[str, int], tuple[float, float]] = {}
+        for _ in range(max(1, args.repeat)):
+            for h, t, cmd, src in jobs:
+                cpu, mem, rc = measure([*cmd, "-c", str(src), "-o", os.devnull])
                 if rc != 0:
                     print(f"{h}: compile failed", file=sys.stderr)
                     return 2
-                if cpu < best_cpu:
-                    best_cpu, best_mem = cpu, mem
-            pp = subprocess.run([*base, *extra, "-E", "-P", str(src)], capture_output=True, text=True,
-                                check=True).stdout.count("\n")
-            target = args.umbrella_target if h == UMBRELLA else args.header_target
-            if h in OPTIONAL:
-                target = float("inf")  # the peer's own cost, not kvsift's
-            mark = "ok" if best_cpu <= target else f"OVER {target:g} s"
-            if best_cpu > target:
-                over.append(h)
-            total += best_cpu
-            print(f"{h:<48} {best_cpu:7.2f} {best_mem:9.0f} {pp:9d}  {mark}", flush=True)
-    print(f"total {total:.1f} s over {len(headers)} headers "
-          f"({args.cxx} {args.flags}, {time.strftime('%Y-%m-%d %H:%M')})")
+                if cpu < best.get((h, t), (float("inf"), 0.0))[0]:
+                    best[(h, t)] = (cpu, mem)
+        pp_lines = {}
+        for h, t, cmd, src in jobs:
+            if t == 0:
+                pp_lines[h] = subprocess.run([*cmd, "-E", "-P", str(src)], capture_output=True,
+                                             text=True, check=True).stdout.count("\n")
+
+    compare = f" {'other s':>8} {'ratio':>6}" if len(trees) > 1 else ""
+    print(f"{'header':<48} {'cpu s':>7} {'peak MiB':>9} {'pp lines':>9}{compare}  target")
+    over = []
+    total = 0.0
+    for h in headers:
+        if h in skipped:
+            print(f"{h:<48} skipped: its optional dependency is not installed")
+            continue
+        cpu, mem = best[(h, 0)]
+        target = args.umbrella_target if h == UMBRELLA else args.header_target
+        if h in OPTIONAL:
+            target = float("inf")  # the peer's own cost, not kvsift's
+        mark = "ok" if cpu <= target else f"OVER {target:g} s"
+        if cpu > target:
+            over.append(h)
+        total += cpu
+        other = ""
+        if len(trees) > 1:
+            o = best.get((h, 1))
+            other = f" {o[0]:8.2f} {cpu / o[0]:6.2f}" if o else f" {'-':>8} {'-':>6}"
+        print(f"{h:<48} {cpu:7.2f} {mem:9.0f} {pp_lines[h]:9d}{other}  {mark}", flush=True)
+    print(f"total {total:.1f} s over {len(headers) - len(skipped)} headers "
+          f"({args.cxx} {args.flags}, minimum of {max(1, args.repeat)} round-robin passes, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f})")
+    if len(trees) > 1:
+        print(f"ratio = this tree / {args.compare_include_dir}, measured interleaved")
     if over:
         print(f"warning: {len(over)} header(s) over target: {' '.join(over)}")
         return 1 if args.strict else 0
