@@ -814,14 +814,18 @@ def chunked_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, group: int, s
 
 
 def gemma3_layer(weights: Weights, cfg: ModelConfig, il: int, x: np.ndarray, rope: dict, conv: GemmaConventions,
-                 row_block: int = 4096) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """One Gemma-3 block over all n positions of ``x`` (n x n_embd); returns (x, (q, k, v)).
+                 row_block: int = 4096, attend=None) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """One Gemma-3 block over the n rows of ``x`` (n x n_embd); returns (x, (q, k, v)).
 
         h = norm(x) ; q, k, v = proj(h) ; q = rope(norm_q(q)) ; k = rope(norm_k(k))
         x = x + post_attn_norm(attn(q, k, v) @ Wo)
         x = x + post_ffw_norm(Wdown (gelu_tanh(Wgate h') * Wup h')), h' = ffn_norm(x)
 
     q, k are post-norm, post-RoPE and NOT pre-scaled (the attention applies cfg.attn_scale).
+    ``rope`` holds the (cos, sin) tables of the rows' positions for "global" and "local" layers.
+    ``attend(q, k, v, is_global)`` computes the attention (returns n x n_head * d); the default
+    is causal attention over the rows themselves (the prefill); a decoder
+    (examples/python/e2e_generation.py) passes its KV cache and sparse attention.
     """
     n, d = x.shape[0], cfg.head_dim
     pre = f"blk.{il}."
@@ -839,8 +843,11 @@ def gemma3_layer(weights: Weights, cfg: ModelConfig, il: int, x: np.ndarray, rop
     del h
     q = apply_rope(rms_norm(q, nw("attn_q_norm.weight"), cfg.rms_eps), cos, sin, conv.rope_mode)
     k = apply_rope(rms_norm(k, nw("attn_k_norm.weight"), cfg.rms_eps), cos, sin, conv.rope_mode)
-    att = chunked_attention(q, k, v, cfg.group, cfg.attn_scale, None if is_global else cfg.sliding_window,
-                            conv.block).reshape(n, cfg.n_head * d)
+    if attend is None:
+        att = chunked_attention(q, k, v, cfg.group, cfg.attn_scale, None if is_global else cfg.sliding_window,
+                                conv.block).reshape(n, cfg.n_head * d)
+    else:
+        att = attend(q, k, v, is_global)
     x = x + rms_norm(att @ weights.get(pre + "attn_output.weight").T, nw("post_attention_norm.weight"), cfg.rms_eps)
     del att
     w_gate, w_up, w_down = (weights.get(pre + f"ffn_{t}.weight") for t in ("gate", "up", "down"))

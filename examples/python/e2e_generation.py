@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """End-to-end decoding of a real model with attention computed by kvsift.
 
-Model and forward pass: SmolLM2-135M-Instruct exactly as in ``bench/data/dump_qk.py``
-(imported from there: GGUF loading, tokenizer, RMSNorm, RoPE, SwiGLU). The prompt is
-prefilled with full causal attention (numpy); then every decode step, in every layer and
-query head, attends through kvsift in one of these modes:
+Model and forward pass: SmolLM2-135M-Instruct (default) or Gemma-3-270M (``--model gemma3``)
+exactly as in ``bench/data/dump_qk.py`` (imported from there: GGUF loading, tokenizers, norms,
+RoPE, MLPs). The prompt is prefilled with full causal attention (numpy); then every decode
+step, in every layer (SmolLM2) or every global layer (Gemma-3: the 3 of its 18 layers with
+full attention; the local layers keep their 512-token sliding window in every mode) and query
+head, attends through kvsift in one of these modes:
 
     full         dense attention over the whole context
     window       static window only: the first 128 + the last 512 tokens (StreamingLLM-like)
@@ -31,12 +33,14 @@ summaries scored, each standing for block_size keys), and per-token time split i
 search / attention (kvsift calls) / rest (the numpy model).
 
     python3 examples/python/e2e_generation.py --context 4096 --out bench/results/e2e_smollm2
+    python3 examples/python/e2e_generation.py --model gemma3 --context 16384 --out OUT/e2e_gemma3_16384
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -90,6 +94,7 @@ class Decoder:
         self.k = np.zeros(shape, dtype=np.float32)
         self.v = np.zeros(shape, dtype=np.float32)
         self.index_params, self.beta, self.topk, self.search_L = index_params, beta, topk, search_L
+        self.scale = 0.0  # attention scale: 0 = 1/sqrt(head_dim) (Llama); Gemma-3 sets its own
         self.graphs: list[list] = []
         self.n_indexed = 0
         # Planner mode: the planner, its budget, the coarse and flat indexes per (layer, KV
@@ -159,7 +164,8 @@ class Decoder:
                 # window's best score, then window + retrieved attention merged.
                 r = ks.execute_plan(plan, qh, K, V, context=n, kv_head=g, window=(SINK, RECENT),
                                     flat=self.flats[il][g], graph=self.graphs[il][g], coarse=self.blocks[il][g],
-                                    beta=self.beta, l0=64, max_candidates=4096, seed_from_window=True)
+                                    beta=self.beta, l0=64, max_candidates=4096, seed_from_window=True,
+                                    scale=self.scale)
                 out[h] = r.o
                 stats["search"] += r.search_seconds
                 stats["attention"] += r.attention_seconds
@@ -168,7 +174,7 @@ class Decoder:
                 continue
             if mode == "full":
                 t0 = time.perf_counter()
-                out[h] = ks.dense_attention(qh, K, V, 0, n, kv_head=g)[0]
+                out[h] = ks.dense_attention(qh, K, V, 0, n, kv_head=g, scale=self.scale)[0]
                 stats["attention"] += time.perf_counter() - t0
                 stats["attended"] += n
                 continue
@@ -187,10 +193,10 @@ class Decoder:
                     stats["scanned"] += r.distance_computations
                 stats["search"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            o, lse = ks.dense_attention(qh, K, V, 0, SINK, kv_head=g)
-            o, lse = ks.merge(o, lse, *ks.dense_attention(qh, K, V, n - RECENT, n, kv_head=g))
+            o, lse = ks.dense_attention(qh, K, V, 0, SINK, kv_head=g, scale=self.scale)
+            o, lse = ks.merge(o, lse, *ks.dense_attention(qh, K, V, n - RECENT, n, kv_head=g, scale=self.scale))
             if ids is not None:
-                o, lse = ks.merge(o, lse, *ks.sparse_attention(qh, K, V, ids, kv_head=g))
+                o, lse = ks.merge(o, lse, *ks.sparse_attention(qh, K, V, ids, kv_head=g, scale=self.scale))
             out[h] = o
             stats["attention"] += time.perf_counter() - t0
             stats["attended"] += SINK + RECENT + (0 if ids is None else len(ids))
@@ -214,12 +220,74 @@ class Decoder:
         return int(np.argmax(hidden[0] @ model.lm_head_weight(w).T))
 
 
-def make_tasks(tok, filler: list[int], context: int, max_new: int, seed: int = 11) -> list[dict]:
+class Gemma3Decoder(Decoder):
+    """Gemma-3 (bench/data/dump_qk.py's pass): the mode applies to the global layers (full
+    attention in the model, 3 of 18 in Gemma-3-270M), where the indexes are built; the local
+    layers attend their sliding window (512 keys, itself included) in every mode, as the model
+    does. Attention scale from the file (1/16); embeddings scaled by sqrt(n_embd); tied LM head."""
+
+    def __init__(self, weights, cfg, n_max: int, *args, conv=None, **kwargs):
+        super().__init__(weights, cfg, n_max, *args, **kwargs)
+        self.conv = conv or model.GemmaConventions()
+        self.scale = cfg.attn_scale
+        self.rope = {"global": (self.cos, self.sin), "local": model.rope_tables(n_max, cfg.rope_dim, cfg.rope_base_local)}
+        self.global_layers = {il for il in range(cfg.n_layer) if model.gemma3_is_global(il, self.conv.swa_period)}
+
+    def prefill(self, ids: list[int]) -> float:
+        cfg, n = self.cfg, len(ids)
+        _, dumps = model.gemma3_forward(self.w, cfg, ids, set(range(cfg.n_layer)), self.conv, lambda m: None)
+        t0 = time.perf_counter()
+        self.graphs, self.blocks, self.flats = [], [], []
+        for il in range(cfg.n_layer):
+            q, k, v = dumps.pop(il)
+            self.k[il, :n], self.v[il, :n] = k, v
+            if il in self.global_layers:
+                self.build_indexes(il, q, n)
+            else:  # keeps the per-layer lists indexed by layer
+                self.graphs.append([])
+                self.blocks.append([])
+                self.flats.append([])
+        self.n_indexed = n
+        return time.perf_counter() - t0
+
+    def attend_local(self, il: int, q: np.ndarray, n: int) -> np.ndarray:
+        """Sliding-window attention of a local layer for the token at position n - 1."""
+        cfg = self.cfg
+        K, V = self.k[il, :n], self.v[il, :n]
+        lo = max(0, n - cfg.sliding_window)
+        out = np.empty((cfg.n_head, cfg.head_dim), dtype=np.float32)
+        for h in range(cfg.n_head):
+            out[h] = ks.dense_attention(q[h], K, V, lo, n, kv_head=h // cfg.group, scale=self.scale)[0]
+        return out
+
+    def step(self, token: int, pos: int, mode: str, stats: dict) -> int:
+        return int(np.argmax(self.logits(token, pos, mode, stats)))
+
+    def logits(self, token: int, pos: int, mode: str, stats: dict) -> np.ndarray:
+        """Decodes token at position pos (its K/V go into the cache); returns the next-token logits."""
+        cfg, w = self.cfg, self.w
+        x = w.get("token_embd.weight")[token][None, :] * np.float32(math.sqrt(cfg.n_embd))
+        rope = {kind: (c[pos : pos + 1], s_[pos : pos + 1]) for kind, (c, s_) in self.rope.items()}
+        for il in range(cfg.n_layer):
+
+            def attend(q, k, v, is_global, il=il):
+                self.k[il, pos], self.v[il, pos] = k[0], v[0]
+                q0 = np.ascontiguousarray(q[0])
+                out = self.attend(mode, il, q0, pos + 1, stats) if is_global else self.attend_local(il, q0, pos + 1)
+                return out.reshape(1, cfg.n_head * cfg.head_dim)
+
+            x, _ = model.gemma3_layer(w, cfg, il, x, rope, self.conv, attend=attend)
+        off = np.float32(self.conv.norm_offset)
+        hidden = model.rms_norm(x, w.get("output_norm.weight") + off, cfg.rms_eps)
+        return hidden[0] @ model.lm_head_weight(w).T
+
+
+def make_tasks(tok, filler: list[int], context: int, max_new: int, seed: int = 11, bos: list[int] = ()) -> list[dict]:
     """Passkey prompts at 10 depths and 10 key-value retrieval prompts, each `context - max_new`
-    tokens long, from the filler text."""
+    tokens long (`bos` first, when the model wants it), from the filler text."""
     rng = np.random.default_rng(seed)
     n_prompt = context - max_new
-    intro = tok.encode("There is an important piece of information hidden inside a lot of irrelevant text. "
+    intro = list(bos) + tok.encode("There is an important piece of information hidden inside a lot of irrelevant text. "
                        "Find it and memorize it. I will quiz you about it.\n\n")
     tasks = []
 
@@ -258,8 +326,18 @@ def make_tasks(tok, filler: list[int], context: int, max_new: int, seed: int = 1
 
 
 def decode_text(tok, ids: list[int]) -> str:
-    """Text of token ids (inverse of the byte-level BPE: token symbols -> bytes -> UTF-8)."""
+    """Text of token ids: the inverse of the byte-level BPE (SmolLM2: symbols -> bytes) or of
+    SentencePiece (Gemma-3: '▁' -> space, <0xNN> byte tokens -> bytes), then UTF-8."""
     inv = {v: k for k, v in tok.vocab.items()}
+    if isinstance(tok, model.SentencePieceBPE):
+        out = bytearray()
+        for i in ids:
+            piece = inv.get(i, "")
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                out.append(int(piece[3:5], 16))
+            elif not (piece.startswith("<") and piece.endswith(">")):  # control tokens: nothing
+                out += piece.replace("▁", " ").encode("utf-8")
+        return out.decode("utf-8", errors="replace")
     rev = {c: b for b, c in tok.byte_map.items()}
     return bytes(rev[c] for i in ids for c in inv[i] if c in rev).decode("utf-8", errors="replace")
 
@@ -314,7 +392,12 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--topk", type=int, default=100)
     ap.add_argument("--search-L", type=int, default=160)
-    ap.add_argument("--beta", type=float, default=40.0, help="DIPR range in raw logits q.k (scale 1/8 applies after)")
+    ap.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2",
+                    help="SmolLM2-135M-Instruct (every layer retrieves) or Gemma-3-270M (its global layers retrieve)")
+    ap.add_argument("--gguf", type=Path, help="the model file (default: the packaged one, bench/data/requirements.txt)")
+    ap.add_argument("--beta", type=float, default=None,
+                    help="DIPR range in raw logits q.k, before the attention scale (default: 5 nats, i.e. 40 for "
+                         "SmolLM2's 1/8 and 80 for Gemma-3's 1/16)")
     ap.add_argument("--nq", type=int, default=32)
     ap.add_argument("--M", type=int, default=16)
     ap.add_argument("--L", type=int, default=128)
@@ -332,22 +415,32 @@ def main(argv=None) -> int:
     if any(m not in MODES for m in modes):
         ap.error(f"--modes must be a subset of {','.join(MODES)}")
 
-    reader = model.open_gguf(model.find_packaged_gguf())
-    cfg = model.read_config(reader)
-    tok = model.ByteLevelBPE.from_reader(reader)
+    if args.model == "gemma3":
+        reader = model.open_gguf(args.gguf or model.find_packaged_gemma3())
+        cfg = model.read_gemma3_config(reader)
+        tok = model.SentencePieceBPE.from_reader(reader)
+        add_bos = bool(model.field_value(reader, "tokenizer.ggml.add_bos_token", True))
+        bos = [int(model.field_value(reader, "tokenizer.ggml.bos_token_id", 2))] if add_bos else []
+    else:
+        reader = model.open_gguf(args.gguf or model.find_packaged_gguf())
+        cfg = model.read_config(reader)
+        tok = model.ByteLevelBPE.from_reader(reader)
+        bos = []
+    if args.beta is None:  # 5 nats of softmax logit below the best, in raw q.k units
+        args.beta = 5.0 / (cfg.attn_scale if args.model == "gemma3" else 1.0 / math.sqrt(cfg.head_dim))
     check_fits(args.context - args.max_new, args.max_new, cfg.n_ctx)
     weights = CachedWeights(reader)
     paths = [model.DEFAULT_TEXT_DIR / f for f in model.DEFAULT_TEXT_FILES if (model.DEFAULT_TEXT_DIR / f).is_file()]
     filler, _ = model.load_text(paths, tok, args.context)
     if args.first < 0 or args.tasks < 0:
         ap.error(f"--first and --tasks must be >= 0, got {args.first} and {args.tasks}")
-    tasks = make_tasks(tok, filler, args.context, args.max_new)[args.first : args.first + args.tasks]
+    tasks = make_tasks(tok, filler, args.context, args.max_new, bos=bos)[args.first : args.first + args.tasks]
     planner = None
     if "auto" in modes:
         # DIPR plans carry the same beta as window+dipr (raw logits).
         planner = ks.Planner(short_context=args.auto_short_context, head_dim=cfg.head_dim, block_size=args.block_size,
                              k_blocks=args.k_blocks, dipr_l0=64, dipr_beta=args.beta)
-    dec = Decoder(weights, cfg, args.context, {"nq": args.nq, "M": args.M, "L": args.L, "ratio": args.ratio},
+    dec = (Gemma3Decoder if args.model == "gemma3" else Decoder)(weights, cfg, args.context, {"nq": args.nq, "M": args.M, "L": args.L, "ratio": args.ratio},
                   args.beta, args.topk, args.search_L, planner, args.gpu_budget)
 
     zero = {"search": 0.0, "attention": 0.0, "total": 0.0, "attended": 0, "scanned": 0, "head_steps": 0, "tokens": 0}

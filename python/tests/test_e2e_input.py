@@ -100,3 +100,36 @@ def test_auto_mode_tight_budget_attends_a_subset(e2e):
     assert dec.plans_seen[1].startswith("graph-dipr")
     assert 2 * 640 <= stats["attended"] < 2 * 800  # the window plus a DIPR subset of the middle
     assert stats["scanned"] > 0
+
+
+# ------------------------------------------------------------------------- Gemma-3 decoding
+
+
+@pytest.mark.parametrize("mode", ["full", "window+topk", "window+dipr"])
+def test_gemma3_decode_steps_reproduce_the_forward_pass(e2e, mode):
+    """Teacher-forced decode steps of Gemma3Decoder (KV cache, local sliding windows, global
+    layers through kvsift) give the logits of the full numpy pass at every position. The
+    retrieval modes retrieve the whole middle here (top-100 of ~60 tokens; DIPR with a huge
+    beta), so they must agree to rounding: a wrong attention scale, embedding scale, RoPE table
+    or local window, or a retrieval that loses the middle, changes the logits."""
+    from tiny_gemma import FakeWeights, tiny_gemma
+
+    rng = np.random.default_rng(3)
+    cfg, t = tiny_gemma(rng, n_layer=3, n_embd=16, n_head=2, n_head_kv=1, d=8, vocab=40)
+    conv = e2e.model.GemmaConventions(swa_period=3, block=64)  # layers 0, 1 local (window 3); 2 global
+    n_total, n_prefill = 700, 680
+    ids = rng.integers(0, 40, n_total).tolist()
+    hidden, _ = e2e.model.gemma3_forward(FakeWeights(t), cfg, ids, set(), conv, lambda m: None)
+    logits = hidden @ t["token_embd.weight"].T
+
+    dec = e2e.Gemma3Decoder(FakeWeights(t), cfg, n_total, {"nq": 10, "M": 8, "L": 64, "ratio": 0.5}, 1e4, 100, 200,
+                            conv=conv)
+    dec.prefill(ids[:n_prefill])
+    assert len(dec.graphs[2]) == 1 and dec.graphs[0] == dec.graphs[1] == []  # indexes in the global layer only
+    stats = {"search": 0.0, "attention": 0.0, "attended": 0, "scanned": 0, "head_steps": 0}
+    for pos in range(n_prefill, n_total):
+        np.testing.assert_allclose(dec.logits(ids[pos], pos, mode, stats), logits[pos], rtol=1e-4, atol=1e-4)
+    assert stats["head_steps"] == 2 * (n_total - n_prefill)  # the global layer's heads only
+    if mode != "full":
+        middle = [n - 512 - 128 for n in range(n_prefill + 1, n_total + 1)]
+        assert stats["attended"] == sum(2 * (640 + m) for m in middle)  # window + the whole middle
