@@ -5,7 +5,11 @@ shapes, same number of calls, host time of the loop (synchronised once at the en
 time (CUDA events). Reports the high-level call (allocates its outputs, as FlashInfer's does)
 and the low-level one (outputs passed in).
 
-Usage: merge_overhead.py [--rows 1] [--heads 32] [--dim 128] [--calls 5000]
+With --breakdown it also times the pieces of the high-level call one by one (the stream
+lookup, the two output allocations, the DLPack exports, the extension call itself), so the
+overhead can be attributed.
+
+Usage: merge_overhead.py [--rows 1] [--heads 32] [--dim 128] [--calls 5000] [--breakdown]
 """
 import argparse
 import time
@@ -41,6 +45,7 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--breakdown", action="store_true", help="also time the pieces of the call")
     a = ap.parse_args()
     v = [torch.zeros(a.rows, a.heads, a.dim, dtype=torch.float16, device="cuda") for _ in range(3)]
     s = [torch.zeros(a.rows, a.heads, dtype=torch.float32, device="cuda") for _ in range(3)]
@@ -53,6 +58,23 @@ def main():
              lambda: ext.merge_state(v[0], s[0], v[1], s[1], v[2], s[2], st)),
             ("torch.logaddexp on the lse (one torch op, for scale)",
              lambda: torch.logaddexp(s[0], s[1]))]
+    if a.breakdown:
+        from torch.utils.dlpack import to_dlpack
+
+        dev = v[0].device
+        rows += [("piece: torch.cuda.current_stream(device).cuda_stream",
+                  lambda: torch.cuda.current_stream(dev).cuda_stream),
+                 ("piece: torch._C._cuda_getCurrentRawStream(index)",
+                  lambda: torch._C._cuda_getCurrentRawStream(dev.index)),
+                 ("piece: kvsift.cuda._stream(v, None)", lambda: kc._stream(v[0], None)),
+                 ("piece: two torch.empty outputs", lambda: (torch.empty(tuple(v[0].shape), dtype=v[0].dtype,
+                                                                          device=dev),
+                                                              torch.empty(tuple(s[0].shape), dtype=s[0].dtype,
+                                                                          device=dev))),
+                 ("piece: two torch.empty_like outputs", lambda: (torch.empty_like(v[0]), torch.empty_like(s[0]))),
+                 ("piece: six to_dlpack exports", lambda: [to_dlpack(t) for t in (v[0], s[0], v[1], s[1], v[2], s[2])]),
+                 ("piece: kvsift.cuda._dl of six tensors", lambda: kc._dl(v[0], s[0], v[1], s[1], v[2], s[2])),
+                 ("piece: _on_stream context (not explicit)", lambda: kc._on_stream(v[0], st, False).__enter__())]
     for name, fn in rows:
         h, d = measure(fn, a.calls)
         print(f"Python {name} [{a.rows}, {a.heads}, {a.dim}] f16: host {h:.2f} us/call "
