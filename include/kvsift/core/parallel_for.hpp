@@ -44,8 +44,9 @@ void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk
     return;
   }
   detail::relaxed_counter next{0};
-  detail::relaxed_counter failed{0};   // 1 once a call of fn threw: the others stop
-  detail::relaxed_counter claimed{0};  // 1 once a thread has stored its exception in `error`
+  // 1 once a call of fn threw (or a thread could not be started): the others stop. The thread
+  // that sets it first stores its exception.
+  detail::relaxed_counter failed{0};
   std::exception_ptr error;  // read only after every worker is joined (the join publishes it)
   auto worker = [&](std::size_t t) {
     try {
@@ -56,8 +57,7 @@ void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk
         for (std::size_t i = begin; i < end; ++i) fn(i, t);
       }
     } catch (...) {
-      if (claimed.exchange(1) == 0) error = std::current_exception();  // the first one wins
-      failed.store(1);
+      if (failed.exchange(1) == 0) error = std::current_exception();  // the first one wins
     }
   };
   struct worker_call {  // what thread t runs

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvsift/core/detail/threads.hpp"
 #include "kvsift/core/element.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/io/file_path.hpp"
@@ -386,12 +387,12 @@ inline const char* file_kind(mode_t mode) noexcept {
 /// (splitmix64). They need not be secret: O_EXCL | O_NOFOLLOW already refuse a planted file,
 /// and a collision only costs another attempt. (std::random_device would need <random>.)
 inline std::uint64_t temporary_name_bits() noexcept {
-  static std::uint64_t counter = 0;
+  static relaxed_counter counter;
   ::timespec ts{};
   ::clock_gettime(CLOCK_REALTIME, &ts);
   std::uint64_t x = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
                     static_cast<std::uint64_t>(ts.tv_nsec);
-  x ^= __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull;
+  x ^= std::uint64_t{counter.fetch_add(1)} * 0x9e3779b97f4a7c15ull;
   x ^= reinterpret_cast<std::uintptr_t>(&ts);
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
