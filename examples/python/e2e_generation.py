@@ -105,16 +105,30 @@ class Decoder:
         self.flats: list[list] = []
         self.plans_seen: dict[int, str] = {}
 
+    def forward(self, ids: list[int]) -> dict:
+        """The prefill's full-attention pass: (q, k, v) of every layer."""
+        return model.forward(self.w, self.cfg, ids, set(range(self.cfg.n_layer)), "norm", lambda m: None)[1]
+
+    def retrieves(self, il: int) -> bool:
+        """Whether the mode applies in layer il (so its indexes are built): every layer here."""
+        return True
+
     def prefill(self, ids: list[int]) -> float:
-        """Full-attention prefill of ids; builds the GQA-shared RoarGraphs. Returns build seconds."""
+        """Full-attention prefill of ids; builds the GQA-shared RoarGraphs of the layers that
+        retrieve. Returns build seconds."""
         cfg, n = self.cfg, len(ids)
-        _, dumps = model.forward(self.w, cfg, ids, set(range(cfg.n_layer)), "norm", lambda m: None)
+        dumps = self.forward(ids)
         t0 = time.perf_counter()
         self.graphs, self.blocks, self.flats = [], [], []
         for il in range(cfg.n_layer):
             q, k, v = dumps.pop(il)
             self.k[il, :n], self.v[il, :n] = k, v
-            self.build_indexes(il, q, n)
+            if self.retrieves(il):
+                self.build_indexes(il, q, n)
+            else:  # keeps the per-layer lists indexed by layer
+                self.graphs.append([])
+                self.blocks.append([])
+                self.flats.append([])
         self.n_indexed = n
         return time.perf_counter() - t0
 
@@ -233,22 +247,11 @@ class Gemma3Decoder(Decoder):
         self.rope = {"global": (self.cos, self.sin), "local": model.rope_tables(n_max, cfg.rope_dim, cfg.rope_base_local)}
         self.global_layers = {il for il in range(cfg.n_layer) if model.gemma3_is_global(il, self.conv.swa_period)}
 
-    def prefill(self, ids: list[int]) -> float:
-        cfg, n = self.cfg, len(ids)
-        _, dumps = model.gemma3_forward(self.w, cfg, ids, set(range(cfg.n_layer)), self.conv, lambda m: None)
-        t0 = time.perf_counter()
-        self.graphs, self.blocks, self.flats = [], [], []
-        for il in range(cfg.n_layer):
-            q, k, v = dumps.pop(il)
-            self.k[il, :n], self.v[il, :n] = k, v
-            if il in self.global_layers:
-                self.build_indexes(il, q, n)
-            else:  # keeps the per-layer lists indexed by layer
-                self.graphs.append([])
-                self.blocks.append([])
-                self.flats.append([])
-        self.n_indexed = n
-        return time.perf_counter() - t0
+    def forward(self, ids: list[int]) -> dict:
+        return model.gemma3_forward(self.w, self.cfg, ids, set(range(self.cfg.n_layer)), self.conv, lambda m: None)[1]
+
+    def retrieves(self, il: int) -> bool:
+        return il in self.global_layers
 
     def attend_local(self, il: int, q: np.ndarray, n: int) -> np.ndarray:
         """Sliding-window attention of a local layer for the token at position n - 1."""
