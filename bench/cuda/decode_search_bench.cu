@@ -16,7 +16,8 @@
 // device copy bandwidth (the floor of any exact scan).
 //
 // Usage: kvsift-cuda-decode_search_bench [--n 131072] [--d 128] [--requests 32]
-//            [--kv-heads 8] [--group 4] [--distinct 2] [--page 16]
+//            [--kv-heads 8] [--group 4] [--distinct 2] [--page 16] [--quick 0|1]
+// --quick 1 sweeps only expand_width 4 and 8 without a degree cap and skips DIPR.
 
 #include <algorithm>
 #include <chrono>
@@ -54,6 +55,7 @@ using kvsift::cuda_bench::seconds_since;
 
 struct options {
   std::size_t n = 131072, d = 128, requests = 32, kv_heads = 8, group = 4, distinct = 2, page = 16;
+  std::size_t quick = 0;  // 1: only the wide top-k walks, no DIPR (iterating on the kernel)
 };
 
 /// cudaMalloc'd memory freed at scope exit.
@@ -79,7 +81,8 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--kv-heads", o.kv_heads),
        kvsift::cuda_bench::size_option("--group", o.group),
        kvsift::cuda_bench::size_option("--distinct", o.distinct),
-       kvsift::cuda_bench::size_option("--page", o.page)});
+       kvsift::cuda_bench::size_option("--page", o.page),
+       kvsift::cuda_bench::size_option("--quick", o.quick)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
@@ -292,6 +295,7 @@ int main(int argc, char** argv) {
   // sparser subgraph a degree cap reads (the rows' first neighbours).
   const std::pair<int, int> walks[] = {{1, 0}, {2, 0}, {4, 0}, {8, 0}, {8, 40}, {8, 32}, {8, 24}};
   for (const auto& [expand, degree_cap] : walks) {
+    if (o.quick != 0 && (expand < 4 || degree_cap != 0)) continue;
     for (const int L : {100, 128, 160, 200, 256, 320, 400}) {
       kc::decode_search_params p;
       p.k = K;
@@ -304,6 +308,7 @@ int main(int argc, char** argv) {
     }
   }
   for (const int expand : {1, 4, 8}) {
+    if (o.quick != 0) break;
     for (const float beta : {0.5f, 1.0f, 1.5f}) {
       kc::decode_search_params p;
       p.mode = kc::decode_search_mode::dipr;

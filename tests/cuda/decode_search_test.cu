@@ -126,9 +126,11 @@ struct gpu_result {
 };
 
 /// Runs decode_search on the device over dense or paged keys (element type T).
+/// `declared_keys` raises the set's max_keys above the largest graph: above 2^18 keys the
+/// kernel keeps its visited bitsets in the workspace instead of shared memory.
 template <class T>
 gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_search_params& p,
-                   bool paged, int page_size = 16) {
+                   bool paged, int page_size = 16, std::int64_t declared_keys = 0) {
   const std::size_t m = qb.graph.size();
   const std::size_t total = s.keys.size() / s.d;
   const int G = static_cast<int>(s.sizes.size());
@@ -141,7 +143,8 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
   set.num_graphs = G;
   set.width = static_cast<int>(s.width);
   set.max_entries = static_cast<int>(s.max_entries);
-  set.max_keys = std::max<std::int64_t>(1, *std::max_element(s.sizes.begin(), s.sizes.end()));
+  set.max_keys = std::max<std::int64_t>(
+      {1, declared_keys, std::int64_t(*std::max_element(s.sizes.begin(), s.sizes.end()))});
 
   device_buffer<float> dq(qb.q), dseed(qb.seed);
   device_buffer<std::int32_t> dg(qb.graph);
@@ -254,8 +257,8 @@ query_batch make_queries(const graph_set& s, std::size_t m, bool seeds, bool fil
 /// scored; DIPR also best score and capping).
 template <class M, class T>
 int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_params& p,
-            bool paged) {
-  const gpu_result r = run_gpu<T>(s, qb, p, paged);
+            bool paged, std::int64_t declared_keys = 0) {
+  const gpu_result r = run_gpu<T>(s, qb, p, paged, 16, declared_keys);
   const bool dipr = p.mode == kc::decode_search_mode::dipr;
   const auto cap = static_cast<std::size_t>(r.capacity);
   kvsift::search_workspace ws;
@@ -422,6 +425,53 @@ TEST_CASE("decode_search_degree_cap_matches_cpu", "[cuda][decode_search]") {
     auto d = dipr(4.0f, 16, 0);
     d.degree_cap = cap;
     CHECK((compare<kvsift::inner_product, float>(s, ranged, d, kDense) == 0));
+  }
+}
+
+TEST_CASE("decode_search_visited_in_workspace_matches_cpu", "[cuda][decode_search]") {
+  // Graphs declared larger than 2^18 keys keep their visited bitsets in the workspace, not in
+  // shared memory: the same walks, filtered and not, top-k and DIPR.
+  const graph_set s = make_set({50, 1200, 4000}, 32, 24, 2);
+  // More queries than the 8192 concurrent slots: a slot's bitset is reused and must be cleared.
+  const query_batch plain = make_queries(s, 9000, false, false);
+  const query_batch ranged = make_queries(s, 600, false, true);
+  constexpr std::int64_t big = (std::int64_t{1} << 18) + 1;
+  const auto t = topk(20, 40, kc::graph_metric::inner_product);
+  CHECK((compare<kvsift::inner_product, float>(s, plain, t, kDense, big) == 0));
+  CHECK((compare<kvsift::inner_product, __half>(s, ranged, t, kPaged, big) == 0));
+  CHECK((compare<kvsift::inner_product, float>(s, ranged, dipr(4.0f, 16, 0), kDense, big) == 0));
+}
+
+TEST_CASE("decode_search_batched_wide_expansion_equals_one_by_one", "[cuda][decode_search]") {
+  // Without a filter, expand_width > 1 loads the rows of all the step's nodes at once; with a
+  // filter it expands them one by one. A filter that passes every id walks the same graph, so
+  // both must find the same pool at every step: same ids, scores and vectors scored.
+  const graph_set s = make_set({700, 3000}, 32, 70, 2);
+  const query_batch plain = make_queries(s, 800, false, false);
+  query_batch all = plain;
+  for (std::size_t i = 0; i < plain.graph.size(); ++i) {
+    all.first.push_back(0);
+    all.last.push_back(std::uint32_t(s.sizes[std::size_t(plain.graph[i])]));
+  }
+  for (const int width : {2, 8}) {
+    auto p = topk(20, 48, kc::graph_metric::inner_product);
+    p.expand_width = width;
+    const gpu_result batched = run_gpu<float>(s, plain, p, kDense);
+    const gpu_result one_by_one = run_gpu<float>(s, all, p, kDense);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < plain.graph.size(); ++i) {
+      bool same =
+          batched.counts[i] == one_by_one.counts[i] && batched.scored[i] == one_by_one.scored[i];
+      for (std::size_t j = 0; same && j < 20; ++j) {
+        same = batched.ids[i * 20 + j] == one_by_one.ids[i * 20 + j] &&
+               batched.scores[i * 20 + j] == one_by_one.scores[i * 20 + j];
+      }
+      differ += same ? 0 : 1;
+    }
+    INFO("expand_width " << width);
+    CHECK(differ == 0);
+    CHECK(batched.status == 0u);
+    CHECK(one_by_one.status == 0u);
   }
 }
 

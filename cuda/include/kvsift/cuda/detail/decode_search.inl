@@ -1,11 +1,24 @@
 #pragma once
 // Kernel and host dispatch behind <kvsift/cuda/decode_search.cuh> (internal).
 //
-// One warp runs one search, as in graph_search.inl, whose pool order, scoring and in-place pool
-// merge (`walk_merge`) it shares. Per warp, shared memory holds the query (f32), the pool (L for
-// top-k, l0 for DIPR) and two candidate lists of max(width, 32) entries; per concurrently
-// running search, global memory (L2 in practice) holds a visited bitset and, for DIPR, an
-// expanded bitset, the in-range max-heap and the in-range list the answer is filtered from.
+// One warp runs one search, as in graph_search.inl, whose pool order and scoring it shares.
+// Per warp, shared memory holds the query (f32), the pool (L for top-k, l0 for DIPR) twice (a
+// merge writes the other copy), the candidate list of max(width, 32) * expand_width entries
+// and, when the graphs are small enough (n <= 2^18 keys: at most 32 KiB of bits), the visited
+// bitset. Otherwise the visited bitset lives in the workspace (global memory, L2 in practice).
+// The workspace also holds, for DIPR, an expanded bitset, the in-range max-heap and the
+// in-range list the answer is filtered from.
+//
+// A decode batch gives the GPU only 4-8 warps per SM, so a search's time is its chain of
+// dependent latencies, and each choice below shortens it (H200, 512 queries over 131072-key
+// graphs, L 256, expand_width 8: 1.31 ms before, 0.81 ms after; docs/decode_search.md):
+// - the visited set in shared memory: a global atomic costs an L2 round trip per expansion;
+// - a wide expansion loads the rows of all its nodes before any visited-set update, instead of
+//   one node after the other (one latency per 256 ids, not two per node);
+// - the merge sorts the survivors (warp bitonic sort, O(n log^2 n / 32) per lane) instead of
+//   ranking each against every other (O(n^2 / 32), which dominated the first steps of a wide
+//   expansion: hundreds of candidates, all surviving into a pool that is not yet full);
+// - a lane scores a row with all of the row's loads issued before the first FMA.
 //
 // Where the CPU search depends on the order of visits (DIPR's running best and its cap; the
 // 2-hop rule's visited marks and gather cap), the warp processes candidates 32 at a time in
@@ -71,6 +84,10 @@ struct ds_config {
   int slots = 0;
   int d = 0;
   walk_layout lay{};
+  int pool_off = 0;   // shared-memory byte offsets within a warp's region: pool, second pool,
+  int pool2_off = 0;  // candidate list, visited bitset (-1: the bitset is in the workspace)
+  int inc_off = 0;
+  int visited_off = -1;
   bool vec = false;
 };
 
@@ -132,16 +149,32 @@ __device__ __forceinline__ void ds_score_pair(const float* q, const T* __restric
                                               float& sb) {
   if (vec && a != nullptr && b != nullptr) {
     constexpr int V = vec_size_v<T>;
+    constexpr int U = 16;  // vectors of each row in flight: all of a 128-dim f16 row
     float acc_a = 0.0f, acc_b = 0.0f;
-#pragma unroll 4
-    for (int j = 0; j < d; j += V) {
-      float x[V], y[V];
-      load_vec(a + j, x);
-      load_vec(b + j, y);
+    // Every load of a chunk is issued before any is used, so a chunk of both rows costs one
+    // memory latency. Written out because the compiler did not hoist them across the FMAs by
+    // itself: 0.81 ms instead of 1.00 ms (512 queries, L 256, expand_width 8, H200).
+    for (int j0 = 0; j0 < d; j0 += U * V) {
+      uint4 ra[U], rb[U];
 #pragma unroll
-      for (int t = 0; t < V; ++t) {
-        acc_a = walk_accumulate<L2>(acc_a, q[j + t], x[t]);
-        acc_b = walk_accumulate<L2>(acc_b, q[j + t], y[t]);
+      for (int t = 0; t < U; ++t) {
+        if (j0 + t * V < d) {
+          ra[t] = *reinterpret_cast<const uint4*>(a + j0 + t * V);
+          rb[t] = *reinterpret_cast<const uint4*>(b + j0 + t * V);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < U; ++t) {
+        if (j0 + t * V < d) {
+          float x[V], y[V];
+          widen_vec<T>(ra[t], x);
+          widen_vec<T>(rb[t], y);
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            acc_a = walk_accumulate<L2>(acc_a, q[j0 + t * V + e], x[e]);
+            acc_b = walk_accumulate<L2>(acc_b, q[j0 + t * V + e], y[e]);
+          }
+        }
       }
     }
     sa = acc_a;
@@ -203,6 +236,91 @@ __device__ __forceinline__ void ds_mark(std::uint32_t* bits, std::uint32_t v) {
   atomicOr(&bits[v >> 5], 1u << (v & 31u));
 }
 
+/// Compare-exchange of a[i] and a[j] (i < j): the better one ends at i. j >= n is padding that
+/// ranks after everything, so nothing moves.
+__device__ __forceinline__ void ds_order(walk_entry* a, int n, int i, int j) {
+  if (j >= n) return;
+  const walk_entry x = a[i], y = a[j];
+  if (walk_better(y.key, y.id, x.key, x.id)) {
+    a[i] = y;
+    a[j] = x;
+  }
+}
+
+/// Sorts a[0, n) best first in place (entries distinct in the pool order). Warp-synchronous:
+/// every lane calls it. A bitonic sort in the form whose comparators all put the better entry
+/// at the lower index (each merge starts by comparing i with its mirror in the block), so the
+/// padding to the next power of two is virtual: it ranks last and never moves.
+/// O(n log^2 n / 32) compare-exchanges per lane.
+__device__ inline void ds_sort(walk_entry* a, int n, int lane) {
+  if (n <= 1) return;
+  const int log_n = 32 - __clz(n - 1);  // padded length 2^log_n
+  const int half = 1 << (log_n - 1);    // comparators per stage
+  for (int lk = 1; lk <= log_n; ++lk) {
+    const int lh = lk - 1;  // log2 of half a block
+    for (int t = lane; t < half; t += 32) {
+      const int blk = t >> lh, off = t & ((1 << lh) - 1);
+      ds_order(a, n, (blk << lk) + off, (blk << lk) + (1 << lk) - 1 - off);
+    }
+    __syncwarp();
+    for (int ls = lh - 1; ls >= 0; --ls) {
+      for (int t = lane; t < half; t += 32) {
+        const int i = ((t >> ls) << (ls + 1)) + (t & ((1 << ls) - 1));
+        ds_order(a, n, i, i + (1 << ls));
+      }
+      __syncwarp();
+    }
+  }
+}
+
+/// Merges the scored candidates inc[0, n) (ids distinct and not in the pool; invalid_id marks
+/// one to ignore) with the sorted pool[0, cnt) of capacity L and returns the new count. When
+/// the pool is full only candidates better than its worst survive. The merged pool is written
+/// to `other` (room for L entries) and the two pointers are swapped, unless nothing survived.
+/// `inc` is clobbered (survivors compacted to its front and sorted). Every entry's final
+/// position is its index plus a binary search in the other sorted list; positions are
+/// distinct, so all lanes write at once. Warp-synchronous.
+__device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, int L,
+                               walk_entry* inc, int n, int lane) {
+  constexpr unsigned full = 0xffffffffu;
+  const bool is_full = cnt == L;
+  const float worst_key = is_full ? pool[L - 1].key : 0.0f;
+  const std::uint32_t worst_id = is_full ? pool[L - 1].id : 0u;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  int keep_n = 0;
+  for (int j0 = 0; j0 < n; j0 += 32) {  // a write never lands past the entry it came from
+    const int j = j0 + lane;
+    walk_entry e{0.0f, invalid_id};
+    bool keep = false;
+    if (j < n) {
+      e = inc[j];
+      keep = e.id != invalid_id && (!is_full || walk_better(e.key, e.id, worst_key, worst_id));
+    }
+    const unsigned b = __ballot_sync(full, keep);
+    __syncwarp();
+    if (keep) inc[keep_n + __popc(b & lower_lanes)] = e;
+    keep_n += __popc(b);
+    __syncwarp();
+  }
+  if (keep_n == 0) return cnt;
+  ds_sort(inc, keep_n, lane);
+  for (int i = lane; i < cnt; i += 32) {
+    const walk_entry e = pool[i];
+    const int pos = i + walk_count_better(inc, keep_n, e.key, e.id);
+    if (pos < L) other[pos] = e;
+  }
+  for (int j = lane; j < keep_n; j += 32) {
+    const walk_entry e = inc[j];
+    const int pos = j + walk_count_better(pool, cnt, e.key, e.id);
+    if (pos < L) other[pos] = e;
+  }
+  __syncwarp();
+  walk_entry* const t = pool;
+  pool = other;
+  other = t;
+  return min(L, cnt + keep_n);
+}
+
 template <class T, class Src, bool L2, bool Dipr, bool Filtered>
 __global__ void __launch_bounds__(ds_warps_per_block * 32)
     decode_search_kernel(graph_set_ref set, Src src, decode_queries qs, int m, ds_config c,
@@ -215,11 +333,13 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
   if (slot >= c.slots) return;  // warp-level only: the kernel has no block barrier
   unsigned char* base_smem = ds_smem + static_cast<std::size_t>(warp) * c.lay.warp_bytes;
   float* const q = reinterpret_cast<float*>(base_smem);
-  walk_entry* const pool = reinterpret_cast<walk_entry*>(q + c.lay.d_pad);
-  walk_entry* const inc = pool + c.pool;
-  walk_entry* const srt = inc + c.inc;
-  std::uint32_t* const visited = ws + static_cast<std::size_t>(slot) * c.slot_words;
-  std::uint32_t* const expanded = visited + c.words;
+  walk_entry* pool = reinterpret_cast<walk_entry*>(base_smem + c.pool_off);
+  walk_entry* other = reinterpret_cast<walk_entry*>(base_smem + c.pool2_off);  // merge target
+  walk_entry* const inc = reinterpret_cast<walk_entry*>(base_smem + c.inc_off);
+  std::uint32_t* const slot_ws = ws + static_cast<std::size_t>(slot) * c.slot_words;
+  std::uint32_t* const visited =
+      c.visited_off >= 0 ? reinterpret_cast<std::uint32_t*>(base_smem + c.visited_off) : slot_ws;
+  std::uint32_t* const expanded = slot_ws + c.words;
   walk_entry* const heap = reinterpret_cast<walk_entry*>(expanded + c.words);
   walk_entry* const range = heap + (c.capacity + 1) / 2 * 2;
   const unsigned lower_lanes = (1u << lane) - 1u;
@@ -281,19 +401,24 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
 
     if (run) {
       uint4* v4 = reinterpret_cast<uint4*>(visited);
-      const int clear = Dipr ? 2 * c.words : c.words;  // expanded follows visited
-      for (int w = lane; w < clear / 4; w += 32) v4[w] = make_uint4(0u, 0u, 0u, 0u);
+      for (int w = lane; w < c.words / 4; w += 32) v4[w] = make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (Dipr) {
+        uint4* e4 = reinterpret_cast<uint4*>(expanded);
+        for (int w = lane; w < c.words / 4; w += 32) e4[w] = make_uint4(0u, 0u, 0u, 0u);
+      }
       __syncwarp();
     }
     auto in_filter = [&](std::uint32_t v) { return !Filtered || (v >= first && v < last); };
     auto row_of = [&](std::uint32_t v) { return src.row(g, base, v); };
     const id_t* adj = set.adjacency + static_cast<std::size_t>(base) * width;
 
-    // Visits inc[0, nv) in order: score each, then the CPU's `visit` for each (pool insert;
-    // DIPR: running best, in-range push, cap).
-    auto visit = [&](int nv) {
-      // Two rows per lane per round, their loads interleaved: a round costs one memory latency
-      // for up to 64 rows instead of two.
+    // Scores inc[0, nv) a lane per row, two rows per lane per round with their loads
+    // interleaved: a round costs one memory latency for up to 64 rows instead of two. (A team
+    // of 16 lanes per row, each lane one 16-byte vector, was measured slower: 1.25-1.32 ms
+    // against 0.85 ms for 512 queries at L 256, expand_width 8; it needs more rounds for the
+    // same rows, and a round's latency is what a step waits for:
+    // bench/results/h200_decode_search_variants.txt.)
+    auto score_rows = [&](int nv) {
       for (int j0 = 0; j0 < nv; j0 += 64) {
         const int ja = j0 + lane, jb = ja + 32;
         const T* ra = ja < nv ? row_of(inc[ja].id) : nullptr;
@@ -306,6 +431,12 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         if (ja < nv) inc[ja].key = ra != nullptr ? walk_key<L2>(sa) : neg_inf();
         if (jb < nv) inc[jb].key = rb != nullptr ? walk_key<L2>(sb) : neg_inf();
       }
+    };
+
+    // Visits inc[0, nv) in order: score each, then the CPU's `visit` for each (pool insert;
+    // DIPR: running best, in-range push, cap).
+    auto visit = [&](int nv) {
+      score_rows(nv);
       __syncwarp();
       if constexpr (Dipr) {
         for (int j0 = 0; j0 < nv; j0 += 32) {
@@ -343,7 +474,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       } else {
         scored += static_cast<std::uint32_t>(nv);
       }
-      cnt = walk_merge(pool, cnt, c.pool, inc, srt, nv, lane);
+      cnt = ds_merge(pool, other, cnt, c.pool, inc, nv, lane);
     };
 
     // The 2-hop walk-through of a filtered-out node v: its unvisited passing neighbours, at
@@ -459,6 +590,64 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
         return fresh_n;
       }
+    };
+
+    // Top-k without a filter: the best `expand` unexpanded pool entries from `from` (the first
+    // unexpanded one) are marked expanded, then every id of their rows is loaded before any
+    // visited-set update, and every update issued before any result is used: a step costs one
+    // row-load latency per 256 ids, not one load and one update latency per expanded node.
+    // Fresh neighbours come out in (node, column) order, as from one-by-one expansions; an id
+    // in two of the rows is taken once, by whichever lane's update lands first (the candidate
+    // set, hence the merged pool, does not depend on which).
+    auto expand_batch = [&](int from) {
+      std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);  // free until merge
+      int np = 0;
+      for (int i0 = from; i0 < cnt && np < c.expand; i0 += 32) {
+        const int i = i0 + lane;
+        const bool un = i < cnt && (pool[i].id & walk_expanded) == 0u;
+        const unsigned b = __ballot_sync(full, un);
+        const int r = np + __popc(b & lower_lanes);
+        if (un && r < c.expand) {
+          picks[r] = pool[i].id;
+          pool[i].id |= walk_expanded;
+        }
+        np = min(c.expand, np + __popc(b));
+      }
+      __syncwarp();
+      const int total = np * cols;
+      int fresh_n = 0;
+      constexpr int U = 8;  // row ids in flight per lane
+      for (int f0 = 0; f0 < total; f0 += 32 * U) {
+        std::uint32_t v[U];
+        std::uint32_t was[U];
+#pragma unroll
+        for (int t = 0; t < U; ++t) {
+          const int f = f0 + t * 32 + lane;
+          v[t] = invalid_id;
+          if (f < total) {
+            const int r = f / cols;
+            v[t] = adj[static_cast<std::size_t>(picks[r]) * width + (f - r * cols)];
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < U; ++t) {
+          was[t] = ~0u;
+          if (v[t] != invalid_id && v[t] >= static_cast<std::uint32_t>(n)) {
+            status |= decode_status_bad_id;
+          } else if (v[t] != invalid_id) {
+            was[t] = atomicOr(&visited[v[t] >> 5], 1u << (v[t] & 31u));
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < U; ++t) {
+          const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
+          const unsigned b = __ballot_sync(full, fresh);
+          if (fresh) inc[fresh_n + __popc(b & lower_lanes)].id = v[t];
+          fresh_n += __popc(b);
+        }
+      }
+      __syncwarp();
+      return fresh_n;
     };
 
     // The first pool entry at or after `from` not yet expanded (INT_MAX if none), warp-uniform.
@@ -597,14 +786,18 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           // as one batch (expand = 1 is the CPU's walk).
           if (pick == INT_MAX) break;
           int nv = 0;
-          for (int e = 0; e < c.expand; ++e) {
-            const std::uint32_t u = pool[pick].id;
-            __syncwarp();
-            if (lane == 0) pool[pick].id = u | walk_expanded;
-            __syncwarp();
-            nv += expand(u, nv);
-            pick = unexpanded_from(pick + 1);
-            if (pick == INT_MAX) break;
+          if constexpr (Filtered) {
+            for (int e = 0; e < c.expand; ++e) {
+              const std::uint32_t u = pool[pick].id;
+              __syncwarp();
+              if (lane == 0) pool[pick].id = u | walk_expanded;
+              __syncwarp();
+              nv += expand(u, nv);
+              pick = unexpanded_from(pick + 1);
+              if (pick == INT_MAX) break;
+            }
+          } else {
+            nv = expand_batch(pick);
           }
           if (nv > 0) visit(nv);
           continue;
@@ -745,13 +938,35 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   c.d = dim;
   c.vec = vec;
   c.lay.d_pad = (dim + 3) / 4 * 4;
-  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(c.lay.d_pad) +
-                            sizeof(walk_entry) * (static_cast<std::size_t>(c.pool) + 2 * c.inc);
-  c.lay.warp_bytes = static_cast<int>((bytes + 15) / 16 * 16);
-  const std::size_t smem = static_cast<std::size_t>(c.lay.warp_bytes) * ds_warps_per_block;
-  int smem_max = 0;
+  // A warp's region: query, pool, second pool, candidates[, visited bitset], 16-byte aligned.
+  auto align16 = [](std::size_t b) { return (b + 15) / 16 * 16; };
+  std::size_t off = align16(sizeof(float) * static_cast<std::size_t>(c.lay.d_pad));
+  c.pool_off = static_cast<int>(off);
+  off = align16(off + sizeof(walk_entry) * static_cast<std::size_t>(c.pool));
+  c.pool2_off = static_cast<int>(off);
+  off = align16(off + sizeof(walk_entry) * static_cast<std::size_t>(c.pool));
+  c.inc_off = static_cast<int>(off);
+  off = align16(off + sizeof(walk_entry) * static_cast<std::size_t>(c.inc));
+  int smem_max = 0, smem_sm = 0, smem_reserved = 0;
   KVSIFT_CUDA_CHECK(
       cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  KVSIFT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  KVSIFT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  // The visited bitset goes to shared memory when it is at most 32 KiB (n <= 2^18) and two
+  // blocks still fit an SM (8 searches: a decode batch of 1024 queries runs at once on 132
+  // SMs); otherwise it stays in the workspace.
+  const std::size_t visited_bytes = sizeof(std::uint32_t) * static_cast<std::size_t>(c.words);
+  const std::size_t with_visited = (off + visited_bytes) * ds_warps_per_block;
+  if (visited_bytes <= 32768 && with_visited <= static_cast<std::size_t>(smem_max) &&
+      2 * (with_visited + static_cast<std::size_t>(smem_reserved)) <=
+          static_cast<std::size_t>(smem_sm)) {
+    c.visited_off = static_cast<int>(off);
+    off += visited_bytes;
+  }
+  c.lay.warp_bytes = static_cast<int>(off);
+  const std::size_t smem = static_cast<std::size_t>(c.lay.warp_bytes) * ds_warps_per_block;
   require(smem <= static_cast<std::size_t>(smem_max), who, ": pool ", c.pool, ", d = ", dim,
           " and width ", set.width, " need ", smem,
           " bytes of shared memory per block, the device has ", smem_max);
@@ -761,6 +976,10 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   auto launch = [&](auto kernel) {
     KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
+    // All of the unified L1/shared memory as shared: the rows a walk reads are random and
+    // rarely hit L1, and the second block per SM needs the room.
+    KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared));
     kernel<<<blocks, ds_warps_per_block * 32, smem, stream>>>(set, src, qs, static_cast<int>(m), c,
                                                               out, ws);
     KVSIFT_CUDA_CHECK(cudaGetLastError());

@@ -19,10 +19,9 @@ inline constexpr bool is_supported_element_v =
 template <class T>
 inline constexpr int vec_size_v = static_cast<int>(16 / sizeof(T));
 
-/// Loads vec_size_v<T> elements from a 16-byte aligned address and widens them to f32.
+/// Widens the vec_size_v<T> elements held in 16 raw bytes to f32.
 template <class T>
-__device__ __forceinline__ void load_vec(const T* __restrict__ p, float (&out)[vec_size_v<T>]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void widen_vec(const uint4 raw, float (&out)[vec_size_v<T>]) {
   if constexpr (std::is_same_v<T, float>) {
     out[0] = __uint_as_float(raw.x);
     out[1] = __uint_as_float(raw.y);
@@ -48,6 +47,12 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, float (&out)[v
       out[2 * i + 1] = f.y;
     }
   }
+}
+
+/// Loads vec_size_v<T> elements from a 16-byte aligned address and widens them to f32.
+template <class T>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, float (&out)[vec_size_v<T>]) {
+  widen_vec<T>(*reinterpret_cast<const uint4*>(p), out);
 }
 
 /// Narrows vec_size_v<T> f32 values (round to nearest) and stores them 16-byte aligned.
