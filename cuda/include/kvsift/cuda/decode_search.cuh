@@ -137,7 +137,9 @@ inline int decode_search_capacity(const decode_search_params& p);
 /**
  * @brief Bytes of workspace `decode_search` needs for m queries over `set` (visited sets per
  *        concurrently running search, at most 8192 at once; DIPR adds an expanded set and two
- *        in-range lists of max_results entries each).
+ *        in-range lists of max_results entries each). The launch keeps the visited sets in
+ *        shared memory instead when set.max_keys <= 2^18 and two blocks still fit an SM; the
+ *        size asked does not depend on that (the device is not known here).
  * @throw kvsift::invalid_argument m or set.max_keys not positive, parameters out of range
  * @note O(1), host only.
  */

@@ -600,7 +600,9 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     // in two of the rows is taken once, by whichever lane's update lands first (the candidate
     // set, hence the merged pool, does not depend on which).
     auto expand_batch = [&](int from) {
-      std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);  // free until merge
+      // The nodes go to the other pool buffer, free until the merge; they are pool entries, so
+      // there are at most L of them, and that buffer holds 2L ids.
+      std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
       int np = 0;
       for (int i0 = from; i0 < cnt && np < c.expand; i0 += 32) {
         const int i = i0 + lane;
