@@ -29,7 +29,8 @@
 namespace kvsift::cuda::detail {
 
 // walk_*: the pieces of the warp-per-search graph walk (pool entries, their order, scoring, the
-// in-place pool merge, the shared-memory layout) that decode_search.inl reuses.
+// in-place pool merge, the shared-memory layout). decode_search.inl reuses the entries, their
+// order, the scoring and the layout; it merges with its own sort-based ds_merge.
 inline constexpr int walk_warps_per_block = 4;
 inline constexpr std::int64_t walk_max_slots = 8192;  // searches running at once (bitsets)
 inline constexpr std::uint32_t walk_expanded = 0x80000000u;
