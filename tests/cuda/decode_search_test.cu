@@ -14,6 +14,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #pragma nv_diagnostic push
@@ -341,6 +342,53 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
   return bad;
 }
 
+struct wide_result {
+  std::vector<id_t> ids;
+  std::vector<float> scores;
+  std::size_t scored = 0;
+  std::size_t rejected = 0;  // filtered-out ids met by expansions
+};
+
+/// CPU model of the GPU's wider top-k walk (expand_width = width): a step takes the best
+/// `width` unexpanded pool entries, expands them one after another with the CPU's rule
+/// (detail::expand: visited set, 2-hop walk-through of failing ids, gather cap, degree cap),
+/// and only then scores and inserts every id they gathered. width = 1 is beam_search.
+template <class M, class P>
+wide_result cpu_wide_walk(const cpu_graph<M>& g, const float* q, std::size_t k, std::size_t L,
+                          int width, int degree_cap, const P& pred, kvsift::search_workspace& ws) {
+  wide_result r;
+  ws.visited.reset(g.size());
+  ws.pool.reset(std::min(L, g.size()));
+  auto insert = [&](id_t id) {
+    ++r.scored;
+    ws.pool.insert(kvsift::to_key<M>(g.score(q, id)), id);
+  };
+  const auto cap = static_cast<std::size_t>(degree_cap);
+  kvsift::detail::seed(g, std::span<const id_t>{}, pred, L, cap, ws, insert);
+  std::vector<id_t> gathered;
+  while (ws.pool.has_unexpanded()) {
+    std::vector<id_t> nodes;
+    while (int(nodes.size()) < width && ws.pool.has_unexpanded()) {
+      nodes.push_back(ws.pool.pop_unexpanded().id);
+    }
+    gathered.clear();
+    for (const id_t u : nodes) {
+      if constexpr (!std::is_same_v<P, kvsift::no_filter>) {
+        for (const id_t v : kvsift::detail::capped_neighbors(g, u, cap)) {
+          r.rejected += !pred(v) && !ws.visited.contains(v) ? 1 : 0;
+        }
+      }
+      kvsift::detail::expand(g, u, pred, cap, ws, [&](id_t v) { gathered.push_back(v); });
+    }
+    for (const id_t v : gathered) insert(v);
+  }
+  for (std::size_t i = 0; i < std::min(k, ws.pool.size()); ++i) {
+    r.ids.push_back(ws.pool[i].id);
+    r.scores.push_back(kvsift::from_key<M>(ws.pool[i].key));
+  }
+  return r;
+}
+
 constexpr bool kDense = false, kPaged = true;
 
 kc::decode_search_params topk(int k, int L, kc::graph_metric metric) {
@@ -442,36 +490,72 @@ TEST_CASE("decode_search_visited_in_workspace_matches_cpu", "[cuda][decode_searc
   CHECK((compare<kvsift::inner_product, float>(s, ranged, dipr(4.0f, 16, 0), kDense, big) == 0));
 }
 
-TEST_CASE("decode_search_batched_wide_expansion_equals_one_by_one", "[cuda][decode_search]") {
-  // Without a filter, expand_width > 1 loads the rows of all the step's nodes at once; with a
-  // filter it expands them one by one. A filter that passes every id walks the same graph, so
-  // both must find the same pool at every step: same ids, scores and vectors scored.
+TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") {
+  // expand_width > 1 expands a step's nodes as one batch (all row ids loaded, then all visited
+  // updates); with a filter it must fall back to one-by-one expansion whenever a fresh id
+  // fails it. cpu_wide_walk is the walk both must equal, id for id and vectors scored, with
+  // and without filters (selective ones cross filtered-out regions through 2-hop walks), over
+  // dense and paged keys, with the visited sets in shared memory and in the workspace.
   const graph_set s = make_set({700, 3000}, 32, 70, 2);
-  const query_batch plain = make_queries(s, 800, false, false);
-  query_batch all = plain;
-  for (std::size_t i = 0; i < plain.graph.size(); ++i) {
-    all.first.push_back(0);
-    all.last.push_back(std::uint32_t(s.sizes[std::size_t(plain.graph[i])]));
+  const query_batch plain = make_queries(s, 600, false, false);
+  const query_batch filtered = make_queries(s, 600, false, true);
+  {
+    // The model itself: width 1 must be beam_search (the CPU walk the GPU equals at width 1).
+    kvsift::search_workspace ws;
+    int differ = 0;
+    for (std::size_t i = 0; i < filtered.graph.size(); ++i) {
+      const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(filtered.graph[i]));
+      const kvsift::id_range pred{filtered.first[i], filtered.last[i]};
+      const wide_result w = cpu_wide_walk(g, filtered.q.data() + i * s.d, 20, 48, 1, 0, pred, ws);
+      std::vector<id_t> ids(20);
+      std::vector<float> sc(20);
+      kvsift::beam_search_params bp;
+      bp.k = 20;
+      bp.L = 48;
+      const auto st = kvsift::beam_search(
+          g, std::span<const float>(filtered.q.data() + i * s.d, s.d), bp, ws, ids, sc, pred);
+      ids.resize(st.count);
+      differ += ids == w.ids && st.distance_computations == w.scored ? 0 : 1;
+    }
+    CHECK(differ == 0);
   }
   for (const int width : {2, 8}) {
-    auto p = topk(20, 48, kc::graph_metric::inner_product);
-    p.expand_width = width;
-    const gpu_result batched = run_gpu<float>(s, plain, p, kDense);
-    const gpu_result one_by_one = run_gpu<float>(s, all, p, kDense);
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < plain.graph.size(); ++i) {
-      bool same =
-          batched.counts[i] == one_by_one.counts[i] && batched.scored[i] == one_by_one.scored[i];
-      for (std::size_t j = 0; same && j < 20; ++j) {
-        same = batched.ids[i * 20 + j] == one_by_one.ids[i * 20 + j] &&
-               batched.scores[i * 20 + j] == one_by_one.scores[i * 20 + j];
+    for (const bool use_filter : {false, true}) {
+      const query_batch& qb = use_filter ? filtered : plain;
+      auto p = topk(20, 48, kc::graph_metric::inner_product);
+      p.expand_width = width;
+      p.degree_cap = width == 8 ? 50 : 0;
+      int differ[3] = {0, 0, 0};
+      const gpu_result runs[3] = {run_gpu<float>(s, qb, p, kDense),
+                                  run_gpu<__half>(s, qb, p, kPaged),
+                                  run_gpu<float>(s, qb, p, kDense, 16, std::int64_t(1) << 19)};
+      kvsift::search_workspace ws;
+      std::size_t rejected = 0;  // queries whose walk met a filtered-out id
+      for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+        const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(qb.graph[i]));
+        const float* q = qb.q.data() + i * s.d;
+        const wide_result w =
+            use_filter ? cpu_wide_walk(g, q, 20, 48, width, p.degree_cap,
+                                       kvsift::id_range{qb.first[i], qb.last[i]}, ws)
+                       : cpu_wide_walk(g, q, 20, 48, width, p.degree_cap, kvsift::no_filter{}, ws);
+        rejected += w.rejected > 0 ? 1 : 0;
+        for (int r = 0; r < 3; ++r) {
+          const gpu_result& got = runs[r];
+          bool same = got.counts[i] == w.ids.size() && got.scored[i] == w.scored;
+          for (std::size_t j = 0; same && j < w.ids.size(); ++j) {
+            same = got.ids[i * 20 + j] == w.ids[j] && got.scores[i * 20 + j] == w.scores[j];
+          }
+          differ[r] += same ? 0 : 1;
+        }
       }
-      differ += same ? 0 : 1;
+      INFO("expand_width " << width << ", filter " << use_filter);
+      CHECK(differ[0] == 0);
+      CHECK(differ[1] == 0);
+      CHECK(differ[2] == 0);
+      for (const gpu_result& got : runs) CHECK(got.status == 0u);
+      // The filtered batch must meet filtered-out ids often, or the fallback is not exercised.
+      if (use_filter) CHECK(rejected > qb.graph.size() / 4);
     }
-    INFO("expand_width " << width);
-    CHECK(differ == 0);
-    CHECK(batched.status == 0u);
-    CHECK(one_by_one.status == 0u);
   }
 }
 

@@ -282,26 +282,7 @@ __device__ inline void ds_sort(walk_entry* a, int n, int lane) {
 /// distinct, so all lanes write at once. Warp-synchronous.
 __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, int L,
                                walk_entry* inc, int n, int lane) {
-  constexpr unsigned full = 0xffffffffu;
-  const bool is_full = cnt == L;
-  const float worst_key = is_full ? pool[L - 1].key : 0.0f;
-  const std::uint32_t worst_id = is_full ? pool[L - 1].id : 0u;
-  const unsigned lower_lanes = (1u << lane) - 1u;
-  int keep_n = 0;
-  for (int j0 = 0; j0 < n; j0 += 32) {  // a write never lands past the entry it came from
-    const int j = j0 + lane;
-    walk_entry e{0.0f, invalid_id};
-    bool keep = false;
-    if (j < n) {
-      e = inc[j];
-      keep = e.id != invalid_id && (!is_full || walk_better(e.key, e.id, worst_key, worst_id));
-    }
-    const unsigned b = __ballot_sync(full, keep);
-    __syncwarp();
-    if (keep) inc[keep_n + __popc(b & lower_lanes)] = e;
-    keep_n += __popc(b);
-    __syncwarp();
-  }
+  const int keep_n = walk_compact_survivors(pool, cnt, L, inc, n, lane);
   if (keep_n == 0) return cnt;
   ds_sort(inc, keep_n, lane);
   for (int i = lane; i < cnt; i += 32) {
@@ -592,13 +573,22 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       }
     };
 
-    // Top-k without a filter: the best `expand` unexpanded pool entries from `from` (the first
-    // unexpanded one) are marked expanded, then every id of their rows is loaded before any
-    // visited-set update, and every update issued before any result is used: a step costs one
-    // row-load latency per 256 ids, not one load and one update latency per expanded node.
-    // Fresh neighbours come out in (node, column) order, as from one-by-one expansions; an id
-    // in two of the rows is taken once, by whichever lane's update lands first (the candidate
-    // set, hence the merged pool, does not depend on which).
+    // Top-k: the best `expand` unexpanded pool entries from `from` (the first unexpanded one)
+    // are marked expanded, then every id of their rows is loaded before any visited-set
+    // update, and every update issued before any result is used: a step costs one row-load
+    // latency per 256 ids, not one load and one update latency per expanded node. Fresh
+    // neighbours come out in (node, column) order, as from one-by-one expansions; an id in two
+    // of the rows is taken once, by whichever lane's update lands first (the candidate set,
+    // hence the merged pool, does not depend on which).
+    //
+    // With a filter the batch is exact only while every fresh id passes: a fresh failing id
+    // starts a 2-hop walk-through whose result depends on what the earlier expansions of the
+    // step marked, and the expansion's gather cap counts the 2-hop ids. So a chunk is checked
+    // for fresh failing ids before its updates are issued (filtered-out ids are rare: the
+    // window's, a few per search); if there is one, the updates of the earlier chunks, which
+    // are exactly the ids gathered so far, are undone and the step's nodes are expanded one by
+    // one with the CPU's rule. Either way the step gathers what the CPU's expansions of the
+    // same nodes would.
     auto expand_batch = [&](int from) {
       // The nodes go to the other pool buffer, free until the merge; they are pool entries, so
       // there are at most L of them, and that buffer holds 2L ids.
@@ -629,6 +619,24 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           if (f < total) {
             const int r = f / cols;
             v[t] = adj[static_cast<std::size_t>(picks[r]) * width + (f - r * cols)];
+          }
+        }
+        if constexpr (Filtered) {
+          bool stray = false;  // a fresh id that fails the filter
+#pragma unroll
+          for (int t = 0; t < U; ++t) {
+            stray |=
+                v[t] < static_cast<std::uint32_t>(n) && !in_filter(v[t]) && !ds_test(visited, v[t]);
+          }
+          if (__any_sync(full, stray)) {
+            for (int j = lane; j < fresh_n; j += 32) {
+              const std::uint32_t w = inc[j].id;
+              atomicAnd(&visited[w >> 5], ~(1u << (w & 31u)));
+            }
+            __syncwarp();
+            fresh_n = 0;
+            for (int r = 0; r < np; ++r) fresh_n += expand(picks[r], fresh_n);
+            return fresh_n;
           }
         }
 #pragma unroll
@@ -787,20 +795,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           // The best `expand` unexpanded entries in pool order, their fresh neighbours visited
           // as one batch (expand = 1 is the CPU's walk).
           if (pick == INT_MAX) break;
-          int nv = 0;
-          if constexpr (Filtered) {
-            for (int e = 0; e < c.expand; ++e) {
-              const std::uint32_t u = pool[pick].id;
-              __syncwarp();
-              if (lane == 0) pool[pick].id = u | walk_expanded;
-              __syncwarp();
-              nv += expand(u, nv);
-              pick = unexpanded_from(pick + 1);
-              if (pick == INT_MAX) break;
-            }
-          } else {
-            nv = expand_batch(pick);
-          }
+          const int nv = expand_batch(pick);
           if (nv > 0) visit(nv);
           continue;
         }

@@ -140,28 +140,17 @@ __device__ __forceinline__ float walk_key(float s) {
   return L2 ? -s : s;
 }
 
-/// Merges the scored candidates inc[0, n) (ids distinct, not in the pool; an id of invalid_id
-/// marks a candidate to ignore) into the sorted pool[0, cnt) of capacity L and returns the new
-/// count. When the pool is full only candidates better than its worst survive. `inc` is
-/// clobbered; `srt` needs room for n entries. Warp-synchronous: every lane calls it.
-///
-/// Survivors are sorted by rank (ids are distinct, so ranks are), then merged in place. Final
-/// positions come from binary searches in the other sorted list; the survivors' are computed
-/// first (in inc, no longer needed), while the pool is intact. A pool entry only moves up (to
-/// i + the survivors ranking before it), so chunks of 32 entries are moved from the last chunk
-/// down, each read whole before any lane writes: a write lands in the chunk itself or in
-/// chunks already moved, never on an entry not yet read. Final positions are distinct, so the
-/// survivors' writes come last without clobbering moved entries.
-__device__ inline int walk_merge(walk_entry* pool, int cnt, int L, walk_entry* inc, walk_entry* srt,
-                                 int n, int lane) {
+/// Compacts to the front of inc[0, n), in order, the candidates that enter the sorted
+/// pool[0, cnt) of capacity L: all of them while it is not full, else those better than its
+/// worst; an id of invalid_id never does. Returns how many. Each chunk of 32 is read whole
+/// before any lane writes, and a write never lands past the entry it came from, so the
+/// compaction is in place. Warp-synchronous: every lane calls it. O(n / 32) per lane.
+__device__ inline int walk_compact_survivors(const walk_entry* pool, int cnt, int L,
+                                             walk_entry* inc, int n, int lane) {
   constexpr unsigned full = 0xffffffffu;
   const bool is_full = cnt == L;
   const float worst_key = is_full ? pool[L - 1].key : 0.0f;
   const std::uint32_t worst_id = is_full ? pool[L - 1].id : 0u;
-  // Survivors compacted to the front of inc (each chunk read whole before any lane writes, and
-  // a write never lands past the entry it came from), then ranked among themselves only: late
-  // in a search few of an expansion's candidates beat the pool's worst, so this is
-  // O(survivors^2 / 32) per lane instead of O(survivors * candidates / 32).
   const unsigned lower_lanes = (1u << lane) - 1u;
   int keep_n = 0;
   for (int j0 = 0; j0 < n; j0 += 32) {
@@ -178,6 +167,27 @@ __device__ inline int walk_merge(walk_entry* pool, int cnt, int L, walk_entry* i
     keep_n += __popc(b);
     __syncwarp();
   }
+  return keep_n;
+}
+
+/// Merges the scored candidates inc[0, n) (ids distinct, not in the pool; an id of invalid_id
+/// marks a candidate to ignore) into the sorted pool[0, cnt) of capacity L and returns the new
+/// count. When the pool is full only candidates better than its worst survive. `inc` is
+/// clobbered; `srt` needs room for n entries. Warp-synchronous: every lane calls it.
+///
+/// Survivors are sorted by rank (ids are distinct, so ranks are), then merged in place. Final
+/// positions come from binary searches in the other sorted list; the survivors' are computed
+/// first (in inc, no longer needed), while the pool is intact. A pool entry only moves up (to
+/// i + the survivors ranking before it), so chunks of 32 entries are moved from the last chunk
+/// down, each read whole before any lane writes: a write lands in the chunk itself or in
+/// chunks already moved, never on an entry not yet read. Final positions are distinct, so the
+/// survivors' writes come last without clobbering moved entries.
+__device__ inline int walk_merge(walk_entry* pool, int cnt, int L, walk_entry* inc, walk_entry* srt,
+                                 int n, int lane) {
+  // Survivors ranked among themselves only: late in a search few of an expansion's candidates
+  // beat the pool's worst, so this is O(survivors^2 / 32) per lane instead of
+  // O(survivors * candidates / 32).
+  const int keep_n = walk_compact_survivors(pool, cnt, L, inc, n, lane);
   if (keep_n == 0) return cnt;
   for (int j = lane; j < keep_n; j += 32) {
     const walk_entry e = inc[j];
