@@ -180,6 +180,7 @@ void sparse_attention_suite() {
     check_sparse_attention<T>(28, 4, d, 150, 8, 0);    // GQA 7
     check_sparse_attention<T>(28, 4, d, 150, 8, 1);    // no split: kernel writes the output
     check_sparse_attention<T>(12, 3, d, 1500, 64, 3);  // long lists, few splits
+    check_sparse_attention<T>(6, 2, d, 2600, 16, 1);   // > one offset tile per block
   }
   check_sparse_attention<T>(4, 1, 128, 100, 16, 2, 0.3f);  // explicit scale
 }

@@ -19,9 +19,12 @@ namespace kvsift::cuda::detail {
 
 inline constexpr int attention_threads = 128;
 /// Tokens a thread group loads (K and V) before the first use: the memory-level parallelism.
-inline constexpr int attention_tokens_per_group = 4;
-/// Tokens whose K/V offsets are resolved into shared memory per step.
-inline constexpr int attention_offset_tile = 256;
+/// 6 measured best on the H200 (4 within 2% at batch, 8 slower: 76 registers instead of 56;
+/// bench/results/h200_sparse_attention_raw_vectors.txt).
+inline constexpr int attention_tokens_per_group = 6;
+/// Tokens whose K/V offsets are resolved into shared memory per step: a decode step's few
+/// hundred tokens per block pay one id + page-table round trip, not one per 256 tokens.
+inline constexpr int attention_offset_tile = 1024;
 
 /// A group of G lanes (G divides 32) holds one token's head_dim elements, VPT 16-byte vectors
 /// per lane; NG groups per block work on different tokens.
@@ -114,8 +117,10 @@ __global__ void __launch_bounds__(attention_threads)
 
     // The trip count is uniform across the block, so whole warps reach the shuffles together.
     for (int base = 0; base < tile_n; base += S::groups * U) {
-      float k[U][VPT][V];
-      float v[U][VPT][V];
+      // Raw 16-byte vectors until use: a 16-bit row costs half the registers it would as
+      // floats, which leaves room for more tokens in flight without spilling.
+      uint4 k[U][VPT];
+      uint4 v[U][VPT];
       bool valid[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -126,11 +131,10 @@ __global__ void __launch_bounds__(attention_threads)
         for (int r = 0; r < VPT; ++r) {
           const int col = (r * S::group + lane) * V;
           if (valid[u]) {
-            load_vec(kv.k_pages + offset + col, k[u][r]);
-            load_vec(kv.v_pages + offset + col, v[u][r]);
+            k[u][r] = *reinterpret_cast<const uint4*>(kv.k_pages + offset + col);
+            v[u][r] = *reinterpret_cast<const uint4*>(kv.v_pages + offset + col);
           } else {
-#pragma unroll
-            for (int i = 0; i < V; ++i) k[u][r][i] = v[u][r][i] = 0.0f;
+            k[u][r] = v[u][r] = make_uint4(0u, 0u, 0u, 0u);  // zeros in every element type
           }
         }
       }
@@ -141,8 +145,10 @@ __global__ void __launch_bounds__(attention_threads)
         float dot = 0.0f;
 #pragma unroll
         for (int r = 0; r < VPT; ++r) {
+          float kf[V];
+          widen_vec<T>(k[u][r], kf);
 #pragma unroll
-          for (int i = 0; i < V; ++i) dot = fmaf(qr[r][i], k[u][r][i], dot);
+          for (int i = 0; i < V; ++i) dot = fmaf(qr[r][i], kf[i], dot);
         }
 #pragma unroll
         for (int off = S::group / 2; off > 0; off /= 2) {
@@ -168,8 +174,10 @@ __global__ void __launch_bounds__(attention_threads)
         s += p;
 #pragma unroll
         for (int r = 0; r < VPT; ++r) {
+          float vf[V];
+          widen_vec<T>(v[u][r], vf);
 #pragma unroll
-          for (int i = 0; i < V; ++i) acc[r][i] = fmaf(p, v[u][r][i], acc[r][i]);
+          for (int i = 0; i < V; ++i) acc[r][i] = fmaf(p, vf[i], acc[r][i]);
         }
       }
       m = m_new;
