@@ -13,7 +13,8 @@
 // against the exact top-100, over a sweep of pool sizes L from the cheap end, for dense and
 // paged keys; DIPR at a few beta; and the baselines: the exact GPU top-100 (kvsift::cuda::knn,
 // GEMM + selection, one call per graph) and the time to read every key once at the measured
-// device copy bandwidth (the floor of any exact scan).
+// device copy bandwidth (the floor of any exact scan). Then the composed decode step at the
+// fastest setting reaching recall@100 0.95, against full attention, and its stages timed alone.
 //
 // Usage: kvsift-cuda-decode_search_bench [--n 131072] [--d 128] [--requests 32]
 //            [--kv-heads 8] [--group 4] [--distinct 2] [--page 16] [--quick 0|1]
@@ -369,6 +370,69 @@ int main(int argc, char** argv) {
         o.requests, o.kv_heads * o.group, n, chosen.L, chosen.expand_width, chosen.degree_cap,
         step_ms, full_ms, 100.0 * full_bytes / (full_ms * 1e-3) / (setup.copy_gbps * 1e9),
         full_ms / step_ms, std::sqrt(num / den));
+
+    // The step's stages, each timed alone over the step's own inputs: the search with the
+    // window excluded by an id range, the CSR compaction, attention over the retrieved and
+    // over the window tokens, the merge. Their sum next to the step shows what composing them
+    // costs (the step also builds its per-head lists: one small kernel, not timed alone).
+    const std::uint32_t lo = std::uint32_t(sp.sink);
+    const std::uint32_t hi = std::uint32_t(std::max<std::size_t>(n - std::size_t(sp.window), lo));
+    std::vector<std::uint32_t> fl(Q, lo), fh(Q, hi);
+    dev<std::uint32_t> dfl(Q), dfh(Q);
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dfl.p, fl.data(), Q * 4, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dfh.p, fh.data(), Q * 4, cudaMemcpyHostToDevice));
+    kc::decode_queries fq{dq.p, std::int64_t(d), dqg.p};
+    fq.filter_first = dfl.p;
+    fq.filter_last = dfh.p;
+    const int cap = kc::decode_search_capacity(chosen);
+    dev<id_t> sids(Q * cap);
+    dev<std::uint32_t> scounts(Q);
+    kc::decode_search_outputs so{};
+    so.ids = sids.p;
+    so.counts = scounts.p;
+    so.status = ostatus.p;
+    const std::size_t swb = kc::decode_search_workspace_size(set, std::int64_t(Q), chosen);
+    dev<char> sws(swb);
+    dev<std::int64_t> rind(Q + 1), wind(Q + 1);
+    dev<std::int32_t> rids(Q * cap);
+    std::vector<std::int64_t> hwind(Q + 1, 0);
+    std::vector<std::int32_t> hwids;
+    for (std::size_t i = 0; i < Q; ++i) {
+      for (std::uint32_t t = 0; t < lo; ++t) hwids.push_back(std::int32_t(t));
+      for (std::size_t t = hi; t < n; ++t) hwids.push_back(std::int32_t(t));
+      hwind[i + 1] = std::int64_t(hwids.size());
+    }
+    dev<std::int32_t> wids(hwids.size());
+    KVSIFT_CUDA_CHECK(cudaMemcpy(wind.p, hwind.data(), (Q + 1) * 8, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(wids.p, hwids.data(), hwids.size() * 4, cudaMemcpyHostToDevice));
+    dev<float> o_r(Q * d), l_r(Q), o_w(Q * d), l_w(Q), o_m(Q * d), l_m(Q);
+    auto search = [&](cudaStream_t s) {
+      kc::decode_search(set, kv, fq, std::int64_t(Q), chosen, so, sws.p, swb, s);
+    };
+    auto csr = [&](cudaStream_t s) {
+      kc::decode_results_to_csr(sids.p, scounts.p, std::int64_t(Q), cap, rind.p, rids.p, s);
+    };
+    auto attn_r = [&](cudaStream_t s) {
+      kc::sparse_attention(dq.p, int(Q), int(d), kv, rind.p, rids.p, o_r.p, l_r.p, aws.p, awb, s);
+    };
+    auto attn_w = [&](cudaStream_t s) {
+      kc::sparse_attention(dq.p, int(Q), int(d), kv, wind.p, wids.p, o_w.p, l_w.p, aws.p, awb, s);
+    };
+    auto merge = [&](cudaStream_t s) {
+      kc::merge_state(o_r.p, l_r.p, o_w.p, l_w.p, o_m.p, l_m.p, 1, int(Q), int(d), s);
+    };
+    search(stream);
+    csr(stream);
+    KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const float t_search = kvsift::cuda_bench::median_ms(search, stream, 2, 10);
+    const float t_csr = kvsift::cuda_bench::median_ms(csr, stream, 2, 10);
+    const float t_r = kvsift::cuda_bench::median_ms(attn_r, stream, 2, 10);
+    const float t_w = kvsift::cuda_bench::median_ms(attn_w, stream, 2, 10);
+    const float t_m = kvsift::cuda_bench::median_ms(merge, stream, 2, 10);
+    std::printf(
+        "decode step stages, each alone (ms): search (window excluded) %.3f, CSR %.3f, attention "
+        "over retrieved %.3f, over window %.3f, merge %.3f; sum %.3f vs step %.3f\n",
+        t_search, t_csr, t_r, t_w, t_m, t_search + t_csr + t_r + t_w + t_m, step_ms);
   }
   std::uint32_t status = 0;
   KVSIFT_CUDA_CHECK(cudaMemcpy(&status, ostatus.p, 4, cudaMemcpyDeviceToHost));
