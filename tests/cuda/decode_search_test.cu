@@ -353,9 +353,12 @@ struct wide_result {
 /// `width` unexpanded pool entries, expands them one after another with the CPU's rule
 /// (detail::expand: visited set, 2-hop walk-through of failing ids, gather cap, degree cap),
 /// and only then scores and inserts every id they gathered. width = 1 is beam_search.
+/// walk_through = false: a failing neighbour is marked visited and dropped (seeds that fail
+/// are still walked through, as detail::seed does).
 template <class M, class P>
 wide_result cpu_wide_walk(const cpu_graph<M>& g, const float* q, std::size_t k, std::size_t L,
-                          int width, int degree_cap, const P& pred, kvsift::search_workspace& ws) {
+                          int width, int degree_cap, const P& pred, kvsift::search_workspace& ws,
+                          bool walk_through = true) {
   wide_result r;
   ws.visited.reset(g.size());
   ws.pool.reset(std::min(L, g.size()));
@@ -378,7 +381,13 @@ wide_result cpu_wide_walk(const cpu_graph<M>& g, const float* q, std::size_t k, 
           r.rejected += !pred(v) && !ws.visited.contains(v) ? 1 : 0;
         }
       }
-      kvsift::detail::expand(g, u, pred, cap, ws, [&](id_t v) { gathered.push_back(v); });
+      if (walk_through) {
+        kvsift::detail::expand(g, u, pred, cap, ws, [&](id_t v) { gathered.push_back(v); });
+        continue;
+      }
+      for (const id_t v : kvsift::detail::capped_neighbors(g, u, cap)) {
+        if (ws.visited.try_insert(v) && pred(v)) gathered.push_back(v);
+      }
     }
     for (const id_t v : gathered) insert(v);
   }
@@ -493,9 +502,10 @@ TEST_CASE("decode_search_visited_in_workspace_matches_cpu", "[cuda][decode_searc
 TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") {
   // expand_width > 1 expands a step's nodes as one batch (all row ids loaded, then all visited
   // updates); with a filter it must fall back to one-by-one expansion whenever a fresh id
-  // fails it. cpu_wide_walk is the walk both must equal, id for id and vectors scored, with
-  // and without filters (selective ones cross filtered-out regions through 2-hop walks), over
-  // dense and paged keys, with the visited sets in shared memory and in the workspace.
+  // fails it, unless walk_through is off (failing ids then marked and dropped). cpu_wide_walk is
+  // the walk both must equal, id for id and vectors scored, with and without filters (selective
+  // ones cross filtered-out regions through 2-hop walks), over dense and paged keys, with the
+  // visited sets in shared memory and in the workspace.
   const graph_set s = make_set({700, 3000}, 32, 70, 2);
   const query_batch plain = make_queries(s, 600, false, false);
   const query_batch filtered = make_queries(s, 600, false, true);
@@ -519,12 +529,21 @@ TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") 
     }
     CHECK(differ == 0);
   }
-  for (const int width : {2, 8}) {
-    for (const bool use_filter : {false, true}) {
+  struct setting {
+    int width;
+    bool use_filter, walk_through;
+  };
+  for (const setting st :
+       {setting{2, false, true}, setting{8, false, true}, setting{2, true, true},
+        setting{8, true, true}, setting{1, true, false}, setting{8, true, false}}) {
+    const int width = st.width;
+    const bool use_filter = st.use_filter;
+    {
       const query_batch& qb = use_filter ? filtered : plain;
       auto p = topk(20, 48, kc::graph_metric::inner_product);
       p.expand_width = width;
       p.degree_cap = width == 8 ? 50 : 0;
+      p.walk_through = st.walk_through;
       int differ[3] = {0, 0, 0};
       const gpu_result runs[3] = {run_gpu<float>(s, qb, p, kDense),
                                   run_gpu<__half>(s, qb, p, kPaged),
@@ -535,9 +554,10 @@ TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") 
         const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(qb.graph[i]));
         const float* q = qb.q.data() + i * s.d;
         const wide_result w =
-            use_filter ? cpu_wide_walk(g, q, 20, 48, width, p.degree_cap,
-                                       kvsift::id_range{qb.first[i], qb.last[i]}, ws)
-                       : cpu_wide_walk(g, q, 20, 48, width, p.degree_cap, kvsift::no_filter{}, ws);
+            use_filter
+                ? cpu_wide_walk(g, q, 20, 48, width, p.degree_cap,
+                                kvsift::id_range{qb.first[i], qb.last[i]}, ws, st.walk_through)
+                : cpu_wide_walk(g, q, 20, 48, width, p.degree_cap, kvsift::no_filter{}, ws);
         rejected += w.rejected > 0 ? 1 : 0;
         for (int r = 0; r < 3; ++r) {
           const gpu_result& got = runs[r];
@@ -548,7 +568,8 @@ TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") 
           differ[r] += same ? 0 : 1;
         }
       }
-      INFO("expand_width " << width << ", filter " << use_filter);
+      INFO("expand_width " << width << ", filter " << use_filter << ", walk_through "
+                           << st.walk_through);
       CHECK(differ[0] == 0);
       CHECK(differ[1] == 0);
       CHECK(differ[2] == 0);
@@ -760,6 +781,9 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "degree_cap >= 0 (0 = all), got -1"));
   bad = dipr(1.0f, 8, 4);
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "max_results"));
+  bad = dipr(1.0f, 8, 0);
+  bad.walk_through = false;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected walk_through = true, got false"));
   CHECK(contains(msg(set, k, qs, 0, p, out, wb), "1 <= queries"));
   CHECK(contains(msg(set, k, qs, 1, p, out, wb - 4), "too small"));
   auto q2 = qs;

@@ -77,6 +77,7 @@ struct ds_config {
   int capacity = 0;  // output row length: k or max_results
   float beta = 0.0f;
   int expand = 1;               // top-k: pool entries expanded per step
+  bool walk_through = true;     // filtered top-k: failing neighbours walked through (2-hop)
   int inc = 0;                  // candidate list length, max(width, 32) * expand
   int cols = 0;                 // neighbours read per row: the width, or degree_cap if smaller
   int words = 0;                // visited bitset words (multiple of 4)
@@ -107,6 +108,9 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
         " (or 0 for 64 * l0), got ", p.max_results);
     require(p.expand_width >= 1 && p.expand_width <= 8, who,
             ": expected 1 <= expand_width <= 8, got ", p.expand_width);
+    require(p.walk_through, who,
+            ": DIPR always walks through filtered-out neighbours; "
+            "expected walk_through = true, got false");
     c.pool = p.l0;
     c.expand = p.expand_width;
     c.capacity =
@@ -122,6 +126,7 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
     c.pool = p.L;
     c.k = p.k;
     c.expand = p.expand_width;
+    c.walk_through = p.walk_through;
     c.capacity = p.k;
   }
   require(set.width >= 1 && set.width <= max_graph_search_width, who,
@@ -621,7 +626,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
             v[t] = adj[static_cast<std::size_t>(picks[r]) * width + (f - r * cols)];
           }
         }
-        if constexpr (Filtered) {
+        if (Filtered && c.walk_through) {
           bool stray = false;  // a fresh id that fails the filter
 #pragma unroll
           for (int t = 0; t < U; ++t) {
@@ -650,7 +655,8 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
 #pragma unroll
         for (int t = 0; t < U; ++t) {
-          const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
+          // Without the walk-through a failing id is marked (above) and dropped here.
+          const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u && in_filter(v[t]);
           const unsigned b = __ballot_sync(full, fresh);
           if (fresh) inc[fresh_n + __popc(b & lower_lanes)].id = v[t];
           fresh_n += __popc(b);
