@@ -485,6 +485,23 @@ TEST_CASE("decode_search_degree_cap_matches_cpu", "[cuda][decode_search]") {
   }
 }
 
+TEST_CASE("decode_search_model_head_dims_match_cpu", "[cuda][decode_search]") {
+  // The head dims of real models (64, 128), f32/f16/bf16, dense and paged: rows of 16 and 32
+  // vectors, so the row-load loop runs whole chunks (the other tests use d = 32).
+  const graph_set s64 = make_set({1500, 900, 1}, 64, 40, 2);
+  const query_batch q64 = make_queries(s64, 300, false, false);
+  CHECK((compare<kvsift::inner_product, float>(
+             s64, q64, topk(20, 64, kc::graph_metric::inner_product), kDense) == 0));
+  CHECK((compare<kvsift::l2, float>(s64, q64, topk(10, 40, kc::graph_metric::l2), kPaged) == 0));
+  const graph_set s128 = make_set({1200, 700}, 128, 36, 2);
+  const query_batch q128 = make_queries(s128, 300, true, true);
+  CHECK((compare<kvsift::inner_product, __half>(
+             s128, q128, topk(16, 48, kc::graph_metric::inner_product), kPaged) == 0));
+  CHECK((compare<kvsift::l2, __nv_bfloat16>(s128, q128, topk(16, 48, kc::graph_metric::l2),
+                                            kDense) == 0));
+  CHECK((compare<kvsift::inner_product, __half>(s128, q128, dipr(6.0f, 16, 0), kPaged) == 0));
+}
+
 TEST_CASE("decode_search_visited_in_workspace_matches_cpu", "[cuda][decode_search]") {
   // Graphs declared larger than 2^18 keys keep their visited bitsets in the workspace, not in
   // shared memory: the same walks, filtered and not, top-k and DIPR.

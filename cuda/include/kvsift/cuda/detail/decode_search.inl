@@ -403,7 +403,10 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     // of 16 lanes per row, each lane one 16-byte vector, was measured slower: 1.25-1.32 ms
     // against 0.85 ms for 512 queries at L 256, expand_width 8; it needs more rounds for the
     // same rows, and a round's latency is what a step waits for:
-    // bench/results/h200_decode_search_variants.txt.)
+    // bench/results/h200_decode_search_variants.txt. A later team variant with all 16 loads
+    // of a lane in flight and a butterfly reduction tied on dense keys, 0.757 vs 0.754 ms, and
+    // lost on paged ones, 1.491 vs 0.813 ms: every lane of a team repeats the page-table
+    // lookups of its 16 rows; h200_decode_search_team_scoring.txt.)
     auto score_rows = [&](int nv) {
       for (int j0 = 0; j0 < nv; j0 += 64) {
         const int ja = j0 + lane, jb = ja + 32;
