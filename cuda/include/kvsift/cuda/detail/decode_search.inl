@@ -14,7 +14,9 @@
 // graphs, L 256, expand_width 8: 1.31 ms before, 0.81 ms after; docs/decode_search.md):
 // - the visited set in shared memory: a global atomic costs an L2 round trip per expansion;
 // - a wide expansion loads the rows of all its nodes before any visited-set update, instead of
-//   one node after the other (one latency per 256 ids, not two per node);
+//   one node after the other (one latency per 256 ids, not two per node); a filtered walk
+//   falls back to one node after the other only for a step that meets a fresh filtered-out id
+//   (or never, with walk_through = false);
 // - the merge sorts the survivors (warp bitonic sort, O(n log^2 n / 32) per lane) instead of
 //   ranking each against every other (O(n^2 / 32), which dominated the first steps of a wide
 //   expansion: hundreds of candidates, all surviving into a pool that is not yet full);
@@ -592,11 +594,12 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     // With a filter the batch is exact only while every fresh id passes: a fresh failing id
     // starts a 2-hop walk-through whose result depends on what the earlier expansions of the
     // step marked, and the expansion's gather cap counts the 2-hop ids. So a chunk is checked
-    // for fresh failing ids before its updates are issued (filtered-out ids are rare: the
-    // window's, a few per search); if there is one, the updates of the earlier chunks, which
-    // are exactly the ids gathered so far, are undone and the step's nodes are expanded one by
-    // one with the CPU's rule. Either way the step gathers what the CPU's expansions of the
-    // same nodes would.
+    // for fresh failing ids before its updates are issued (each filtered-out id is met fresh
+    // once per search, and a decode step's window is few ids); if there is one, the updates of
+    // the earlier chunks, which are exactly the ids gathered so far, are undone and the step's
+    // nodes are expanded one by one with the CPU's rule. Either way the step gathers what the
+    // CPU's expansions of the same nodes would. With walk_through = false no chunk is checked:
+    // failing ids are marked and dropped at the compaction.
     auto expand_batch = [&](int from) {
       // The nodes go to the other pool buffer, free until the merge; they are pool entries, so
       // there are at most L of them, and that buffer holds 2L ids.
