@@ -39,9 +39,12 @@ except ImportError as e:  # pragma: no cover - depends on the build
 CudaError = _ext.CudaError
 current_device = _ext.current_device
 
+from .graphs import GraphSet, graph_set  # noqa: E402  (host side: indexes for decode_step)
+
 _LN2 = math.log(2.0)
 
-__all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention", "knn",
+__all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention",
+           "decode_step", "GraphSet", "graph_set", "knn",
            "gather_pages", "scatter_pages", "BucketedLRU", "LruStep", "CudaError",
            "current_device"]
 
@@ -227,6 +230,52 @@ def sparse_attention(q, k_pages, v_pages, page_table, indptr, ids, *, scale=None
         _ext.sparse_attention(*_dl(q, k_pages, v_pages, page_table, indptr, ids, o, lse, ws),
                               float("nan") if scale is None else float(scale), int(num_splits), st,
                               *_dl(status))
+        if base2:
+            lse *= 1.0 / _LN2
+    return o, lse
+
+
+def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, L=128,
+                expand_width=1, walk_through=True, degree_cap=0, beta=1.0, l0=64, max_results=0,
+                sink=4, window=512, scale=None, lse_base="e", stream=None, status=None):
+    """One decode step of retrieval attention for one layer, on the GPU: the graph search of
+    every query head over its KV head's index (the window excluded), sparse attention over the
+    retrieved tokens and over the window (the first ``sink`` and last ``window`` tokens), and
+    the exact log-sum-exp merge of the two. Three kernels and two launches each, no host
+    synchronisation.
+
+    graphs: a ``GraphSet`` (``graph_set(indexes)``) with its three arrays on the
+    device; graph g indexes every token of KV head g. q: [qo_heads, dim] float32; query head
+    h searches graph ``h // (qo_heads // graphs)`` (GQA). k_pages, v_pages, page_table: as
+    ``sparse_attention``, page-table row g = KV head g. ``mode`` "topk" (``k`` of a pool of
+    ``L``) or "dipr" (keys within ``beta`` raw score units of the best, pool ``l0``, at most
+    ``max_results``); ``expand_width`` nodes expanded per step (1 = the CPU's walk, up to 8);
+    ``walk_through=False`` drops window tokens met by the walk instead of walking through
+    them (top-k; faster, docs/decode_search.md); ``degree_cap`` > 0 reads each node's first
+    neighbours only. Returns ``(o [qo_heads, dim] float32, lse [qo_heads] float32)``: with a
+    retrieval that finds every middle token, full attention. The workspace comes from q's
+    framework's allocator. ``status``: int32 device word, bits of kvsift::cuda's
+    decode_status (bad ids, a capped DIPR search).
+    """
+    base2 = _check_base(lse_base)
+    st = _stream(q, stream)
+    heads, dim = int(q.shape[0]), int(q.shape[1])
+    adjacency, row_offset, entries, max_keys = graphs
+    if not 1 <= int(max_keys) <= int(adjacency.shape[0]):  # before sizing a workspace by it
+        raise ValueError(f"max_keys: expected 1 <= max_keys <= {int(adjacency.shape[0])} (the "
+                         f"adjacency's rows), got {max_keys}")
+    knobs = (str(mode), int(k), int(L), int(expand_width), bool(walk_through), int(degree_cap),
+             float(beta), int(l0), int(max_results), int(sink), int(window))
+    with _on_stream(q, st, stream is not None):
+        o = _empty(q, (heads, dim), "float32")
+        lse = _empty(q, (heads,), "float32")
+        ws_bytes = _ext.decode_step_workspace_size(int(entries.shape[0]), int(adjacency.shape[1]),
+                                                   int(entries.shape[1]), int(max_keys), heads,
+                                                   dim, *knobs)
+        ws = _empty(q, (max(ws_bytes, 1),), "uint8")
+        _ext.decode_step(*_dl(adjacency, row_offset, entries), int(max_keys),
+                         *_dl(q, k_pages, v_pages, page_table, o, lse, ws), *knobs,
+                         float("nan") if scale is None else float(scale), st, *_dl(status))
         if base2:
             lse *= 1.0 / _LN2
     return o, lse

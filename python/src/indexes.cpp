@@ -12,6 +12,7 @@
 
 #include "bindings.hpp"
 #include "indexes.hpp"
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/index/graph_io.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
 
@@ -65,6 +66,33 @@ py_graph load_roargraph(const std::filesystem::path& path, const py::handle& key
     return kvsift::load_graph(path, store);
   });
   return {py::reinterpret_borrow<py::object>(keys_h), std::move(keys), std::move(index)};
+}
+
+/// RoarGraphIndex.adjacency: the rows cut or padded (0xFFFFFFFF) to `width` (0 = max_degree).
+py::array_t<std::uint32_t> graph_adjacency(const py_graph& self, std::int64_t width) {
+  return std::visit(
+      [&](const auto& g) {
+        // Bounded so that a typo cannot ask for terabytes: 2^16 is far above any graph's degree.
+        require(width >= 0 && width <= (std::int64_t{1} << 16),
+                "RoarGraphIndex.adjacency: expected 0 <= width <= 65536 (0 = max_degree ",
+                g.max_degree(), "), got ", width);
+        const std::size_t w =
+            width == 0 ? std::max<std::size_t>(g.max_degree(), 1) : static_cast<std::size_t>(width);
+        const std::size_t n = g.size();
+        (void)kvsift::checked_mul(n, w, sizeof(std::uint32_t), "adjacency bytes");
+        py::array_t<std::uint32_t> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(w)});
+        std::uint32_t* dst = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          std::fill(dst, dst + n * w, kvsift::invalid_id);
+          for (std::size_t u = 0; u < n; ++u) {
+            const auto row = g.neighbors(static_cast<kvsift::id_t>(u));
+            std::copy_n(row.begin(), std::min(row.size(), w), dst + u * w);
+          }
+        }
+        return out;
+      },
+      self.index());
 }
 
 std::uint64_t roargraph_fingerprint(const py_graph& self) {
@@ -194,6 +222,24 @@ void bind_indexes(py::module_& m) {
                                return std::visit([](const auto& i) { return i.entry_point(); },
                                                  g.index());
                              })
+      .def_property_readonly(
+          "entry_points",
+          [](const py_graph& g) {
+            return std::visit(
+                [](const auto& i) {
+                  const auto e = i.entry_points();
+                  py::array_t<std::uint32_t> out(static_cast<py::ssize_t>(e.size()));
+                  std::copy(e.begin(), e.end(), out.mutable_data());
+                  return out;
+                },
+                g.index());
+          },
+          "The search's entry points (uint32), the first one the entry point.")
+      .def("adjacency", &graph_adjacency, py::kw_only(), py::arg("width") = 0,
+           "The graph as a fixed-width table: uint32 [size, width], row u = u's out-neighbours "
+           "in the builder's order, padded with 0xFFFFFFFF (kvsift.cuda.graph_set stacks these "
+           "for the GPU decode search). width 0 = max_degree; a smaller width keeps each "
+           "row's first neighbours (as degree_cap does). O(size * width); a copy.")
       .def("search", &graph_search, py::arg("queries"), py::arg("k"), py::kw_only(),
            py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("entries") = py::none(),
            py::arg("threads") = 0, py::arg("degree_cap") = 0,

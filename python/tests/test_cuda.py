@@ -2,6 +2,7 @@
 extension (built with KVSIFT_PY_CUDA=ON) or without a CUDA device; run on the H200."""
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -362,3 +363,75 @@ def test_bucketed_lru_reports_bad_selections_per_pair_and_refuses_bad_shapes():
     with pytest.raises(ValueError, match="shape"):
         lru.step(torch.zeros(2, dtype=torch.int32, device="cuda"),
                  torch.zeros(4, dtype=torch.int64, device="cuda"))
+
+
+def decode_case(dtype, n=600, kv_heads=2, group=4, dim=64, page=16, seed=11):
+    """Two KV heads of n tokens: RoarGraph indexes over their keys, the paged K/V, queries."""
+    k, v, table, kd, vd = paged(n, kv_heads, dim, page, dtype, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    q = torch.randn(kv_heads * group, dim, device="cuda", generator=g)
+    idx = []
+    for h in range(kv_heads):
+        keys = kd[h].float().cpu().numpy()
+        train = q[h * group : (h + 1) * group].cpu().numpy().repeat(40, 0)
+        train = train + 0.3 * np.random.default_rng(h).standard_normal(train.shape).astype(np.float32)
+        idx.append(kvsift.RoarGraphIndex(keys, train, nq=20, M=16, L=80, threads=1))
+    gs = kc.graph_set(idx)
+    dev = kc.GraphSet(*(torch.from_numpy(a).cuda() for a in gs[:3]), gs.max_keys)
+    return dev, q, k, v, table, kd, vd
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("expand_width", [1, 8])
+def test_decode_step_with_full_retrieval_is_full_attention(dtype, expand_width):
+    # A pool as large as the middle (every token but the window) retrieves all of it, so window
+    # + retrieval + merge must be attention over every token.
+    n, group, dim = 600, 4, 64
+    graphs, q, k, v, table, kd, vd = decode_case(dtype)
+    middle = n - 4 - 64
+    o, lse = kc.decode_step(graphs, q, k, v, table, k=middle, L=middle, sink=4, window=64,
+                            expand_width=expand_width)
+    for h in range(q.shape[0]):
+        kh, vh = kd[h // group].double(), vd[h // group].double()
+        logits = (kh @ q[h].double()) / math.sqrt(dim)
+        assert abs(lse[h].item() - torch.logsumexp(logits, 0).item()) < 1e-4
+        assert torch.allclose(o[h].double(), torch.softmax(logits, 0) @ vh, atol=1e-4, rtol=1e-4)
+    o2, lse2 = kc.decode_step(graphs, q, k, v, table, k=middle, L=middle, sink=4, window=64,
+                              expand_width=expand_width, lse_base=2)
+    assert torch.allclose(lse2, lse / math.log(2.0), rtol=1e-6)
+
+
+def test_decode_step_top_k_attends_the_window_and_the_best_keys():
+    # Small k: the output must be attention over the window + the k keys the search found,
+    # which for these easy queries are the exact top-k of the middle (recall checked loosely).
+    n, group, dim = 600, 4, 64
+    graphs, q, k, v, table, kd, vd = decode_case(torch.float16, seed=21)
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    o, lse = kc.decode_step(graphs, q, k, v, table, k=32, L=96, sink=4, window=64,
+                            expand_width=8, walk_through=False, status=status)
+    torch.cuda.synchronize()
+    assert status.item() == 0 and torch.all(torch.isfinite(o)) and torch.all(torch.isfinite(lse))
+    full_lse = []
+    for h in range(q.shape[0]):
+        logits = (kd[h // group].double() @ q[h].double()) / math.sqrt(dim)
+        full_lse.append(torch.logsumexp(logits, 0).item())
+        window = torch.cat([logits[:4], logits[n - 64 :]])
+        # At least the window's mass, at most the full mass.
+        assert torch.logsumexp(window, 0).item() - 1e-4 <= lse[h].item() <= full_lse[-1] + 1e-4
+
+
+def test_decode_step_refuses_bad_input():
+    graphs, q, k, v, table, _, _ = decode_case(torch.float16, n=200)
+    host = kc.GraphSet(*(a.cpu().numpy() for a in graphs[:3]), graphs.max_keys)
+    with pytest.raises(Exception, match="numpy.ndarray"):
+        kc.decode_step(host, q, k, v, table)
+    with pytest.raises(Exception, match="'topk' or 'dipr'"):
+        kc.decode_step(graphs, q, k, v, table, mode="flat")
+    with pytest.raises(Exception, match="walk_through = true"):
+        kc.decode_step(graphs, q, k, v, table, mode="dipr", walk_through=False)
+    with pytest.raises(Exception, match="page_table"):
+        kc.decode_step(graphs, q, k, v, table[:1].contiguous())
+    with pytest.raises(Exception, match="max_keys"):
+        kc.decode_step(kc.GraphSet(*graphs[:3], 10**9), q, k, v, table)
+    with pytest.raises(Exception, match="float32"):
+        kc.decode_step(graphs, q.half(), k, v, table)

@@ -136,6 +136,58 @@ std::array<std::int64_t, 3> state_shape(const tensor& v, const tensor& s, const 
   return {v.shape[0], v.shape[1], v.shape[2]};
 }
 
+/// The graph set of a decode step: adjacency [rows, width] and entries [graphs, max_entries]
+/// int32 or uint32 (the same bits: 0xFFFFFFFF = -1 pads), row_offset int64 [graphs + 1].
+ops::decode_graphs graphs_of(const tensor& adj, const tensor& off, const tensor& ent,
+                             std::int64_t max_keys) {
+  auto id_table = [](const tensor& t, const char* what) {
+    require((t.kind == 'i' || t.kind == 'u') && t.itemsize == 4, what,
+            ": expected int32 or uint32 ids, got ", t.dl_dtype,
+            " (kvsift.cuda.graph_set makes int32)");
+    require<kvsift::dimension_mismatch>(t.ndim() == 2, what, ": expected a 2-D table, got ",
+                                        t.ndim(), " axes");
+  };
+  id_table(adj, "adjacency");
+  id_table(ent, "entries");
+  require_kind(off, 'i', 8, "row_offset", "int64");
+  require<kvsift::dimension_mismatch>(off.ndim() == 1 && off.shape[0] == ent.shape[0] + 1,
+                                      "row_offset: expected shape (", ent.shape[0] + 1,
+                                      ",) = (graphs + 1,), got ", off.ndim(), " axes of ",
+                                      off.ndim() ? off.shape[0] : 0);
+  ops::decode_graphs g;
+  g.adjacency = ptr<std::uint32_t>(adj);
+  g.row_offset = ptr<std::int64_t>(off);
+  g.entries = ptr<std::uint32_t>(ent);
+  g.num_graphs = as_int(ent.shape[0], "graphs");
+  g.width = as_int(adj.shape[1], "adjacency width");
+  g.max_entries = as_int(ent.shape[1], "max_entries");
+  require(max_keys >= 1 && max_keys <= adj.shape[0],
+          "max_keys: expected 1 <= max_keys <= ", adj.shape[0], " (the adjacency's rows), got ",
+          max_keys);
+  g.max_keys = max_keys;
+  return g;
+}
+
+ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int expand_width,
+                                  bool walk_through, int degree_cap, float beta, int l0,
+                                  int max_results, int sink, int window, float scale) {
+  require(mode == "topk" || mode == "dipr", "mode: expected 'topk' or 'dipr', got '", mode, "'");
+  ops::decode_step_knobs p;
+  p.dipr = mode == "dipr";
+  p.k = k;
+  p.L = L;
+  p.expand_width = expand_width;
+  p.walk_through = walk_through;
+  p.degree_cap = degree_cap;
+  p.beta = beta;
+  p.l0 = l0;
+  p.max_results = max_results;
+  p.sink = sink;
+  p.window = window;
+  p.scale = scale;
+  return p;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kvsift_cuda, m) {
@@ -303,6 +355,87 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("indptr"), py::arg("ids"), py::arg("o"), py::arg("lse"), py::arg("workspace"),
       py::arg("scale"), py::arg("num_splits"), py::arg("stream"), py::arg("status") = py::none(),
       "Low level: paged sparse attention into (o, lse). Use kvsift.cuda.sparse_attention.");
+
+  m.def(
+      "decode_step_workspace_size",
+      [](std::int64_t graphs, std::int64_t width, std::int64_t max_entries, std::int64_t max_keys,
+         std::int64_t qo_heads, std::int64_t dim, const std::string& mode, int k, int L,
+         int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
+         int sink, int window) {
+        ops::decode_graphs g;  // sizes only: the workspace does not depend on the contents
+        g.num_graphs = as_int(graphs, "graphs");
+        g.width = as_int(width, "width");
+        g.max_entries = as_int(max_entries, "max_entries");
+        g.max_keys = max_keys;
+        return ops::decode_step_workspace_size(
+            g, as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
+            step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
+                       sink, window, std::numeric_limits<float>::quiet_NaN()));
+      },
+      py::arg("graphs"), py::arg("width"), py::arg("max_entries"), py::arg("max_keys"),
+      py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"), py::arg("L"),
+      py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
+      py::arg("l0"), py::arg("max_results"), py::arg("sink"), py::arg("window"),
+      "Bytes of device workspace decode_step needs; raises for bad parameters.");
+
+  m.def(
+      "decode_step",
+      [](py::handle adjacency, py::handle row_offset, py::handle entries, std::int64_t max_keys,
+         py::handle q, py::handle k_pages, py::handle v_pages, py::handle page_table, py::handle o,
+         py::handle lse, py::handle workspace, const std::string& mode, int k, int L,
+         int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
+         int sink, int window, float scale, std::intptr_t stream, py::object status) {
+        const intake in{stream};
+        const ops::decode_graphs g =
+            graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
+                      in(entries, "entries"), max_keys);
+        const tensor tq = in(q, "q");
+        const tensor tk = in(k_pages, "k_pages");
+        const tensor tv = in(v_pages, "v_pages");
+        const tensor tp = in(page_table, "page_table");
+        const tensor to = in(o, "o");
+        const tensor tl = in(lse, "lse");
+        const tensor tw = in(workspace, "workspace");
+        require_kind(tq, 'f', 4, "q", "float32");
+        require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [qo_heads, dim], got ",
+                                            tq.ndim(), " axes");
+        const std::int64_t qo_heads = tq.shape[0], dim = tq.shape[1];
+        require<kvsift::dimension_mismatch>(tk.ndim() == 3,
+                                            "k_pages: expected [num_pages, page_size, dim], got ",
+                                            tk.ndim(), " axes");
+        require_shape(tv, tk.shape, "v_pages");
+        const ops::dtype kt = value_type(tk, "k_pages");
+        require(value_type(tv, "v_pages") == kt, "decode_step: v_pages must have k_pages' dtype ",
+                tk.dl_dtype, ", got ", tv.dl_dtype);
+        require<kvsift::dimension_mismatch>(tk.shape[2] == dim, "k_pages: head dim ", tk.shape[2],
+                                            " differs from q's ", dim);
+        require_kind(tp, 'i', 4, "page_table", "int32");
+        require<kvsift::dimension_mismatch>(
+            tp.ndim() == 2 && tp.shape[0] == g.num_graphs,
+            "page_table: expected [graphs = ", g.num_graphs, ", max_pages_per_head], got ",
+            tp.ndim(), " axes", tp.ndim() ? " with " + std::to_string(tp.shape[0]) + " rows" : "");
+        require_kind(to, 'f', 4, "o", "float32");
+        require_shape(to, {qo_heads, dim}, "o");
+        require_kind(tl, 'f', 4, "lse", "float32");
+        require_shape(tl, {qo_heads}, "lse");
+        std::uint32_t* st = nullptr;
+        if (!status.is_none()) st = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
+        const ops::decode_step_knobs p =
+            step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
+                       sink, window, scale);
+        py::gil_scoped_release release;
+        ops::decode_step(kt, g, ptr(tk), ptr(tv), tk.shape[0], as_int(tk.shape[1], "page_size"),
+                         ptr<std::int32_t>(tp), as_int(tp.shape[1], "max_pages_per_head"),
+                         ptr<float>(tq), as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
+                         ptr<float>(to), ptr<float>(tl), ptr(tw), bytes_of(tw), p, st, stream);
+      },
+      py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
+      py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("page_table"), py::arg("o"),
+      py::arg("lse"), py::arg("workspace"), py::arg("mode"), py::arg("k"), py::arg("L"),
+      py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
+      py::arg("l0"), py::arg("max_results"), py::arg("sink"), py::arg("window"), py::arg("scale"),
+      py::arg("stream"), py::arg("status") = py::none(),
+      "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(
       "knn_workspace_size",

@@ -1,6 +1,6 @@
-// nvcc half of kvsift._kvsift_cuda: instantiates kvsift::cuda's merge, sparse attention and
-// kNN kernels for f32 / f16 / bf16, the page copies and the bucketed LRU step, behind the
-// pointer-level interface of cuda_ops.hpp.
+// nvcc half of kvsift._kvsift_cuda: instantiates kvsift::cuda's merge, sparse attention,
+// decode step and kNN kernels for f32 / f16 / bf16, the page copies and the bucketed LRU step,
+// behind the pointer-level interface of cuda_ops.hpp.
 #include "cuda_ops.hpp"
 
 #include <cuda_bf16.h>
@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include <kvsift/cuda/bucketed_lru.cuh>
+#include <kvsift/cuda/decode_step.cuh>
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/cuda/merge.cuh>
@@ -133,6 +134,68 @@ void sparse_attention(dtype kv, const float* q, int qo_heads, int dim, const voi
     ref.max_pages_per_head = max_pages_per_head;
     kc::sparse_attention(q, qo_heads, dim, ref, indptr, ids, out_o, out_lse, workspace,
                          workspace_bytes, as_stream(stream), p);
+  });
+}
+
+namespace {
+
+kc::graph_set_ref graph_ref(const decode_graphs& g) {
+  kc::graph_set_ref r;
+  r.adjacency = g.adjacency;
+  r.row_offset = g.row_offset;
+  r.entries = g.entries;
+  r.num_graphs = g.num_graphs;
+  r.width = g.width;
+  r.max_entries = g.max_entries;
+  r.max_keys = g.max_keys;
+  return r;
+}
+
+kc::decode_step_params step_params(const decode_step_knobs& k) {
+  kc::decode_step_params p;
+  p.search.mode = k.dipr ? kc::decode_search_mode::dipr : kc::decode_search_mode::topk;
+  p.search.k = k.k;
+  p.search.L = k.L;
+  p.search.expand_width = k.expand_width;
+  p.search.walk_through = k.walk_through;
+  p.search.degree_cap = k.degree_cap;
+  p.search.beta = k.beta;
+  p.search.l0 = k.l0;
+  p.search.max_results = k.max_results;
+  p.sink = k.sink;
+  p.window = k.window;
+  if (!std::isnan(k.scale)) p.scale = k.scale;
+  return p;
+}
+
+}  // namespace
+
+std::size_t decode_step_workspace_size(const decode_graphs& g, int qo_heads, int dim,
+                                       const decode_step_knobs& p) {
+  std::size_t bytes = 0;
+  translating_errors(
+      [&] { bytes = kc::decode_step_workspace_size(graph_ref(g), qo_heads, dim, step_params(p)); });
+  return bytes;
+}
+
+void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const void* v_pages,
+                 std::int64_t num_pages, int page_size, const std::int32_t* page_table,
+                 int max_pages_per_head, const float* q, int qo_heads, int dim, float* out_o,
+                 float* out_lse, void* workspace, std::size_t workspace_bytes,
+                 const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream) {
+  with_type(kv, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::paged_kv_ref<T> ref;
+    ref.k_pages = static_cast<const T*>(k_pages);
+    ref.v_pages = static_cast<const T*>(v_pages);
+    ref.num_pages = num_pages;
+    ref.page_size = page_size;
+    ref.head_dim = dim;
+    ref.page_table = page_table;
+    ref.num_kv_heads = g.num_graphs;
+    ref.max_pages_per_head = max_pages_per_head;
+    kc::decode_step(graph_ref(g), ref, q, qo_heads, dim, out_o, out_lse, workspace, workspace_bytes,
+                    as_stream(stream), step_params(p), status);
   });
 }
 

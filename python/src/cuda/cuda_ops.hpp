@@ -50,6 +50,45 @@ void sparse_attention(dtype kv, const float* q, int qo_heads, int dim, const voi
                       float* out_lse, void* workspace, std::size_t workspace_bytes, float scale,
                       int num_splits, std::intptr_t stream, int* status);
 
+/// The graphs of a kvsift::cuda::graph_set_ref (device pointers; ids as uint32 bits).
+struct decode_graphs {
+  const std::uint32_t* adjacency = nullptr;  ///< [rows][width]
+  const std::int64_t* row_offset = nullptr;  ///< [num_graphs + 1]
+  const std::uint32_t* entries = nullptr;    ///< [num_graphs][max_entries]
+  int num_graphs = 0;
+  int width = 0;
+  int max_entries = 0;
+  std::int64_t max_keys = 0;
+};
+
+/// kvsift::cuda::decode_step_params as plain fields. `scale` NaN = 1 / sqrt(dim).
+struct decode_step_knobs {
+  bool dipr = false;
+  int k = 100;
+  int L = 128;
+  int expand_width = 1;
+  bool walk_through = true;
+  int degree_cap = 0;
+  float beta = 1.0f;
+  int l0 = 64;
+  int max_results = 0;
+  int sink = 4;
+  int window = 512;
+  float scale = 0.0f;
+};
+
+/// kvsift::cuda::decode_step_workspace_size.
+std::size_t decode_step_workspace_size(const decode_graphs& g, int qo_heads, int dim,
+                                       const decode_step_knobs& p);
+
+/// kvsift::cuda::decode_step over head-wise paged K/V whose page-table row g is graph g's KV
+/// head: search, sparse attention over the retrieved and the window tokens, merge.
+void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const void* v_pages,
+                 std::int64_t num_pages, int page_size, const std::int32_t* page_table,
+                 int max_pages_per_head, const float* q, int qo_heads, int dim, float* out_o,
+                 float* out_lse, void* workspace, std::size_t workspace_bytes,
+                 const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream);
+
 /// kvsift::cuda::knn_workspace_size with the default tiles.
 std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k);
 
