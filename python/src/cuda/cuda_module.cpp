@@ -136,6 +136,35 @@ std::array<std::int64_t, 3> state_shape(const tensor& v, const tensor& s, const 
   return {v.shape[0], v.shape[1], v.shape[2]};
 }
 
+/// The checks shared by the paged-attention calls: q [qo_heads, dim] float32, K/V pages
+/// [num_pages, page_size, dim] of one dtype, a 2-D int32 page table, o [qo_heads, dim] and
+/// lse [qo_heads] float32. Returns the K/V element type.
+ops::dtype paged_attention_checks(const tensor& tq, const tensor& tk, const tensor& tv,
+                                  const tensor& tp, const tensor& to, const tensor& tl,
+                                  const char* who) {
+  require_kind(tq, 'f', 4, "q", "float32");
+  require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [qo_heads, dim], got ",
+                                      tq.ndim(), " axes");
+  const std::int64_t qo_heads = tq.shape[0], dim = tq.shape[1];
+  require<kvsift::dimension_mismatch>(
+      tk.ndim() == 3, "k_pages: expected [num_pages, page_size, dim], got ", tk.ndim(), " axes");
+  require_shape(tv, tk.shape, "v_pages");
+  const ops::dtype kt = value_type(tk, "k_pages");
+  require(value_type(tv, "v_pages") == kt, who, ": v_pages must have k_pages' dtype ", tk.dl_dtype,
+          ", got ", tv.dl_dtype);
+  require<kvsift::dimension_mismatch>(tk.shape[2] == dim, "k_pages: head dim ", tk.shape[2],
+                                      " differs from q's ", dim);
+  require_kind(tp, 'i', 4, "page_table", "int32");
+  require<kvsift::dimension_mismatch>(tp.ndim() == 2,
+                                      "page_table: expected [kv_heads, max_pages_per_head], got ",
+                                      tp.ndim(), " axes");
+  require_kind(to, 'f', 4, "o", "float32");
+  require_shape(to, {qo_heads, dim}, "o");
+  require_kind(tl, 'f', 4, "lse", "float32");
+  require_shape(tl, {qo_heads}, "lse");
+  return kt;
+}
+
 /// The graph set of a decode step: adjacency [rows, width] and entries [graphs, max_entries]
 /// int32 or uint32 (the same bits: 0xFFFFFFFF = -1 pads), row_offset int64 [graphs + 1].
 ops::decode_graphs graphs_of(const tensor& adj, const tensor& off, const tensor& ent,
@@ -310,31 +339,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         const tensor tid = in(ids, "ids");
         const tensor to = in(o, "o");
         const tensor tl = in(lse, "lse");
-        require_kind(tq, 'f', 4, "q", "float32");
-        require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [qo_heads, dim], got ",
-                                            tq.ndim(), " axes");
+        const ops::dtype kt = paged_attention_checks(tq, tk, tv, tp, to, tl, "sparse_attention");
         const std::int64_t qo_heads = tq.shape[0], dim = tq.shape[1];
-        require<kvsift::dimension_mismatch>(tk.ndim() == 3,
-                                            "k_pages: expected [num_pages, page_size, dim], got ",
-                                            tk.ndim(), " axes");
-        require_shape(tv, tk.shape, "v_pages");
-        const ops::dtype kt = value_type(tk, "k_pages");
-        require(value_type(tv, "v_pages") == kt, "sparse_attention: v_pages must have k_pages' ",
-                "dtype ", tk.dl_dtype, ", got ", tv.dl_dtype);
-        require<kvsift::dimension_mismatch>(tk.shape[2] == dim, "k_pages: head dim ", tk.shape[2],
-                                            " differs from q's ", dim);
-        require_kind(tp, 'i', 4, "page_table", "int32");
-        require<kvsift::dimension_mismatch>(
-            tp.ndim() == 2, "page_table: expected [kv_heads, max_pages_per_head], got ", tp.ndim(),
-            " axes");
         require_kind(ti, 'i', 8, "indptr", "int64");
         require_shape(ti, {qo_heads + 1}, "indptr");
         require_kind(tid, 'i', 4, "ids", "int32");
         require<kvsift::dimension_mismatch>(tid.ndim() == 1, "ids: expected a 1-D tensor");
-        require_kind(to, 'f', 4, "o", "float32");
-        require_shape(to, {qo_heads, dim}, "o");
-        require_kind(tl, 'f', 4, "lse", "float32");
-        require_shape(tl, {qo_heads}, "lse");
         void* ws = nullptr;
         std::size_t ws_bytes = 0;
         if (!workspace.is_none()) {
@@ -396,28 +406,11 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         const tensor to = in(o, "o");
         const tensor tl = in(lse, "lse");
         const tensor tw = in(workspace, "workspace");
-        require_kind(tq, 'f', 4, "q", "float32");
-        require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [qo_heads, dim], got ",
-                                            tq.ndim(), " axes");
+        const ops::dtype kt = paged_attention_checks(tq, tk, tv, tp, to, tl, "decode_step");
         const std::int64_t qo_heads = tq.shape[0], dim = tq.shape[1];
-        require<kvsift::dimension_mismatch>(tk.ndim() == 3,
-                                            "k_pages: expected [num_pages, page_size, dim], got ",
-                                            tk.ndim(), " axes");
-        require_shape(tv, tk.shape, "v_pages");
-        const ops::dtype kt = value_type(tk, "k_pages");
-        require(value_type(tv, "v_pages") == kt, "decode_step: v_pages must have k_pages' dtype ",
-                tk.dl_dtype, ", got ", tv.dl_dtype);
-        require<kvsift::dimension_mismatch>(tk.shape[2] == dim, "k_pages: head dim ", tk.shape[2],
-                                            " differs from q's ", dim);
-        require_kind(tp, 'i', 4, "page_table", "int32");
-        require<kvsift::dimension_mismatch>(
-            tp.ndim() == 2 && tp.shape[0] == g.num_graphs,
-            "page_table: expected [graphs = ", g.num_graphs, ", max_pages_per_head], got ",
-            tp.ndim(), " axes", tp.ndim() ? " with " + std::to_string(tp.shape[0]) + " rows" : "");
-        require_kind(to, 'f', 4, "o", "float32");
-        require_shape(to, {qo_heads, dim}, "o");
-        require_kind(tl, 'f', 4, "lse", "float32");
-        require_shape(tl, {qo_heads}, "lse");
+        require<kvsift::dimension_mismatch>(tp.shape[0] == g.num_graphs,
+                                            "page_table: expected one row per graph (",
+                                            g.num_graphs, "), got ", tp.shape[0], " rows");
         std::uint32_t* st = nullptr;
         if (!status.is_none()) st = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const ops::decode_step_knobs p =

@@ -61,6 +61,23 @@ using kvsift_element_t =
     std::conditional_t<std::is_same_v<T, __half>, kvsift::half,
                        std::conditional_t<std::is_same_v<T, __nv_bfloat16>, kvsift::bfloat16, T>>;
 
+/// Head-wise paged K/V of element type T over raw pointers.
+template <class T>
+kc::paged_kv_ref<T> paged_ref(const void* k_pages, const void* v_pages, std::int64_t num_pages,
+                              int page_size, int dim, const std::int32_t* page_table, int kv_heads,
+                              int max_pages_per_head) {
+  kc::paged_kv_ref<T> ref;
+  ref.k_pages = static_cast<const T*>(k_pages);
+  ref.v_pages = static_cast<const T*>(v_pages);
+  ref.num_pages = num_pages;
+  ref.page_size = page_size;
+  ref.head_dim = dim;
+  ref.page_table = page_table;
+  ref.num_kv_heads = kv_heads;
+  ref.max_pages_per_head = max_pages_per_head;
+  return ref;
+}
+
 }  // namespace
 
 int current_device() {
@@ -123,15 +140,8 @@ void sparse_attention(dtype kv, const float* q, int qo_heads, int dim, const voi
   p.status = status;
   with_type(kv, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    kc::paged_kv_ref<T> ref;
-    ref.k_pages = static_cast<const T*>(k_pages);
-    ref.v_pages = static_cast<const T*>(v_pages);
-    ref.num_pages = num_pages;
-    ref.page_size = page_size;
-    ref.head_dim = dim;
-    ref.page_table = page_table;
-    ref.num_kv_heads = kv_heads;
-    ref.max_pages_per_head = max_pages_per_head;
+    const auto ref = paged_ref<T>(k_pages, v_pages, num_pages, page_size, dim, page_table, kv_heads,
+                                  max_pages_per_head);
     kc::sparse_attention(q, qo_heads, dim, ref, indptr, ids, out_o, out_lse, workspace,
                          workspace_bytes, as_stream(stream), p);
   });
@@ -185,15 +195,8 @@ void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const vo
                  const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream) {
   with_type(kv, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    kc::paged_kv_ref<T> ref;
-    ref.k_pages = static_cast<const T*>(k_pages);
-    ref.v_pages = static_cast<const T*>(v_pages);
-    ref.num_pages = num_pages;
-    ref.page_size = page_size;
-    ref.head_dim = dim;
-    ref.page_table = page_table;
-    ref.num_kv_heads = g.num_graphs;
-    ref.max_pages_per_head = max_pages_per_head;
+    const auto ref = paged_ref<T>(k_pages, v_pages, num_pages, page_size, dim, page_table,
+                                  g.num_graphs, max_pages_per_head);
     kc::decode_step(graph_ref(g), ref, q, qo_heads, dim, out_o, out_lse, workspace, workspace_bytes,
                     as_stream(stream), step_params(p), status);
   });
