@@ -398,4 +398,3 @@ def search_heads(
     threads: int = 1,
     degree_cap: int = 0,
 ) -> SearchResult: ...
-

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 
 namespace kvsift_python::cuda_ops {
@@ -74,7 +75,7 @@ struct decode_step_knobs {
   int max_results = 0;
   int sink = 4;
   int window = 512;
-  float scale = 0.0f;
+  float scale = std::numeric_limits<float>::quiet_NaN();
 };
 
 /// kvsift::cuda::decode_step_workspace_size.
