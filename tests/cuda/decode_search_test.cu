@@ -555,45 +555,41 @@ TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") 
         setting{8, true, true}, setting{1, true, false}, setting{8, true, false}}) {
     const int width = st.width;
     const bool use_filter = st.use_filter;
-    {
-      const query_batch& qb = use_filter ? filtered : plain;
-      auto p = topk(20, 48, kc::graph_metric::inner_product);
-      p.expand_width = width;
-      p.degree_cap = width == 8 ? 50 : 0;
-      p.walk_through = st.walk_through;
-      int differ[3] = {0, 0, 0};
-      const gpu_result runs[3] = {run_gpu<float>(s, qb, p, kDense),
-                                  run_gpu<__half>(s, qb, p, kPaged),
-                                  run_gpu<float>(s, qb, p, kDense, 16, std::int64_t(1) << 19)};
-      kvsift::search_workspace ws;
-      std::size_t rejected = 0;  // queries whose walk met a filtered-out id
-      for (std::size_t i = 0; i < qb.graph.size(); ++i) {
-        const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(qb.graph[i]));
-        const float* q = qb.q.data() + i * s.d;
-        const wide_result w =
-            use_filter
-                ? cpu_wide_walk(g, q, 20, 48, width, p.degree_cap,
-                                kvsift::id_range{qb.first[i], qb.last[i]}, ws, st.walk_through)
-                : cpu_wide_walk(g, q, 20, 48, width, p.degree_cap, kvsift::no_filter{}, ws);
-        rejected += w.rejected > 0 ? 1 : 0;
-        for (int r = 0; r < 3; ++r) {
-          const gpu_result& got = runs[r];
-          bool same = got.counts[i] == w.ids.size() && got.scored[i] == w.scored;
-          for (std::size_t j = 0; same && j < w.ids.size(); ++j) {
-            same = got.ids[i * 20 + j] == w.ids[j] && got.scores[i * 20 + j] == w.scores[j];
-          }
-          differ[r] += same ? 0 : 1;
+    const query_batch& qb = use_filter ? filtered : plain;
+    auto p = topk(20, 48, kc::graph_metric::inner_product);
+    p.expand_width = width;
+    p.degree_cap = width == 8 ? 50 : 0;
+    p.walk_through = st.walk_through;
+    int differ[3] = {0, 0, 0};
+    const gpu_result runs[3] = {run_gpu<float>(s, qb, p, kDense), run_gpu<__half>(s, qb, p, kPaged),
+                                run_gpu<float>(s, qb, p, kDense, 16, std::int64_t(1) << 19)};
+    kvsift::search_workspace ws;
+    std::size_t rejected = 0;  // queries whose walk met a filtered-out id
+    for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+      const auto g = cpu_view<kvsift::inner_product>(s, std::size_t(qb.graph[i]));
+      const float* q = qb.q.data() + i * s.d;
+      const wide_result w =
+          use_filter ? cpu_wide_walk(g, q, 20, 48, width, p.degree_cap,
+                                     kvsift::id_range{qb.first[i], qb.last[i]}, ws, st.walk_through)
+                     : cpu_wide_walk(g, q, 20, 48, width, p.degree_cap, kvsift::no_filter{}, ws);
+      rejected += w.rejected > 0 ? 1 : 0;
+      for (int r = 0; r < 3; ++r) {
+        const gpu_result& got = runs[r];
+        bool same = got.counts[i] == w.ids.size() && got.scored[i] == w.scored;
+        for (std::size_t j = 0; same && j < w.ids.size(); ++j) {
+          same = got.ids[i * 20 + j] == w.ids[j] && got.scores[i * 20 + j] == w.scores[j];
         }
+        differ[r] += same ? 0 : 1;
       }
-      INFO("expand_width " << width << ", filter " << use_filter << ", walk_through "
-                           << st.walk_through);
-      CHECK(differ[0] == 0);
-      CHECK(differ[1] == 0);
-      CHECK(differ[2] == 0);
-      for (const gpu_result& got : runs) CHECK(got.status == 0u);
-      // The filtered batch must meet filtered-out ids often, or the fallback is not exercised.
-      if (use_filter) CHECK(rejected > qb.graph.size() / 4);
     }
+    INFO("expand_width " << width << ", filter " << use_filter << ", walk_through "
+                         << st.walk_through);
+    CHECK(differ[0] == 0);
+    CHECK(differ[1] == 0);
+    CHECK(differ[2] == 0);
+    for (const gpu_result& got : runs) CHECK(got.status == 0u);
+    // The filtered batch must meet filtered-out ids often, or the fallback is not exercised.
+    if (use_filter) CHECK(rejected > qb.graph.size() / 4);
   }
 }
 
