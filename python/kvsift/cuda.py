@@ -261,17 +261,15 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     st = _stream(q, stream)
     heads, dim = int(q.shape[0]), int(q.shape[1])
     adjacency, row_offset, entries, max_keys = graphs
-    if not 1 <= int(max_keys) <= int(adjacency.shape[0]):  # before sizing a workspace by it
-        raise ValueError(f"max_keys: expected 1 <= max_keys <= {int(adjacency.shape[0])} (the "
-                         f"adjacency's rows), got {max_keys}")
     knobs = (str(mode), int(k), int(L), int(expand_width), bool(walk_through), int(degree_cap),
              float(beta), int(l0), int(max_results), int(sink), int(window))
     with _on_stream(q, st, stream is not None):
         o = _empty(q, (heads, dim), "float32")
         lse = _empty(q, (heads,), "float32")
-        ws_bytes = _ext.decode_step_workspace_size(int(entries.shape[0]), int(adjacency.shape[1]),
-                                                   int(entries.shape[1]), int(max_keys), heads,
-                                                   dim, *knobs)
+        # Checks max_keys against the adjacency's rows before a workspace is sized by it.
+        ws_bytes = _ext.decode_step_workspace_size(int(entries.shape[0]), int(adjacency.shape[0]),
+                                                   int(adjacency.shape[1]), int(entries.shape[1]),
+                                                   int(max_keys), heads, dim, *knobs)
         ws = _empty(q, (max(ws_bytes, 1),), "uint8")
         _ext.decode_step(*_dl(adjacency, row_offset, entries), int(max_keys),
                          *_dl(q, k_pages, v_pages, page_table, o, lse, ws), *knobs,

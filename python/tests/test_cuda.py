@@ -431,7 +431,8 @@ def test_decode_step_refuses_bad_input():
         kc.decode_step(graphs, q, k, v, table, mode="dipr", walk_through=False)
     with pytest.raises(Exception, match="page_table"):
         kc.decode_step(graphs, q, k, v, table[:1].contiguous())
-    with pytest.raises(Exception, match="max_keys"):
-        kc.decode_step(kc.GraphSet(*graphs[:3], 10**9), q, k, v, table)
+    for bad in (0, 10**9):  # outside [1, adjacency rows]: refused before a workspace is sized
+        with pytest.raises(Exception, match="max_keys"):
+            kc.decode_step(kc.GraphSet(*graphs[:3], bad), q, k, v, table)
     with pytest.raises(Exception, match="float32"):
         kc.decode_step(graphs, q.half(), k, v, table)

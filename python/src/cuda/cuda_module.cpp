@@ -165,6 +165,14 @@ ops::dtype paged_attention_checks(const tensor& tq, const tensor& tk, const tens
   return kt;
 }
 
+/// `max_keys` of a graph set whose adjacency has `rows` rows, checked (1 <= max_keys <= rows):
+/// the workspace-size query and the step itself both size or index by it.
+std::int64_t checked_max_keys(std::int64_t max_keys, std::int64_t rows) {
+  require(max_keys >= 1 && max_keys <= rows, "max_keys: expected 1 <= max_keys <= ", rows,
+          " (the adjacency's rows), got ", max_keys);
+  return max_keys;
+}
+
 /// The graph set of a decode step: adjacency [rows, width] and entries [graphs, max_entries]
 /// int32 or uint32 (the same bits: 0xFFFFFFFF = -1 pads), row_offset int64 [graphs + 1].
 ops::decode_graphs graphs_of(const tensor& adj, const tensor& off, const tensor& ent,
@@ -190,10 +198,7 @@ ops::decode_graphs graphs_of(const tensor& adj, const tensor& off, const tensor&
   g.num_graphs = as_int(ent.shape[0], "graphs");
   g.width = as_int(adj.shape[1], "adjacency width");
   g.max_entries = as_int(ent.shape[1], "max_entries");
-  require(max_keys >= 1 && max_keys <= adj.shape[0],
-          "max_keys: expected 1 <= max_keys <= ", adj.shape[0], " (the adjacency's rows), got ",
-          max_keys);
-  g.max_keys = max_keys;
+  g.max_keys = checked_max_keys(max_keys, adj.shape[0]);
   return g;
 }
 
@@ -368,25 +373,27 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
 
   m.def(
       "decode_step_workspace_size",
-      [](std::int64_t graphs, std::int64_t width, std::int64_t max_entries, std::int64_t max_keys,
-         std::int64_t qo_heads, std::int64_t dim, const std::string& mode, int k, int L,
-         int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
-         int sink, int window) {
+      [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
+         std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
+         int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
+         int max_results, int sink, int window) {
         ops::decode_graphs g;  // sizes only: the workspace does not depend on the contents
         g.num_graphs = as_int(graphs, "graphs");
         g.width = as_int(width, "width");
         g.max_entries = as_int(max_entries, "max_entries");
-        g.max_keys = max_keys;
+        g.max_keys = checked_max_keys(max_keys, rows);
         return ops::decode_step_workspace_size(
             g, as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                        sink, window, std::numeric_limits<float>::quiet_NaN()));
       },
-      py::arg("graphs"), py::arg("width"), py::arg("max_entries"), py::arg("max_keys"),
-      py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"), py::arg("L"),
-      py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
-      py::arg("l0"), py::arg("max_results"), py::arg("sink"), py::arg("window"),
-      "Bytes of device workspace decode_step needs; raises for bad parameters.");
+      py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
+      py::arg("max_keys"), py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"),
+      py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
+      py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("sink"), py::arg("window"),
+      "Bytes of device workspace decode_step needs for a graph set of `graphs` graphs over an "
+      "adjacency of `rows` x `width`; raises for bad parameters (max_keys outside [1, rows] "
+      "included).");
 
   m.def(
       "decode_step",
