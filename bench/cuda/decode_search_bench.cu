@@ -351,14 +351,19 @@ int main(int argc, char** argv) {
     };
     const float step_ms = kvsift::cuda_bench::median_ms(step, stream, 2, 10);
     const float full_ms = kvsift::cuda_bench::median_ms(full, stream, 2, 10);
+    // Relative L2 error of the step's output o1 against full attention's o2.
     std::vector<float> a(Q * d), b(Q * d);
-    KVSIFT_CUDA_CHECK(cudaMemcpy(a.data(), o1.p, Q * d * 4, cudaMemcpyDeviceToHost));
     KVSIFT_CUDA_CHECK(cudaMemcpy(b.data(), o2.p, Q * d * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < Q * d; ++i) {
-      num += (a[i] - b[i]) * double(a[i] - b[i]);
-      den += double(b[i]) * b[i];
-    }
+    auto step_error = [&] {
+      KVSIFT_CUDA_CHECK(cudaMemcpy(a.data(), o1.p, Q * d * 4, cudaMemcpyDeviceToHost));
+      double num = 0, den = 0;
+      for (std::size_t i = 0; i < Q * d; ++i) {
+        num += (a[i] - b[i]) * double(a[i] - b[i]);
+        den += double(b[i]) * b[i];
+      }
+      return std::sqrt(num / den);
+    };
+    const double step_err = step_error();
     const double full_bytes = 2.0 * double(G) * double(n) * double(d) * 2.0;
     std::printf(
         "\ndecode step (%zu requests x %zu query heads, %zu tokens each): kvsift window 512 + "
@@ -369,7 +374,7 @@ int main(int argc, char** argv) {
         "error %.2e\n",
         o.requests, o.kv_heads * o.group, n, chosen.L, chosen.expand_width, chosen.degree_cap,
         step_ms, full_ms, 100.0 * full_bytes / (full_ms * 1e-3) / (setup.copy_gbps * 1e9),
-        full_ms / step_ms, std::sqrt(num / den));
+        full_ms / step_ms, step_err);
     // The same step without walking through window tokens met by the walk (walk_through =
     // false: each step of the walk is one batch): time and output error.
     kc::decode_step_params sp2 = sp;
@@ -378,13 +383,10 @@ int main(int argc, char** argv) {
       kc::decode_step(set, kv, dq.p, int(Q), int(d), o1.p, l1.p, ws.p, wb, s, sp2, ostatus.p);
     };
     const float step2_ms = kvsift::cuda_bench::median_ms(step2, stream, 2, 10);
-    KVSIFT_CUDA_CHECK(cudaMemcpy(a.data(), o1.p, Q * d * 4, cudaMemcpyDeviceToHost));
-    num = 0;
-    for (std::size_t i = 0; i < Q * d; ++i) num += (a[i] - b[i]) * double(a[i] - b[i]);
     std::printf(
         "decode step, walk_through = false: %.3f ms (%.2fx the step above); speedup over full "
         "attention %.2fx; relative output error %.2e\n",
-        step2_ms, step_ms / step2_ms, full_ms / step2_ms, std::sqrt(num / den));
+        step2_ms, step_ms / step2_ms, full_ms / step2_ms, step_error());
 
     // The step's stages, each timed alone over the step's own inputs: the search with the
     // window excluded by an id range, the CSR compaction, attention over the retrieved and
@@ -463,8 +465,7 @@ int main(int argc, char** argv) {
     auto merge = [&](cudaStream_t s) {
       kc::merge_state(o_r.p, l_r.p, o_w.p, l_w.p, o_m.p, l_m.p, 1, int(Q), int(d), s);
     };
-    search(stream);
-    csr(stream);
+    csr(stream);  // over middle_recall's results (walk_through = true), for the attention
     KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
     const float t_search = kvsift::cuda_bench::median_ms(search, stream, 2, 10);
     const float t_csr = kvsift::cuda_bench::median_ms(csr, stream, 2, 10);
