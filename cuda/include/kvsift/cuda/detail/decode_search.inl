@@ -36,6 +36,7 @@
 
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/graph_search.inl>
+#include <kvsift/cuda/detail/kernel_attributes.cuh>
 #include <kvsift/cuda/detail/vec.cuh>
 #include <kvsift/cuda/error.cuh>
 
@@ -982,13 +983,11 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   const auto blocks =
       static_cast<unsigned>((c.slots + ds_warps_per_block - 1) / ds_warps_per_block);
   auto* ws = static_cast<std::uint32_t*>(workspace);
-  auto launch = [&](auto kernel) {
-    KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
+  auto launch = [&]<bool L2, bool Dipr, bool Filtered>() {
+    constexpr auto kernel = decode_search_kernel<T, Src, L2, Dipr, Filtered>;
     // All of the unified L1/shared memory as shared: the rows a walk reads are random and
     // rarely hit L1, and the second block per SM needs the room.
-    KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           cudaSharedmemCarveoutMaxShared));
+    allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/true);
     kernel<<<blocks, ds_warps_per_block * 32, smem, stream>>>(set, src, qs, static_cast<int>(m), c,
                                                               out, ws);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
@@ -999,11 +998,11 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   // Eight instantiations; each is a straight-line kernel for its case.
   auto pick = [&]<bool L2>() {
     if (dipr) {
-      filtered ? launch(decode_search_kernel<T, Src, L2, true, true>)
-               : launch(decode_search_kernel<T, Src, L2, true, false>);
+      filtered ? launch.template operator()<L2, true, true>()
+               : launch.template operator()<L2, true, false>();
     } else {
-      filtered ? launch(decode_search_kernel<T, Src, L2, false, true>)
-               : launch(decode_search_kernel<T, Src, L2, false, false>);
+      filtered ? launch.template operator()<L2, false, true>()
+               : launch.template operator()<L2, false, false>();
     }
   };
   l2 ? pick.template operator()<true>() : pick.template operator()<false>();

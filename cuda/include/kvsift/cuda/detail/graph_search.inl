@@ -23,6 +23,7 @@
 
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/device_buffer.cuh>
+#include <kvsift/cuda/detail/kernel_attributes.cuh>
 #include <kvsift/cuda/detail/vec.cuh>
 #include <kvsift/cuda/error.cuh>
 
@@ -473,18 +474,18 @@ void graph_search(const graph_ref<T>& g, const id_t* query_rows, std::int64_t m,
   const auto words = static_cast<int>(detail::walk_words(g.n));
   const unsigned blocks = static_cast<unsigned>((slots + detail::walk_warps_per_block - 1) /
                                                 detail::walk_warps_per_block);
-  auto launch = [&](auto kernel) {
-    KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
+  auto launch = [&]<bool L2>() {
+    constexpr auto kernel = detail::graph_search_kernel<T, L2>;
+    detail::allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/false);
     kernel<<<blocks, detail::walk_warps_per_block * 32, smem, stream>>>(
         g, query_rows, static_cast<int>(m), p.L, p.degree, out,
         static_cast<std::uint32_t*>(workspace), words, vec, lay, slots);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
   };
   if (p.metric == graph_metric::l2) {
-    launch(detail::graph_search_kernel<T, true>);
+    launch.template operator()<true>();
   } else {
-    launch(detail::graph_search_kernel<T, false>);
+    launch.template operator()<false>();
   }
 }
 
