@@ -37,8 +37,9 @@ namespace kvsift::cuda {
 
 /// Launch tuning for the merge kernels. Defaults are good on Hopper (H100/H200).
 struct merge_policy {
-  /// Threads per block, in [32, 512]; a block covers `threads_per_block / min(32, head_dim / vec)`
-  /// rows.
+  /// Threads per block, in [32, 512]. Out of place a block covers 2 x threads_per_block
+  /// 16-byte vectors (of consecutive rows); in place `threads_per_block / min(32, head_dim /
+  /// vec)` rows.
   int threads_per_block = 256;
 };
 

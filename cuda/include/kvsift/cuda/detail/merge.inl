@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/vec.cuh>
@@ -25,6 +26,16 @@ struct strided_states {
   __device__ float lse_at(std::int64_t j) const { return lse[j * lse_stride]; }
 };
 
+struct device_indptr {
+  const std::int64_t* p;
+  __device__ std::int64_t operator()(std::int64_t i) const { return p[i]; }
+};
+
+struct fixed_indptr {
+  std::int64_t count;
+  __device__ std::int64_t operator()(std::int64_t i) const { return i * count; }
+};
+
 /// [num_states][num_heads][head_dim] addressed through an indptr: position p owns rows
 /// indptr(p) .. indptr(p + 1). `Indptr` is a device pointer or a fixed stride.
 /// `range_of` is split from `at` so that the kernel can fetch the next row's range while the
@@ -32,6 +43,9 @@ struct strided_states {
 template <class T, class Indptr>
 struct indptr_source {
   static constexpr bool grid_stride = true;
+  /// A row's states are found by a load (the indptr), whose latency merge_kernel hides by
+  /// fetching the next row's range ahead; the flat kernel cannot, and measured slower there.
+  static constexpr bool dependent_range = !std::is_same_v<Indptr, fixed_indptr>;
   struct range {
     std::int64_t begin = 0;
     std::int64_t end = 0;
@@ -50,16 +64,6 @@ struct indptr_source {
   }
 };
 
-struct device_indptr {
-  const std::int64_t* p;
-  __device__ std::int64_t operator()(std::int64_t i) const { return p[i]; }
-};
-
-struct fixed_indptr {
-  std::int64_t count;
-  __device__ std::int64_t operator()(std::int64_t i) const { return i * count; }
-};
-
 /// Two states held in separate arrays of identical layout.
 template <class T>
 struct pair_states {
@@ -75,6 +79,7 @@ struct pair_states {
 template <class T>
 struct pair_source {
   static constexpr bool grid_stride = false;
+  static constexpr bool dependent_range = false;
   struct range {};
   const T* v_a;
   const float* s_a;
@@ -94,6 +99,8 @@ inline constexpr int merge_chunk = 2;
 
 inline constexpr int merge_max_threads = 512;
 
+/// The in-place merge (the out-of-place one is merge_flat_kernel below; this kernel also takes
+/// out-of-place sources, which is how the flat one was measured against it).
 /// One block row (threadIdx.y) per (position, head); threadIdx.x walks the 16-byte vectors of
 /// the row. Blocks stride over tiles of blockDim.y rows and fetch the next row's state range
 /// (the indptr) while the current row's loads are in flight, so the variable-length merge pays
@@ -189,6 +196,121 @@ __global__ void __launch_bounds__(merge_max_threads, 2)
   }
 }
 
+/// Vectors per thread of the out-of-place merge when the merge fills the device (its vectors
+/// are loaded, every state of each, before any is reduced); a merge smaller than one full wave
+/// of the device takes one vector per thread instead, for twice the threads.
+inline constexpr int merge_flat_vectors = 2;
+
+/// The out-of-place merge over a flat index of 16-byte vectors: vector i is vector
+/// i % vecs of row i / vecs; thread t handles vectors t + u * (threads in the grid) for u < U,
+/// its loads of all in flight together, consecutive threads on consecutive vectors of a row. One
+/// trip per thread, no grid-stride loop: the blocks are short and the scheduler keeps every SM
+/// full. Measured on an H200 against merge_kernel (a block row per (position, head)), pair
+/// merges of 32768 x 32 x 128: f16 80% -> 91% of the copy bandwidth, bf16 80% -> 90%, f32 84% ->
+/// 102% (bench/results/h200_merge_flat.txt, which also has the variants: one vector per thread,
+/// four, a grid-stride loop, streaming loads; all slower). The arithmetic is merge_kernel's,
+/// operation for operation, so results are bit-identical.
+template <class T, bool Propagate, int U, class Source>
+__global__ void __launch_bounds__(merge_max_threads)
+    merge_flat_kernel(Source src, T* out_o, float* out_lse, std::int64_t num_rows, int num_heads,
+                      int head_dim, int* status) {
+  constexpr int vec = vec_size_v<T>;
+  const int vecs = head_dim / vec;
+  const std::int64_t total = num_rows * vecs;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  bool live[U];
+  std::int64_t row[U];
+  int v[U];
+  decltype(src.at(0, 0, typename Source::range{})) states[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const std::int64_t i = first + u * stride;
+    live[u] = i < total;
+    row[u] = live[u] ? i / vecs : 0;
+    v[u] = static_cast<int>(i - row[u] * vecs);
+    if (live[u]) {
+      const std::int64_t p = row[u] / num_heads;
+      states[u] = src.at(p, static_cast<int>(row[u] - p * num_heads), src.range_of(p));
+    }
+  }
+  std::int64_t n_max = 0;
+#pragma unroll
+  for (int u = 0; u < U; ++u) n_max = live[u] && states[u].n > n_max ? states[u].n : n_max;
+  float m[U], s[U], acc[U][vec];
+  bool bad[U];  // an lse that is NaN or +inf: the row is not merged (see merge_kernel)
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    m[u] = neg_inf();
+    s[u] = 0.0f;
+    bad[u] = false;
+#pragma unroll
+    for (int i = 0; i < vec; ++i) acc[u][i] = 0.0f;
+  }
+  for (std::int64_t j0 = 0; j0 < n_max; j0 += merge_chunk) {
+    // Raw 16-byte vectors until every load is issued: widening each right after its load
+    // (load_vec) kept the f16 pair merge at 80% of the copy bandwidth, its loads serialised
+    // behind the conversions (f32, which needs none, reached 102%).
+    float l[U][merge_chunk];
+    uint4 raw[U][merge_chunk];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int c = 0; c < merge_chunk; ++c) {
+        if (live[u] && j0 + c < states[u].n) {
+          l[u][c] = states[u].lse_at(j0 + c);
+          bad[u] |= isnan(l[u][c]) || l[u][c] == -neg_inf();
+          raw[u][c] = *reinterpret_cast<const uint4*>(states[u].o_at(j0 + c) + v[u] * vec);
+        } else {
+          l[u][c] = neg_inf();
+          raw[u][c] = make_uint4(0u, 0u, 0u, 0u);  // widens to +0, as merge_kernel's padding
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float m_new = m[u];
+#pragma unroll
+      for (int c = 0; c < merge_chunk; ++c) m_new = nan_max(m_new, l[u][c]);
+      if (m_new == neg_inf()) continue;        // only empty states so far
+      const float alpha = expf(m[u] - m_new);  // 0 while m is still -inf
+      s[u] *= alpha;
+#pragma unroll
+      for (int i = 0; i < vec; ++i) acc[u][i] *= alpha;
+#pragma unroll
+      for (int c = 0; c < merge_chunk; ++c) {
+        const float w = expf(l[u][c] - m_new);  // 0 for empty and padding states
+        s[u] += w;
+        float x[vec];
+        widen_vec<T>(raw[u][c], x);
+#pragma unroll
+        for (int i = 0; i < vec; ++i) acc[u][i] = fmaf(w, x[i], acc[u][i]);
+      }
+      m[u] = m_new;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (!live[u]) continue;
+    float o[vec];
+    const float inv = m[u] == neg_inf() || bad[u] ? 0.0f : 1.0f / s[u];
+#pragma unroll
+    for (int i = 0; i < vec; ++i) {
+      o[i] = bad[u] ? (Propagate ? nanf("") : 0.0f) : acc[u][i] * inv;
+    }
+    store_vec(out_o + row[u] * head_dim + v[u] * vec, o);
+    if (v[u] != 0) continue;  // the row's first vector writes its lse
+    if (bad[u] && Propagate) {
+      out_lse[row[u]] = nanf("");
+    } else if (bad[u]) {
+      if (status != nullptr) atomicOr(status, 1);
+      out_lse[row[u]] = neg_inf();
+    } else {
+      out_lse[row[u]] = m[u] == neg_inf() ? m[u] : m[u] + logf(s[u]);
+    }
+  }
+}
+
 template <class T>
 void validate_merge_shape(std::int64_t rows, int num_heads, int head_dim, const char* what) {
   static_assert(is_supported_element_v<T>, "element type must be float, __half or __nv_bfloat16");
@@ -218,6 +340,35 @@ void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows
       ": merge_policy.threads_per_block must be in [32, ", merge_max_threads, "], got ",
       policy.threads_per_block);
   const int vecs = head_dim / vec_size_v<T>;
+  if constexpr (!InPlace && !Source::dependent_range) {
+    const std::int64_t total = rows * vecs;
+    if (total == 0) return;
+    int device = 0;
+    int sms = 0;
+    KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    // Below one full wave (2048 threads per SM) the merge is latency-bound: one vector per
+    // thread, for twice the threads. (With two, batch-1 sparse attention, whose split merge is
+    // 32 heads x 17 splits, took 20.1 us against 17.7 us: bench/results/h200_merge_flat.txt.)
+    const bool wide = total >= static_cast<std::int64_t>(sms) * 2048;
+    const std::int64_t per_block =
+        static_cast<std::int64_t>(policy.threads_per_block) * (wide ? merge_flat_vectors : 1);
+    const std::int64_t flat_blocks = (total + per_block - 1) / per_block;
+    kvsift::detail::require(flat_blocks <= std::numeric_limits<int>::max(), what,
+                            ": too many rows for one launch: ", rows);
+    const auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(flat_blocks), policy.threads_per_block, 0, stream>>>(
+          src, out_o, out_lse, rows, num_heads, head_dim, status);
+    };
+    wide ? launch(merge_flat_kernel<T, Propagate, merge_flat_vectors, Source>)
+         : launch(merge_flat_kernel<T, Propagate, 1, Source>);
+    KVSIFT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  // In place (a block row per (position, head), whose threads must all have read the row's lse
+  // before it is overwritten: merge_kernel's barrier) or states found through a device indptr
+  // (merge_kernel fetches the next row's range while the current row's loads are in flight;
+  // the flat kernel took 52% of the copy bandwidth there against 63%).
   const int bx = std::min(vecs, 32);
   const int by = std::max(1, policy.threads_per_block / bx);
   const std::int64_t tiles = (rows + by - 1) / by;
