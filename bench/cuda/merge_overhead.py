@@ -12,6 +12,7 @@ overhead can be attributed.
 Usage: merge_overhead.py [--rows 1] [--heads 32] [--dim 128] [--calls 5000] [--breakdown]
 """
 import argparse
+import math
 import time
 
 import torch
@@ -50,14 +51,28 @@ def main():
     v = [torch.zeros(a.rows, a.heads, a.dim, dtype=torch.float16, device="cuda") for _ in range(3)]
     s = [torch.zeros(a.rows, a.heads, dtype=torch.float32, device="cuda") for _ in range(3)]
     st = torch.cuda.current_stream().cuda_stream
-    rows = [("kvsift.cuda.merge_state (allocates outputs)",
+    direct = kc._load_torch_ext()  # None unless built with KVSIFT_PY_TORCH=ON
+    rows = [("kvsift.cuda.merge_state (allocates outputs; kvsift._kvsift_torch when built)",
              lambda: kc.merge_state(v[0], s[0], v[1], s[1])),
+            # lse_base=math.e is the default's value but not its spelling: the DLPack route
+            ("kvsift.cuda.merge_state, DLPack route (allocates outputs)",
+             lambda: kc.merge_state(v[0], s[0], v[1], s[1], lse_base=math.e)),
             ("kvsift._kvsift_cuda.merge_state (outputs passed in, C DLPack export)",
              lambda: ext.merge_state(*kc._dl(v[0], s[0], v[1], s[1], v[2], s[2]), st)),
             ("kvsift._kvsift_cuda.merge_state (outputs passed in, Tensor.__dlpack__)",
              lambda: ext.merge_state(v[0], s[0], v[1], s[1], v[2], s[2], st)),
             ("torch.logaddexp on the lse (one torch op, for scale)",
              lambda: torch.logaddexp(s[0], s[1]))]
+    if direct is not None:
+        op = torch.ops.kvsift.merge_state.default  # registered by importing kvsift._kvsift_torch
+        rows[1:1] = [("kvsift.cuda.merge_state(..., out=) (outputs passed in)",
+                      lambda: kc.merge_state(v[0], s[0], v[1], s[1], out=(v[2], s[2]))),
+                     ("kvsift._kvsift_torch.merge_state_out (outputs passed in, alone)",
+                      lambda: direct.merge_state_out(v[0], s[0], v[1], s[1], v[2], s[2])),
+                     ("kvsift._kvsift_torch.merge_state (the at::Tensor function alone)",
+                      lambda: direct.merge_state(v[0], s[0], v[1], s[1])),
+                     ("torch.ops.kvsift.merge_state.default (the custom operator alone)",
+                      lambda: op(v[0], s[0], v[1], s[1]))]
     if a.breakdown:
         from torch.utils.dlpack import to_dlpack
 

@@ -150,21 +150,52 @@ def _check_base(lse_base) -> bool:
     raise ValueError(f"lse_base: expected 'e' (natural log) or 2, got {lse_base!r}")
 
 
-def merge_state(v_a, s_a, v_b, s_b, *, lse_base="e", stream=None, status=None):
+_UNLOADED = object()
+_torch_ext = _UNLOADED  # kvsift._kvsift_torch, None without that module
+
+
+def _load_torch_ext():
+    """kvsift._kvsift_torch (built with KVSIFT_PY_TORCH=ON: the merge on at::Tensor; importing
+    it also registers torch.ops.kvsift.merge_state), or None when this build has none."""
+    global _torch_ext
+    try:
+        import torch  # noqa: F401  (the module needs torch's libraries loaded first)
+
+        from . import _kvsift_torch
+    except ImportError:
+        _torch_ext = None
+    else:
+        _torch_ext = _kvsift_torch
+    return _torch_ext
+
+
+def merge_state(v_a, s_a, v_b, s_b, *, out=None, lse_base="e", stream=None, status=None):
     """Merges two partial attention states per (position, head), like FlashInfer's
     ``merge_state``: returns ``(v, s)``, the state over the union of both token sets.
 
     v_a, v_b: [seq, heads, dim] float32/float16/bfloat16 (same dtype); s_a, s_b: [seq, heads]
-    float32 in base ``lse_base``. An empty state (s = -inf) is the identity. O(seq * heads *
-    dim), one kernel launch (plus two tiny scalings when lse_base is 2).
+    float32 in base ``lse_base``. An empty state (s = -inf) is the identity. ``out``: a
+    ``(v, s)`` pair of the caller's tensors to write (no allocation, CUDA-graph friendly);
+    returned. O(seq * heads * dim), one kernel launch (plus two tiny scalings when lse_base is
+    2). Torch tensors with natural lse, the current stream and no status word take
+    ``kvsift._kvsift_torch`` (torch's C++ API) when the package was built with it
+    (``KVSIFT_PY_TORCH=ON``): the same kernel and checks at under half the per-call cost
+    (docs/performance.md).
     """
+    if lse_base == "e" and stream is None and status is None and _is_torch(v_a):
+        ext = _torch_ext if _torch_ext is not _UNLOADED else _load_torch_ext()
+        if ext is not None:
+            if out is None:
+                return ext.merge_state(v_a, s_a, v_b, s_b)
+            ext.merge_state_out(v_a, s_a, v_b, s_b, out[0], out[1])
+            return out[0], out[1]
     base2 = _check_base(lse_base)
     st = _stream(v_a, stream)
     with _on_stream(v_a, st, stream is not None):
         if base2:
             s_a, s_b = s_a * _LN2, s_b * _LN2
-        v = _empty(v_a, tuple(v_a.shape))
-        s = _empty(s_a, tuple(s_a.shape))
+        v, s = out if out is not None else (_empty(v_a, tuple(v_a.shape)),
+                                            _empty(s_a, tuple(s_a.shape)))
         _ext.merge_state(*_dl(v_a, s_a, v_b, s_b, v, s), st, *_dl(status))
         if base2:
             s *= 1.0 / _LN2

@@ -51,6 +51,48 @@ def test_merge_state_matches_the_formula(dtype, base):
     assert torch.equal(v[0, 0], va[0, 0])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_operator_equals_the_dlpack_route(dtype):
+    """kvsift._kvsift_torch (built with KVSIFT_PY_TORCH=ON) is what kvsift.cuda
+    .merge_state takes for torch tensors with the defaults, and importing it registers
+    torch.ops.kvsift.merge_state; both equal the DLPack route bit for bit, on the caller's
+    current stream, and refuse bad input with kvsift.cuda's messages."""
+    if kc._load_torch_ext() is None:
+        pytest.skip("kvsift._kvsift_torch not built (KVSIFT_PY_TORCH=OFF)")
+    va, sa = states(33, 8, 64, dtype, 21)
+    vb, sb = states(33, 8, 64, dtype, 22)
+    sa[3, 1] = -math.inf
+    v_ref, s_ref = torch.empty_like(va), torch.empty_like(sa)
+    kc._ext.merge_state(*kc._dl(va, sa, vb, sb, v_ref, s_ref),
+                        torch.cuda.current_stream().cuda_stream)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        v, s = torch.ops.kvsift.merge_state(va, sa, vb, sb)
+        v2, s2 = kc.merge_state(va, sa, vb, sb)
+        out = (torch.full_like(va, 7.0), torch.full_like(sa, 7.0))
+        v3, s3 = kc.merge_state(va, sa, vb, sb, out=out)  # into the caller's tensors
+    side.synchronize()
+    assert torch.equal(v, v_ref) and torch.equal(s, s_ref)
+    assert torch.equal(v2, v_ref) and torch.equal(s2, s_ref)
+    assert v3 is out[0] and s3 is out[1]
+    assert torch.equal(v3, v_ref) and torch.equal(s3, s_ref)
+    # lse_base=math.e: the default's value, not its spelling, so the DLPack route, with out=
+    out2 = (torch.empty_like(va), torch.empty_like(sa))
+    v4, s4 = kc.merge_state(va, sa, vb, sb, out=out2, lse_base=math.e)
+    assert v4 is out2[0] and torch.equal(v4, v_ref) and torch.equal(s4, s_ref)
+    with pytest.raises(ValueError, match="v_out: expected shape"):
+        kc.merge_state(va, sa, vb, sb, out=(va[:1].clone(), sa.clone()))
+    with pytest.raises(ValueError, match="s_out"):
+        kc.merge_state(va, sa, vb, sb, out=(va.clone(), sa.half()))
+    with pytest.raises(ValueError, match=r"x\.cuda\(\)"):
+        torch.ops.kvsift.merge_state(va.cpu(), sa.cpu(), vb.cpu(), sb.cpu())
+    with pytest.raises(ValueError, match="float32"):
+        torch.ops.kvsift.merge_state(va, sa.double(), vb, sb)
+    with pytest.raises(ValueError, match="dtype"):
+        torch.ops.kvsift.merge_state(va, sa, vb.double(), sb)
+
+
 def test_merge_state_in_place_writes_the_callers_tensor():
     va, sa = states(3, 8, 64, torch.float16, 3)
     vb, sb = states(3, 8, 64, torch.float16, 4)
