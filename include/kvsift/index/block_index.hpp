@@ -322,7 +322,7 @@ class block_index {
     }
     // Only partially passing blocks: no valid lower bound, so every eligible block is kept.
     std::erase_if(list, [&](const scored_id& s) { return !(s.key >= best_lower - beta); });
-    std::sort(list.begin(), list.end(), ranks_before);
+    std::sort(list.begin(), list.end(), detail::rank_order{});
     emit(list, out);
   }
 

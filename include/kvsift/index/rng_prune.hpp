@@ -36,7 +36,7 @@ template <VectorStore S, Metric M>
 void rng_prune(const S& s, std::vector<scored_id>& cands, std::size_t degree, bool fill,
                std::vector<float>& scratch, std::vector<id_t>& kept,
                std::size_t* scored = nullptr) {
-  std::sort(cands.begin(), cands.end(), ranks_before);
+  std::sort(cands.begin(), cands.end(), rank_order{});
   kept.clear();
   std::vector<id_t> pruned;
   scratch.resize(s.dim());

@@ -139,14 +139,6 @@ void score_rows(const float* rows, std::size_t m, std::size_t d, const float* x,
   for (; i < m; ++i) out[i] = M::score(rows + i * d, x, d);
 }
 
-/// `ranks_before` as a function object: std::sort inlines it, where the function pointer it
-/// was given cost a call per comparison.
-struct rank_order {
-  bool operator()(const scored_id& a, const scored_id& b) const noexcept {
-    return ranks_before(a, b);
-  }
-};
-
 }  // namespace detail
 
 template <Element T, Metric M>

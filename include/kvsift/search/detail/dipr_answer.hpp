@@ -20,7 +20,7 @@ void emit_dipr(std::vector<scored_id>& list, float best_key, float beta, bool se
   const float threshold = best_key - beta;
   if (best_key == -std::numeric_limits<float>::infinity()) list.clear();  // only NaN scores
   std::erase_if(list, [&](const scored_id& s) { return !(s.key >= threshold); });
-  std::sort(list.begin(), list.end(), ranks_before);
+  std::sort(list.begin(), list.end(), rank_order{});
   out.ids.resize(list.size());
   out.scores.resize(list.size());
   for (std::size_t i = 0; i < list.size(); ++i) {
