@@ -1,5 +1,5 @@
-"""kvsift's CUDA kernels on device tensors: LSE merges, paged sparse attention, exact kNN and
-page copies between pinned host memory and the device, and the bucketed LRU that decides
+"""kvsift's CUDA kernels on device tensors: LSE merges, paged sparse attention, the batched
+graph search of a decode step and the whole step, exact kNN and page copies between pinned host memory and the device, and the bucketed LRU that decides
 which pages stay on the device.
 
 Shapes follow FlashInfer, so states interoperate: a partial attention state is ``v``
@@ -44,7 +44,8 @@ from .graphs import GraphSet, graph_set  # noqa: E402  (host side: indexes for d
 _LN2 = math.log(2.0)
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention",
-           "decode_step", "GraphSet", "graph_set", "knn",
+           "decode_search", "DecodeSearchResult", "results_to_csr", "decode_step", "GraphSet",
+           "graph_set", "knn",
            "gather_pages", "scatter_pages", "BucketedLRU", "LruStep", "CudaError",
            "current_device"]
 
@@ -264,6 +265,111 @@ def sparse_attention(q, k_pages, v_pages, page_table, indptr, ids, *, scale=None
         if base2:
             lse *= 1.0 / _LN2
     return o, lse
+
+
+class DecodeSearchResult(NamedTuple):
+    """Padded result rows of ``decode_search``, one per query (``results_to_csr`` packs them
+    for ``sparse_attention``)."""
+
+    ids: object  #: int32 [queries, capacity]: top-k best first, DIPR in discovery order; -1 pads
+    scores: object  #: float32 [queries, capacity]: raw scores (q.k, or the squared l2 distance)
+    counts: object  #: int32 [queries]: results in each row
+    scored: object  #: int32 [queries]: vectors scored by each search (its cost)
+    best: object  #: float32 [queries]: DIPR's best raw score seen (seed included); None for top-k
+
+
+def _arange_groups(like, m, groups):
+    """int32 [m]: query i -> graph i // (m // groups), in `like`'s framework (GQA order)."""
+    if _is_torch(like):
+        import torch
+
+        return torch.div(torch.arange(m, device=like.device, dtype=torch.int32), m // groups,
+                         rounding_mode="floor")
+    import cupy
+
+    return (cupy.arange(m, dtype=cupy.int32) // (m // groups)).astype(cupy.int32)
+
+
+def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", metric="ip",
+                  k=100, L=128, expand_width=1, walk_through=True, degree_cap=0, beta=1.0, l0=64,
+                  max_results=0, seed_score=None, id_range=None, stream=None, status=None):
+    """Batched graph search on the GPU: every query over its own graph in one launch (one warp
+    per search), the retrieval stage of a decode step on its own. With ``expand_width=1`` the
+    results equal the CPU's ``RoarGraphIndex.search`` / ``dipr`` id for id (the same walk).
+
+    graphs: a ``GraphSet`` (``graph_set(indexes)``) with its three arrays on the device.
+    q: [queries, dim] float32. The keys, where they live, either ``keys`` (a dense
+    [adjacency rows, dim] tensor, graph g's key i at row ``row_offset[g] + i``) or
+    ``pages=(k_pages, page_table)`` (head-wise paged K, [num_pages, page_size, dim], and an int32
+    page table whose row g holds graph g's tokens), float32, float16 or bfloat16; nothing is
+    copied. ``graph``: int32 [queries], the graph of each query; None = GQA order, query i
+    searches graph ``i // (queries // graphs)``.
+
+    ``mode`` "topk": the best ``k`` of a pool of ``L`` (k <= L <= 1024). "dipr": every key
+    within ``beta`` raw score units (unscaled q.k) of the best, exploration beam ``l0``, at
+    most ``max_results`` (0 = 64 * l0); ``seed_score`` (float32 [queries], NaN = none) is the
+    best score already seen elsewhere (the window). ``metric`` "ip" or "l2".
+    ``expand_width`` (1..8): nodes expanded per step; more cuts the search's sequential steps
+    at some extra scoring. ``degree_cap`` > 0 reads each node's first neighbours only.
+    ``id_range=(first, last)``: int32/uint32 [queries] each, only ids in [first, last) are
+    returned (the walk crosses the others with the 2-hop rule unless ``walk_through=False``,
+    top-k only, which drops them).
+
+    Returns a ``DecodeSearchResult`` of tensors of q's framework. The workspace comes from q's
+    framework's allocator. ``status``: int32 device word that you zeroed, ORed with bits of
+    kvsift::cuda's decode_status (1 bad graph, 2 bad id, 4 a capped DIPR search, 8 a bad
+    filter or seed). Work per query O(hops * width * dim); asynchronous, no synchronisation.
+
+    Raises ValueError for bad parameters or shapes (naming the expected values), TypeError
+    for a tensor that cannot be used in place.
+    """
+    st = _stream(q, stream)
+    m = int(q.shape[0])
+    adjacency, row_offset, entries, max_keys = graphs
+    num_graphs = int(entries.shape[0])
+    if (keys is None) == (pages is None):
+        got = "neither" if keys is None else "both"
+        raise ValueError("decode_search: expected the keys either dense (keys=) or paged "
+                         f"(pages=(k_pages, page_table)), got {got}")
+    k_pages, page_table = (None, None) if pages is None else pages
+    first, last = (None, None) if id_range is None else id_range
+    knobs = (str(mode), str(metric), int(k), int(L), int(expand_width), bool(walk_through),
+             int(degree_cap), float(beta), int(l0), int(max_results))
+    capacity, ws_bytes = _ext.decode_search_sizes(num_graphs, int(adjacency.shape[0]),
+                                                  int(adjacency.shape[1]), int(entries.shape[1]),
+                                                  int(max_keys), m, *knobs)
+    with _on_stream(q, st, stream is not None):
+        if graph is None:
+            if m % num_graphs != 0:
+                raise ValueError(f"graph: queries ({m}) are not a multiple of the graphs "
+                                 f"({num_graphs}); pass graph= (int32 [queries])")
+            graph = _arange_groups(q, m, num_graphs)
+        ids = _empty(q, (m, capacity), "int32")
+        scores = _empty(q, (m, capacity), "float32")
+        counts = _empty(q, (m,), "int32")
+        scored = _empty(q, (m,), "int32")
+        best = _empty(q, (m,), "float32") if mode == "dipr" else None
+        ws = _empty(q, (max(ws_bytes, 1),), "uint8")
+        _ext.decode_search(*_dl(adjacency, row_offset, entries), int(max_keys),
+                           *_dl(q, keys, k_pages, page_table, graph, seed_score, first, last, ids,
+                                scores, counts, scored, best, ws),
+                           *knobs, st, *_dl(status))
+    return DecodeSearchResult(ids, scores, counts, scored, best)
+
+
+def results_to_csr(result, *, stream=None):
+    """``DecodeSearchResult`` rows as the CSR lists ``sparse_attention`` reads: ``(indptr int64
+    [queries + 1], indices int32 [queries * capacity])``; the first ``indptr[-1]`` indices are
+    used (the host does not know that total without a synchronisation, so the array has room
+    for every slot). O(queries * capacity), two launches, asynchronous."""
+    ids, counts = result.ids, result.counts
+    st = _stream(ids, stream)
+    m, capacity = int(ids.shape[0]), int(ids.shape[1])
+    with _on_stream(ids, st, stream is not None):
+        indptr = _empty(ids, (m + 1,), "int64")
+        indices = _empty(ids, (m * capacity,), "int32")
+        _ext.decode_results_to_csr(*_dl(ids, counts, indptr, indices), st)
+    return indptr, indices
 
 
 def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, L=128,

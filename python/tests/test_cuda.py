@@ -218,7 +218,8 @@ def test_bad_input_is_refused_with_the_fix_named():
     assert issubclass(kvsift.InvalidArgument, ValueError)
 
 
-@pytest.mark.parametrize("block,result", [("cuda-merge", "v"), ("cuda-knn", "scores")])
+@pytest.mark.parametrize("block,result", [("cuda-merge", "v"), ("cuda-knn", "scores"),
+                                          ("cuda-decode-step", "o"), ("cuda-decode-search", "ids")])
 def test_readme_cuda_blocks_run_as_written(block, result):
     """python/README.md's `<!-- pytest: cuda-... -->` blocks, run as written."""
     from pathlib import Path
@@ -478,3 +479,127 @@ def test_decode_step_refuses_bad_input():
             kc.decode_step(kc.GraphSet(*graphs[:3], bad), q, k, v, table)
     with pytest.raises(Exception, match="float32"):
         kc.decode_step(graphs, q.half(), k, v, table)
+
+
+def search_case(n=700, graphs=2, group=4, dim=32, page=16, seed=5):
+    """Integer-valued keys and queries (every score exact in f32, f16 and bf16 alike, so the GPU
+    and the CPU rank identically, ties by id), one RoarGraph index per graph, and the keys as
+    one dense matrix and as shuffled pages."""
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(-4, 5, size=(graphs, n, dim)).astype(np.float32)
+    q = rng.integers(-4, 5, size=(graphs * group, dim)).astype(np.float32)
+    idx = []
+    for h in range(graphs):
+        train = np.repeat(q[h * group : (h + 1) * group], 30, 0)
+        train = train + rng.integers(-2, 3, size=train.shape).astype(np.float32)
+        idx.append(kvsift.RoarGraphIndex(keys[h], train, nq=20, M=12, L=60, threads=1))
+    gs = kc.graph_set(idx)
+    dev = kc.GraphSet(*(torch.from_numpy(a).cuda() for a in gs[:3]), gs.max_keys)
+    pages_per_graph = (n + page - 1) // page
+    num_pages = graphs * pages_per_graph + 2
+    pool = torch.zeros(num_pages, page, dim)
+    perm = torch.from_numpy(rng.permutation(num_pages)[: graphs * pages_per_graph])
+    table = perm.view(graphs, pages_per_graph).to(torch.int32)
+    for h in range(graphs):
+        for p in range(pages_per_graph):
+            rows = torch.from_numpy(keys[h, p * page : min(n, (p + 1) * page)])
+            pool[table[h, p], : rows.shape[0]] = rows
+    return idx, dev, keys, q, pool.cuda(), table.cuda()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+def test_decode_search_equals_the_cpu_walk(dtype, layout):
+    # expand_width 1 is the CPU's walk: ids, scores and vectors scored must be the CPU's, for
+    # top-k at a pool small enough that the walk routes (it scores a fraction of the keys).
+    idx, graphs, keys, q, pool, table = search_case()
+    group = q.shape[0] // len(idx)
+    qd = torch.from_numpy(q).cuda()
+    where = (dict(keys=torch.from_numpy(keys.reshape(-1, keys.shape[2])).cuda().to(dtype))
+             if layout == "dense" else dict(pages=(pool.to(dtype), table)))
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    r = kc.decode_search(graphs, qd, **where, k=10, L=20, status=status)
+    torch.cuda.synchronize()
+    assert status.item() == 0
+    scored = 0
+    for i in range(q.shape[0]):
+        cpu = idx[i // group].search(q[i], 10, L=20)
+        assert r.counts[i].item() == 10
+        assert np.array_equal(r.ids[i].cpu().numpy(), cpu.ids.astype(np.int32))
+        assert np.array_equal(r.scores[i].cpu().numpy(), cpu.scores)
+        assert r.scored[i].item() == int(cpu.distance_computations[0])
+        scored += r.scored[i].item()
+    assert scored < 0.5 * q.shape[0] * keys.shape[1]  # the walk routed, it did not scan
+    # DIPR: the same in-range set (the GPU returns it in discovery order) and best score.
+    r = kc.decode_search(graphs, qd, **where, mode="dipr", beta=6.0, l0=16)
+    for i in range(q.shape[0]):
+        cpu = idx[i // group].dipr(q[i], 6.0, l0=16)
+        got = np.sort(r.ids[i, : r.counts[i].item()].cpu().numpy())
+        assert np.array_equal(got, np.sort(cpu.ids.astype(np.int32)))
+        assert r.best[i].item() == cpu.best_score
+
+
+def test_decode_search_id_range_and_csr():
+    idx, graphs, keys, q, pool, table = search_case(seed=9)
+    m, n, group = q.shape[0], keys.shape[1], q.shape[0] // len(idx)
+    qd = torch.from_numpy(q).cuda()
+    dense = torch.from_numpy(keys.reshape(-1, keys.shape[2])).cuda()
+    first = torch.full((m,), 100, dtype=torch.int32, device="cuda")
+    last = torch.full((m,), n - 64, dtype=torch.int32, device="cuda")
+    r = kc.decode_search(graphs, qd, dense, k=10, L=20, id_range=(first, last))
+    for i in range(m):
+        cpu = idx[i // group].search(q[i], 10, L=20, filter=kvsift.IdRange(100, n - 64))
+        assert np.array_equal(r.ids[i].cpu().numpy(), cpu.ids.astype(np.int32))
+    # An explicit graph per query (here: every query on graph 1) instead of the GQA order.
+    one = torch.ones(m, dtype=torch.int32, device="cuda")
+    r1 = kc.decode_search(graphs, qd, dense, graph=one, k=10, L=20)
+    for i in range(m):
+        assert np.array_equal(r1.ids[i].cpu().numpy(), idx[1].search(q[i], 10, L=20).ids)
+    indptr, indices = kc.results_to_csr(r)
+    counts = r.counts.long()
+    assert torch.equal(indptr, torch.cat([torch.zeros(1, device="cuda").long(), counts.cumsum(0)]))
+    for i in range(m):
+        row = indices[indptr[i] : indptr[i + 1]]
+        assert torch.equal(row, r.ids[i, : counts[i]])
+
+
+def test_decode_search_reports_a_graph_out_of_range():
+    idx, graphs, keys, q, pool, table = search_case(n=200)
+    qd = torch.from_numpy(q).cuda()
+    bad = torch.full((q.shape[0],), 7, dtype=torch.int32, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    r = kc.decode_search(graphs, qd, pages=(pool, table), graph=bad, k=5, L=10, status=status)
+    torch.cuda.synchronize()
+    assert status.item() & 1 and int(r.counts.sum()) == 0
+
+
+def test_decode_search_refuses_bad_input():
+    idx, graphs, keys, q, pool, table = search_case(n=200)
+    qd = torch.from_numpy(q).cuda()
+    dense = torch.from_numpy(keys.reshape(-1, keys.shape[2])).cuda()
+    with pytest.raises(ValueError, match="neither"):
+        kc.decode_search(graphs, qd)
+    with pytest.raises(ValueError, match="both"):
+        kc.decode_search(graphs, qd, dense, pages=(pool, table))
+    with pytest.raises(Exception, match="keys: expected shape"):
+        kc.decode_search(graphs, qd, dense[1:].contiguous())
+    with pytest.raises(Exception, match="'ip' or 'l2'"):
+        kc.decode_search(graphs, qd, dense, metric="cos")
+    with pytest.raises(Exception, match="'topk' or 'dipr'"):
+        kc.decode_search(graphs, qd, dense, mode="flat")
+    with pytest.raises(Exception, match="got L = 5"):
+        kc.decode_search(graphs, qd, dense, k=10, L=5)
+    with pytest.raises(ValueError, match="multiple of the graphs"):
+        kc.decode_search(graphs, qd[:3].contiguous(), dense)
+    with pytest.raises(Exception, match="graph: expected int32"):
+        kc.decode_search(graphs, qd, dense, graph=torch.zeros(q.shape[0], device="cuda"))
+    with pytest.raises(Exception, match="filter_last"):
+        first = torch.zeros(q.shape[0], dtype=torch.int32, device="cuda")
+        kc.decode_search(graphs, qd, dense, id_range=(first, first[:2]))
+    with pytest.raises(Exception, match="numpy.ndarray"):
+        kc.decode_search(graphs, qd, keys.reshape(-1, keys.shape[2]))
+    with pytest.raises(Exception, match="float32"):
+        kc.decode_search(graphs, qd.half(), dense)
+    for bad in (0, 10**9):
+        with pytest.raises(Exception, match="max_keys"):
+            kc.decode_search(kc.GraphSet(*graphs[:3], bad), qd, dense)

@@ -1,9 +1,9 @@
-// kvsift._kvsift_cuda: kvsift's CUDA kernels (LSE merges, paged sparse attention, kNN, page
-// copies, the bucketed LRU step) on device tensors from any DLPack producer (torch, CuPy, JAX),
-// without copies. The low-level functions here take every output too (the caller's framework
-// allocates it, so results are the framework's own tensors); kvsift/cuda.py wraps them in
-// FlashInfer-shaped calls that allocate outputs, pick the caller's current stream and convert
-// base-2 LSEs.
+// kvsift._kvsift_cuda: kvsift's CUDA kernels (LSE merges, paged sparse attention, the decode
+// search and step, kNN, page copies, the bucketed LRU step) on device tensors from any DLPack
+// producer (torch, CuPy, JAX), without copies. The low-level functions here take every output too
+// (the caller's framework allocates it, so results are the framework's own tensors); kvsift/cuda.py
+// wraps them in FlashInfer-shaped calls that allocate outputs, pick the caller's current stream and
+// convert base-2 LSEs.
 //
 // Checks before any launch: device memory (kDLCUDA) on the current device, dtypes, shapes,
 // contiguous row-major layout. Device-side data (lse values, token ids) is checked by the
@@ -202,12 +202,14 @@ ops::decode_graphs graphs_of(const tensor& adj, const tensor& off, const tensor&
   return g;
 }
 
-ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int expand_width,
-                                  bool walk_through, int degree_cap, float beta, int l0,
-                                  int max_results, int sink, int window, float scale) {
+ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int expand_width,
+                                      bool walk_through, int degree_cap, float beta, int l0,
+                                      int max_results, const std::string& metric = "ip") {
   require(mode == "topk" || mode == "dipr", "mode: expected 'topk' or 'dipr', got '", mode, "'");
-  ops::decode_step_knobs p;
+  require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric, "'");
+  ops::decode_search_knobs p;
   p.dipr = mode == "dipr";
+  p.l2 = metric == "l2";
   p.k = k;
   p.L = L;
   p.expand_width = expand_width;
@@ -216,10 +218,51 @@ ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int exp
   p.beta = beta;
   p.l0 = l0;
   p.max_results = max_results;
+  return p;
+}
+
+ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int expand_width,
+                                  bool walk_through, int degree_cap, float beta, int l0,
+                                  int max_results, int sink, int window, float scale) {
+  ops::decode_step_knobs p;
+  p.search =
+      search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results);
   p.sink = sink;
   p.window = window;
   p.scale = scale;
   return p;
+}
+
+/// Sizes only (the workspace does not depend on the graphs' contents), max_keys checked.
+ops::decode_graphs graph_sizes(std::int64_t graphs, std::int64_t rows, std::int64_t width,
+                               std::int64_t max_entries, std::int64_t max_keys) {
+  ops::decode_graphs g;
+  g.num_graphs = as_int(graphs, "graphs");
+  g.width = as_int(width, "width");
+  g.max_entries = as_int(max_entries, "max_entries");
+  g.max_keys = checked_max_keys(max_keys, rows);
+  return g;
+}
+
+/// int32 or uint32 (the same bits) of the given shape, as `what`.
+void require_u32(const tensor& t, const std::vector<std::int64_t>& shape, const char* what) {
+  require((t.kind == 'i' || t.kind == 'u') && t.itemsize == 4, what,
+          ": expected int32 or uint32, got ", t.dl_dtype);
+  require_shape(t, shape, what);
+}
+
+/// An optional [m] tensor of the given kind (f32 or 32-bit ids), or null.
+template <class T>
+T* optional_vector(const py::object& h, const intake& in, std::int64_t m, const char* what) {
+  if (h.is_none()) return nullptr;
+  const tensor t = in(h, what);
+  if constexpr (std::is_same_v<T, float>) {
+    require_kind(t, 'f', 4, what, "float32");
+    require_shape(t, {m}, what);
+  } else {
+    require_u32(t, {m}, what);
+  }
+  return ptr<T>(t);
 }
 
 }  // namespace
@@ -377,13 +420,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
          int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
          int max_results, int sink, int window) {
-        ops::decode_graphs g;  // sizes only: the workspace does not depend on the contents
-        g.num_graphs = as_int(graphs, "graphs");
-        g.width = as_int(width, "width");
-        g.max_entries = as_int(max_entries, "max_entries");
-        g.max_keys = checked_max_keys(max_keys, rows);
         return ops::decode_step_workspace_size(
-            g, as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
+            graph_sizes(graphs, rows, width, max_entries, max_keys), as_int(qo_heads, "qo_heads"),
+            as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                        sink, window, std::numeric_limits<float>::quiet_NaN()));
       },
@@ -436,6 +475,140 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("l0"), py::arg("max_results"), py::arg("sink"), py::arg("window"), py::arg("scale"),
       py::arg("stream"), py::arg("status") = py::none(),
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
+
+  m.def(
+      "decode_search_sizes",
+      [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
+         std::int64_t max_keys, std::int64_t queries, const std::string& mode,
+         const std::string& metric, int k, int L, int expand_width, bool walk_through,
+         int degree_cap, float beta, int l0, int max_results) {
+        const auto p = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0,
+                                    max_results, metric);
+        const auto g = graph_sizes(graphs, rows, width, max_entries, max_keys);
+        return py::make_tuple(ops::decode_search_capacity(p),
+                              ops::decode_search_workspace_size(g, queries, p));
+      },
+      py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
+      py::arg("max_keys"), py::arg("queries"), py::arg("mode"), py::arg("metric"), py::arg("k"),
+      py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
+      py::arg("beta"), py::arg("l0"), py::arg("max_results"),
+      "(result slots per query, bytes of device workspace) of decode_search; raises for bad "
+      "parameters (max_keys outside [1, rows] included).");
+
+  m.def(
+      "decode_search",
+      [](py::handle adjacency, py::handle row_offset, py::handle entries, std::int64_t max_keys,
+         py::handle q, py::object keys, py::object k_pages, py::object page_table, py::handle graph,
+         py::object seed_score, py::object filter_first, py::object filter_last, py::handle ids,
+         py::handle scores, py::handle counts, py::handle scored, py::object best,
+         py::handle workspace, const std::string& mode, const std::string& metric, int k, int L,
+         int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
+         std::intptr_t stream, py::object status) {
+        const intake in{stream};
+        const tensor tadj = in(adjacency, "adjacency");
+        const ops::decode_graphs g =
+            graphs_of(tadj, in(row_offset, "row_offset"), in(entries, "entries"), max_keys);
+        const ops::decode_search_knobs p = search_knobs(mode, k, L, expand_width, walk_through,
+                                                        degree_cap, beta, l0, max_results, metric);
+        const tensor tq = in(q, "q");
+        require_kind(tq, 'f', 4, "q", "float32");
+        require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [queries, dim], got ",
+                                            tq.ndim(), " axes");
+        const std::int64_t m = tq.shape[0], dim = tq.shape[1];
+        const int capacity = ops::decode_search_capacity(p);
+        ops::decode_search_queries qs;
+        qs.q = ptr<float>(tq);
+        const tensor tg = in(graph, "graph");
+        require_kind(tg, 'i', 4, "graph", "int32");
+        require_shape(tg, {m}, "graph");
+        qs.graph = ptr<std::int32_t>(tg);
+        qs.seed_score = optional_vector<float>(seed_score, in, m, "seed_score");
+        qs.filter_first = optional_vector<std::uint32_t>(filter_first, in, m, "filter_first");
+        qs.filter_last = optional_vector<std::uint32_t>(filter_last, in, m, "filter_last");
+        ops::decode_search_outputs out;
+        const tensor ti = in(ids, "ids");
+        require_u32(ti, {m, capacity}, "ids");
+        out.ids = ptr<std::uint32_t>(ti);
+        const tensor ts = in(scores, "scores");
+        require_kind(ts, 'f', 4, "scores", "float32");
+        require_shape(ts, {m, capacity}, "scores");
+        out.scores = ptr<float>(ts);
+        const tensor tc = in(counts, "counts");
+        require_u32(tc, {m}, "counts");
+        out.counts = ptr<std::uint32_t>(tc);
+        const tensor tn = in(scored, "scored");
+        require_u32(tn, {m}, "scored");
+        out.scored = ptr<std::uint32_t>(tn);
+        out.best = optional_vector<float>(best, in, m, "best");
+        if (!status.is_none())
+          out.status = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
+        const tensor tw = in(workspace, "workspace");
+        require(keys.is_none() != k_pages.is_none(),
+                "decode_search: expected the keys either dense (keys) or paged (k_pages and "
+                "page_table), got ",
+                keys.is_none() ? "neither" : "both");
+        if (!keys.is_none()) {
+          const tensor tk = in(keys, "keys");
+          const ops::dtype kt = value_type(tk, "keys");
+          require_shape(tk, {tadj.shape[0], dim}, "keys");
+          py::gil_scoped_release release;
+          ops::decode_search_dense(kt, g, ptr(tk), as_int(dim, "dim"), qs, m, p, out, ptr(tw),
+                                   bytes_of(tw), stream);
+          return;
+        }
+        require(!page_table.is_none(), "decode_search: k_pages needs page_table");
+        const tensor tk = in(k_pages, "k_pages");
+        const tensor tp = in(page_table, "page_table");
+        const ops::dtype kt = value_type(tk, "k_pages");
+        require<kvsift::dimension_mismatch>(
+            tk.ndim() == 3 && tk.shape[2] == dim,
+            "k_pages: expected [num_pages, page_size, dim] with q's dim ", dim);
+        require_kind(tp, 'i', 4, "page_table", "int32");
+        require<kvsift::dimension_mismatch>(tp.ndim() == 2,
+                                            "page_table: expected [graphs, max_pages_per_head], "
+                                            "got ",
+                                            tp.ndim(), " axes");
+        py::gil_scoped_release release;
+        ops::decode_search_paged(kt, g, ptr(tk), tk.shape[0], as_int(tk.shape[1], "page_size"),
+                                 as_int(dim, "dim"), ptr<std::int32_t>(tp),
+                                 as_int(tp.shape[0], "page_table rows"),
+                                 as_int(tp.shape[1], "max_pages_per_head"), qs, m, p, out, ptr(tw),
+                                 bytes_of(tw), stream);
+      },
+      py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
+      py::arg("q"), py::arg("keys"), py::arg("k_pages"), py::arg("page_table"), py::arg("graph"),
+      py::arg("seed_score"), py::arg("filter_first"), py::arg("filter_last"), py::arg("ids"),
+      py::arg("scores"), py::arg("counts"), py::arg("scored"), py::arg("best"),
+      py::arg("workspace"), py::arg("mode"), py::arg("metric"), py::arg("k"), py::arg("L"),
+      py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
+      py::arg("l0"), py::arg("max_results"), py::arg("stream"), py::arg("status") = py::none(),
+      "Low level: the batched GPU graph search into padded rows. Use kvsift.cuda.decode_search.");
+
+  m.def(
+      "decode_results_to_csr",
+      [](py::handle ids, py::handle counts, py::handle indptr, py::handle indices,
+         std::intptr_t stream) {
+        const intake in{stream};
+        const tensor ti = in(ids, "ids");
+        require<kvsift::dimension_mismatch>(ti.ndim() == 2, "ids: expected [queries, capacity], ",
+                                            "got ", ti.ndim(), " axes");
+        const std::int64_t m = ti.shape[0], capacity = ti.shape[1];
+        require_u32(ti, {m, capacity}, "ids");
+        const tensor tc = in(counts, "counts");
+        require_u32(tc, {m}, "counts");
+        const tensor tp = in(indptr, "indptr");
+        require_kind(tp, 'i', 8, "indptr", "int64");
+        require_shape(tp, {m + 1}, "indptr");
+        const tensor tx = in(indices, "indices");
+        require_kind(tx, 'i', 4, "indices", "int32");
+        require_shape(tx, {m * capacity}, "indices");
+        py::gil_scoped_release release;
+        ops::decode_results_to_csr(ptr<std::uint32_t>(ti), ptr<std::uint32_t>(tc), m,
+                                   as_int(capacity, "capacity"), ptr<std::int64_t>(tp),
+                                   ptr<std::int32_t>(tx), stream);
+      },
+      py::arg("ids"), py::arg("counts"), py::arg("indptr"), py::arg("indices"), py::arg("stream"),
+      "Low level: padded search rows to CSR (indptr, indices). Use kvsift.cuda.results_to_csr.");
 
   m.def(
       "knn_workspace_size",

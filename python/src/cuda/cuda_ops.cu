@@ -1,6 +1,6 @@
 // nvcc half of kvsift._kvsift_cuda: instantiates kvsift::cuda's merge, sparse attention,
-// decode step and kNN kernels for f32 / f16 / bf16, the page copies and the bucketed LRU step,
-// behind the pointer-level interface of cuda_ops.hpp.
+// decode search, decode step and kNN kernels for f32 / f16 / bf16, the page copies and the bucketed
+// LRU step, behind the pointer-level interface of cuda_ops.hpp.
 #include "cuda_ops.hpp"
 
 #include <cuda_bf16.h>
@@ -161,17 +161,24 @@ kc::graph_set_ref graph_ref(const decode_graphs& g) {
   return r;
 }
 
+kc::decode_search_params search_params(const decode_search_knobs& k) {
+  kc::decode_search_params p;
+  p.mode = k.dipr ? kc::decode_search_mode::dipr : kc::decode_search_mode::topk;
+  p.metric = k.l2 ? kc::graph_metric::l2 : kc::graph_metric::inner_product;
+  p.k = k.k;
+  p.L = k.L;
+  p.expand_width = k.expand_width;
+  p.walk_through = k.walk_through;
+  p.degree_cap = k.degree_cap;
+  p.beta = k.beta;
+  p.l0 = k.l0;
+  p.max_results = k.max_results;
+  return p;
+}
+
 kc::decode_step_params step_params(const decode_step_knobs& k) {
   kc::decode_step_params p;
-  p.search.mode = k.dipr ? kc::decode_search_mode::dipr : kc::decode_search_mode::topk;
-  p.search.k = k.k;
-  p.search.L = k.L;
-  p.search.expand_width = k.expand_width;
-  p.search.walk_through = k.walk_through;
-  p.search.degree_cap = k.degree_cap;
-  p.search.beta = k.beta;
-  p.search.l0 = k.l0;
-  p.search.max_results = k.max_results;
+  p.search = search_params(k.search);
   p.sink = k.sink;
   p.window = k.window;
   if (!std::isnan(k.scale)) p.scale = k.scale;
@@ -199,6 +206,86 @@ void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const vo
                                   g.num_graphs, max_pages_per_head);
     kc::decode_step(graph_ref(g), ref, q, qo_heads, dim, out_o, out_lse, workspace, workspace_bytes,
                     as_stream(stream), step_params(p), status);
+  });
+}
+
+namespace {
+
+kc::decode_queries search_queries(const decode_search_queries& q, int dim) {
+  kc::decode_queries r;
+  r.q = q.q;
+  r.ld = dim;
+  r.graph = q.graph;
+  r.seed_score = q.seed_score;
+  r.filter_first = q.filter_first;
+  r.filter_last = q.filter_last;
+  return r;
+}
+
+kc::decode_search_outputs search_outputs(const decode_search_outputs& o) {
+  kc::decode_search_outputs r;
+  r.ids = o.ids;
+  r.scores = o.scores;
+  r.counts = o.counts;
+  r.scored = o.scored;
+  r.best_scores = o.best;
+  r.status = o.status;
+  return r;
+}
+
+}  // namespace
+
+int decode_search_capacity(const decode_search_knobs& p) {
+  int c = 0;
+  translating_errors([&] { c = kc::decode_search_capacity(search_params(p)); });
+  return c;
+}
+
+std::size_t decode_search_workspace_size(const decode_graphs& g, std::int64_t m,
+                                         const decode_search_knobs& p) {
+  std::size_t bytes = 0;
+  translating_errors(
+      [&] { bytes = kc::decode_search_workspace_size(graph_ref(g), m, search_params(p)); });
+  return bytes;
+}
+
+void decode_search_dense(dtype t, const decode_graphs& g, const void* keys, int dim,
+                         const decode_search_queries& q, std::int64_t m,
+                         const decode_search_knobs& p, const decode_search_outputs& out,
+                         void* workspace, std::size_t workspace_bytes, std::intptr_t stream) {
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::dense_keys_ref<T> ref;
+    ref.keys = static_cast<const T*>(keys);
+    ref.ld = dim;
+    ref.dim = dim;
+    kc::decode_search(graph_ref(g), ref, search_queries(q, dim), m, search_params(p),
+                      search_outputs(out), workspace, workspace_bytes, as_stream(stream));
+  });
+}
+
+void decode_search_paged(dtype t, const decode_graphs& g, const void* k_pages,
+                         std::int64_t num_pages, int page_size, int dim,
+                         const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
+                         const decode_search_queries& q, std::int64_t m,
+                         const decode_search_knobs& p, const decode_search_outputs& out,
+                         void* workspace, std::size_t workspace_bytes, std::intptr_t stream) {
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    // The search reads K only; V is the same pool so that the reference is complete.
+    const auto ref = paged_ref<T>(k_pages, k_pages, num_pages, page_size, dim, page_table, kv_heads,
+                                  max_pages_per_head);
+    kc::decode_search(graph_ref(g), ref, search_queries(q, dim), m, search_params(p),
+                      search_outputs(out), workspace, workspace_bytes, as_stream(stream));
+  });
+}
+
+void decode_results_to_csr(const std::uint32_t* ids, const std::uint32_t* counts, std::int64_t m,
+                           int capacity, std::int64_t* indptr, std::int32_t* indices,
+                           std::intptr_t stream) {
+  translating_errors([&] {
+    kc::decode_results_to_csr(reinterpret_cast<const kvsift::id_t*>(ids), counts, m, capacity,
+                              indptr, indices, as_stream(stream));
   });
 }
 

@@ -62,9 +62,10 @@ struct decode_graphs {
   std::int64_t max_keys = 0;
 };
 
-/// kvsift::cuda::decode_step_params as plain fields. `scale` NaN = 1 / sqrt(dim).
-struct decode_step_knobs {
+/// kvsift::cuda::decode_search_params as plain fields.
+struct decode_search_knobs {
   bool dipr = false;
+  bool l2 = false;  ///< metric: squared l2 distance instead of inner product
   int k = 100;
   int L = 128;
   int expand_width = 1;
@@ -73,6 +74,58 @@ struct decode_step_knobs {
   float beta = 1.0f;
   int l0 = 64;
   int max_results = 0;
+};
+
+/// The queries of a decode search (device pointers; the optional ones may be null).
+struct decode_search_queries {
+  const float* q = nullptr;  ///< [m][dim]
+  const std::int32_t* graph = nullptr;
+  const float* seed_score = nullptr;
+  const std::uint32_t* filter_first = nullptr;
+  const std::uint32_t* filter_last = nullptr;
+};
+
+/// The outputs of a decode search (device pointers; best and status may be null).
+struct decode_search_outputs {
+  std::uint32_t* ids = nullptr;     ///< [m][capacity]
+  float* scores = nullptr;          ///< [m][capacity]
+  std::uint32_t* counts = nullptr;  ///< [m]
+  std::uint32_t* scored = nullptr;  ///< [m]
+  float* best = nullptr;            ///< [m]
+  std::uint32_t* status = nullptr;
+};
+
+/// kvsift::cuda::decode_search_capacity: result slots per query.
+int decode_search_capacity(const decode_search_knobs& p);
+
+/// kvsift::cuda::decode_search_workspace_size for m queries.
+std::size_t decode_search_workspace_size(const decode_graphs& g, std::int64_t m,
+                                         const decode_search_knobs& p);
+
+/// kvsift::cuda::decode_search with the keys of graph g at rows row_offset[g].. of one dense
+/// [rows][dim] matrix.
+void decode_search_dense(dtype t, const decode_graphs& g, const void* keys, int dim,
+                         const decode_search_queries& q, std::int64_t m,
+                         const decode_search_knobs& p, const decode_search_outputs& out,
+                         void* workspace, std::size_t workspace_bytes, std::intptr_t stream);
+
+/// kvsift::cuda::decode_search with the keys in head-wise paged K memory (page-table row g =
+/// graph g's keys).
+void decode_search_paged(dtype t, const decode_graphs& g, const void* k_pages,
+                         std::int64_t num_pages, int page_size, int dim,
+                         const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
+                         const decode_search_queries& q, std::int64_t m,
+                         const decode_search_knobs& p, const decode_search_outputs& out,
+                         void* workspace, std::size_t workspace_bytes, std::intptr_t stream);
+
+/// kvsift::cuda::decode_results_to_csr: padded rows to indptr [m + 1] / indices [m * capacity].
+void decode_results_to_csr(const std::uint32_t* ids, const std::uint32_t* counts, std::int64_t m,
+                           int capacity, std::int64_t* indptr, std::int32_t* indices,
+                           std::intptr_t stream);
+
+/// kvsift::cuda::decode_step_params as plain fields. `scale` NaN = 1 / sqrt(dim).
+struct decode_step_knobs {
+  decode_search_knobs search;
   int sink = 4;
   int window = 512;
   float scale = std::numeric_limits<float>::quiet_NaN();
