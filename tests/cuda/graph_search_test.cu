@@ -275,6 +275,22 @@ TEST_CASE("connectivity_on_gpu_builds_the_cpu_graph", "[cuda][graph_search]") {
         kvsift::roargraph_builder<kvsift::l2, kvsift::cuda::knn_engine>(p).build(store, train);
     CHECK(std::ranges::equal(cpu_l2.adjacency(), gpu_l2.adjacency()));
   }
+  // f16 keys (the integers are exact in f16): the GPU build instantiates its searcher over
+  // half keys, which once failed to compile (a private type in the kernel's host stub).
+  std::vector<kvsift::half> kh(kf.size());
+  for (std::size_t i = 0; i < kf.size(); ++i) kh[i] = kvsift::half(kf[i]);
+  const kvsift::view_store<kvsift::half> hstore(matrix_view<const kvsift::half>(kh.data(), n, d));
+  kvsift::roargraph_params p;
+  p.nq = 50;
+  p.M = 16;
+  p.L = 100;
+  p.threads = 2;
+  p.batch = 1024;
+  const auto cpu_h = kvsift::roargraph_builder<>(p).build(hstore, train);
+  const auto gpu_h =
+      kvsift::roargraph_builder<kvsift::inner_product, kvsift::cuda::knn_engine>(p).build(hstore,
+                                                                                          train);
+  CHECK(std::ranges::equal(cpu_h.adjacency(), gpu_h.adjacency()));
 }
 
 TEST_CASE("graph_search_rejects_bad_input", "[cuda][graph_search]") {

@@ -491,7 +491,6 @@ void graph_search(const graph_ref<T>& g, const id_t* query_rows, std::int64_t m,
 
 template <Element T>
 struct connectivity_searcher<T>::state {
-  using DT = typename detail::device_element<T>::type;
   int device = 0;
   std::int64_t n = 0, d = 0;
   int width = 0;
@@ -614,8 +613,12 @@ void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, st
   void* dw = s.workspace.reserve(ws);
   KVSIFT_CUDA_CHECK(
       cudaMemcpyAsync(dq, rows.data(), rows.size_bytes(), cudaMemcpyHostToDevice, s.stream));
-  graph_ref<typename state::DT> g;
-  g.keys = static_cast<const typename state::DT*>(s.keys.p);
+  // The device element type named directly, not through the private `state`: nvcc's host
+  // stub for the kernel spells its template arguments as written here, and the stub code
+  // cannot reach a private member (the f16 instantiation failed to compile).
+  using device_t = typename detail::device_element<T>::type;
+  graph_ref<device_t> g;
+  g.keys = static_cast<const device_t*>(s.keys.p);
   g.n = s.n;
   g.d = s.d;
   g.ld = s.d;
