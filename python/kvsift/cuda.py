@@ -45,7 +45,7 @@ _LN2 = math.log(2.0)
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention",
            "decode_search", "DecodeSearchResult", "results_to_csr", "decode_step", "GraphSet",
-           "graph_set", "knn",
+           "graph_set", "build_index", "knn",
            "gather_pages", "scatter_pages", "BucketedLRU", "LruStep", "CudaError",
            "current_device"]
 
@@ -414,6 +414,26 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
         if base2:
             lse *= 1.0 / _LN2
     return o, lse
+
+
+def build_index(keys, train_queries, *, nq=100, M=35, L=500, threads=0, seed=2024):
+    """A ``kvsift.RoarGraphIndex`` built with the GPU doing the heavy steps: the training
+    queries' exact kNN (step 1) and the connectivity searches (step 3) run on the current CUDA
+    device, projection, pruning and repair on ``threads`` CPU threads (0 = all). Arguments and
+    result are the CPU constructor's (keys (n, d) float32 or float16 in host memory, borrowed
+    by the index; training queries (m, d) float32; nq, M, L, seed the same meaning), and on data
+    whose scores are exact in float32 the graph is the CPU build's, edge for edge.
+
+    Synchronous: returns when the graph is built (the GIL is released meanwhile). The GPU holds
+    copies of the keys and the graph while it builds. ``index.build_stats`` has its phases.
+    Raises ValueError (InvalidArgument) for bad shapes, dtypes or parameters, as the CPU
+    constructor does; CudaError when the device fails.
+    """
+    from . import RoarGraphIndex
+
+    graph, stats = _ext.build_roargraph(keys, train_queries, int(nq), int(M), int(L),
+                                        int(threads), int(seed))
+    return RoarGraphIndex.from_bytes(graph, keys, build_stats=stats)
 
 
 def knn(queries, keys, k, *, stream=None):

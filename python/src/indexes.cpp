@@ -105,14 +105,38 @@ std::uint64_t roargraph_fingerprint(const py_graph& self) {
 /// checked again on unpickling.
 constexpr int pickle_version = 1;
 
-py::tuple roargraph_getstate(const py_graph& self) {
+/// A graph from write_graph bytes over `keys_h` (borrowed), checked against the keys'
+/// fingerprint, shape, dtype and metric; `source` names the bytes in errors.
+py_graph graph_from_bytes(const py::handle& keys_h, const py::handle& bytes_h,
+                          const build_info& stats, const char* source) {
+  tensor keys = tensor_of(keys_h, "keys");
+  char* data = nullptr;
+  py::ssize_t size = 0;
+  if (PYBIND11_BYTES_AS_STRING_AND_SIZE(bytes_h.ptr(), &data, &size) != 0) {
+    throw py::error_already_set();
+  }
+  const py::object keep = py::reinterpret_borrow<py::object>(bytes_h);  // alive without the GIL
+  auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
+    py::gil_scoped_release release;
+    bytes_streambuf buf(data, static_cast<std::size_t>(size));
+    std::istream in(&buf);
+    return kvsift::read_graph(in, static_cast<std::uint64_t>(size), store, source);
+  });
+  return {py::reinterpret_borrow<py::object>(keys_h), std::move(keys), std::move(index), stats};
+}
+
+py::bytes roargraph_to_bytes(const py_graph& self) {
   std::ostringstream out(std::ios::binary);
   {
     py::gil_scoped_release release;
     std::visit([&](const auto& g) { kvsift::write_graph(g, out); }, self.index());
   }
+  return py::bytes(out.str());
+}
+
+py::tuple roargraph_getstate(const py_graph& self) {
   const build_info& st = self.build_stats();
-  return py::make_tuple(pickle_version, self.keys(), py::bytes(out.str()),
+  return py::make_tuple(pickle_version, self.keys(), roargraph_to_bytes(self),
                         py::make_tuple(st.knn_seconds, st.projection_seconds,
                                        st.connectivity_seconds, st.total_seconds));
 }
@@ -123,26 +147,10 @@ py_graph roargraph_setstate(const py::tuple& state) {
           "RoarGraphIndex pickle: expected state (", pickle_version,
           ", keys, graph bytes, build stats), got a tuple of ", state.size(),
           " items; it was made by another kvsift version");
-  const py::handle keys_h = state[1];
-  tensor keys = tensor_of(keys_h, "keys");
-  char* data = nullptr;
-  py::ssize_t size = 0;
-  if (PYBIND11_BYTES_AS_STRING_AND_SIZE(state[2].ptr(), &data, &size) != 0) {
-    throw py::error_already_set();
-  }
   const auto st = state[3].cast<std::tuple<double, double, double, double>>();
-  const py::object graph_bytes = state[2];  // keeps data alive while the GIL is released
-  auto index = over_keys<py_graph::variant>(keys, [&](auto store) {
-    py::gil_scoped_release release;
-    bytes_streambuf buf(data, static_cast<std::size_t>(size));
-    std::istream in(&buf);
-    return kvsift::read_graph(in, static_cast<std::uint64_t>(size), store,
-                              "pickled RoarGraphIndex");
-  });
-  return {py::reinterpret_borrow<py::object>(keys_h),
-          std::move(keys),
-          std::move(index),
-          {std::get<0>(st), std::get<1>(st), std::get<2>(st), std::get<3>(st)}};
+  return graph_from_bytes(state[1], state[2],
+                          {std::get<0>(st), std::get<1>(st), std::get<2>(st), std::get<3>(st)},
+                          "pickled RoarGraphIndex");
 }
 
 std::unique_ptr<py_insertable> make_insertable(const py::handle& keys_h, const py::handle& train_h,
@@ -266,6 +274,30 @@ void bind_indexes(py::module_& m) {
                   "corrupted file, InvalidArgument if the file was built over other keys (the "
                   "expected and actual fingerprints are named), another shape, dtype or metric. "
                   "O(n M) plus the fingerprint.")
+      .def("to_bytes", &roargraph_to_bytes,
+           "The graph (not the keys) as bytes, the layout save() writes: metric, the keys' "
+           "fingerprint, adjacency and entry points. O(n M).")
+      .def_static(
+          "from_bytes",
+          [](const py::bytes& data, const py::handle& keys, const py::object& stats) {
+            build_info st;
+            if (!stats.is_none()) {
+              require(py::isinstance<py::sequence>(stats) && py::len(stats) == 4,
+                      "RoarGraphIndex.from_bytes: expected build_stats = (knn, projection, "
+                      "connectivity, total) seconds, got ",
+                      std::string(py::repr(stats)));
+              const auto seq = stats.cast<py::sequence>();
+              auto at = [&](std::size_t i) { return py::float_(seq[i]).cast<double>(); };
+              st = {at(0), at(1), at(2), at(3)};
+            }
+            return graph_from_bytes(keys, data, st, "RoarGraphIndex bytes");
+          },
+          py::arg("data"), py::arg("keys"), py::kw_only(), py::arg("build_stats") = py::none(),
+          "RoarGraphIndex.from_bytes(data, keys): the graph to_bytes() (or kvsift.cuda's GPU "
+          "build) wrote, over these keys (borrowed as by the constructor); build_stats = (kNN, "
+          "projection, connectivity, total) seconds to report. Raises IoError for truncated or "
+          "corrupted bytes, InvalidArgument for other keys (fingerprints named), another "
+          "shape, dtype or metric. O(n M) plus the fingerprint.")
       .def(py::pickle(&roargraph_getstate, &roargraph_setstate),
            "Pickling is self-contained: the state holds the key array (pickled as the object it "
            "is, so its data is copied and it must be picklable) and the graph bytes; "

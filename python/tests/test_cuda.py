@@ -603,3 +603,43 @@ def test_decode_search_refuses_bad_input():
     for bad in (0, 10**9):
         with pytest.raises(Exception, match="max_keys"):
             kc.decode_search(kc.GraphSet(*graphs[:3], bad), qd, dense)
+
+
+@pytest.mark.parametrize("key_dtype", [np.float32, np.float16])
+def test_build_index_on_the_gpu_is_the_cpu_graph(key_dtype):
+    # Integer data: every score and distance is exact, so the GPU's kNN and step-3 searches
+    # find what the CPU's find and the graphs agree edge for edge.
+    rng = np.random.default_rng(3)
+    keys = rng.integers(-4, 5, size=(3000, 32)).astype(key_dtype)
+    train = rng.integers(-4, 5, size=(400, 32)).astype(np.float32)
+    params = dict(nq=50, M=16, L=100, threads=2)
+    gpu = kc.build_index(keys, train, **params)
+    cpu = kvsift.RoarGraphIndex(keys, train, **params)
+    assert gpu.keys is keys
+    assert np.array_equal(gpu.adjacency(), cpu.adjacency())
+    assert np.array_equal(gpu.entry_points, cpu.entry_points)
+    assert gpu.build_stats.total_seconds > 0 and gpu.build_stats.knn_seconds > 0
+    q = rng.integers(-4, 5, size=(20, 32)).astype(np.float32)
+    assert np.array_equal(gpu.search(q, 10, L=30).ids, cpu.search(q, 10, L=30).ids)
+
+
+def test_build_index_refuses_bad_input():
+    rng = np.random.default_rng(4)
+    keys = rng.standard_normal((500, 16)).astype(np.float32)
+    train = rng.standard_normal((100, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="dimension 16"):
+        kc.build_index(keys, train[:, :8].copy())
+    with pytest.raises(ValueError, match="float32 or float16"):
+        kc.build_index(keys.astype(np.float64), train)
+    with pytest.raises(ValueError, match="float32"):
+        kc.build_index(keys, train.astype(np.float16))
+    with pytest.raises(Exception, match="nq"):
+        kc.build_index(keys, train, nq=1)
+    with pytest.raises(Exception, match="contiguous"):
+        kc.build_index(keys[:, ::2], train[:, ::2])
+    bad = keys.copy()
+    bad[7, 3] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        kc.build_index(bad, train)
+    with pytest.raises(Exception, match="cuda|CUDA|device"):
+        kc.build_index(torch.from_numpy(keys).cuda(), train)

@@ -106,6 +106,33 @@ def test_pickle_round_trip_is_self_contained(data, graph):
     same_answers(graph, again, queries[150:])
 
 
+def test_bytes_round_trip(data, graph, tmp_path):
+    # to_bytes is exactly what save() writes; from_bytes borrows the keys as load() does and
+    # refuses other keys, truncated or flipped bytes the same way.
+    keys, queries = data
+    blob = graph.to_bytes()
+    graph.save(tmp_path / "g.kvsg")
+    assert blob == (tmp_path / "g.kvsg").read_bytes()
+    restored = ks.RoarGraphIndex.from_bytes(blob, keys, build_stats=(1.0, 2.0, 3.0, 6.0))
+    assert restored.keys is keys
+    assert restored.build_stats.connectivity_seconds == 3.0
+    assert restored.build_stats.total_seconds == 6.0
+    same_answers(graph, restored, queries[150:])
+    assert ks.RoarGraphIndex.from_bytes(blob, keys).build_stats.total_seconds == 0.0
+    other = keys.copy()
+    other[3, 3] += 1.0
+    with pytest.raises(ks.InvalidArgument, match="fingerprint"):
+        ks.RoarGraphIndex.from_bytes(blob, other)
+    with pytest.raises(ks.IoError, match="truncated"):
+        ks.RoarGraphIndex.from_bytes(blob[:-5], keys)
+    with pytest.raises(ks.IoError, match="checksum"):
+        ks.RoarGraphIndex.from_bytes(blob[:100] + bytes([blob[100] ^ 1]) + blob[101:], keys)
+    with pytest.raises(ValueError, match="build_stats"):
+        ks.RoarGraphIndex.from_bytes(blob, keys, build_stats=(1.0, 2.0))
+    with pytest.raises(ValueError, match="convert"):
+        ks.RoarGraphIndex.from_bytes(blob, keys, build_stats=(1.0, 2.0, 3.0, "x"))
+
+
 def test_pickle_of_a_strided_key_view(data):
     keys, queries = data
     wide = np.zeros((N, D + 8), np.float32)

@@ -611,6 +611,45 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       "Low level: padded search rows to CSR (indptr, indices). Use kvsift.cuda.results_to_csr.");
 
   m.def(
+      "build_roargraph",
+      [](py::handle keys, py::handle train, std::size_t nq, std::size_t M, std::size_t L,
+         std::size_t threads, std::uint64_t seed) {
+        const tensor tk = kvsift_python::tensor_of(keys, "keys");
+        const tensor tt = kvsift_python::tensor_of(train, "train_queries");
+        require(tk.is_f32() || tk.is_f16(), "keys: expected float32 or float16, got ", tk.dl_dtype);
+        require_kind(tt, 'f', 4, "train_queries", "float32");
+        require<kvsift::dimension_mismatch>(tk.ndim() == 2 && tt.ndim() == 2,
+                                            "build_roargraph: expected keys (n, d) and "
+                                            "train_queries (m, d), got ",
+                                            tk.ndim(), " and ", tt.ndim(), " axes");
+        require<kvsift::dimension_mismatch>(tt.shape[1] == tk.shape[1],
+                                            "train_queries: expected dimension ", tk.shape[1],
+                                            " (the keys'), got ", tt.shape[1]);
+        require_contiguous(tk, "keys");
+        require_contiguous(tt, "train_queries");
+        ops::build_knobs p;
+        p.nq = nq;
+        p.M = M;
+        p.L = L;
+        p.threads = threads;
+        p.seed = seed;
+        ops::built_graph g;
+        {
+          py::gil_scoped_release release;
+          g = ops::build_roargraph(tk.is_f32() ? ops::dtype::f32 : ops::dtype::f16, ptr(tk),
+                                   tk.shape[0], as_int(tk.shape[1], "dim"), ptr<float>(tt),
+                                   tt.shape[0], p);
+        }
+        return py::make_tuple(py::bytes(g.bytes),
+                              py::make_tuple(g.knn_seconds, g.projection_seconds,
+                                             g.connectivity_seconds, g.total_seconds));
+      },
+      py::arg("keys"), py::arg("train_queries"), py::arg("nq"), py::arg("M"), py::arg("L"),
+      py::arg("threads"), py::arg("seed"),
+      "Low level: a RoarGraph built with its kNN and step-3 searches on the current GPU, as "
+      "(graph bytes, build seconds). Use kvsift.cuda.build_index.");
+
+  m.def(
       "knn_workspace_size",
       [](std::int64_t m, std::int64_t n, std::int64_t k) {
         return ops::knn_workspace_size(m, n, as_int(k, "k"));

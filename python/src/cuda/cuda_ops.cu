@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -20,6 +21,8 @@
 #include <kvsift/cuda/merge.cuh>
 #include <kvsift/cuda/page_gather.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
+#include <kvsift/index/graph_io.hpp>
+#include <kvsift/index/roargraph_builder.hpp>
 
 namespace kvsift_python::cuda_ops {
 namespace {
@@ -319,6 +322,49 @@ void knn(dtype t, const void* queries, std::int64_t m, const void* keys, std::in
     kc::knn(q, x, k, out_scores, reinterpret_cast<kvsift::id_t*>(out_ids), workspace,
             workspace_bytes, it->second, as_stream(stream));
   });
+}
+
+built_graph build_roargraph(dtype t, const void* keys, std::int64_t n, int dim, const float* train,
+                            std::int64_t m, const build_knobs& k) {
+  kvsift::roargraph_params p;
+  p.nq = k.nq;
+  p.M = k.M;
+  p.L = k.L;
+  p.threads = k.threads;
+  p.seed = k.seed;
+  built_graph out;
+  auto build = [&](auto* tag) {
+    using E = std::remove_pointer_t<decltype(tag)>;
+    const kvsift::view_store<E> store(kvsift::matrix_view<const E>(
+        static_cast<const E*>(keys), static_cast<std::size_t>(n), static_cast<std::size_t>(dim)));
+    const kvsift::matrix_view<const float> q(train, static_cast<std::size_t>(m),
+                                             static_cast<std::size_t>(dim));
+    const kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine> b(
+        p, kc::knn_engine({.device = current_device()}));
+    kvsift::roargraph_build_stats st;
+    const auto g = b.build(store, q, &st);
+    std::ostringstream bytes(std::ios::binary);
+    kvsift::write_graph(g, bytes);
+    out.bytes = std::move(bytes).str();
+    out.knn_seconds = st.knn_seconds;
+    out.projection_seconds = st.projection_seconds;
+    out.connectivity_seconds = st.connectivity_seconds;
+    out.total_seconds = st.total_seconds;
+  };
+  translating_errors([&] {
+    switch (t) {
+      case dtype::f32:
+        build(static_cast<float*>(nullptr));
+        return;
+      case dtype::f16:
+        build(static_cast<kvsift::half*>(nullptr));
+        return;
+      case dtype::bf16:
+        throw kvsift::invalid_argument(
+            "build_roargraph: expected float32 or float16 keys (RoarGraphIndex's), got bfloat16");
+    }
+  });
+  return out;
 }
 
 bool is_pinned_host(const void* p) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace kvsift_python::cuda_ops {
 
@@ -154,6 +155,28 @@ std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k);
 void knn(dtype t, const void* queries, std::int64_t m, const void* keys, std::int64_t n, int dim,
          int k, float* out_scores, std::int32_t* out_ids, void* workspace,
          std::size_t workspace_bytes, std::intptr_t stream);
+
+/// roargraph_params of a build as plain fields.
+struct build_knobs {
+  std::size_t nq = 100;
+  std::size_t M = 35;
+  std::size_t L = 500;
+  std::size_t threads = 0;
+  std::uint64_t seed = 2024;
+};
+
+/// A built graph in write_graph's layout, and the build's seconds per phase.
+struct built_graph {
+  std::string bytes;
+  double knn_seconds = 0, projection_seconds = 0, connectivity_seconds = 0, total_seconds = 0;
+};
+
+/// kvsift::roargraph_builder<inner_product, kvsift::cuda::knn_engine> on the current device:
+/// the training kNN and the step-3 searches on the GPU, the rest on `threads` CPU threads, over
+/// host keys [n][dim] (f32 or f16; bf16 is refused) and host f32 training queries [m][dim].
+/// The graph equals the CPU build's on data whose scores are exact.
+built_graph build_roargraph(dtype t, const void* keys, std::int64_t n, int dim, const float* train,
+                            std::int64_t m, const build_knobs& p);
 
 /// Whether `p` is page-locked host memory the device can read (cudaPointerGetAttributes).
 bool is_pinned_host(const void* p);
