@@ -91,6 +91,11 @@ def test_torch_operator_equals_the_dlpack_route(dtype):
         torch.ops.kvsift.merge_state(va, sa.double(), vb, sb)
     with pytest.raises(ValueError, match="dtype"):
         torch.ops.kvsift.merge_state(va, sa, vb.double(), sb)
+    with pytest.raises(ValueError, match="v_b: expected shape"):
+        torch.ops.kvsift.merge_state(va, sa, vb[:1].clone(), sb)
+    other = torch.float32 if dtype != torch.float32 else torch.float16
+    with pytest.raises(ValueError, match="v_out must have v_a's dtype"):
+        kc.merge_state(va, sa, vb, sb, out=(va.to(other), sa.clone()))
 
 
 def test_merge_state_in_place_writes_the_callers_tensor():

@@ -165,6 +165,23 @@ ops::dtype paged_attention_checks(const tensor& tq, const tensor& tk, const tens
   return kt;
 }
 
+/// The six tensors of a paged-attention call (sparse attention, the decode step), read for
+/// the call's stream and checked by paged_attention_checks, with the K/V element type.
+struct paged_call {
+  tensor q, k, v, table, o, lse;
+  ops::dtype kv = ops::dtype::f32;
+};
+
+paged_call paged_intake(const intake& in, const py::handle& q, const py::handle& k_pages,
+                        const py::handle& v_pages, const py::handle& page_table,
+                        const py::handle& o, const py::handle& lse, const char* who) {
+  paged_call c{
+      in(q, "q"), in(k_pages, "k_pages"), in(v_pages, "v_pages"), in(page_table, "page_table"),
+      in(o, "o"), in(lse, "lse")};
+  c.kv = paged_attention_checks(c.q, c.k, c.v, c.table, c.o, c.lse, who);
+  return c;
+}
+
 /// `max_keys` of a graph set whose adjacency has `rows` rows, checked (1 <= max_keys <= rows):
 /// the workspace-size query and the step itself both size or index by it.
 std::int64_t checked_max_keys(std::int64_t max_keys, std::int64_t rows) {
@@ -379,15 +396,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle indptr, py::handle ids, py::handle o, py::handle lse, py::object workspace,
          float scale, int num_splits, std::intptr_t stream, py::object status) {
         const intake in{stream};
-        const tensor tq = in(q, "q");
-        const tensor tk = in(k_pages, "k_pages");
-        const tensor tv = in(v_pages, "v_pages");
-        const tensor tp = in(page_table, "page_table");
+        const paged_call c =
+            paged_intake(in, q, k_pages, v_pages, page_table, o, lse, "sparse_attention");
+        const tensor &tq = c.q, &tk = c.k, &tv = c.v, &tp = c.table, &to = c.o, &tl = c.lse;
+        const ops::dtype kt = c.kv;
         const tensor ti = in(indptr, "indptr");
         const tensor tid = in(ids, "ids");
-        const tensor to = in(o, "o");
-        const tensor tl = in(lse, "lse");
-        const ops::dtype kt = paged_attention_checks(tq, tk, tv, tp, to, tl, "sparse_attention");
         const std::int64_t qo_heads = tq.shape[0], dim = tq.shape[1];
         require_kind(ti, 'i', 8, "indptr", "int64");
         require_shape(ti, {qo_heads + 1}, "indptr");
@@ -445,14 +459,11 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         const ops::decode_graphs g =
             graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
                       in(entries, "entries"), max_keys);
-        const tensor tq = in(q, "q");
-        const tensor tk = in(k_pages, "k_pages");
-        const tensor tv = in(v_pages, "v_pages");
-        const tensor tp = in(page_table, "page_table");
-        const tensor to = in(o, "o");
-        const tensor tl = in(lse, "lse");
+        const paged_call c =
+            paged_intake(in, q, k_pages, v_pages, page_table, o, lse, "decode_step");
+        const tensor &tq = c.q, &tk = c.k, &tv = c.v, &tp = c.table, &to = c.o, &tl = c.lse;
+        const ops::dtype kt = c.kv;
         const tensor tw = in(workspace, "workspace");
-        const ops::dtype kt = paged_attention_checks(tq, tk, tv, tp, to, tl, "decode_step");
         const std::int64_t qo_heads = tq.shape[0], dim = tq.shape[1];
         require<kvsift::dimension_mismatch>(tp.shape[0] == g.num_graphs,
                                             "page_table: expected one row per graph (",

@@ -89,20 +89,24 @@ int as_int(std::int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+/// A value tensor like v_a: on `device`, v_a's dtype and shape (v_b, v_out).
+void require_like_v_a(const at::Tensor& x, const at::Tensor& v_a, const char* what, int device) {
+  require_device_tensor(x, what, device);
+  TORCH_CHECK_VALUE(x.scalar_type() == v_a.scalar_type(), "merge_state: ", what,
+                    " must have v_a's dtype ", v_a.scalar_type(), ", got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.sizes() == v_a.sizes(), what, ": expected shape ", shape_str(v_a.sizes()),
+                    ", got ", shape_str(x.sizes()));
+}
+
 /// Checks the inputs of a merge on the current device `device`; returns the element type.
 ops::dtype merge_inputs(const at::Tensor& v_a, const at::Tensor& s_a, const at::Tensor& v_b,
                         const at::Tensor& s_b, int device) {
   require_device_tensor(v_a, "v_a", device);
   require_device_tensor(s_a, "s_a", device);
-  require_device_tensor(v_b, "v_b", device);
   require_device_tensor(s_b, "s_b", device);
   TORCH_CHECK_VALUE(v_a.dim() == 3, "v_a: expected [seq, heads, dim], got ", v_a.dim(), " axes");
   const ops::dtype t = value_type(v_a, "v_a");
-  TORCH_CHECK_VALUE(v_b.scalar_type() == v_a.scalar_type(),
-                    "merge_state: v_b must have v_a's dtype ", v_a.scalar_type(), ", got ",
-                    v_b.scalar_type());
-  TORCH_CHECK_VALUE(v_b.sizes() == v_a.sizes(), "v_b: expected shape ", shape_str(v_a.sizes()),
-                    ", got ", shape_str(v_b.sizes()));
+  require_like_v_a(v_b, v_a, "v_b", device);
   require_lse(s_a, v_a, "s_a");
   require_lse(s_b, v_a, "s_b");
   return t;
@@ -133,13 +137,8 @@ void merge_state_out(const at::Tensor& v_a, const at::Tensor& s_a, const at::Ten
                      const at::Tensor& s_b, const at::Tensor& v_out, const at::Tensor& s_out) {
   const int device = c10::cuda::current_device();
   const ops::dtype t = merge_inputs(v_a, s_a, v_b, s_b, device);
-  require_device_tensor(v_out, "v_out", device);
+  require_like_v_a(v_out, v_a, "v_out", device);
   require_device_tensor(s_out, "s_out", device);
-  TORCH_CHECK_VALUE(v_out.scalar_type() == v_a.scalar_type(),
-                    "merge_state: v_out must have v_a's dtype ", v_a.scalar_type(), ", got ",
-                    v_out.scalar_type());
-  TORCH_CHECK_VALUE(v_out.sizes() == v_a.sizes(), "v_out: expected shape ", shape_str(v_a.sizes()),
-                    ", got ", shape_str(v_out.sizes()));
   require_lse(s_out, v_a, "s_out");
   launch_merge(t, v_a, s_a, v_b, s_b, v_out, s_out, device);
 }
