@@ -1,6 +1,7 @@
 """kvsift's CUDA kernels on device tensors: LSE merges, paged sparse attention, the batched
-graph search of a decode step and the whole step, exact kNN and page copies between pinned host memory and the device, and the bucketed LRU that decides
-which pages stay on the device.
+graph search of a decode step and the whole step, the GPU index build, exact kNN, page copies
+between pinned host memory and the device, and the bucketed LRU that decides which pages stay
+on the device.
 
 Shapes follow FlashInfer, so states interoperate: a partial attention state is ``v``
 ``[seq, heads, dim]`` (float32, float16 or bfloat16) with ``s`` ``[seq, heads]`` float32, the

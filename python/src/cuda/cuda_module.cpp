@@ -3,7 +3,9 @@
 // producer (torch, CuPy, JAX), without copies. The low-level functions here take every output too
 // (the caller's framework allocates it, so results are the framework's own tensors); kvsift/cuda.py
 // wraps them in FlashInfer-shaped calls that allocate outputs, pick the caller's current stream and
-// convert base-2 LSEs.
+// convert base-2 LSEs. One exception to "device tensors": build_roargraph (the GPU index build)
+// takes the host arrays a RoarGraphIndex borrows, and returns the graph as bytes for
+// RoarGraphIndex.from_bytes.
 //
 // Checks before any launch: device memory (kDLCUDA) on the current device, dtypes, shapes,
 // contiguous row-major layout. Device-side data (lse values, token ids) is checked by the
