@@ -333,35 +333,28 @@ built_graph build_roargraph(dtype t, const void* keys, std::int64_t n, int dim, 
   p.threads = k.threads;
   p.seed = k.seed;
   built_graph out;
-  auto build = [&](auto* tag) {
-    using E = std::remove_pointer_t<decltype(tag)>;
-    const kvsift::view_store<E> store(kvsift::matrix_view<const E>(
-        static_cast<const E*>(keys), static_cast<std::size_t>(n), static_cast<std::size_t>(dim)));
-    const kvsift::matrix_view<const float> q(train, static_cast<std::size_t>(m),
-                                             static_cast<std::size_t>(dim));
-    const kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine> b(
-        p, kc::knn_engine({.device = current_device()}));
-    kvsift::roargraph_build_stats st;
-    const auto g = b.build(store, q, &st);
-    std::ostringstream bytes(std::ios::binary);
-    kvsift::write_graph(g, bytes);
-    out.bytes = std::move(bytes).str();
-    out.knn_seconds = st.knn_seconds;
-    out.projection_seconds = st.projection_seconds;
-    out.connectivity_seconds = st.connectivity_seconds;
-    out.total_seconds = st.total_seconds;
-  };
-  translating_errors([&] {
-    switch (t) {
-      case dtype::f32:
-        build(static_cast<float*>(nullptr));
-        return;
-      case dtype::f16:
-        build(static_cast<kvsift::half*>(nullptr));
-        return;
-      case dtype::bf16:
-        throw kvsift::invalid_argument(
-            "build_roargraph: expected float32 or float16 keys (RoarGraphIndex's), got bfloat16");
+  with_type(t, [&](auto* tag) {
+    using E = kvsift_element_t<std::remove_pointer_t<decltype(tag)>>;
+    // RoarGraphIndex holds float32 or float16 keys; the builder is not instantiated for bf16.
+    if constexpr (std::is_same_v<E, kvsift::bfloat16>) {
+      throw kvsift::invalid_argument(
+          "build_roargraph: expected float32 or float16 keys (RoarGraphIndex's), got bfloat16");
+    } else {
+      const kvsift::view_store<E> store(kvsift::matrix_view<const E>(
+          static_cast<const E*>(keys), static_cast<std::size_t>(n), static_cast<std::size_t>(dim)));
+      const kvsift::matrix_view<const float> q(train, static_cast<std::size_t>(m),
+                                               static_cast<std::size_t>(dim));
+      const kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine> b(
+          p, kc::knn_engine({.device = current_device()}));
+      kvsift::roargraph_build_stats st;
+      const auto g = b.build(store, q, &st);
+      std::ostringstream bytes(std::ios::binary);
+      kvsift::write_graph(g, bytes);
+      out.bytes = std::move(bytes).str();
+      out.knn_seconds = st.knn_seconds;
+      out.projection_seconds = st.projection_seconds;
+      out.connectivity_seconds = st.connectivity_seconds;
+      out.total_seconds = st.total_seconds;
     }
   });
   return out;
