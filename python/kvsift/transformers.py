@@ -34,6 +34,16 @@ RoarGraph's update rule) and retrieved like a prompt token from then on, so a lo
 keeps a bounded window (top-k mode). Layers with a sliding window (Gemma-3 local layers) keep
 transformers' SDPA.
 
+**On a CUDA device** (a model moved with ``model.cuda()``), the same cache runs on the GPU with
+``kvsift.cuda`` (the package built with ``KVSIFT_PY_CUDA=ON``): each KV head's index is built by
+``kvsift.cuda.build_index`` (training kNN and connectivity searches on the GPU) over every prompt
+token, so that graph ids are token positions; each decode step of a layer is one batched graph
+search of all query heads over the cache's key tensor in place (``decode_search`` with the KV
+heads as pages; the window excluded by an id range, DIPR seeded with the window's best score on
+the device), sparse attention over the retrieved tokens and over the window, and the exact merge:
+six kvsift launches and a few small torch ops on the current stream, no host synchronisation and
+no copy of the keys. ``generated_window`` needs the CPU (inserts are CPU-only).
+
 Thread safety: a cache belongs to one generation at a time; the kvsift calls release the GIL and
 run ``threads`` threads over heads.
 """
@@ -79,14 +89,29 @@ def _check_count(name: str, value, lowest: int) -> int:
 
 
 class _LayerIndex:
-    """The built state of one attention layer: prompt length and one graph per KV head."""
+    """The built state of one attention layer: prompt length and one graph per KV head (CPU),
+    or the layer's graphs stacked on the device (``gpu``, a ``kvsift.cuda.GraphSet`` of device
+    tensors) when the model runs on CUDA."""
 
-    __slots__ = ("prompt", "graphs", "inserted")
+    __slots__ = ("prompt", "graphs", "inserted", "gpu")
 
-    def __init__(self, prompt: int, graphs: list):
+    def __init__(self, prompt: int, graphs: list, gpu=None):
         self.prompt = prompt
         self.graphs = graphs
         self.inserted = 0  # generated tokens moved from the window into the graphs
+        self.gpu = gpu
+
+
+def _kvsift_cuda():
+    """kvsift.cuda, or an error naming the build option when this package has no CUDA layer."""
+    try:
+        from . import cuda
+    except ImportError as e:
+        raise _invalid(
+            "the model runs on CUDA, which needs kvsift's CUDA layer: rebuild with pip install "
+            "./python -C cmake.define.KVSIFT_PY_CUDA=ON (or move the model to the CPU)"
+        ) from e
+    return cuda
 
 
 class KvsiftCache(DynamicCache):
@@ -111,6 +136,8 @@ class KvsiftCache(DynamicCache):
             logit, scaling * q.k, is within ``beta`` of the best one, the window's best included:
             a token kept has at least exp(-beta) times the best token's weight; at most
             ``max_candidates`` a head, 0 = 64 * l0; ``l0``: the DIPRS exploration capacity).
+        expand_width: graph nodes expanded per step of the GPU search (1..8; 1 = the CPU's walk,
+            more = fewer sequential steps for some extra scoring). Ignored on the CPU.
         generated_window: None (default) keeps every generated token in the exact window; G >= 1
             keeps the last G exact and inserts each older generated token into the indexes
             (one ``InsertableGraphIndex.insert`` per KV head and token, tens of microseconds
@@ -118,7 +145,8 @@ class KvsiftCache(DynamicCache):
             ``InsertableGraphIndex`` (they copy the middle keys as float32).
 
     ``retrieved`` counts the middle tokens attended over all decode steps, layers and heads (a
-    DIPR budget is adaptive; top-k retrieves min(k, middle) per head and step).
+    DIPR budget is adaptive; top-k retrieves min(k, middle) per head and step); on CUDA it is
+    summed on the device and reading it synchronises.
 
     Raises ``kvsift.InvalidArgument`` for a parameter out of range (before anything is stored),
     and at prefill when ``sink + window`` leaves no middle token of the prompt.
@@ -144,6 +172,7 @@ class KvsiftCache(DynamicCache):
         l0: int = 64,
         max_candidates: int = 0,
         degree_cap: int = 0,
+        expand_width: int = 1,
         generated_window: int | None = None,
     ):
         self.sink = _check_count("sink", sink, 0)
@@ -169,6 +198,9 @@ class KvsiftCache(DynamicCache):
         self.l0 = _check_count("l0", l0, 1)
         self.max_candidates = _check_count("max_candidates", max_candidates, 0)
         self.degree_cap = _check_count("degree_cap", degree_cap, 0)
+        self.expand_width = _check_count("expand_width", expand_width, 1)
+        if self.expand_width > 8:
+            raise _invalid(f"expand_width must be <= 8, got {self.expand_width}")
         self.generated_window = (
             None
             if generated_window is None
@@ -181,13 +213,29 @@ class KvsiftCache(DynamicCache):
             )
         super().__init__(config=config)
         self.kvsift_layers: dict[int, _LayerIndex] = {}
-        self.retrieved = 0
+        self._retrieved = 0
+        self._retrieved_gpu = None  # int64 device scalar: the GPU steps' count, never synced
+        self._gpu_inputs = None  # the current GPU step's small device arrays (_gpu_step_inputs)
+
+    @property
+    def retrieved(self) -> int:
+        """Middle tokens attended so far (all decode steps, layers and query heads)."""
+        gpu = 0 if self._retrieved_gpu is None else int(self._retrieved_gpu.item())
+        return self._retrieved + gpu
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         # Validate a prefill before it changes anything: the prompt must leave middle tokens.
         built = layer_idx in self.kvsift_layers
         new = key_states.shape[-2]
         if new > 1 and not self._is_sliding(layer_idx):
+            if key_states.is_cuda:
+                if self.generated_window is not None:
+                    raise _invalid(
+                        "generated_window (inserting generated tokens into the indexes) runs on "
+                        "the CPU only; on CUDA generated tokens stay in the exact window: drop "
+                        "generated_window or run the model on the CPU"
+                    )
+                _kvsift_cuda()
             if built:
                 raise _invalid(
                     f"layer {layer_idx} already holds a prompt of "
@@ -211,6 +259,9 @@ class KvsiftCache(DynamicCache):
 
     def _build(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> None:
         """Indexes of one layer from its prefill queries (1, H, n, d) and keys (1, KVH, n, d)."""
+        if key.is_cuda:
+            self._build_cuda(layer_idx, query, key)
+            return
         heads, kv_heads, prompt = query.shape[1], key.shape[1], key.shape[2]
         group = heads // kv_heads
         lo, hi = self.sink, prompt - self.window
@@ -231,6 +282,61 @@ class KvsiftCache(DynamicCache):
             else:  # owns a growing float32 copy of the keys, so that tokens can join it
                 graphs.append(_ks.InsertableGraphIndex(keys.float().contiguous(), train, **build))
         self.kvsift_layers[layer_idx] = _LayerIndex(prompt, graphs)
+
+    def _build_cuda(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> None:
+        """The GPU build of one layer: one ``kvsift.cuda.build_index`` per KV head over every
+        prompt token (graph ids = token positions, which the decode search reads in the cache's
+        key tensor; the window is excluded per search by an id range), stacked into a
+        GraphSet on the model's device. The builder reads host copies of the prompt's keys and
+        of the group's queries (float32), dropped once the graph is on the device."""
+        kc = _kvsift_cuda()
+        heads, kv_heads, prompt = query.shape[1], key.shape[1], key.shape[2]
+        group = heads // kv_heads
+        q = query[0].detach().float().cpu()
+        keys = key[0].detach().float().cpu()
+        indexes = []
+        for g in range(kv_heads):
+            train = _ks.sample_gqa_queries(
+                [q[h].contiguous() for h in range(g * group, (g + 1) * group)],
+                self.train_ratio,
+                self.seed + g,
+            )
+            indexes.append(
+                kc.build_index(
+                    keys[g].contiguous(),
+                    train,
+                    nq=min(self.nq, prompt),
+                    M=self.M,
+                    L=max(self.build_L, self.M),
+                    threads=0,
+                    seed=self.seed + layer_idx,
+                )
+            )
+        host = kc.graph_set(indexes)
+        device = key.device
+        gpu = kc.GraphSet(*(torch.from_numpy(a).to(device) for a in host[:3]), host.max_keys)
+        self.kvsift_layers[layer_idx] = _LayerIndex(prompt, [], gpu)
+
+    def _gpu_step_inputs(self, n: int, lo: int, hi: int, heads: int, kv_heads: int, device):
+        """Small device arrays of a GPU decode step, built once and shared by every layer (all
+        global layers have the same prompt): the page table (row g = KV head g), each query
+        head's id range [lo, hi) (the middle), and the window [0, lo) + [hi, n) as CSR (indptr
+        int64, ids int32, plus the window's ids once), rebuilt when n grows."""
+        key = (n, lo, hi, heads, kv_heads, device)
+        if self._gpu_inputs is None or self._gpu_inputs[0] != key:
+            ints = dict(dtype=torch.int32, device=device)
+            ids = torch.cat([torch.arange(0, lo, **ints), torch.arange(hi, n, **ints)])
+            indptr = torch.arange(0, heads + 1, dtype=torch.int64, device=device) * ids.numel()
+            self._gpu_inputs = (
+                key,
+                torch.arange(kv_heads, **ints).view(kv_heads, 1),
+                torch.full((heads,), lo, **ints),
+                torch.full((heads,), hi, **ints),
+                indptr,
+                ids.repeat(heads),
+                ids,
+            )
+        return self._gpu_inputs[1:]
 
 
 def _cache_for(module, key: torch.Tensor) -> KvsiftCache:
@@ -286,6 +392,8 @@ def kvsift_attention(
             "prompt); kvsift attention attends to every cached token: pass an unpadded prompt"
         )
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    if state.gpu is not None:
+        return _decode_cuda(cache, state, query, key, value, scale), None
     q = query[0, :, 0, :].detach().float().contiguous()  # (H, d): the one copy, d floats a head
     # (n, KVH, d) views of the cache, read in place by kvsift (innermost axis contiguous).
     keys = key[0].detach().transpose(0, 1)
@@ -320,7 +428,7 @@ def kvsift_attention(
         ids = _ks.search_heads(
             state.graphs, q, k, L=max(cache.L, k), threads=threads, degree_cap=cache.degree_cap
         ).ids
-    cache.retrieved += int((ids != _ks.INVALID_ID).sum())
+    cache._retrieved += int((ids != _ks.INVALID_ID).sum())
     if ins == 0:
         parts = [(keys[lo:hi], values[lo:hi], ids)]
     else:
@@ -343,6 +451,55 @@ def kvsift_attention(
         )
     out = torch.from_numpy(o).to(query.dtype).view(1, 1, query.shape[1], query.shape[3])
     return out, None
+
+
+def _decode_cuda(cache, state, query, key, value, scale) -> torch.Tensor:
+    """One decode step of one layer on the GPU (see the module docstring); (1, 1, H, d) in the
+    query's dtype. The cache's (1, KVH, n, d) key and value tensors are read in place as KVH
+    pages of n tokens (page-table row g = KV head g)."""
+    kc = _kvsift_cuda()
+    heads, d = query.shape[1], query.shape[3]
+    k_pages, v_pages = key[0].detach(), value[0].detach()  # (KVH, n, d), contiguous
+    kv_heads, n = k_pages.shape[0], k_pages.shape[1]
+    lo, hi = cache.sink, state.prompt - cache.window
+    q = query[0, :, 0, :].detach().float().contiguous()
+    page_table, first, last, win_indptr, win_ids, win_list = cache._gpu_step_inputs(
+        n, lo, hi, heads, kv_heads, query.device
+    )
+    common = dict(
+        pages=(k_pages, page_table),
+        id_range=(first, last),
+        expand_width=cache.expand_width,
+        degree_cap=cache.degree_cap,
+    )
+    if cache.mode == "dipr":
+        # Window-seeded DIPR: each head's best raw score over the window, on the device.
+        window = k_pages.index_select(1, win_list).float()  # (KVH, w, d)
+        best = torch.einsum("gwd,gkd->gkw", window, q.view(kv_heads, heads // kv_heads, d))
+        found = kc.decode_search(
+            state.gpu,
+            q,
+            mode="dipr",
+            beta=cache.beta / scale,
+            l0=cache.l0,
+            max_results=cache.max_candidates,
+            seed_score=best.amax(dim=-1).reshape(heads).contiguous(),
+            **common,
+        )
+    else:
+        k = min(cache.k, hi - lo)
+        found = kc.decode_search(state.gpu, q, mode="topk", k=k, L=max(cache.L, k), **common)
+    counted = found.counts.sum()
+    cache._retrieved_gpu = counted if cache._retrieved_gpu is None else cache._retrieved_gpu + counted
+    indptr, indices = kc.results_to_csr(found)
+    o_mid, lse_mid = kc.sparse_attention(
+        q, k_pages, v_pages, page_table, indptr, indices, scale=scale
+    )
+    o_win, lse_win = kc.sparse_attention(
+        q, k_pages, v_pages, page_table, win_indptr, win_ids, scale=scale
+    )
+    o, _ = kc.merge_state(o_win[None], lse_win[None], o_mid[None], lse_mid[None])
+    return o.to(query.dtype).view(1, 1, heads, d)
 
 
 def _insert_due(state, keys, upto: int) -> None:

@@ -168,6 +168,8 @@ def test_decode_step_equals_the_module_calls_by_hand(models):
         ({"train_ratio": float("nan")}, r"train_ratio must be in \(0, 1\], got nan"),
         ({"threads": -1}, r"threads must be >= 0, got -1"),
         ({"degree_cap": -2}, r"degree_cap must be >= 0, got -2"),
+        ({"expand_width": 0}, r"expand_width must be >= 1, got 0"),
+        ({"expand_width": 9}, r"expand_width must be <= 8, got 9"),
         ({"generated_window": 0}, r"generated_window must be >= 1, got 0"),
         ({"generated_window": 4, "mode": "dipr"}, r"generated_window .* needs mode='topk'"),
     ],
