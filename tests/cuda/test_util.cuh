@@ -6,13 +6,18 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <kvsift/cuda/error.cuh>
@@ -165,6 +170,53 @@ inline std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int ra
   std::vector<float> v(rows * d);
   for (auto& x : v) x = static_cast<float>(uniform_int(-range, range));
   return v;
+}
+
+/// Pinned host floats (device-accessible), freed on scope exit.
+struct pinned_floats {
+  float* p = nullptr;
+  explicit pinned_floats(std::size_t n) {
+    KVSIFT_CUDA_CHECK(cudaMallocHost(&p, n * sizeof(float)));
+  }
+  pinned_floats(const pinned_floats&) = delete;
+  pinned_floats& operator=(const pinned_floats&) = delete;
+  ~pinned_floats() { cudaFreeHost(p); }
+};
+
+/// Attention in double of query head h (q [heads][d]; KV head h / group) over its tokens
+/// ids[indptr[h] .. indptr[h + 1]) of token-major K/V ([kv_head][tokens][d]): (o [heads][d],
+/// lse [heads]); an empty list gives o = 0, lse = -inf.
+inline std::pair<std::vector<double>, std::vector<double>> attention_reference(
+    const std::vector<float>& q, const float* k, const float* v, int tokens, int d, int group,
+    const std::vector<std::int64_t>& indptr, const std::vector<std::int32_t>& ids, double scale) {
+  const std::size_t heads = indptr.size() - 1;
+  std::vector<double> o(heads * d, 0.0), lse(heads, -std::numeric_limits<double>::infinity());
+  for (std::size_t h = 0; h < heads; ++h) {
+    const std::size_t g = h / static_cast<std::size_t>(group);
+    const float* qh = &q[h * d];
+    auto row = [&](const float* base, std::int32_t t) {
+      return base + (g * static_cast<std::size_t>(tokens) + static_cast<std::size_t>(t)) * d;
+    };
+    std::vector<double> logit;
+    double m = -std::numeric_limits<double>::infinity();
+    for (auto i = indptr[h]; i < indptr[h + 1]; ++i) {
+      double dot = 0;
+      for (int j = 0; j < d; ++j) dot += static_cast<double>(qh[j]) * row(k, ids[i])[j];
+      logit.push_back(scale * dot);
+      m = std::max(m, logit.back());
+    }
+    if (logit.empty()) continue;
+    double sum = 0;
+    for (std::size_t i = 0; i < logit.size(); ++i) {
+      const double w = std::exp(logit[i] - m);
+      sum += w;
+      const float* val = row(v, ids[indptr[h] + static_cast<std::int64_t>(i)]);
+      for (int j = 0; j < d; ++j) o[h * d + j] += w * val[j];
+    }
+    for (int j = 0; j < d; ++j) o[h * d + j] /= sum;
+    lse[h] = m + std::log(sum);
+  }
+  return {o, lse};
 }
 
 }  // namespace kvsift::cuda_test

@@ -13,10 +13,10 @@ namespace kvsift::cuda::detail {
 inline constexpr int gather_threads = 256;
 inline constexpr int gather_unroll = 4;  // 16-byte loads in flight per lane before the stores
 
+/// One warp per copy, warps striding over copies [0, count).
 template <bool ToDevice>
-__global__ void __launch_bounds__(gather_threads)
-    page_copy_kernel(const page_copy* copies, std::uint64_t count, page_pools_ref pools,
-                     int* status) {
+__device__ __forceinline__ void page_copy_body(const page_copy* copies, std::uint64_t count,
+                                               const page_pools_ref& pools, int* status) {
   const std::uint64_t lane = threadIdx.x % 32;
   const std::uint64_t warps = std::uint64_t{gridDim.x} * (gather_threads / 32);
   const std::uint64_t vecs = pools.page_bytes / sizeof(uint4);
@@ -46,6 +46,34 @@ __global__ void __launch_bounds__(gather_threads)
 }
 
 template <bool ToDevice>
+__global__ void __launch_bounds__(gather_threads)
+    page_copy_kernel(const page_copy* copies, std::uint64_t count, page_pools_ref pools,
+                     int* status) {
+  page_copy_body<ToDevice>(copies, count, pools, status);
+}
+
+/// The same with the count known only on the device (`*count`, at most `max_count`): a list
+/// built by an earlier kernel on the stream, copied without a host round trip.
+template <bool ToDevice>
+__global__ void __launch_bounds__(gather_threads)
+    counted_page_copy_kernel(const page_copy* copies, std::uint64_t max_count,
+                             const std::uint64_t* count, page_pools_ref pools, int* status) {
+  const std::uint64_t n = *count < max_count ? *count : max_count;
+  page_copy_body<ToDevice>(copies, n, pools, status);
+}
+
+/// Blocks for `count` copies: one warp per copy up to a persistent grid of blocks_per_sm per SM.
+inline unsigned page_copy_blocks(std::uint64_t count, const gather_policy& policy) {
+  int device = 0, sms = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::uint64_t warps_per_block = gather_threads / 32;
+  const std::uint64_t needed = (count + warps_per_block - 1) / warps_per_block;
+  const std::uint64_t persistent = std::uint64_t(sms) * std::uint64_t(policy.blocks_per_sm);
+  return static_cast<unsigned>(needed < persistent ? needed : persistent);
+}
+
+template <bool ToDevice>
 void launch_page_copy(const page_copy* copies, std::uint64_t count, const page_pools_ref& pools,
                       int* status, cudaStream_t stream, const gather_policy& policy,
                       const char* who) {
@@ -59,14 +87,20 @@ void launch_page_copy(const page_copy* copies, std::uint64_t count, const page_p
                           who, ": pool bases must be 16-byte aligned");
   kvsift::detail::require(policy.blocks_per_sm > 0, who, ": blocks_per_sm must be > 0, got ",
                           policy.blocks_per_sm);
-  int device = 0, sms = 0;
-  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
-  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const std::uint64_t warps_per_block = gather_threads / 32;
-  const std::uint64_t needed = (count + warps_per_block - 1) / warps_per_block;
-  const std::uint64_t persistent = std::uint64_t(sms) * std::uint64_t(policy.blocks_per_sm);
-  const auto blocks = static_cast<unsigned>(needed < persistent ? needed : persistent);
-  page_copy_kernel<ToDevice><<<blocks, gather_threads, 0, stream>>>(copies, count, pools, status);
+  page_copy_kernel<ToDevice><<<page_copy_blocks(count, policy), gather_threads, 0, stream>>>(
+      copies, count, pools, status);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Host to device copies of a list whose length `*count` (device) is at most `max_count`; the
+/// pools were checked by the caller. Nothing is launched for max_count == 0.
+inline void launch_counted_page_copy(const page_copy* copies, std::uint64_t max_count,
+                                     const std::uint64_t* count, const page_pools_ref& pools,
+                                     cudaStream_t stream, const gather_policy& policy = {}) {
+  if (max_count == 0) return;
+  counted_page_copy_kernel<true>
+      <<<page_copy_blocks(max_count, policy), gather_threads, 0, stream>>>(copies, max_count, count,
+                                                                           pools, nullptr);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 
