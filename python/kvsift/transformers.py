@@ -20,7 +20,10 @@ What happens:
   (``sparse_attention_heads``), and the exact log-sum-exp merge (``merge_states``). Retrieval is
   top-``k`` (``mode="topk"``, one batched ``search_heads`` call) or DIPR (``mode="dipr"``: every
   middle token whose attention logit is within ``beta`` of the best logit, the window's best
-  included, as AlayaDB's window-seeded DIPRS; one batched ``dipr_heads`` call). With ``k`` >= the number of middle tokens (or a ``beta``
+  included, as AlayaDB's window-seeded DIPRS; one batched ``dipr_heads`` call), or the
+  planner's choice (``mode="auto"``: per layer and step, ``kvsift.Planner`` picks full
+  attention, a flat, graph or coarse block index and top-k or DIPR, AlayaDB's rules, and
+  ``kvsift.execute_plan`` runs it per query head). With ``k`` >= the number of middle tokens (or a ``beta``
   covering every score) this is exact attention.
 
 Limits (each raises ``kvsift.InvalidArgument`` naming expected and actual values, or says what
@@ -132,7 +135,11 @@ class KvsiftCache(DynamicCache):
             training, in (0, 1]; seed: the build's random seed.
         threads: threads over heads for the per-step kvsift calls (1 is usually fastest for one
             decode step; 0 = all cores).
-        mode: ``"topk"`` (k best middle tokens) or ``"dipr"`` (middle tokens whose attention
+        mode: ``"topk"`` (k best middle tokens), ``"auto"`` (the planner's choice per layer and
+            step, CPU only: ``planner``, a ``kvsift.Planner``, default
+            ``Planner(head_dim=<the model's>)``; ``gpu_budget_bytes`` per (layer, KV head) as
+            ``Planner.plan`` takes it; the plan's beta and l0 win over ``beta``/``l0``; the
+            plan of each layer's last step is in ``cache.plans``) or ``"dipr"`` (middle tokens whose attention
             logit, scaling * q.k, is within ``beta`` of the best one, the window's best included:
             a token kept has at least exp(-beta) times the best token's weight; at most
             ``max_candidates`` a head, 0 = 64 * l0; ``l0``: the DIPRS exploration capacity).
@@ -174,6 +181,8 @@ class KvsiftCache(DynamicCache):
         degree_cap: int = 0,
         expand_width: int = 1,
         generated_window: int | None = None,
+        planner=None,
+        gpu_budget_bytes: float = 0.0,
     ):
         self.sink = _check_count("sink", sink, 0)
         self.window = _check_count("window", window, 0)
@@ -189,9 +198,23 @@ class KvsiftCache(DynamicCache):
         self.train_ratio = float(train_ratio)
         self.seed = _check_count("seed", seed, 0)
         self.threads = _check_count("threads", threads, 0)
-        if mode not in ("topk", "dipr"):
-            raise _invalid(f"mode must be 'topk' or 'dipr', got {mode!r}")
+        if mode not in ("topk", "dipr", "auto"):
+            raise _invalid(f"mode must be 'topk', 'dipr' or 'auto', got {mode!r}")
         self.mode = mode
+        if planner is not None and not isinstance(planner, _ks.Planner):
+            raise _invalid(f"planner must be a kvsift.Planner, got {type(planner).__name__}")
+        if planner is not None and mode != "auto":
+            raise _invalid(f"planner is used by mode='auto' only, got mode={mode!r}")
+        if not (isinstance(gpu_budget_bytes, (int, float)) and 0 <= gpu_budget_bytes < math.inf):
+            raise _invalid(f"gpu_budget_bytes must be finite and >= 0, got {gpu_budget_bytes!r}")
+        self.gpu_budget_bytes = float(gpu_budget_bytes)
+        if mode == "auto" and planner is None:
+            head_dim = getattr(config, "head_dim", None) or (
+                config.hidden_size // config.num_attention_heads
+            )
+            planner = _ks.Planner(head_dim=int(head_dim))
+        self.planner = planner
+        self.plans: dict[int, str] = {}  # mode "auto": each layer's plan at its last step
         if not (isinstance(beta, (int, float)) and 0 <= beta < math.inf):
             raise _invalid(f"beta must be finite and >= 0 (logit units), got {beta!r}")
         self.beta = float(beta)
@@ -228,6 +251,11 @@ class KvsiftCache(DynamicCache):
         built = layer_idx in self.kvsift_layers
         new = key_states.shape[-2]
         if new > 1 and not self._is_sliding(layer_idx):
+            if key_states.is_cuda and self.mode == "auto":
+                raise _invalid(
+                    "mode='auto' (the planner's choice) runs on the CPU only; on CUDA use "
+                    "mode='topk' or 'dipr', or run the model on the CPU"
+                )
             if key_states.is_cuda:
                 if self.generated_window is not None:
                     raise _invalid(
@@ -262,6 +290,9 @@ class KvsiftCache(DynamicCache):
         if key.is_cuda:
             self._build_cuda(layer_idx, query, key)
             return
+        if self.mode == "auto":
+            self._build_auto(layer_idx, query, key)
+            return
         heads, kv_heads, prompt = query.shape[1], key.shape[1], key.shape[2]
         group = heads // kv_heads
         lo, hi = self.sink, prompt - self.window
@@ -282,6 +313,31 @@ class KvsiftCache(DynamicCache):
             else:  # owns a growing float32 copy of the keys, so that tokens can join it
                 graphs.append(_ks.InsertableGraphIndex(keys.float().contiguous(), train, **build))
         self.kvsift_layers[layer_idx] = _LayerIndex(prompt, graphs)
+
+    def _build_auto(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> None:
+        """The planner's indexes of one layer, per KV head over every prompt token (ids are
+        positions; each plan's search is restricted to the middle): a RoarGraph (GQA-shared
+        training queries), a flat index and a coarse block index of the planner's block size.
+        They read float32 keys: the cache's own when it is float32, else a float32 copy."""
+        heads, kv_heads, prompt = query.shape[1], key.shape[1], key.shape[2]
+        group = heads // kv_heads
+        q = query[0].detach().float()
+        indexes = []
+        for g in range(kv_heads):
+            keys = key[0, g].detach().float()  # a view when the cache is float32
+            train = _ks.sample_gqa_queries(
+                [q[h].contiguous() for h in range(g * group, (g + 1) * group)],
+                self.train_ratio,
+                self.seed + g,
+            )
+            graph = _ks.RoarGraphIndex(
+                keys, train, nq=min(self.nq, prompt), M=self.M, L=max(self.build_L, self.M),
+                threads=0, seed=self.seed + layer_idx,
+            )
+            indexes.append(
+                (_ks.FlatIndex(keys), graph, _ks.BlockIndex(keys, self.planner.block_size))
+            )
+        self.kvsift_layers[layer_idx] = _LayerIndex(prompt, indexes)
 
     def _build_cuda(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> None:
         """The GPU build of one layer: one ``kvsift.cuda.build_index`` per KV head over every
@@ -398,6 +454,8 @@ def kvsift_attention(
     # (n, KVH, d) views of the cache, read in place by kvsift (innermost axis contiguous).
     keys = key[0].detach().transpose(0, 1)
     values = value[0].detach().transpose(0, 1)
+    if cache.mode == "auto":
+        return _decode_planned(cache, state, module.layer_idx, q, keys, values, scale, query), None
     n, prompt, threads = keys.shape[0], state.prompt, cache.threads
     lo, hi = cache.sink, prompt - cache.window
     if cache.generated_window is not None:
@@ -500,6 +558,33 @@ def _decode_cuda(cache, state, query, key, value, scale) -> torch.Tensor:
     )
     o, _ = kc.merge_state(o_win[None], lse_win[None], o_mid[None], lse_mid[None])
     return o.to(query.dtype).view(1, 1, heads, d)
+
+
+def _decode_planned(cache, state, layer_idx, q, keys, values, scale, query) -> torch.Tensor:
+    """One decode step of one layer in mode "auto": the planner's plan for this layer and
+    context, run per query head by ``kvsift.execute_plan`` over the middle (window: the first
+    ``sink`` tokens and everything from ``prompt - window`` on, generated tokens included), with
+    the window's attention merged in. (1, 1, H, d) in the query's dtype."""
+    n, heads = keys.shape[0], q.shape[0]
+    group = heads // keys.shape[1]
+    lo, hi = cache.sink, state.prompt - cache.window
+    plan = cache.planner.plan(
+        n, reused_prefix=0, layer=layer_idx, gpu_budget_bytes=cache.gpu_budget_bytes
+    )
+    cache.plans[layer_idx] = plan.name
+    k = min(cache.k, hi - lo)
+    out = np.empty((heads, q.shape[1]), dtype=np.float32)
+    for h in range(heads):
+        flat, graph, coarse = state.graphs[h // group]
+        r = _ks.execute_plan(
+            plan, q[h], keys, values, context=n, kv_head=h // group, window=(lo, n - hi),
+            flat=flat, graph=graph, coarse=coarse, topk=k, beam=max(cache.L, k), l0=cache.l0,
+            beta=cache.beta / scale, max_candidates=cache.max_candidates, seed_from_window=True,
+            scale=scale,
+        )
+        out[h] = r.o
+        cache._retrieved += hi - lo if r.everything else len(r.ids)
+    return torch.from_numpy(out).to(query.dtype).view(1, 1, heads, q.shape[1])
 
 
 def _insert_due(state, keys, upto: int) -> None:

@@ -322,7 +322,11 @@ def test_dipr_decode_step_equals_window_seeded_dipr_by_hand(models):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"mode": "flat"}, r"mode must be 'topk' or 'dipr', got 'flat'"),
+        ({"mode": "flat"}, r"mode must be 'topk', 'dipr' or 'auto', got 'flat'"),
+        ({"planner": "rules"}, r"planner must be a kvsift.Planner, got str"),
+        ({"planner": ks.Planner()}, r"planner is used by mode='auto' only, got mode='topk'"),
+        ({"mode": "auto", "gpu_budget_bytes": -1}, r"gpu_budget_bytes must be finite and >= 0"),
+        ({"mode": "auto", "generated_window": 2}, r"generated_window .* needs mode='topk'"),
         ({"beta": -1.0}, r"beta must be finite and >= 0 \(logit units\), got -1.0"),
         ({"beta": float("inf")}, r"beta must be finite and >= 0 \(logit units\), got inf"),
         ({"l0": 0}, r"l0 must be >= 1, got 0"),
@@ -348,3 +352,77 @@ def test_degree_cap_reaches_the_decode_searches(models, monkeypatch):
     cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.01, degree_cap=5)
     generate(model, ids, cache, new=2)
     assert seen == [3, 3, 5, 5]  # 2 layers x 1 step, top-k then DIPR
+
+
+@pytest.mark.parametrize(
+    "budget, plans",
+    [
+        # No GPU budget: DIPR, on the flat index in layer 0 and on the graph after (beta covers
+        # every score); a large budget: coarse top-k, 64 blocks of 16 tokens (every middle one).
+        (0.0, {0: "flat-dipr", 1: "graph-dipr"}),
+        (1e9, {0: "coarse-topk", 1: "coarse-topk"}),
+    ],
+)
+def test_auto_mode_runs_the_planners_choice_and_a_covering_plan_equals_eager(
+    models, monkeypatch, budget, plans
+):
+    model, ids, ref = models
+    executed = []
+    real = ks.execute_plan
+    monkeypatch.setattr(kt._ks, "execute_plan", lambda p, *a, **kw: executed.append(p.name) or real(p, *a, **kw))
+    planner = ks.Planner(short_context=64, head_dim=16, block_size=16, k_blocks=64, dipr_beta=1e6,
+                         dipr_l0=PROMPT)
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="auto", planner=planner,
+                           gpu_budget_bytes=budget, max_candidates=PROMPT)
+    out = generate(model, ids, cache)
+    assert cache.plans == plans
+    # (NEW - 1) decode steps x 2 layers x 4 query heads, each through the planned executor.
+    assert sorted(set(executed)) == sorted(set(plans.values()))
+    assert len(executed) == (NEW - 1) * 2 * 4
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_logit_gap(out, ref) < 1e-5
+    assert cache.retrieved == (NEW - 1) * 2 * 4 * (PROMPT - 4 - 32)
+
+
+def test_auto_mode_short_context_is_full_attention_and_a_small_beta_differs(models):
+    model, ids, ref = models
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="auto")  # short_context 4096
+    out = generate(model, ids, cache)
+    assert set(cache.plans.values()) == {"full-full"}
+    assert max_logit_gap(out, ref) < 1e-5
+    planner = ks.Planner(short_context=64, head_dim=16, dipr_beta=0.05)
+    cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="auto", planner=planner)
+    out = generate(model, ids, cache)
+    assert cache.plans == {0: "flat-dipr", 1: "graph-dipr"}
+    assert 0 < cache.retrieved < (NEW - 1) * 2 * 4 * (PROMPT - 4 - 32) // 4
+    assert max_logit_gap(out, ref) > 1e-4
+
+
+def test_auto_mode_step_equals_window_seeded_exact_dipr_by_hand(models):
+    """Layer 0's plan is DIPR on the flat index (exact): the step must equal attention over the
+    window [0, sink) + [prompt - window, n) plus every middle token within the plan's beta (raw
+    q.k) of the best score of the whole context, window included."""
+    model, ids, _ = models
+    planner = ks.Planner(short_context=64, head_dim=16, dipr_beta=0.3)
+    cache = kt.KvsiftCache(model.config, sink=3, window=5, mode="auto", planner=planner)
+    generate(model, ids, cache, new=2)
+    layer = model.model.layers[0].self_attn
+    key, value = cache.layers[0].keys, cache.layers[0].values
+    q = torch.randn(1, 4, 1, 16) * 3
+    q[0, 0, 0], q[0, 2, 0] = 3 * key[0, 0, PROMPT - 2], 3 * key[0, 1, PROMPT - 2]  # window leads
+    kt._active_cache.set(cache)
+    out, _ = kt.kvsift_attention(layer, q, key, value, None, scaling=0.25)
+    assert cache.plans[0] == "flat-dipr"
+    n, lo, hi = key.shape[2], 3, PROMPT - 5
+    window = np.concatenate([np.arange(0, lo), np.arange(hi, n)])
+    for h in range(4):
+        g = h // 2
+        qh = q[0, h, 0].numpy().astype(np.float64)
+        scores = key[0, g].numpy().astype(np.float64) @ qh
+        best = scores.max()  # over the whole context: the window's best seeds the search
+        mid = np.arange(lo, hi)[scores[lo:hi] >= best - 0.3]
+        toks = np.concatenate([window, mid])
+        logits = 0.25 * scores[toks]
+        w = np.exp(logits - logits.max())
+        want = (w / w.sum()) @ value[0, g, toks].numpy()
+        np.testing.assert_allclose(out[0, 0, h].numpy(), want, rtol=1e-5, atol=1e-6)

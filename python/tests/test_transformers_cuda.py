@@ -181,6 +181,14 @@ def test_gpu_generated_window_is_refused_before_anything_is_cached(models):
     assert cache.get_seq_length() == 0 and not cache.kvsift_layers
 
 
+def test_gpu_auto_mode_is_refused_before_anything_is_cached(models):
+    model, ids, _ = models
+    cache = kt.KvsiftCache(model.config, sink=SINK, window=WINDOW, mode="auto")
+    with pytest.raises(ks.InvalidArgument, match="mode='auto' .* runs on the CPU only"):
+        generate(model, ids, cache)
+    assert cache.get_seq_length() == 0 and not cache.kvsift_layers
+
+
 def test_gpu_step_does_not_synchronise(models):
     """The decode path stays asynchronous: a step's layer runs under
     torch.cuda.set_sync_debug_mode("error"), which raises on any host synchronisation."""
