@@ -47,7 +47,7 @@ _LN2 = math.log(2.0)
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention",
            "decode_search", "DecodeSearchResult", "results_to_csr", "decode_step", "GraphSet",
            "graph_set", "build_index", "knn",
-           "gather_pages", "scatter_pages", "BucketedLRU", "LruStep", "CudaError",
+           "gather_pages", "scatter_pages", "BucketedLRU", "LruStep", "OffloadedKV", "CudaError",
            "current_device"]
 
 
@@ -551,3 +551,103 @@ class BucketedLRU:
             _ext.bucketed_lru_step(*_dl(self.keys, self.ages, self.slot_of, selected, offsets, *out,
                                         counts, status), self.buckets, st)
         return LruStep(*out, counts, status)
+
+
+class OffloadedKV:
+    """One layer's offloaded K/V (RetrievalAttention / Spin): every (request, KV head) pair's
+    pages live in pinned host memory, ``capacity`` of them per pair on the device, and
+    :meth:`attend` pages a decode step's retrieved tokens in as a bucketed LRU decides, then
+    attends over them (``kvsift::cuda::offloaded_attention``: selection, LRU step, device page
+    table and copy list, warp gather of K and V, paged sparse attention; no host round trip).
+
+    k_host, v_host: pinned torch tensors (``pin_memory=True``) [host_pages, page_size, dim],
+    float32/float16/bfloat16, same dtype and shape; dim 64, 128 or 256. Logical page p of pair
+    i (tokens ``[p * page_size, (p + 1) * page_size)`` of that KV head) is host page
+    ``host_page[i, p]`` (int64 [pairs, pages] on the device; default ``i * pages + p`` with
+    ``pages = host_pages // pairs``). The device tier, ``k_device`` / ``v_device`` [pairs *
+    capacity + 1, page_size, dim] (the last page a guard that non-resident table entries
+    point at), the LRU state and ``page_table`` [pairs, pages] (int32: each page's device page)
+    are allocated on ``device`` (default: the current CUDA device). Memory: device O(pairs *
+    (capacity * page bytes + pages)).
+    """
+
+    def __init__(self, k_host, v_host, pairs, capacity, *, host_page=None, buckets=64,
+                 device=None):
+        import torch
+
+        for name, value, lo, hi in (("pairs", pairs, 1, 2**31 - 1),
+                                    ("capacity", capacity, 1, 8192),
+                                    ("buckets", buckets, 2, 256)):
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}")
+        if not (_is_torch(k_host) and _is_torch(v_host)):
+            raise TypeError("OffloadedKV: expected k_host and v_host as pinned torch tensors")
+        if k_host.dim() != 3:
+            raise ValueError(f"k_host: expected [host_pages, page_size, dim], got {k_host.dim()} "
+                             "axes")
+        dev = torch.device("cuda", _ext.current_device()) if device is None else torch.device(device)
+        if host_page is None:
+            pages = int(k_host.shape[0]) // pairs
+            if pages < 1:
+                raise ValueError(f"k_host: {int(k_host.shape[0])} host pages hold no page for "
+                                 f"each of {pairs} pairs")
+            host_page = torch.arange(pairs * pages, dtype=torch.int64, device=dev).view(pairs, pages)
+        pages = int(host_page.shape[-1])
+        shape = (pairs * capacity + 1, int(k_host.shape[1]), int(k_host.shape[2]))
+        self.buckets = buckets
+        self.keys = torch.empty((pairs, capacity), dtype=torch.int32, device=dev)
+        self.ages = torch.empty((pairs, capacity), dtype=torch.uint8, device=dev)
+        self.slot_of = torch.empty((pairs, pages), dtype=torch.int32, device=dev)
+        self.page_table = torch.empty((pairs, pages), dtype=torch.int32, device=dev)
+        self.host_page = host_page
+        self.k_host, self.v_host = k_host, v_host
+        self.k_device = torch.empty(shape, dtype=k_host.dtype, device=dev)
+        self.v_device = torch.empty(shape, dtype=k_host.dtype, device=dev)
+        self._state = (self.keys, self.ages, self.slot_of, self.page_table, host_page, k_host,
+                       v_host, self.k_device, self.v_device)
+        self.reset()
+
+    def reset(self, *, stream=None):
+        """Empties the LRU (no page resident) and points the page table at the guard page."""
+        _ext.offloaded_reset(_dl_state(self._state), _stream(self.keys, stream))
+
+    def attend(self, q, indptr, ids, *, max_ids=None, scale=None, lse_base="e", stream=None,
+               status=None):
+        """One decode step: query head h (pair ``h // (qo_heads // pairs)``) attends to the
+        tokens ``ids[indptr[h] : indptr[h + 1]]`` of its pair; their pages come in first.
+
+        q: [qo_heads, dim] float32; indptr: int64 [qo_heads + 1]; ids: int32; all on the device
+        (a CPU search's ids: ``torch.from_numpy(ids).cuda(non_blocking=True)`` from pinned
+        memory). At most ``max_ids`` (default: ``len(ids)``) ids are paged in. Returns ``(o
+        [qo_heads, dim] float32, lse [qo_heads] float32)``, a partial state to merge with the
+        window's. ``status``: int32 device word that you zeroed, ORed with kvsift::cuda's
+        offloaded_status bits (1 an id past its pair's pages, 2 more distinct pages in a pair
+        than ``capacity``, 4 more ids than max_ids, 8 a host page id past the host tier; the
+        failing pair keeps its state and reads the guard page); with it the attention also
+        checks every id and skips bad ones (bit 1); without it, ids must be valid. Work
+        O(ids * dim) plus the admitted pages' bytes over PCIe; asynchronous.
+        """
+        base2 = _check_base(lse_base)
+        st = _stream(q, stream)
+        heads, dim = int(q.shape[0]), int(q.shape[1])
+        n_ids = int(ids.shape[0]) if max_ids is None else int(max_ids)
+        with _on_stream(q, st, stream is not None):
+            o = _empty(q, (heads, dim), "float32")
+            lse = _empty(q, (heads,), "float32")
+            # Each call consumes its DLPack capsules: one export of the state per call.
+            ws_bytes = _ext.offloaded_attention_workspace_size(_dl_state(self._state), heads,
+                                                               n_ids)
+            ws = _empty(q, (max(ws_bytes, 1),), "uint8")
+            _ext.offloaded_attention(_dl_state(self._state), *_dl(q, indptr, ids), n_ids,
+                                     *_dl(o, lse, ws),
+                                     float("nan") if scale is None else float(scale),
+                                     self.buckets, st, *_dl(status))
+            if base2:
+                lse *= 1.0 / _LN2
+        return o, lse
+
+
+def _dl_state(state):
+    """The state tuple with its device tensors as DLPack capsules; the pinned host pools stay
+    tensors (the extension reads them through DLPack's host export)."""
+    return tuple(_dl(*state[:5])) + (state[5], state[6]) + tuple(_dl(*state[7:]))

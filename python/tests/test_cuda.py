@@ -648,3 +648,93 @@ def test_build_index_refuses_bad_input():
         kc.build_index(bad, train)
     with pytest.raises(Exception, match="cuda|CUDA|device"):
         kc.build_index(torch.from_numpy(keys).cuda(), train)
+
+
+def offloaded_layer(dtype, pairs=4, pages=32, page=16, dim=64, capacity=8, seed=3):
+    """Full K/V per pair [pairs, tokens, dim] and an OffloadedKV over it (host pages in a
+    shuffled order, through host_page), with its device tier poisoned with NaN."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(pairs, pages * page, dim, generator=g).to(dtype)
+    v = torch.randn(pairs, pages * page, dim, generator=g).to(dtype)
+    perm = torch.randperm(pairs * pages, generator=g)
+    k_host = torch.empty(pairs * pages, page, dim, dtype=dtype).pin_memory()
+    v_host = torch.empty_like(k_host).pin_memory()
+    k_host[perm] = k.reshape(pairs * pages, page, dim)
+    v_host[perm] = v.reshape(pairs * pages, page, dim)
+    off = kc.OffloadedKV(k_host, v_host, pairs, capacity,
+                         host_page=perm.view(pairs, pages).cuda(), buckets=8)
+    off.k_device.fill_(float("nan"))
+    off.v_device.fill_(float("nan"))
+    return k.cuda(), v.cuda(), off
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_offloaded_attention_pages_tokens_in_and_equals_attention_over_them(dtype):
+    """Drifting retrievals over 12 steps: each step's output equals float64 attention over the
+    same ids of the full K/V, so every page the step needed came in (the device tier starts as
+    NaN) and the table followed the LRU; pages are reused, missed and evicted."""
+    pairs, group, dim, page = 4, 2, 64, 16
+    k, v, off = offloaded_layer(dtype, pairs=pairs, dim=dim, page=page)
+    rng = np.random.default_rng(5)
+    hot = [rng.choice(32, 4, replace=False) for _ in range(pairs)]  # 4 of 32 pages per pair
+    q = torch.randn(pairs * group, dim, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    resident_changes = 0
+    for step in range(12):
+        if step % 3 == 0:  # a new working set; the old one ages out of the 8 slots
+            hot = [rng.choice(32, 4, replace=False) for _ in range(pairs)]
+        ids, indptr = [], [0]
+        for h in range(pairs * group):
+            pages_h = hot[h // group]
+            toks = rng.choice(pages_h, 6) * page + rng.integers(0, page, 6)
+            ids.extend(int(t) for t in toks)
+            indptr.append(len(ids))
+        before = off.slot_of.clone()
+        o, lse = off.attend(q, torch.tensor(indptr, device="cuda"),
+                            torch.tensor(ids, dtype=torch.int32, device="cuda"), scale=0.125,
+                            status=status)
+        resident_changes += int((off.slot_of != before).sum())
+        for h in range(pairs * group):
+            t = torch.tensor(ids[indptr[h]:indptr[h + 1]], device="cuda")
+            kk, vv = k[h // group, t].double(), v[h // group, t].double()
+            logits = 0.125 * (kk @ q[h].double())
+            want = torch.softmax(logits, 0) @ vv
+            assert torch.allclose(o[h].double(), want, atol=TOL[dtype], rtol=TOL[dtype])
+            assert lse[h].item() == pytest.approx(torch.logsumexp(logits, 0).item(), abs=1e-4)
+    assert status.item() == 0 and resident_changes > 20
+    # The table is the LRU's: resident -> pair * capacity + slot, else the guard page.
+    pairs_i = torch.arange(pairs, device="cuda")[:, None]
+    want_table = torch.where(off.slot_of >= 0, pairs_i * 8 + off.slot_of, pairs * 8)
+    assert torch.equal(off.page_table, want_table.int())
+
+
+def test_offloaded_attention_reports_and_refuses_bad_input():
+    k, v, off = offloaded_layer(torch.float16)
+    q = torch.randn(8, 64, device="cuda")
+    indptr = torch.arange(9, device="cuda", dtype=torch.int64)
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    bad_ids = torch.full((8,), 32 * 16 + 1, dtype=torch.int32, device="cuda")  # past the pages
+    off.attend(q, indptr, bad_ids, status=status)
+    assert status.item() == 1 and int((off.slot_of >= 0).sum()) == 0
+    ids = torch.zeros(8, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"max_ids: expected 0 <= max_ids <= 8"):
+        off.attend(q, indptr, ids, max_ids=9)
+    with pytest.raises(ValueError, match=r"q: expected \[qo_heads, 64\]"):
+        off.attend(q[:, :32].contiguous(), indptr, ids)
+    with pytest.raises(ValueError, match=r"indptr: expected shape \(9,\)"):
+        off.attend(q, indptr[:5], ids)
+    with pytest.raises(ValueError, match=r"expected a multiple|positive multiple of the pairs"):
+        off.attend(q[:7], indptr[:8], ids)
+    pageable = torch.empty(64, 16, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"expected pinned \(page-locked\) host memory"):
+        kc.OffloadedKV(pageable, pageable, 4, 8)
+    pinned = pageable.pin_memory()
+    with pytest.raises(ValueError, match=r"must have k_host's dtype"):
+        kc.OffloadedKV(pinned, pinned.float().pin_memory(), 4, 8)
+    with pytest.raises(ValueError, match=r"capacity: expected an integer in \[1, 8192\]"):
+        kc.OffloadedKV(pinned, pinned, 4, 0)
+    small = torch.empty(64, 16, 32, dtype=torch.float16).pin_memory()
+    narrow = kc.OffloadedKV(small, small, 4, 8)
+    with pytest.raises(ValueError, match=r"head_dim must be 64, 128 or 256, got 32"):
+        narrow.attend(q[:, :32].contiguous(), indptr, ids)
+    assert int((narrow.slot_of >= 0).sum()) == 0  # refused before anything ran

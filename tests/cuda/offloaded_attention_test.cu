@@ -340,6 +340,9 @@ TEST_CASE("offloaded_attention_refuses_bad_arguments_before_any_launch", "[cuda]
   wrong.lru.capacity = 0;
   CHECK(contains(call(wrong, qo_heads, ws_bytes), "expected capacity in [1, 8192], got 0"));
   wrong = L.ref;
+  wrong.head_dim = 32;
+  CHECK(contains(call(wrong, qo_heads, ws_bytes), "head_dim must be 64, 128 or 256, got 32"));
+  wrong = L.ref;
   wrong.page_table = nullptr;
   CHECK(contains(call(wrong, qo_heads, ws_bytes), "null page table"));
   // In half precision the same pools (float pages) are the wrong size.

@@ -184,6 +184,76 @@ paged_call paged_intake(const intake& in, const py::handle& q, const py::handle&
   return c;
 }
 
+/// The state of an offloaded layer (kvsift.cuda.OffloadedKV's tuple: keys, ages, slot_of,
+/// page_table, host_page, k_host, v_host, k_device, v_device), checked, with the K/V type.
+struct offloaded_state {
+  ops::offloaded_layer l;
+  ops::dtype kv = ops::dtype::f32;
+};
+
+offloaded_state offloaded_intake(const intake& in, const py::tuple& state) {
+  require(state.size() == 9, "offloaded state: expected 9 tensors, got ", state.size());
+  const tensor tk = in(state[0], "keys"), ta = in(state[1], "ages"), ts = in(state[2], "slot_of");
+  const tensor tt = in(state[3], "page_table"), th = in(state[4], "host_page");
+  const tensor tkd = in(state[7], "k_device"), tvd = in(state[8], "v_device");
+  require_kind(tk, 'i', 4, "keys", "int32");
+  require<kvsift::dimension_mismatch>(tk.ndim() == 2, "keys: expected [pairs, capacity]");
+  const std::int64_t pairs = tk.shape[0], capacity = tk.shape[1];
+  require_kind(ta, 'u', 1, "ages", "uint8");
+  require_shape(ta, {pairs, capacity}, "ages");
+  require_kind(ts, 'i', 4, "slot_of", "int32");
+  require<kvsift::dimension_mismatch>(ts.ndim() == 2 && ts.shape[0] == pairs,
+                                      "slot_of: expected [pairs = ", pairs, ", pages]");
+  const std::int64_t pages = ts.shape[1];
+  require_kind(tt, 'i', 4, "page_table", "int32");
+  require_shape(tt, {pairs, pages}, "page_table");
+  require_kind(th, 'i', 8, "host_page", "int64");
+  require_shape(th, {pairs, pages}, "host_page");
+  std::array<tensor, 2> host;
+  for (int i = 0; i < 2; ++i) {
+    const char* what = i == 0 ? "k_host" : "v_host";
+    require(!py::isinstance<py::array>(state[5 + i]), what,
+            ": expected a pinned torch tensor (torch.empty(..., pin_memory=True)), got a "
+            "numpy.ndarray");
+    host[i] = kvsift_python::detail::from_dlpack(state[5 + i], what);
+    require_contiguous(host[i], what);
+    require(host[i].ndim() == 3 && host[i].shape[0] >= 1, what,
+            ": expected [host_pages >= 1, page_size, dim]");
+    require(ops::is_pinned_host(host[i].data), what,
+            ": expected pinned (page-locked) host memory, got pageable memory (allocate it with "
+            "torch.empty(..., pin_memory=True) or x.pin_memory())");
+  }
+  require_shape(host[1], host[0].shape, "v_host");
+  offloaded_state r;
+  r.kv = value_type(host[0], "k_host");
+  require(value_type(host[1], "v_host") == r.kv && value_type(tkd, "k_device") == r.kv &&
+              value_type(tvd, "v_device") == r.kv,
+          "offloaded state: v_host, k_device and v_device must have k_host's dtype ",
+          host[0].dl_dtype);
+  require<kvsift::dimension_mismatch>(
+      tkd.ndim() == 3 && tkd.shape[1] == host[0].shape[1] && tkd.shape[2] == host[0].shape[2],
+      "k_device: expected [device_pages, page_size, dim] with k_host's page_size and dim");
+  require_shape(tvd, tkd.shape, "v_device");
+  ops::offloaded_layer& l = r.l;
+  l.keys = ptr<std::uint32_t>(tk);
+  l.ages = ptr<std::uint8_t>(ta);
+  l.slot_of = ptr<std::uint32_t>(ts);
+  l.page_table = ptr<std::int32_t>(tt);
+  l.host_page = ptr<std::uint64_t>(th);
+  l.pairs = kernel_int<std::uint32_t>(pairs, "pairs");
+  l.capacity = kernel_int<std::uint32_t>(capacity, "capacity");
+  l.pages = kernel_int<std::uint32_t>(pages, "pages");
+  l.k_host = ptr(host[0]);
+  l.v_host = ptr(host[1]);
+  l.host_pages = static_cast<std::uint64_t>(host[0].shape[0]);
+  l.k_device = ptr(tkd);
+  l.v_device = ptr(tvd);
+  l.device_pages = static_cast<std::uint64_t>(tkd.shape[0]);
+  l.page_size = as_int(host[0].shape[1], "page_size");
+  l.dim = as_int(host[0].shape[2], "dim");
+  return r;
+}
+
 /// `max_keys` of a graph set whose adjacency has `rows` rows, checked (1 <= max_keys <= rows):
 /// the workspace-size query and the step itself both size or index by it.
 std::int64_t checked_max_keys(std::int64_t max_keys, std::int64_t rows) {
@@ -808,4 +878,59 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("admitted_slots"), py::arg("counts"), py::arg("status"), py::arg("buckets"),
       py::arg("stream"),
       "Low level: one bucketed LRU step for every pair. Use kvsift.cuda.BucketedLRU.");
+  m.def(
+      "offloaded_reset",
+      [](const py::tuple& state, std::intptr_t stream) {
+        const intake in{stream};
+        const offloaded_state st = offloaded_intake(in, state);
+        py::gil_scoped_release release;
+        ops::offloaded_reset(st.kv, st.l, stream);
+      },
+      py::arg("state"), py::arg("stream"),
+      "Low level: empties an offloaded layer's LRU and page table. Use kvsift.cuda.OffloadedKV.");
+  m.def(
+      "offloaded_attention_workspace_size",
+      [](const py::tuple& state, std::int64_t qo_heads, std::int64_t max_ids) {
+        const offloaded_state st = offloaded_intake(intake{0}, state);
+        require(max_ids >= 0, "max_ids: expected >= 0, got ", max_ids);
+        return ops::offloaded_attention_workspace_size(st.kv, st.l, as_int(qo_heads, "qo_heads"),
+                                                       static_cast<std::size_t>(max_ids));
+      },
+      py::arg("state"), py::arg("qo_heads"), py::arg("max_ids"),
+      "Low level: workspace bytes of offloaded_attention. Use kvsift.cuda.OffloadedKV.");
+  m.def(
+      "offloaded_attention",
+      [](const py::tuple& state, py::handle q, py::handle indptr, py::handle ids,
+         std::int64_t max_ids, py::handle o, py::handle lse, py::handle workspace, float scale,
+         int buckets, std::intptr_t stream, py::object status) {
+        const intake in{stream};
+        const offloaded_state st = offloaded_intake(in, state);
+        const tensor tq = in(q, "q"), ti = in(indptr, "indptr"), tid = in(ids, "ids");
+        const tensor to = in(o, "o"), tl = in(lse, "lse"), tw = in(workspace, "workspace");
+        require_kind(tq, 'f', 4, "q", "float32");
+        require<kvsift::dimension_mismatch>(tq.ndim() == 2 && tq.shape[1] == st.l.dim,
+                                            "q: expected [qo_heads, ", st.l.dim, "]");
+        const std::int64_t heads = tq.shape[0];
+        require_kind(ti, 'i', 8, "indptr", "int64");
+        require_shape(ti, {heads + 1}, "indptr");
+        require_kind(tid, 'i', 4, "ids", "int32");
+        require<kvsift::dimension_mismatch>(tid.ndim() == 1, "ids: expected a 1-D tensor");
+        require(max_ids >= 0 && max_ids <= tid.shape[0],
+                "max_ids: expected 0 <= max_ids <= ", tid.shape[0], " (ids' length), got ",
+                max_ids);
+        require_kind(to, 'f', 4, "o", "float32");
+        require_shape(to, {heads, st.l.dim}, "o");
+        require_kind(tl, 'f', 4, "lse", "float32");
+        require_shape(tl, {heads}, "lse");
+        int* stp = status_ptr(status, in);
+        py::gil_scoped_release release;
+        ops::offloaded_attention(
+            st.kv, st.l, ptr<float>(tq), as_int(heads, "qo_heads"), ptr<std::int64_t>(ti),
+            tid.shape[0] == 0 ? nullptr : ptr<std::int32_t>(tid), static_cast<std::size_t>(max_ids),
+            ptr<float>(to), ptr<float>(tl), ptr(tw), bytes_of(tw), scale, buckets, stream, stp);
+      },
+      py::arg("state"), py::arg("q"), py::arg("indptr"), py::arg("ids"), py::arg("max_ids"),
+      py::arg("o"), py::arg("lse"), py::arg("workspace"), py::arg("scale"), py::arg("buckets"),
+      py::arg("stream"), py::arg("status") = py::none(),
+      "Low level: kvsift::cuda::offloaded_attention. Use kvsift.cuda.OffloadedKV.attend.");
 }

@@ -19,6 +19,7 @@
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/cuda/merge.cuh>
+#include <kvsift/cuda/offloaded_attention.cuh>
 #include <kvsift/cuda/page_gather.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
 #include <kvsift/index/graph_io.hpp>
@@ -412,6 +413,57 @@ void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* s
   io.counts = counts;
   io.status = status;
   translating_errors([&] { kc::bucketed_lru_step(state, io, buckets, as_stream(stream)); });
+}
+
+namespace {
+
+/// The library's handle of `l` for K/V elements of `bytes` bytes.
+kc::offloaded_kv_ref offloaded_ref(const offloaded_layer& l, std::size_t bytes) {
+  kc::offloaded_kv_ref r;
+  r.lru = {l.keys, l.ages, l.slot_of, l.pairs, l.capacity, l.pages};
+  r.page_table = l.page_table;
+  r.host_page = l.host_page;
+  const std::uint64_t page_bytes = std::uint64_t(l.page_size) * std::uint64_t(l.dim) * bytes;
+  r.k_pools = {l.k_host, l.host_pages, l.k_device, l.device_pages, page_bytes};
+  r.v_pools = {l.v_host, l.host_pages, l.v_device, l.device_pages, page_bytes};
+  r.page_size = l.page_size;
+  r.head_dim = l.dim;
+  return r;
+}
+
+}  // namespace
+
+void offloaded_reset(dtype t, const offloaded_layer& l, std::intptr_t stream) {
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::offloaded_reset(offloaded_ref(l, sizeof(T)), as_stream(stream));
+  });
+}
+
+std::size_t offloaded_attention_workspace_size(dtype t, const offloaded_layer& l, int qo_heads,
+                                               std::size_t max_ids) {
+  std::size_t bytes = 0;
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    bytes = kc::offloaded_attention_workspace_size(offloaded_ref(l, sizeof(T)), qo_heads, max_ids);
+  });
+  return bytes;
+}
+
+void offloaded_attention(dtype t, const offloaded_layer& l, const float* q, int qo_heads,
+                         const std::int64_t* indptr, const std::int32_t* ids, std::size_t max_ids,
+                         float* out_o, float* out_lse, void* workspace, std::size_t workspace_bytes,
+                         float scale, int buckets, std::intptr_t stream, int* status) {
+  kc::offloaded_attention_params p;
+  p.buckets = buckets;
+  if (!std::isnan(scale)) p.attention.scale = scale;
+  p.attention.status = status;  // the same word: the attention then checks every id (bit 1)
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::offloaded_attention<T>(offloaded_ref(l, sizeof(T)), q, qo_heads, indptr, ids, max_ids,
+                               out_o, out_lse, workspace, workspace_bytes, as_stream(stream), p,
+                               status);
+  });
 }
 
 }  // namespace kvsift_python::cuda_ops

@@ -196,4 +196,36 @@ void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* s
                        std::uint32_t* admitted_keys, std::uint32_t* admitted_slots,
                        std::uint32_t* counts, int* status, int buckets, std::intptr_t stream);
 
+/// One layer's offloaded K/V as kvsift::cuda::offloaded_kv_ref's fields (device pointers,
+/// except the host tiers, which are pinned host memory; host_page may be either).
+struct offloaded_layer {
+  std::uint32_t* keys = nullptr;             ///< LRU state [pairs][capacity]
+  std::uint8_t* ages = nullptr;              ///< [pairs][capacity]
+  std::uint32_t* slot_of = nullptr;          ///< [pairs][pages]
+  std::int32_t* page_table = nullptr;        ///< [pairs][pages]
+  const std::uint64_t* host_page = nullptr;  ///< [pairs][pages]
+  std::uint32_t pairs = 0, capacity = 0, pages = 0;
+  void* k_host = nullptr;
+  void* v_host = nullptr;
+  std::uint64_t host_pages = 0;
+  void* k_device = nullptr;
+  void* v_device = nullptr;
+  std::uint64_t device_pages = 0;
+  int page_size = 0;
+  int dim = 0;
+};
+
+/// kvsift::cuda::offloaded_reset.
+void offloaded_reset(dtype t, const offloaded_layer& l, std::intptr_t stream);
+
+/// kvsift::cuda::offloaded_attention_workspace_size (attention split count automatic).
+std::size_t offloaded_attention_workspace_size(dtype t, const offloaded_layer& l, int qo_heads,
+                                               std::size_t max_ids);
+
+/// kvsift::cuda::offloaded_attention<T> for K/V of element type `t`. `scale` NaN = 1/sqrt(dim).
+void offloaded_attention(dtype t, const offloaded_layer& l, const float* q, int qo_heads,
+                         const std::int64_t* indptr, const std::int32_t* ids, std::size_t max_ids,
+                         float* out_o, float* out_lse, void* workspace, std::size_t workspace_bytes,
+                         float scale, int buckets, std::intptr_t stream, int* status);
+
 }  // namespace kvsift_python::cuda_ops

@@ -155,9 +155,11 @@ inline offload_layout offload_plan(const offloaded_kv_ref& kv, int heads, std::s
 
 inline void offload_check_pools(const offloaded_kv_ref& kv, std::size_t element_bytes) {
   using kvsift::detail::require;
-  require(kv.page_size >= 1 && kv.head_dim >= 1,
-          "offloaded_attention: expected page_size and head_dim >= 1, got ", kv.page_size, " and ",
-          kv.head_dim);
+  require(kv.page_size >= 1, "offloaded_attention: expected page_size >= 1, got ", kv.page_size);
+  // The attention's own check, made here so that nothing has run when it fails.
+  kvsift::detail::require<dimension_mismatch>(
+      kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256,
+      "offloaded_attention: head_dim must be 64, 128 or 256, got ", kv.head_dim);
   const std::uint64_t bytes =
       std::uint64_t(kv.page_size) * std::uint64_t(kv.head_dim) * element_bytes;
   const std::uint64_t need = std::uint64_t{kv.lru.pairs} * kv.lru.capacity + 1;
