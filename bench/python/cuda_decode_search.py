@@ -18,6 +18,7 @@ import torch
 
 import kvsift
 import kvsift.cuda as kc
+from gpu_timing import per_call_us
 
 
 def data(args, rng):
@@ -30,20 +31,6 @@ def data(args, rng):
         return (rng.standard_normal((count, d)) * 0.6 + qdir).astype(np.float32)
 
     return keys.astype(np.float16).astype(np.float32), queries
-
-
-def timed(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    host = (time.perf_counter() - t0) / reps
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1e3, host * 1e6  # us per call
 
 
 def main():
@@ -79,7 +66,7 @@ def main():
         return torch.topk(torch.bmm(qg, kg.transpose(1, 2)).float(), args.k, dim=2)
 
     truth = exact().indices.view(m, args.k).cpu().numpy()
-    t_exact, h_exact = timed(exact, args.reps)
+    t_exact, h_exact = per_call_us(exact, args.reps)
     print(f"{'method':<32} {'recall':>7} {'scored':>8} {'gpu_us':>9} {'host_us':>9}")
     print(f"{'torch bmm + topk (exact)':<32} {1.0:7.4f} {1.0:8.4f} {t_exact:9.1f} {h_exact:9.1f}")
     for L in (int(x) for x in args.L.split(",")):
@@ -91,7 +78,7 @@ def main():
         ids = r.ids.cpu().numpy()
         rec = np.mean([len(np.intersect1d(ids[i], truth[i])) / args.k for i in range(m)])
         scored = r.scored.double().mean().item() / args.n
-        t, h = timed(search, args.reps)
+        t, h = per_call_us(search, args.reps)
         name = f"kvsift decode_search L={L} w={args.expand_width}"
         print(f"{name:<32} {rec:7.4f} {scored:8.4f} {t:9.1f} {h:9.1f}")
 

@@ -28,6 +28,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import kvsift.cuda as kc
 import kvsift.transformers as kt
+from gpu_timing import per_call_us
 
 # (row label, attention implementation, SDPA backends for the whole run: None = torch's choice).
 # kvsift's prefill is SDPA too; it runs with the flash backend like the fastest SDPA row.
@@ -59,21 +60,6 @@ def decode(model, cache, tok, new):
     return toks, times
 
 
-def attention_alone(fn, reps):
-    """(GPU us, host us) per call of fn, CUDA events around `reps` back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    host = (time.perf_counter() - t0) / reps
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1e3, host * 1e6
-
-
 def host_breakdown(cache, q, key, value, scaling, reps):
     """Host microseconds of each stage of kvsift's GPU attention call, each repeated alone on
     the inputs of one call (the cache's layer 0 at the final context)."""
@@ -102,7 +88,7 @@ def host_breakdown(cache, q, key, value, scaling, reps):
         "merge_state": lambda: kc.merge_state(o[None], lse[None], o[None], lse[None]),
         "count + cast": lambda: (found.counts.sum() + 1, o.to(q.dtype).view(1, 1, heads, -1)),
     }
-    return {name: attention_alone(fn, reps)[1] for name, fn in stages.items()}
+    return {name: per_call_us(fn, reps)[1] for name, fn in stages.items()}
 
 
 def main():
@@ -176,7 +162,7 @@ def main():
             fn = lambda: kt.kvsift_attention(layer, q, key, value, None, scaling=scaling)  # noqa
             breakdown = host_breakdown(cache, q, key, value, scaling, args.reps)
         with backend():
-            gpu_us, host_us = attention_alone(fn, args.reps)
+            gpu_us, host_us = per_call_us(fn, args.reps)
         rows[label] = {
             "prefill_s": prefill,
             "build_s": sum(build_s) if impl != "sdpa" else 0.0,

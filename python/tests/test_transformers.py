@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import kvsift as ks  # noqa: E402
 import kvsift.transformers as kt  # noqa: E402
+from hf_generate import generate, max_logit_gap  # noqa: E402
 
 PROMPT, NEW = 300, 8
 
@@ -50,22 +51,6 @@ def models():
             return_dict_in_generate=True,
         )
     return model, ids, ref
-
-
-def generate(model, ids, cache, new=NEW):
-    with torch.no_grad():
-        return model.generate(
-            ids,
-            past_key_values=cache,
-            max_new_tokens=new,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-
-
-def max_logit_gap(a, b):
-    return max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits))
 
 
 def test_retrieving_every_middle_token_equals_eager(models):

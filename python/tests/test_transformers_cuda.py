@@ -17,6 +17,7 @@ kc = pytest.importorskip("kvsift.cuda", reason="kvsift built without its CUDA la
 
 import kvsift as ks  # noqa: E402
 import kvsift.transformers as kt  # noqa: E402
+from hf_generate import generate, max_logit_gap  # noqa: E402
 
 PROMPT, NEW, SINK, WINDOW = 300, 8, 4, 32
 MIDDLE = PROMPT - SINK - WINDOW
@@ -51,22 +52,6 @@ def models():
     eager, model = pair()
     ids = torch.randint(0, 256, (1, PROMPT), generator=torch.Generator().manual_seed(1)).cuda()
     return model, ids, generate(eager, ids, None)
-
-
-def generate(model, ids, cache, new=NEW):
-    with torch.no_grad():
-        return model.generate(
-            ids,
-            past_key_values=cache,
-            max_new_tokens=new,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-
-
-def max_logit_gap(a, b):
-    return max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits))
 
 
 def test_gpu_retrieval_of_every_middle_token_equals_eager(models):

@@ -30,21 +30,6 @@ using namespace kvsift::cuda_test;
 constexpr int kv_heads = 2, qo_heads = 4, group = qo_heads / kv_heads, d = 64, page = 16;
 constexpr int tokens = 2048, pages = tokens / page, slots = 32, topk = 12, buckets = 8;
 
-/// The k best tokens of KV head g for query q (exact, ties to the lower id).
-std::vector<std::int32_t> exact_topk(const std::vector<float>& k_host, int g, const float* q) {
-  std::vector<std::pair<double, std::int32_t>> s(tokens);
-  for (int t = 0; t < tokens; ++t) {
-    const float* key = &k_host[(static_cast<std::size_t>(g) * tokens + t) * d];
-    double dot = 0;
-    for (int i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * key[i];
-    s[t] = {-dot, t};
-  }
-  std::partial_sort(s.begin(), s.begin() + topk, s.end());
-  std::vector<std::int32_t> ids(topk);
-  for (int i = 0; i < topk; ++i) ids[i] = s[i].second;
-  return ids;
-}
-
 }  // namespace
 
 TEST_CASE("decode_chain_lru_gather_paged_attention_equals_dense", "[cuda][decode_chain]") {
@@ -95,7 +80,8 @@ TEST_CASE("decode_chain_lru_gather_paged_attention_equals_dense", "[cuda][decode
     std::vector<std::int32_t> ids;
     std::vector<std::vector<std::uint32_t>> sel(kv_heads);
     for (int h = 0; h < qo_heads; ++h) {
-      const auto got = exact_topk(k_host, h / group, &q[static_cast<std::size_t>(h) * d]);
+      const auto got =
+          exact_topk(k_host, h / group, tokens, d, &q[static_cast<std::size_t>(h) * d], topk);
       ids.insert(ids.end(), got.begin(), got.end());
       indptr.push_back(static_cast<std::int64_t>(ids.size()));
       for (auto t : got) sel[h / group].push_back(static_cast<std::uint32_t>(t / page));

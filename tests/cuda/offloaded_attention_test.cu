@@ -85,21 +85,6 @@ struct offloaded_layer {
   }
 };
 
-/// The k best tokens of pair p's KV head for query q (exact, ties to the lower id).
-std::vector<std::int32_t> exact_topk(const std::vector<float>& k_host, int p, const float* q) {
-  std::vector<std::pair<double, std::int32_t>> s(tokens);
-  for (int t = 0; t < tokens; ++t) {
-    const float* key = &k_host[(static_cast<std::size_t>(p) * tokens + t) * d];
-    double dot = 0;
-    for (int i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * key[i];
-    s[t] = {-dot, t};
-  }
-  std::partial_sort(s.begin(), s.begin() + topk, s.end());
-  std::vector<std::int32_t> ids(topk);
-  for (int i = 0; i < topk; ++i) ids[i] = s[i].second;
-  return ids;
-}
-
 /// Runs one call with indptr/ids in device memory (or pinned host memory, as a CPU search
 /// would leave them); returns the status word and fills o / lse.
 int run(offloaded_layer& L, const std::vector<float>& q, const std::vector<std::int64_t>& indptr,
@@ -195,7 +180,8 @@ TEST_CASE("offloaded_attention_pages_retrieved_tokens_in_and_equals_attention_ov
     std::vector<std::int32_t> ids;
     std::vector<std::vector<kvsift::id_t>> sel(pairs);
     for (int h = 0; h < qo_heads; ++h) {
-      const auto got = exact_topk(L.k_host, h / group, &q[static_cast<std::size_t>(h) * d]);
+      const auto got =
+          exact_topk(L.k_host, h / group, tokens, d, &q[static_cast<std::size_t>(h) * d], topk);
       ids.insert(ids.end(), got.begin(), got.end());
       indptr.push_back(static_cast<std::int64_t>(ids.size()));
       for (auto t : got) sel[h / group].push_back(static_cast<kvsift::id_t>(t / page));

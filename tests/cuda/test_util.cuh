@@ -183,6 +183,24 @@ struct pinned_floats {
   ~pinned_floats() { cudaFreeHost(p); }
 };
 
+/// The k best of `tokens` keys of head g (token-major host keys [head][tokens][d]) for query q,
+/// by exact inner product, ties to the lower id.
+inline std::vector<std::int32_t> exact_topk(const std::vector<float>& keys, int g, int tokens,
+                                            int d, const float* q, int k) {
+  std::vector<std::pair<double, std::int32_t>> s(static_cast<std::size_t>(tokens));
+  for (int t = 0; t < tokens; ++t) {
+    const float* key = &keys[(static_cast<std::size_t>(g) * tokens + t) * d];
+    double dot = 0;
+    for (int i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * key[i];
+    s[static_cast<std::size_t>(t)] = {-dot, t};
+  }
+  std::partial_sort(s.begin(), s.begin() + k, s.end());
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(k));
+  for (int i = 0; i < k; ++i)
+    ids[static_cast<std::size_t>(i)] = s[static_cast<std::size_t>(i)].second;
+  return ids;
+}
+
 /// Attention in double of query head h (q [heads][d]; KV head h / group) over its tokens
 /// ids[indptr[h] .. indptr[h + 1]) of token-major K/V ([kv_head][tokens][d]): (o [heads][d],
 /// lse [heads]); an empty list gives o = 0, lse = -inf.

@@ -184,6 +184,21 @@ paged_call paged_intake(const intake& in, const py::handle& q, const py::handle&
   return c;
 }
 
+/// Bucketed LRU state: keys int32 [pairs, capacity], ages uint8 [pairs, capacity], slot_of
+/// int32 [pairs, pages], checked; returns {pairs, capacity, pages}.
+std::array<std::int64_t, 3> lru_state_shape(const tensor& tk, const tensor& ta, const tensor& ts) {
+  require_kind(tk, 'i', 4, "keys", "int32");
+  require<kvsift::dimension_mismatch>(tk.ndim() == 2, "keys: expected [pairs, capacity], got ",
+                                      tk.ndim(), " axes");
+  const std::int64_t pairs = tk.shape[0], capacity = tk.shape[1];
+  require_kind(ta, 'u', 1, "ages", "uint8");
+  require_shape(ta, {pairs, capacity}, "ages");
+  require_kind(ts, 'i', 4, "slot_of", "int32");
+  require<kvsift::dimension_mismatch>(ts.ndim() == 2 && ts.shape[0] == pairs,
+                                      "slot_of: expected [pairs = ", pairs, ", pages]");
+  return {pairs, capacity, ts.shape[1]};
+}
+
 /// The state of an offloaded layer (kvsift.cuda.OffloadedKV's tuple: keys, ages, slot_of,
 /// page_table, host_page, k_host, v_host, k_device, v_device), checked, with the K/V type.
 struct offloaded_state {
@@ -196,15 +211,7 @@ offloaded_state offloaded_intake(const intake& in, const py::tuple& state) {
   const tensor tk = in(state[0], "keys"), ta = in(state[1], "ages"), ts = in(state[2], "slot_of");
   const tensor tt = in(state[3], "page_table"), th = in(state[4], "host_page");
   const tensor tkd = in(state[7], "k_device"), tvd = in(state[8], "v_device");
-  require_kind(tk, 'i', 4, "keys", "int32");
-  require<kvsift::dimension_mismatch>(tk.ndim() == 2, "keys: expected [pairs, capacity]");
-  const std::int64_t pairs = tk.shape[0], capacity = tk.shape[1];
-  require_kind(ta, 'u', 1, "ages", "uint8");
-  require_shape(ta, {pairs, capacity}, "ages");
-  require_kind(ts, 'i', 4, "slot_of", "int32");
-  require<kvsift::dimension_mismatch>(ts.ndim() == 2 && ts.shape[0] == pairs,
-                                      "slot_of: expected [pairs = ", pairs, ", pages]");
-  const std::int64_t pages = ts.shape[1];
+  const auto [pairs, capacity, pages] = lru_state_shape(tk, ta, ts);
   require_kind(tt, 'i', 4, "page_table", "int32");
   require_shape(tt, {pairs, pages}, "page_table");
   require_kind(th, 'i', 8, "host_page", "int64");
@@ -829,15 +836,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         const tensor ts = in(slot_of, "slot_of");
         const tensor tsel = in(selected, "selected");
         const tensor toff = in(offsets, "offsets");
-        require_kind(tk, 'i', 4, "keys", "int32");
-        require<kvsift::dimension_mismatch>(
-            tk.ndim() == 2, "keys: expected [pairs, capacity], got ", tk.ndim(), " axes");
-        const std::int64_t pairs = tk.shape[0], capacity = tk.shape[1];
-        require_kind(ta, 'u', 1, "ages", "uint8");
-        require_shape(ta, {pairs, capacity}, "ages");
-        require_kind(ts, 'i', 4, "slot_of", "int32");
-        require<kvsift::dimension_mismatch>(ts.ndim() == 2 && ts.shape[0] == pairs,
-                                            "slot_of: expected [pairs = ", pairs, ", pages]");
+        const auto [pairs, capacity, pages] = lru_state_shape(tk, ta, ts);
         require_kind(tsel, 'i', 4, "selected", "int32");
         require<kvsift::dimension_mismatch>(tsel.ndim() == 1, "selected: expected a 1-D tensor");
         require_kind(toff, 'i', 8, "offsets", "int64");
@@ -866,7 +865,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         // the limits; the sizes only have to reach it intact.
         const auto n_pairs = kernel_int<std::uint32_t>(pairs, "pairs");
         const auto cap = kernel_int<std::uint32_t>(capacity, "capacity");
-        const auto n_pages = kernel_int<std::uint32_t>(ts.shape[1], "pages");
+        const auto n_pages = kernel_int<std::uint32_t>(pages, "pages");
         py::gil_scoped_release release;
         ops::bucketed_lru_step(
             ptr<std::uint32_t>(tk), ptr<std::uint8_t>(ta), ptr<std::uint32_t>(ts), n_pairs, cap,
