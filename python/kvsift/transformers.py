@@ -44,8 +44,9 @@ token, so that graph ids are token positions; each decode step of a layer is one
 search of all query heads over the cache's key tensor in place (``decode_search`` with the KV
 heads as pages; the window excluded by an id range, DIPR seeded with the window's best score on
 the device), sparse attention over the retrieved tokens and over the window, and the exact merge:
-six kvsift launches and a few small torch ops on the current stream, no host synchronisation and
-no copy of the keys. ``generated_window`` needs the CPU (inserts are CPU-only).
+five kvsift calls and a few small torch ops on the current stream, no host synchronisation and
+no copy of the keys. ``generated_window`` (inserts) and ``mode="auto"`` (the plan executor)
+run on the CPU only.
 
 Thread safety: a cache belongs to one generation at a time; the kvsift calls release the GIL and
 run ``threads`` threads over heads.

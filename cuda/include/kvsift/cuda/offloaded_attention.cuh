@@ -102,9 +102,11 @@ inline std::size_t offloaded_attention_workspace_size(const offloaded_kv_ref& kv
  * @param out_lse  device, [num_qo_heads] f32, natural log
  * @param status   device word (caller zeroes) for `offloaded_status` bits, or null; a pair
  *                 whose LRU step failed keeps its state and its heads read the guard page
+ * @throw kvsift::dimension_mismatch a head dim other than 64, 128 or 256
  * @throw kvsift::invalid_argument the checks of offloaded_attention_workspace_size, pool page
  *        sizes that do not match the page size, head dim and T, device pools smaller than
- *        pairs * capacity + 1 pages, null pointers, a too-small workspace
+ *        pairs * capacity + 1 pages, null pointers, a too-small workspace, buckets outside
+ *        [2, 256], a stream or pointer of another device (all before anything is launched)
  * @throw kvsift::cuda_error a launch failed
  * @note Five launches plus the gathers' and the attention's; asynchronous; never allocates.
  *       Work O(ids + pairs * capacity) for the paging, O(admitted pages * page bytes) copied,
