@@ -283,6 +283,14 @@ class KvsiftCache(DynamicCache):
         _active_cache.set(self)
         return keys, values
 
+    def _train_queries(self, q: torch.Tensor, g: int, group: int):
+        """KV head g's training queries: ``train_ratio`` of each of its group's prefill queries
+        (q: (H, n, d) float32 on the host), sampled with the head's seed. Every build path
+        (CPU, planner, GPU) trains on the same queries."""
+        heads = range(g * group, (g + 1) * group)
+        return _ks.sample_gqa_queries([q[h].contiguous() for h in heads], self.train_ratio,
+                                      self.seed + g)
+
     def _is_sliding(self, layer_idx: int) -> bool:
         return layer_idx < len(self.layers) and getattr(self.layers[layer_idx], "is_sliding", False)
 
@@ -303,11 +311,7 @@ class KvsiftCache(DynamicCache):
             # The index borrows these keys: a view of the cache tensor, which it keeps alive
             # (DynamicLayer concatenates into new tensors at each step, never in place).
             keys = key[0, g, lo:hi].detach()
-            train = _ks.sample_gqa_queries(
-                [q[h].contiguous() for h in range(g * group, (g + 1) * group)],
-                self.train_ratio,
-                self.seed + g,
-            )
+            train = self._train_queries(q, g, group)
             build = dict(nq=min(self.nq, hi - lo), M=self.M, L=max(self.build_L, self.M), threads=0)
             if self.generated_window is None:
                 graphs.append(_ks.RoarGraphIndex(keys, train, seed=self.seed + layer_idx, **build))
@@ -326,11 +330,7 @@ class KvsiftCache(DynamicCache):
         indexes = []
         for g in range(kv_heads):
             keys = key[0, g].detach().float()  # a view when the cache is float32
-            train = _ks.sample_gqa_queries(
-                [q[h].contiguous() for h in range(g * group, (g + 1) * group)],
-                self.train_ratio,
-                self.seed + g,
-            )
+            train = self._train_queries(q, g, group)
             graph = _ks.RoarGraphIndex(
                 keys, train, nq=min(self.nq, prompt), M=self.M, L=max(self.build_L, self.M),
                 threads=0, seed=self.seed + layer_idx,
@@ -353,11 +353,7 @@ class KvsiftCache(DynamicCache):
         keys = key[0].detach().float().cpu()
         indexes = []
         for g in range(kv_heads):
-            train = _ks.sample_gqa_queries(
-                [q[h].contiguous() for h in range(g * group, (g + 1) * group)],
-                self.train_ratio,
-                self.seed + g,
-            )
+            train = self._train_queries(q, g, group)
             indexes.append(
                 kc.build_index(
                     keys[g].contiguous(),
