@@ -3,7 +3,8 @@
 //   0 segment_allocator   vs a std::set of ids in use
 //   1 page_table          vs a std::map key -> physical page (and "nothing changes on a throw")
 //   2 exact_lru / bucketed_lru<256> in lockstep: equal while no age saturates (< 255 steps),
-//     plus the per-step invariants of tests/memory/replacement_test.cpp
+//     page limits changing between steps, plus the per-step invariants of
+//     tests/memory/replacement_test.cpp
 //   3 prefix_reorder plan_batch: columns a permutation, every row mapped to a request whose
 //     row is equal (dedup), requests are rows
 // Byte 0 picks the structure, the following bytes its shape, the rest the operations. A model
@@ -176,6 +177,22 @@ void fuzz_lru(input& in) {
   kvsift::replacement_step a, b;
   std::size_t steps = 0;
   while (!in.done() && steps < 250) {  // ages saturate at 255: equality holds before that
+    if (const std::uint8_t op = in.byte(); op % 4 == 0) {  // a new page limit, cap + 1 refused
+      const std::size_t limit = in.byte() % (cap + 2);
+      bool threw_a = false, threw_b = false;
+      try {
+        exact.set_limit(limit);
+      } catch (const kvsift::invalid_argument&) {
+        threw_a = true;
+      }
+      try {
+        bucketed.set_limit(limit);
+      } catch (const kvsift::invalid_argument&) {
+        threw_b = true;
+      }
+      require(threw_a == threw_b && threw_a == (limit > cap));
+      require(exact.limit() == bucketed.limit() && exact.limit() <= cap);
+    }
     std::vector<id_t> sel(in.byte() % (cap + 3));
     for (auto& s : sel) s = static_cast<id_t>(in.byte() % (keys + 1));  // keys: out of range
     bool threw_a = false, threw_b = false;
@@ -197,6 +214,7 @@ void fuzz_lru(input& in) {
     require(a.hits == b.hits && a.evicted_keys == b.evicted_keys &&
             a.admitted_slots == b.admitted_slots && a.admitted_keys == b.admitted_keys);
     require(exact.resident() == bucketed.resident());
+    require(exact.resident() <= exact.limit());  // a lowered limit is enforced by this step
   }
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "../test_support.hpp"
+#include "kvsift/memory/bucketed_lru.hpp"
 #include "kvsift/memory/buffer_elasticity.hpp"
 
 using kvsift::buffer_elasticity;
@@ -125,4 +126,136 @@ TEST_CASE("buffer_elasticity: zero and overflow-sized lengths", "[memory][rel]")
   CHECK(taken[1].request == 2);
   CHECK(taken[1].pages == 10);
   CHECK(c.free_pages() == 830);
+}
+
+TEST_CASE("pair_page_limits splits each request's allocation over its KV heads", "[memory]") {
+  buffer_elasticity b(100);
+  REQUIRE(b.admit(1, 1000, 10, 7));
+  REQUIRE(b.admit(2, 1000, 6, 0));
+  const std::vector<std::uint64_t> reqs{2, 1};
+  const std::vector<std::size_t> mandatory{1, 2, 3, 4, 3, 0};  // 3 KV heads: 6 for 2, 7 for 1
+  std::vector<std::uint32_t> limits(6);
+  // Request 1's pairs add up to 7 mandatory pages, its allocation says 10: refused.
+  REQUIRE_THAT(message_of<kvsift::invalid_argument>(
+                   [&] { kvsift::pair_page_limits(b, reqs, mandatory, limits); }),
+               Catch::Contains("request 1 has an allocation of 10 mandatory pages") &&
+                   Catch::Contains("add up to 7"));
+  REQUIRE(limits == std::vector<std::uint32_t>(6, 0));  // nothing written
+  std::vector<reclaimed_pages> taken;
+  b.set_mandatory(1, 1000, 7, taken);
+  kvsift::pair_page_limits(b, reqs, mandatory, limits);
+  // Request 2: no buffer. Request 1: 7 + 3 freed = 10 buffering pages over 3 heads: 4, 3, 3.
+  REQUIRE(b.allocation_of(1).buffer == 7);
+  REQUIRE(limits == std::vector<std::uint32_t>{1, 2, 3, 4 + 3, 3 + 2, 0 + 2});
+}
+
+TEST_CASE("pair_page_limits rejects bad shapes and unknown requests", "[memory][rel]") {
+  buffer_elasticity b(100);
+  REQUIRE(b.admit(1, 10, 2, 1));
+  std::vector<std::uint32_t> limits(2);
+  const std::vector<std::uint64_t> one{1};
+  const std::vector<std::size_t> two{1, 1};
+  REQUIRE_THROWS_AS(kvsift::pair_page_limits(b, {}, two, limits), kvsift::invalid_argument);
+  REQUIRE_THAT(message_of<kvsift::invalid_argument>([&] {
+                 kvsift::pair_page_limits(b, std::vector<std::uint64_t>{1, 1, 1}, two, limits);
+               }),
+               Catch::Contains("got 2 for 3 requests"));
+  std::vector<std::uint32_t> short_limits(1);
+  REQUIRE_THAT(message_of<kvsift::invalid_argument>(
+                   [&] { kvsift::pair_page_limits(b, one, two, short_limits); }),
+               Catch::Contains("expected 2 limits, got 1"));
+  REQUIRE_THROWS_AS(kvsift::pair_page_limits(b, std::vector<std::uint64_t>{9}, two, limits),
+                    kvsift::out_of_range);
+  const std::size_t huge = ~std::size_t{0};
+  REQUIRE_THROWS_AS(kvsift::pair_page_limits(b, one, std::vector<std::size_t>{huge, 3}, limits),
+                    kvsift::invalid_argument);  // the sum overflows
+  buffer_elasticity big(std::size_t{1} << 40);
+  REQUIRE(big.admit(5, 10, std::size_t{1} << 33, 0));
+  REQUIRE_THAT(message_of<kvsift::invalid_argument>([&] {
+                 kvsift::pair_page_limits(
+                     big, std::vector<std::uint64_t>{5},
+                     std::vector<std::size_t>{std::size_t{1} << 32, std::size_t{1} << 32}, limits);
+               }),
+               Catch::Contains("do not fit a 32-bit limit"));
+}
+
+TEST_CASE("elastic limits keep every pair's LRU within the shared budget", "[memory]") {
+  // Three requests x 2 KV heads share 120 GPU pages. Request 0's demand spikes for a while:
+  // its pairs borrow the others' buffering pages, and the others' LRUs must give them back
+  // (evict down to their lowered limits) at their next step, so the pages held never exceed
+  // the budget and no step fails for want of pages.
+  constexpr std::size_t total = 120, heads = 2, keys = 500;
+  buffer_elasticity b(total);
+  std::vector<kvsift::bucketed_lru<8>> lru;
+  for (std::size_t p = 0; p < 3 * heads; ++p) lru.emplace_back(total, keys);
+  const std::vector<std::uint64_t> reqs{0, 1, 2};
+  for (std::uint64_t r : reqs) REQUIRE(b.admit(r, 1000 * (r + 1), 12, 28));
+  std::mt19937 rng(3);
+  kvsift::replacement_step st;
+  std::vector<reclaimed_pages> taken;
+  std::size_t shrink_evictions = 0, max_held = 0;
+  for (int step = 0; step < 200; ++step) {
+    std::vector<std::vector<kvsift::id_t>> sel(3 * heads);
+    std::vector<std::size_t> mandatory(3 * heads);
+    for (std::size_t p = 0; p < sel.size(); ++p) {
+      const bool spike = p < heads && step >= 50 && step < 120;
+      const std::size_t n = spike ? 30 + rng() % 10 : 4 + rng() % 4;
+      std::vector<char> seen(keys, 0);
+      while (sel[p].size() < n) {
+        const auto k = static_cast<kvsift::id_t>((step * 3 + p * 50 + rng() % 60) % keys);
+        if (!seen[k]) sel[p].push_back(k), seen[k] = 1;
+      }
+      mandatory[p] = n;
+    }
+    for (std::size_t r = 0; r < 3; ++r) {
+      b.set_mandatory(r, 1000 * (r + 1), mandatory[r * heads] + mandatory[r * heads + 1], taken);
+    }
+    b.distribute_free(taken);  // what shrinking demands freed buffers again
+    REQUIRE(b.free_pages() == 0);
+    std::vector<std::uint32_t> limits(3 * heads);
+    kvsift::pair_page_limits(b, reqs, mandatory, limits);
+    std::size_t held = 0;
+    for (std::size_t p = 0; p < lru.size(); ++p) {
+      const std::size_t before = lru[p].resident();
+      lru[p].set_limit(limits[p]);
+      lru[p].step(sel[p], st);  // never throws: the limit covers the pair's own demand
+      if (before + st.misses() > limits[p]) shrink_evictions += st.evicted_keys.size();
+      REQUIRE(lru[p].resident() <= limits[p]);
+      held += lru[p].resident();
+    }
+    REQUIRE(held <= total);
+    max_held = std::max(max_held, held);
+  }
+  REQUIRE(shrink_evictions > 0);
+  REQUIRE(max_held > 3 * total / 4);  // the buffers were used, not only the mandatory pages
+}
+
+TEST_CASE("distribute_free lends every free page out in proportion to length", "[memory]") {
+  buffer_elasticity b(100);
+  std::vector<reclaimed_pages> given;
+  b.distribute_free(given);  // no active request: nothing to lend to
+  REQUIRE(given.empty());
+  REQUIRE(b.free_pages() == 100);
+  REQUIRE(b.admit(1, 1000, 10, 0));
+  REQUIRE(b.admit(2, 2000, 10, 0));
+  REQUIRE(b.admit(3, 2000, 10, 0));
+  b.distribute_free(given);  // 70 free: floors 14, 28, 28; no remainder
+  REQUIRE(pages_of(given, 1) == 14);
+  REQUIRE(pages_of(given, 2) == 28);
+  REQUIRE(pages_of(given, 3) == 28);
+  REQUIRE(b.free_pages() == 0);
+  std::vector<reclaimed_pages> taken;
+  b.set_mandatory(1, 1000, 2, taken);  // 8 pages back to the free pool
+  REQUIRE(b.free_pages() == 8);
+  b.distribute_free(given);  // floors 1.6, 3.2, 3.2 -> 1, 3, 3; the last page to the longest,
+  REQUIRE(pages_of(given, 1) == 1);  // lowest id on ties (request 2)
+  REQUIRE(pages_of(given, 2) == 4);
+  REQUIRE(pages_of(given, 3) == 3);
+  REQUIRE(b.allocation_of(2).buffer == 32);
+  std::size_t held = b.free_pages();
+  for (std::uint64_t r : {1, 2, 3})
+    held += b.allocation_of(r).mandatory + b.allocation_of(r).buffer;
+  REQUIRE(held == 100);  // no page made or lost
+  b.distribute_free(given);
+  REQUIRE(given.empty());  // nothing free: a no-op
 }

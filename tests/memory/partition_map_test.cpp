@@ -105,7 +105,7 @@ TEST_CASE("partition_map rejects bad input", "[memory]") {
   REQUIRE_THAT(message_of<kvsift::invalid_argument>([&] {
                  map.retrieve(std::vector<id_t>{0, 1}, r);
                }),
-               Catch::Contains("exceeds the buffer of 3"));
+               Catch::Contains("exceeds the page limit of 3"));
   REQUIRE_FALSE(map.resident(0));
   REQUIRE_THROWS_AS(map.resident(4), kvsift::out_of_range);
   REQUIRE_THROWS_AS(map.cpu_page(8), kvsift::out_of_range);

@@ -192,7 +192,7 @@ TEST_CASE("replacement policies reject bad input before changing state", "[memor
   REQUIRE_THAT(message_of<kvsift::invalid_argument>([&] {
                  lru.step(std::vector<id_t>{2, 3, 4}, st);
                }),
-               Catch::Contains("page demand of 3 distinct pages exceeds the buffer of 2"));
+               Catch::Contains("page demand of 3 distinct pages exceeds the page limit of 2"));
   REQUIRE(lru.resident() == 1);
   REQUIRE(lru.slot_of(1) == 0);
   REQUIRE(lru.slot_of(2) == invalid_id);
@@ -214,6 +214,82 @@ TEST_CASE("replacement policies reject bad input before changing state", "[memor
   e2.step({}, st);
   REQUIRE(st.hits == 0);
   REQUIRE(st.misses() == 0);
+}
+
+TEST_CASE("a constant page limit equals a smaller capacity, entry for entry", "[memory]") {
+  // Admission takes the lowest free slots and at most `limit` pages are ever held, so a policy
+  // of 64 slots limited to 40 must do exactly what a policy of 40 slots does.
+  const auto trace = drifting_trace(300, 400, 24, 5);
+  auto same = [&](auto limited, auto small) {
+    limited.set_limit(40);
+    REQUIRE(limited.limit() == 40);
+    replacement_step a, b;
+    std::size_t evictions = 0;
+    for (const auto& s : trace) {
+      limited.step(s, a);
+      small.step(s, b);
+      REQUIRE(a.hits == b.hits);
+      REQUIRE(a.evicted_keys == b.evicted_keys);
+      REQUIRE(a.evicted_slots == b.evicted_slots);
+      REQUIRE(a.admitted_keys == b.admitted_keys);
+      REQUIRE(a.admitted_slots == b.admitted_slots);
+      REQUIRE(limited.resident() <= 40);
+      evictions += a.evicted_keys.size();
+    }
+    REQUIRE(evictions > 1000);  // the limit, not the capacity, bounded the trace
+  };
+  same(kvsift::bucketed_lru<8>(64, 400), kvsift::bucketed_lru<8>(40, 400));
+  same(kvsift::exact_lru(64, 400), kvsift::exact_lru(40, 400));
+  same(kvsift::belady(64, 400, trace), kvsift::belady(40, 400, trace));
+}
+
+TEST_CASE("a lowered page limit evicts the excess by the policy's own rule", "[memory]") {
+  kvsift::bucketed_lru<8> lru(6, 20);
+  replacement_step st;
+  for (id_t k = 0; k < 5; ++k) lru.step(std::vector<id_t>{k}, st);  // page k in slot k, age 4 - k
+  lru.set_limit(3);  // nothing happens until the next step
+  REQUIRE(lru.resident() == 5);
+  lru.step(std::vector<id_t>{4}, st);  // a hit: the two oldest pages (0 and 1) leave
+  REQUIRE(st.hits == 1);
+  REQUIRE(st.evicted_keys == std::vector<id_t>{0, 1});
+  REQUIRE(st.admitted_keys.empty());
+  REQUIRE(lru.resident() == 3);
+  lru.step(std::vector<id_t>{7}, st);  // a miss at the limit: the oldest left (2) makes room
+  REQUIRE(st.evicted_keys == std::vector<id_t>{2});
+  REQUIRE(st.admitted_slots == std::vector<id_t>{0});  // the lowest free slot
+  lru.set_limit(6);  // raised: misses fill free slots again, nothing evicted
+  lru.step(std::vector<id_t>{8, 9}, st);
+  REQUIRE(st.evicted_keys.empty());
+  REQUIRE(lru.resident() == 5);
+
+  kvsift::exact_lru exact(6, 20);
+  for (id_t k = 0; k < 6; ++k) exact.step(std::vector<id_t>{k}, st);
+  exact.set_limit(2);
+  exact.step({}, st);  // an empty step still enforces the limit: the four least recent go
+  REQUIRE(st.evicted_keys == std::vector<id_t>{0, 1, 2, 3});
+  exact.set_limit(0);
+  exact.step({}, st);
+  REQUIRE(exact.resident() == 0);
+}
+
+TEST_CASE("a page limit rejects bad input before changing state", "[memory][rel]") {
+  kvsift::bucketed_lru<8> lru(4, 10);
+  replacement_step st;
+  lru.step(std::vector<id_t>{1, 2}, st);
+  REQUIRE_THAT(message_of<kvsift::invalid_argument>([&] { lru.set_limit(5); }),
+               Catch::Contains("expected a page limit <= the capacity of 4 slots, got 5"));
+  REQUIRE(lru.limit() == 4);
+  lru.set_limit(2);
+  REQUIRE_THAT(message_of<kvsift::invalid_argument>([&] {
+                 lru.step(std::vector<id_t>{1, 3, 4}, st);
+               }),
+               Catch::Contains("page demand of 3 distinct pages exceeds the page limit of 2") &&
+                   Catch::Contains("capacity 4"));
+  REQUIRE(lru.resident() == 2);  // unchanged
+  REQUIRE(lru.slot_of(3) == invalid_id);
+  REQUIRE_THROWS_AS(lru.set_limit(std::size_t{1} << 40), kvsift::invalid_argument);
+  kvsift::belady opt(2, 10, {{1}});
+  REQUIRE_THROWS_AS(opt.set_limit(3), kvsift::invalid_argument);
 }
 
 // Regression: the slot maps were allocated before the sizes were validated, so an

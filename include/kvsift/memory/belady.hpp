@@ -38,6 +38,12 @@ class belady {
   [[nodiscard]] std::size_t capacity() const noexcept { return cache_.capacity(); }
   [[nodiscard]] std::size_t keys() const noexcept { return cache_.keys(); }
   [[nodiscard]] std::size_t resident() const noexcept { return cache_.resident(); }
+  /// Pages this policy may hold, <= capacity() (capacity() until set_limit).
+  [[nodiscard]] std::size_t limit() const noexcept { return cache_.limit(); }
+  /// Sets the page limit (buffer elasticity's per-pair share). A lower limit than resident()
+  /// is enforced by the next step, which evicts the excess by this policy's rule. O(1).
+  /// @throw invalid_argument if limit > capacity() (nothing changes).
+  void set_limit(std::size_t limit) { cache_.set_limit(limit); }
   [[nodiscard]] id_t slot_of(id_t key) const { return cache_.slot_of(key); }
 
   /// Step number `t` of the trace; `selected` must equal trace step t.

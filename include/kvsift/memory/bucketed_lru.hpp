@@ -41,6 +41,12 @@ class bucketed_lru {
   [[nodiscard]] std::size_t capacity() const noexcept { return cache_.capacity(); }
   [[nodiscard]] std::size_t keys() const noexcept { return cache_.keys(); }
   [[nodiscard]] std::size_t resident() const noexcept { return cache_.resident(); }
+  /// Pages this policy may hold, <= capacity() (capacity() until set_limit).
+  [[nodiscard]] std::size_t limit() const noexcept { return cache_.limit(); }
+  /// Sets the page limit (buffer elasticity's per-pair share). A lower limit than resident()
+  /// is enforced by the next step, which evicts the excess by this policy's rule. O(1).
+  /// @throw invalid_argument if limit > capacity() (nothing changes).
+  void set_limit(std::size_t limit) { cache_.set_limit(limit); }
   [[nodiscard]] id_t slot_of(id_t key) const { return cache_.slot_of(key); }
   /// Page in `slot` (invalid_id if free) and its age bucket.
   [[nodiscard]] id_t key_in(std::size_t slot) const noexcept { return cache_.key_in(slot); }
@@ -48,7 +54,7 @@ class bucketed_lru {
 
   /// One decode step. `out` is overwritten. O(capacity + |selected| + Buckets).
   /// @throw out_of_range for a page id >= keys(); invalid_argument if the distinct selected
-  ///        pages exceed capacity() (nothing changes on a throw).
+  ///        pages exceed limit() (nothing changes on a throw).
   void step(std::span<const id_t> selected, replacement_step& out) {
     cache_.classify(selected);
     out.clear();

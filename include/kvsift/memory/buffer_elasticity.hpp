@@ -5,14 +5,27 @@
 // admitted only if both its mandatory and its buffering pages fit in the free pages; when a
 // request's mandatory demand grows beyond the free pages, buffering pages are reclaimed from
 // the active requests in proportion to their length (a longer request, with more pages to
-// choose from, gives more back).
+// choose from, gives more back). Pages a request no longer needs go to the free pool, and
+// `distribute_free` lends them back out as buffering pages, again in proportion to length.
+//
+// The page replacement runs per (request, KV head) pair, so a request's allocation reaches the
+// replacement policies as per-pair page limits (`pair_page_limits`): each pair keeps its own
+// mandatory pages and an equal share of the request's buffering pages. A limit that falls
+// (pages reclaimed by another request) is enforced by the pair's next replacement step, which
+// evicts the excess by its own rule (`bucketed_lru::set_limit`, and on the GPU
+// `cuda::bucketed_lru_ref::limits`).
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
+#include <numeric>
+#include <span>
+#include <utility>
 #include <vector>
 
+#include "kvsift/core/checked_size.hpp"
 #include "kvsift/core/error.hpp"
 
 namespace kvsift {
@@ -110,6 +123,47 @@ class buffer_elasticity {
     free_ += pages;
   }
 
+  /// Hands every free page to the active requests as buffering pages, in proportion to their
+  /// length (floor shares, then one page each to the longest requests, lowest id on ties, until
+  /// none is left), listed in `given`. Pages freed by shrinking demands or finished requests
+  /// sit in the free pool until this is called: an engine calls it once per step, after the
+  /// requests' `set_mandatory`, so the whole budget keeps buffering. Nothing happens without
+  /// active requests. O(active log active).
+  void distribute_free(std::vector<reclaimed_pages>& given) {
+    given.clear();
+    if (requests_.empty() || free_ == 0) return;
+    double weight = 0;
+    for (const auto& [id, r] : requests_) weight += static_cast<double>(r.length);
+    std::size_t handed = 0;
+    std::vector<std::pair<std::uint64_t, std::size_t>> share;  // (request, pages)
+    share.reserve(requests_.size());
+    for (const auto& [id, r] : requests_) {
+      // In double as in take_proportionally; the floor never exceeds what is left.
+      const double ideal = static_cast<double>(free_) * (static_cast<double>(r.length) / weight);
+      const std::size_t n = std::min(free_ - handed, static_cast<std::size_t>(ideal));
+      share.emplace_back(id, n);
+      handed += n;
+    }
+    if (handed < free_) {  // the remainder (< active pages), one page each, longest first
+      std::vector<std::size_t> order(share.size());  // indices into `share`, in id order
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      std::vector<std::size_t> length;
+      for (const auto& [id, r] : requests_) length.push_back(r.length);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::size_t a, std::size_t b) { return length[a] > length[b]; });
+      // (Floating-point floors can leave one page more than there are requests: wrap.)
+      for (std::size_t i = 0; handed < free_; ++i, ++handed) {
+        ++share[order[i % order.size()]].second;
+      }
+    }
+    for (const auto& [id, n] : share) {
+      if (n == 0) continue;
+      requests_[id].buffer += n;
+      given.push_back({id, n});
+    }
+    free_ = 0;
+  }
+
   /// Ends `request`: all its pages return to the free pool. @throw out_of_range if unknown.
   void release(std::uint64_t request) {
     auto it = find(request, "release");
@@ -184,5 +238,56 @@ class buffer_elasticity {
   std::size_t free_;
   std::map<std::uint64_t, allocation> requests_;  // ordered: reclaim is deterministic
 };
+
+/**
+ * @brief Per-pair page limits of the listed requests: pair (i, h), KV head h of requests[i],
+ *        gets pair_mandatory[i * kv_heads + h] plus buffer / kv_heads of the request's
+ *        buffering pages (the first buffer % kv_heads heads one page more), so a request's
+ *        limits add up to its allocation (mandatory + buffer) exactly.
+ *
+ * Call it after `set_mandatory(request, length, sum of its pairs' mandatory pages)` for every
+ * listed request; give `limits[p]` to pair p's policy (`set_limit`) or upload it as the GPU
+ * LRU's `limits`. kv_heads = pair_mandatory.size() / requests.size().
+ *
+ * @throw invalid_argument empty `requests`, pair_mandatory.size() not a non-zero multiple of
+ *        requests.size(), limits.size() != pair_mandatory.size(), a request whose pairs'
+ *        mandatory pages do not add up to its allocation's mandatory pages, or a limit that
+ *        does not fit 32 bits (all checked before `limits` is written)
+ * @throw out_of_range a request that is not active
+ * @note O(pairs + requests log active). Reads `b` only: safe concurrently with other readers.
+ */
+inline void pair_page_limits(const buffer_elasticity& b, std::span<const std::uint64_t> requests,
+                             std::span<const std::size_t> pair_mandatory,
+                             std::span<std::uint32_t> limits) {
+  detail::require(!requests.empty(), "pair_page_limits: expected at least one request, got 0");
+  const std::size_t kv_heads = pair_mandatory.size() / requests.size();
+  detail::require(kv_heads > 0 && pair_mandatory.size() % requests.size() == 0,
+                  "pair_page_limits: expected requests x KV heads mandatory counts, got ",
+                  pair_mandatory.size(), " for ", requests.size(), " requests");
+  detail::require(limits.size() == pair_mandatory.size(), "pair_page_limits: expected ",
+                  pair_mandatory.size(), " limits, got ", limits.size());
+  constexpr std::size_t max_limit = std::numeric_limits<std::uint32_t>::max();
+  for (std::size_t i = 0; i < requests.size(); ++i) {  // validate everything first
+    const auto& a = b.allocation_of(requests[i]);
+    std::size_t sum = 0;
+    for (std::size_t h = 0; h < kv_heads; ++h) {
+      sum = checked_add(sum, pair_mandatory[i * kv_heads + h], "pair_page_limits: mandatory pages");
+    }
+    detail::require(sum == a.mandatory, "pair_page_limits: request ", requests[i],
+                    " has an allocation of ", a.mandatory,
+                    " mandatory pages, its pairs' mandatory pages add up to ", sum);
+    detail::require(a.mandatory <= max_limit && a.buffer <= max_limit - a.mandatory,
+                    "pair_page_limits: request ", requests[i], "'s ", a.mandatory + a.buffer,
+                    " pages do not fit a 32-bit limit");
+  }
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const auto& a = b.allocation_of(requests[i]);
+    for (std::size_t h = 0; h < kv_heads; ++h) {
+      const std::size_t share = a.buffer / kv_heads + (h < a.buffer % kv_heads ? 1 : 0);
+      limits[i * kv_heads + h] =
+          static_cast<std::uint32_t>(pair_mandatory[i * kv_heads + h] + share);
+    }
+  }
+}
 
 }  // namespace kvsift

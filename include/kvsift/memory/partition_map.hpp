@@ -104,6 +104,11 @@ class partition_map {
   [[nodiscard]] std::size_t partitions() const noexcept { return tokens_.size(); }
   [[nodiscard]] std::size_t pages() const noexcept { return pages_; }
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+  /// This pair's page limit (buffer elasticity's share, `pair_page_limits`), enforced by the
+  /// next `retrieve`. @throw invalid_argument if pages > the policy's capacity (nothing
+  /// changes).
+  void set_page_limit(std::size_t pages) requires requires(Policy& p) { p.set_limit(pages); }
+  { policy_.set_limit(pages); }
   /// Meta-partition table. @throw out_of_range for p >= partitions().
   [[nodiscard]] std::uint32_t token_count(std::size_t p) const { return tokens_[check(p)]; }
   /// True if p was selected and none of its pages was evicted since (conservative: a packed

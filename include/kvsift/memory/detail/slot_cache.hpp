@@ -2,6 +2,12 @@
 // The bookkeeping every replacement policy shares: key <-> slot maps, deduplication and
 // hit/miss classification of a step's selection, validation, and admission of misses into
 // free slots (lowest slot first). A policy only decides which non-selected pages to evict.
+//
+// The page limit: a policy may hold at most `limit() <= capacity()` pages. Buffer elasticity
+// moves pages between requests by changing their pairs' limits; a lowered limit is enforced at
+// the next step, whose demand then covers the pages over the limit as well as the misses, so
+// the policy's own rule picks what leaves. The slots stay addressable up to capacity(), so the
+// GPU layout (a fixed stride of slots per pair) never moves.
 
 #include <algorithm>
 #include <cstddef>
@@ -24,11 +30,19 @@ class slot_cache {
       : who_(validated(capacity, keys, who)),
         slot_of_(keys, invalid_id),
         key_of_(capacity, invalid_id),
-        mark_(keys, 0) {}
+        mark_(keys, 0),
+        limit_(capacity) {}
 
   [[nodiscard]] std::size_t capacity() const noexcept { return key_of_.size(); }
   [[nodiscard]] std::size_t keys() const noexcept { return slot_of_.size(); }
   [[nodiscard]] std::size_t resident() const noexcept { return resident_; }
+  [[nodiscard]] std::size_t limit() const noexcept { return limit_; }
+  /// @throw invalid_argument if limit > capacity() (nothing changes).
+  void set_limit(std::size_t limit) {
+    require(limit <= capacity(), who_, "::set_limit: expected a page limit <= the capacity of ",
+            capacity(), " slots, got ", limit);
+    limit_ = limit;
+  }
   /// Slot holding `key`, or invalid_id. @throw out_of_range for key >= keys().
   [[nodiscard]] id_t slot_of(id_t key) const {
     require<out_of_range>(key < slot_of_.size(), who_, "::slot_of: expected a page id < ",
@@ -56,9 +70,9 @@ class slot_cache {
       mark_[k] = epoch_;
       (slot_of_[k] == invalid_id ? misses_ : hits_).push_back(k);
     }
-    require(hits_.size() + misses_.size() <= capacity(), who_, "::step: page demand of ",
-            hits_.size() + misses_.size(), " distinct pages exceeds the buffer of ", capacity(),
-            " slots");
+    require(hits_.size() + misses_.size() <= limit_, who_, "::step: page demand of ",
+            hits_.size() + misses_.size(), " distinct pages exceeds the page limit of ", limit_,
+            " (capacity ", capacity(), " slots)");
     hit_slot_.assign(capacity(), 0);
     for (const id_t k : hits_) hit_slot_[slot_of_[k]] = 1;
   }
@@ -66,10 +80,12 @@ class slot_cache {
   [[nodiscard]] const std::vector<id_t>& hits() const noexcept { return hits_; }
   [[nodiscard]] const std::vector<id_t>& misses() const noexcept { return misses_; }
   [[nodiscard]] bool selected_slot(std::size_t s) const noexcept { return hit_slot_[s] != 0; }
-  /// Evictions still needed after using the free slots.
+  /// Evictions this step needs: the misses beyond the free pages under the limit, plus the
+  /// pages a lowered limit left over it. Never more than the non-selected resident pages
+  /// (classify checked hits + misses <= limit).
   [[nodiscard]] std::size_t demand() const noexcept {
-    const std::size_t free = capacity() - resident_;
-    return misses_.size() > free ? misses_.size() - free : 0;
+    const std::size_t after = resident_ + misses_.size();
+    return after > limit_ ? after - limit_ : 0;
   }
 
   void evict(std::size_t slot, replacement_step& out) {
@@ -112,6 +128,7 @@ class slot_cache {
   std::vector<std::uint32_t> mark_;
   std::uint32_t epoch_ = 0;
   std::size_t resident_ = 0;
+  std::size_t limit_ = 0;
   std::vector<id_t> hits_, misses_;
   std::vector<std::uint8_t> hit_slot_;
 };
