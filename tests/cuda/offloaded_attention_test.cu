@@ -15,6 +15,7 @@
 
 #include <kvsift/cuda/offloaded_attention.cuh>
 #include <kvsift/memory/bucketed_lru.hpp>
+#include <kvsift/memory/buffer_elasticity.hpp>
 
 #include "cuda_test.cuh"
 #include "test_util.cuh"
@@ -213,6 +214,96 @@ TEST_CASE("offloaded_attention_pages_retrieved_tokens_in_and_equals_attention_ov
   CHECK(evicted > 50);
 }
 
+TEST_CASE("offloaded_attention_honours_per_pair_limits_from_buffer_elasticity",
+          "[cuda][offloaded]") {
+  // Every page of a pair has a slot, but the pairs share 128 pages through buffer_elasticity: each
+  // step every request's mandatory pages are its pairs' distinct pages, and the limits
+  // (pair_page_limits, in pinned memory) follow the allocation. Request 0's demand doubles for a
+  // while and takes request 1's buffering pages, whose pairs must evict down to their lowered
+  // limits at the same step. The output stays exact, the device tier never holds more than the
+  // budget, and the CPU twin with set_limit agrees slot for slot.
+  offloaded_layer L(pages);
+  std::uint32_t* limits = nullptr;
+  KVSIFT_CUDA_CHECK(cudaMallocHost(&limits, pairs * sizeof(std::uint32_t)));
+  L.ref.lru.limits = limits;
+  constexpr std::size_t budget = 128;
+  kvsift::buffer_elasticity elastic(budget);
+  REQUIRE(elastic.admit(0, 4000, 0, 40));
+  REQUIRE(elastic.admit(1, 2000, 0, 40));
+  std::vector<kvsift::bucketed_lru<buckets>> twin(pairs,
+                                                  kvsift::bucketed_lru<buckets>(pages, pages));
+  std::vector<float> q(static_cast<std::size_t>(qo_heads) * d), o, lse;
+  std::vector<kvsift::reclaimed_pages> taken;
+  std::size_t bad = 0, table_bad = 0, shrink_evictions = 0, max_resident = 0;
+  for (int step = 0; step < 24; ++step) {
+    if (step % 3 == 0) {
+      for (auto& x : q) x = uniform(-1.5f, 1.5f);
+    }
+    const int k_req0 = step >= 8 && step < 16 ? 3 * topk / 2 : topk;  // request 0's spike
+    std::vector<std::int64_t> indptr{0};
+    std::vector<std::int32_t> ids;
+    std::vector<std::vector<kvsift::id_t>> sel(pairs);
+    for (int h = 0; h < qo_heads; ++h) {
+      const int pair = h / group;
+      const auto got = exact_topk(L.k_host, pair, tokens, d, &q[static_cast<std::size_t>(h) * d],
+                                  pair < kv_heads ? k_req0 : topk);
+      ids.insert(ids.end(), got.begin(), got.end());
+      indptr.push_back(static_cast<std::int64_t>(ids.size()));
+      for (auto t : got) sel[pair].push_back(static_cast<kvsift::id_t>(t / page));
+    }
+    std::vector<std::size_t> mandatory(pairs);
+    for (int p = 0; p < pairs; ++p) {
+      mandatory[p] = std::set<kvsift::id_t>(sel[p].begin(), sel[p].end()).size();
+    }
+    for (std::uint64_t r = 0; r < requests; ++r) {
+      elastic.set_mandatory(r, r == 0 ? 4000 : 2000,
+                            mandatory[r * kv_heads] + mandatory[r * kv_heads + 1], taken);
+    }
+    std::vector<std::uint32_t> lim(pairs);
+    kvsift::pair_page_limits(elastic, std::vector<std::uint64_t>{0, 1}, mandatory, lim);
+    std::copy(lim.begin(), lim.end(), limits);
+    CHECK(run(L, q, indptr, ids, ids.size(), step % 2 == 0, o, lse) == 0);
+    bad += mismatches(L, q, indptr, ids, o, lse);
+    table_bad += table_errors(L);
+    const auto so = L.slot_of.download();
+    std::size_t resident = 0;
+    for (int p = 0; p < pairs; ++p) {
+      kvsift::replacement_step r;
+      const std::size_t before = twin[p].resident();
+      twin[p].set_limit(lim[p]);
+      twin[p].step(sel[p], r);
+      if (before > lim[p]) shrink_evictions += r.evicted_keys.size();
+      resident += twin[p].resident();
+      for (int lp = 0; lp < pages; ++lp) {
+        const auto s = so[static_cast<std::size_t>(p) * pages + lp];
+        table_bad += s != twin[p].slot_of(static_cast<kvsift::id_t>(lp));
+      }
+    }
+    CHECK(resident <= budget);
+    max_resident = std::max(max_resident, resident);
+  }
+  // Every limit falls to 1 while each head selects one token: each pair evicts far more pages
+  // than it selects (their list has its own capacity-sized range in the workspace), and the
+  // table still follows the LRU.
+  std::vector<std::int64_t> one{0};
+  std::vector<std::int32_t> first;
+  for (int h = 0; h < qo_heads; ++h) {
+    first.push_back(3);
+    one.push_back(h + 1);
+  }
+  std::fill(limits, limits + pairs, 1u);
+  CHECK(run(L, q, one, first, first.size(), false, o, lse) == 0);
+  CHECK(mismatches(L, q, one, first, o, lse) == 0);
+  CHECK(table_errors(L) == 0);
+  const auto so_one = L.slot_of.download();
+  CHECK(std::count_if(so_one.begin(), so_one.end(), [](auto x) { return x != ~0u; }) == pairs);
+  cudaFreeHost(limits);
+  CHECK(bad == 0);
+  CHECK(table_bad == 0);
+  CHECK(shrink_evictions > 0);
+  CHECK(max_resident > budget / 2);
+}
+
 TEST_CASE("offloaded_attention_with_every_token_is_full_attention", "[cuda][offloaded]") {
   offloaded_layer L(pages);  // the device tier holds every page
   std::vector<float> q(static_cast<std::size_t>(qo_heads) * d), o, lse;
@@ -294,6 +385,18 @@ TEST_CASE("offloaded_attention_reports_bad_device_data_and_leaves_the_pair_uncha
     one.push_back(h + 1);
   }
   CHECK((run(M, q, one, t1, t1.size(), false, o, lse) & kc::offloaded_bad_copy) != 0);
+  // A pair's limit above its capacity: that pair is skipped and flagged, the others proceed.
+  offloaded_layer E(4);
+  device_buffer<std::uint32_t> d_limits(std::vector<std::uint32_t>{4, 5, 2, 0});
+  E.ref.lru.limits = d_limits.get();
+  CHECK(run(E, q, one, t1, t1.size(), false, o, lse) ==
+        (kc::offloaded_limit_out_of_range | kc::offloaded_over_capacity));  // pair 3: limit 0
+  const auto so_e = E.slot_of.download();
+  CHECK(so_e[1 * pages + 0] == ~0u);  // pair 1 (limit 5 > 4 slots) unchanged
+  CHECK(so_e[3 * pages + 0] == ~0u);  // pair 3 (limit 0) refused its one page
+  CHECK(so_e[0 * pages + 0] != ~0u);
+  CHECK(so_e[2 * pages + 0] != ~0u);
+  CHECK(table_errors(E) == 0);
 }
 
 TEST_CASE("offloaded_attention_refuses_bad_arguments_before_any_launch", "[cuda][offloaded]") {

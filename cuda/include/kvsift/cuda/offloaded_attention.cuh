@@ -40,7 +40,9 @@ namespace kvsift::cuda {
  * non-resident table entry points at, so a page that failed to come in (see the status bits)
  * is read from memory that exists. `page_table` ([pairs][pages] int32, device) is what
  * sparse_attention reads; `offloaded_reset` initialises it with the LRU state, and
- * `offloaded_attention` keeps it equal to the LRU's slot_of.
+ * `offloaded_attention` keeps it equal to the LRU's slot_of. `lru.limits` (optional) caps
+ * each pair below its capacity: buffer elasticity's per-pair shares (`pair_page_limits`) are
+ * honoured by the step that reads them, a lowered limit evicting the excess first.
  * Trivially copyable. Pool page bytes must equal page_size * head_dim * sizeof(T).
  */
 struct offloaded_kv_ref {
@@ -55,10 +57,11 @@ struct offloaded_kv_ref {
 
 /// Status bits of `offloaded_attention` (ORed into the caller's word).
 enum offloaded_status : int {
-  offloaded_page_out_of_range = 1,  ///< a retrieved id beyond the pair's pages (pair skipped)
-  offloaded_over_capacity = 2,      ///< a pair's distinct pages > capacity (pair skipped)
-  offloaded_too_many_ids = 4,       ///< more retrieved ids than max_ids (the rest not paged)
-  offloaded_bad_copy = 8            ///< a host page id beyond the host tier (copy skipped)
+  offloaded_page_out_of_range = 1,   ///< a retrieved id beyond the pair's pages (pair skipped)
+  offloaded_over_capacity = 2,       ///< a pair's distinct pages > its limit (pair skipped)
+  offloaded_too_many_ids = 4,        ///< more retrieved ids than max_ids (the rest not paged)
+  offloaded_bad_copy = 8,            ///< a host page id beyond the host tier (copy skipped)
+  offloaded_limit_out_of_range = 16  ///< a pair's lru.limits entry > capacity (pair skipped)
 };
 
 /// Per-call parameters of `offloaded_attention`.

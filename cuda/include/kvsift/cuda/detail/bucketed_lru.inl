@@ -46,12 +46,18 @@ __global__ void __launch_bounds__(Threads)
   const std::uint64_t off = io.offsets[pair];
   const auto n = static_cast<std::uint32_t>(io.offsets[pair + 1] - off);
   const std::uint32_t* sel = io.selected + off;
+  const std::uint64_t ev_off = io.eviction_stride != 0 ? pair * io.eviction_stride : off;
   std::uint32_t* keys = st.keys + std::uint64_t{pair} * st.capacity;
   std::uint8_t* ages = st.ages + std::uint64_t{pair} * st.capacity;
   std::uint32_t* slot_of = st.slot_of + std::uint64_t{pair} * st.pages;
   const std::uint32_t tid = threadIdx.x;
 
-  // 1. Validate ids before touching any state.
+  // 1. Validate the limit and the ids before touching any state.
+  const std::uint32_t limit = st.limits != nullptr ? st.limits[pair] : st.capacity;
+  if (limit > st.capacity) {  // uniform across the block: every thread returns
+    if (tid == 0) io.status[pair] = lru_limit_out_of_range;
+    return;
+  }
   bool bad = false;
   for (std::uint32_t i = tid; i < n; i += lru_threads) bad |= sel[i] >= st.pages;
   if (__syncthreads_or(bad)) {
@@ -90,7 +96,7 @@ __global__ void __launch_bounds__(Threads)
     const std::uint32_t s = base + tid;
     hits += __syncthreads_count(s < st.capacity && hit[s] != 0);
   }
-  if (hits + misses > st.capacity) {  // undo the claims: the state is unchanged
+  if (hits + misses > limit) {  // undo the claims: the state is unchanged
     for (std::uint32_t i = tid; i < n; i += lru_threads) {
       if (slot_of[sel[i]] == (lru_pending | i)) slot_of[sel[i]] = lru_empty;
     }
@@ -117,9 +123,12 @@ __global__ void __launch_bounds__(Threads)
     }
     free_slots += __syncthreads_count(empty);
   }
-  // 5. Smallest recency threshold (largest age) whose cumulative count covers the demand.
+  // 5. Smallest recency threshold (largest age) whose cumulative count covers the demand:
+  // the misses beyond the free pages under the limit plus what a lowered limit left over it.
+  // need <= the evictable pages, since hits + misses <= limit.
   if (tid == 0) {
-    need = misses > free_slots ? misses - free_slots : 0;
+    const std::uint32_t after = st.capacity - free_slots + misses;
+    need = after > limit ? after - limit : 0;
     std::uint32_t t = buckets;  // no page is older than buckets - 1: nothing evicted
     std::uint32_t older = 0;
     if (need > 0) {
@@ -155,8 +164,8 @@ __global__ void __launch_bounds__(Threads)
     scan_u64(scan_tmp.u64).ExclusiveSum(pack3(0, 0, is_free), fbefore, ftotal);
     if (evict) {
       const std::uint32_t e = field(before, 0) + (t_rank < at_threshold ? t_rank : at_threshold);
-      io.evicted_keys[off + e] = key;
-      io.evicted_slots[off + e] = s;
+      io.evicted_keys[ev_off + e] = key;
+      io.evicted_slots[ev_off + e] = s;
       slot_of[key] = lru_empty;
       keys[s] = lru_empty;
     }
@@ -195,6 +204,13 @@ inline void bucketed_lru_step(const bucketed_lru_ref& state, const lru_step_io& 
                           bucketed_lru_ref::max_capacity, "], got ", state.capacity);
   kvsift::detail::require(state.pages > 0 && state.pages < detail::lru_pending,
                           "bucketed_lru_step: pages must be in [1, 2^31), got ", state.pages);
+  kvsift::detail::require(io.eviction_stride == 0 || io.eviction_stride >= state.capacity,
+                          "bucketed_lru_step: expected eviction_stride 0 or >= the capacity of ",
+                          state.capacity, ", got ", io.eviction_stride);
+  kvsift::detail::require(state.limits == nullptr || io.eviction_stride != 0,
+                          "bucketed_lru_step: per-pair limits can evict more pages than a pair "
+                          "selects: give eviction_stride >= the capacity of ",
+                          state.capacity, ", got 0");
   if (state.pairs == 0) return;
   kvsift::detail::require(state.keys && state.ages && state.slot_of && io.selected && io.offsets &&
                               io.evicted_keys && io.evicted_slots && io.admitted_keys &&

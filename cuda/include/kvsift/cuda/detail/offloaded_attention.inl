@@ -71,8 +71,9 @@ __global__ void offload_admit_kernel(bucketed_lru_ref lru, std::int32_t* table,
   const int code = lru_status[pair];
   if (code != lru_ok) {
     if (threadIdx.x == 0 && status != nullptr) {
-      atomicOr(status, code == lru_page_out_of_range ? offloaded_page_out_of_range
-                                                     : offloaded_over_capacity);
+      atomicOr(status, code == lru_page_out_of_range    ? offloaded_page_out_of_range
+                       : code == lru_limit_out_of_range ? offloaded_limit_out_of_range
+                                                        : offloaded_over_capacity);
     }
     return;
   }
@@ -80,8 +81,9 @@ __global__ void offload_admit_kernel(bucketed_lru_ref lru, std::int32_t* table,
   const std::uint32_t evicted = counts[3 * pair + 1], admitted = counts[3 * pair + 2];
   const std::uint64_t row = std::uint64_t{pair} * lru.pages;
   const auto guard = static_cast<std::int32_t>(std::uint64_t{lru.pairs} * lru.capacity);
+  const std::uint64_t ev_off = std::uint64_t{pair} * lru.capacity;  // eviction_stride
   for (std::uint32_t j = threadIdx.x; j < evicted; j += blockDim.x) {
-    table[row + ev_keys[off + j]] = guard;
+    table[row + ev_keys[ev_off + j]] = guard;
   }
   if (threadIdx.x == 0) {
     base = atomicAdd(reinterpret_cast<unsigned long long*>(copy_count),
@@ -139,8 +141,10 @@ inline offload_layout offload_plan(const offloaded_kv_ref& kv, int heads, std::s
   };
   l.selected = take(n * 4);
   l.offsets = take((std::size_t{pairs} + 1) * 8);
-  l.ev_keys = take(n * 4);
-  l.ev_slots = take(n * 4);
+  // Evictions per pair: up to its capacity (a lowered limit evicts beyond its selection).
+  const std::size_t slots = std::size_t{pairs} * kv.lru.capacity;
+  l.ev_keys = take(slots * 4);
+  l.ev_slots = take(slots * 4);
   l.ad_keys = take(n * 4);
   l.ad_slots = take(n * 4);
   l.counts = take(std::size_t{pairs} * 3 * 4);
@@ -256,7 +260,7 @@ void offloaded_attention(const offloaded_kv_ref& kv, const float* q, int num_qo_
   // 2. The LRU decides residency.
   bucketed_lru_step(kv.lru,
                     {selected, offsets, ev_keys, static_cast<std::uint32_t*>(at(l.ev_slots)),
-                     ad_keys, ad_slots, counts, lru_status},
+                     ad_keys, ad_slots, counts, lru_status, kv.lru.capacity},
                     p.buckets, stream);
   // 3. The table follows, and the admitted pages' copies are listed.
   detail::offload_admit_kernel<<<static_cast<unsigned>(pairs), 256, 0, stream>>>(
