@@ -612,7 +612,7 @@ class OffloadedKV:
         _ext.offloaded_reset(_dl_state(self._state), _stream(self.keys, stream))
 
     def attend(self, q, indptr, ids, *, max_ids=None, scale=None, lse_base="e", stream=None,
-               status=None):
+               status=None, limits=None):
         """One decode step: query head h (pair ``h // (qo_heads // pairs)``) attends to the
         tokens ``ids[indptr[h] : indptr[h + 1]]`` of its pair; their pages come in first.
 
@@ -626,6 +626,12 @@ class OffloadedKV:
         failing pair keeps its state and reads the guard page); with it the attention also
         checks every id and skips bad ones (bit 1); without it, ids must be valid. Work
         O(ids * dim) plus the admitted pages' bytes over PCIe; asynchronous.
+
+        ``limits``: int32 [pairs] on the device, or None (every pair may fill its
+        ``capacity``): the pages each pair may hold this step, e.g. buffer elasticity's shares
+        (``kvsift.BufferElasticity.pair_limits``). A limit below what a pair holds evicts the
+        excess (oldest first) before its misses come in; a limit above ``capacity`` sets
+        status bit 16 and skips the pair, more distinct pages than the limit bit 2.
         """
         base2 = _check_base(lse_base)
         st = _stream(q, stream)
@@ -641,7 +647,7 @@ class OffloadedKV:
             _ext.offloaded_attention(_dl_state(self._state), *_dl(q, indptr, ids), n_ids,
                                      *_dl(o, lse, ws),
                                      float("nan") if scale is None else float(scale),
-                                     self.buckets, st, *_dl(status))
+                                     self.buckets, st, *_dl(status), *_dl(limits))
             if base2:
                 lse *= 1.0 / _LN2
         return o, lse

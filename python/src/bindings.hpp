@@ -15,5 +15,7 @@ void bind_indexes(pybind11::module_& m);
 void bind_attention(pybind11::module_& m);
 /// Plan, Planner and sample_gqa_queries.
 void bind_planner(pybind11::module_& m);
+/// BufferElasticity (the GPU page budget across requests and its per-pair limits).
+void bind_memory(pybind11::module_& m);
 
 }  // namespace kvsift_python

@@ -67,4 +67,5 @@ PYBIND11_MODULE(KVSIFT_PYTHON_MODULE, m) {
   kvsift_python::bind_indexes(m);
   kvsift_python::bind_attention(m);
   kvsift_python::bind_planner(m);
+  kvsift_python::bind_memory(m);
 }

@@ -708,6 +708,55 @@ def test_offloaded_attention_pages_tokens_in_and_equals_attention_over_them(dtyp
     assert torch.equal(off.page_table, want_table.int())
 
 
+def test_offloaded_attention_honours_buffer_elasticity_limits():
+    """Two requests x 2 KV heads share 40 device pages through ks.BufferElasticity (each pair
+    has 16 slots): request 0's demand grows, its limits rise and request 1's fall, and every
+    pair holds at most its limit after each step (the excess evicted), the outputs stay exact,
+    and a limit above the capacity is refused with bit 16."""
+    pairs, group, dim, page, cap = 4, 2, 64, 16, 16
+    k, v, off = offloaded_layer(torch.float32, pairs=pairs, dim=dim, page=page, capacity=cap)
+    el = kvsift.BufferElasticity(40)
+    assert el.admit(0, 3000, 0, 8) and el.admit(1, 1000, 0, 8)
+    rng = np.random.default_rng(8)
+    q = torch.randn(pairs * group, dim, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    shrunk = 0
+    for step in range(10):
+        want = [5 if (p < 2 and 3 <= step < 7) else 3 for p in range(pairs)]  # distinct pages
+        chosen = [rng.choice(32, want[p], replace=False) for p in range(pairs)]
+        ids, indptr = [], [0]
+        for h in range(pairs * group):
+            toks = chosen[h // group] * page + rng.integers(0, page, want[h // group])
+            ids.extend(int(t) for t in toks)
+            indptr.append(len(ids))
+        mandatory = [len(set(c.tolist())) for c in chosen]
+        for r in range(2):
+            el.set_mandatory(r, 3000 if r == 0 else 1000, mandatory[2 * r] + mandatory[2 * r + 1])
+        limits = el.pair_limits([0, 1], mandatory)
+        assert int(limits.sum()) <= 40
+        held_before = (off.slot_of >= 0).sum(1).cpu().numpy()
+        o, _ = off.attend(q, torch.tensor(indptr, device="cuda"),
+                          torch.tensor(ids, dtype=torch.int32, device="cuda"), scale=0.125,
+                          status=status, limits=torch.from_numpy(limits).cuda())
+        held = (off.slot_of >= 0).sum(1).cpu().numpy()
+        assert (held <= limits).all(), (held, limits)
+        shrunk += int((held_before > limits).sum())
+        for h in range(pairs * group):
+            t = torch.tensor(ids[indptr[h]:indptr[h + 1]], device="cuda")
+            kk, vv = k[h // group, t].double(), v[h // group, t].double()
+            want_o = torch.softmax(0.125 * (kk @ q[h].double()), 0) @ vv
+            assert torch.allclose(o[h].double(), want_o, atol=1e-5)
+    assert status.item() == 0 and shrunk > 0
+    over = torch.tensor([cap + 1, 1, 1, 1], dtype=torch.int32, device="cuda")
+    before = off.slot_of.clone()
+    off.attend(q, torch.tensor(indptr, device="cuda"),
+               torch.tensor(ids, dtype=torch.int32, device="cuda"), status=status, limits=over)
+    assert status.item() & 16 and torch.equal(off.slot_of[0], before[0])
+    with pytest.raises(ValueError, match=r"limits: expected shape \(4,\)"):
+        off.attend(q, torch.tensor(indptr, device="cuda"),
+                   torch.tensor(ids, dtype=torch.int32, device="cuda"), limits=over[:3])
+
+
 def test_offloaded_attention_reports_and_refuses_bad_input():
     k, v, off = offloaded_layer(torch.float16)
     q = torch.randn(8, 64, device="cuda")

@@ -901,9 +901,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       "offloaded_attention",
       [](const py::tuple& state, py::handle q, py::handle indptr, py::handle ids,
          std::int64_t max_ids, py::handle o, py::handle lse, py::handle workspace, float scale,
-         int buckets, std::intptr_t stream, py::object status) {
+         int buckets, std::intptr_t stream, py::object status, py::object limits) {
         const intake in{stream};
-        const offloaded_state st = offloaded_intake(in, state);
+        offloaded_state st = offloaded_intake(in, state);
         const tensor tq = in(q, "q"), ti = in(indptr, "indptr"), tid = in(ids, "ids");
         const tensor to = in(o, "o"), tl = in(lse, "lse"), tw = in(workspace, "workspace");
         require_kind(tq, 'f', 4, "q", "float32");
@@ -922,6 +922,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         require_kind(tl, 'f', 4, "lse", "float32");
         require_shape(tl, {heads}, "lse");
         int* stp = status_ptr(status, in);
+        if (!limits.is_none()) {
+          const tensor tlim = in(limits, "limits");
+          require_kind(tlim, 'i', 4, "limits", "int32");
+          require_shape(tlim, {static_cast<std::int64_t>(st.l.pairs)}, "limits");
+          st.l.limits = ptr<std::uint32_t>(tlim);
+        }
         py::gil_scoped_release release;
         ops::offloaded_attention(
             st.kv, st.l, ptr<float>(tq), as_int(heads, "qo_heads"), ptr<std::int64_t>(ti),
@@ -930,6 +936,6 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       },
       py::arg("state"), py::arg("q"), py::arg("indptr"), py::arg("ids"), py::arg("max_ids"),
       py::arg("o"), py::arg("lse"), py::arg("workspace"), py::arg("scale"), py::arg("buckets"),
-      py::arg("stream"), py::arg("status") = py::none(),
+      py::arg("stream"), py::arg("status") = py::none(), py::arg("limits") = py::none(),
       "Low level: kvsift::cuda::offloaded_attention. Use kvsift.cuda.OffloadedKV.attend.");
 }

@@ -420,7 +420,7 @@ namespace {
 /// The library's handle of `l` for K/V elements of `bytes` bytes.
 kc::offloaded_kv_ref offloaded_ref(const offloaded_layer& l, std::size_t bytes) {
   kc::offloaded_kv_ref r;
-  r.lru = {l.keys, l.ages, l.slot_of, l.pairs, l.capacity, l.pages};
+  r.lru = {l.keys, l.ages, l.slot_of, l.pairs, l.capacity, l.pages, l.limits};
   r.page_table = l.page_table;
   r.host_page = l.host_page;
   const std::uint64_t page_bytes = std::uint64_t(l.page_size) * std::uint64_t(l.dim) * bytes;

@@ -213,6 +213,7 @@ struct offloaded_layer {
   std::uint64_t device_pages = 0;
   int page_size = 0;
   int dim = 0;
+  const std::uint32_t* limits = nullptr;  ///< [pairs] device, or null (every pair: capacity)
 };
 
 /// kvsift::cuda::offloaded_reset.
