@@ -5,7 +5,7 @@
 // Build and run from the repository root:
 // clang-format off
 //   nvcc -arch=sm_90 -std=c++20 -O3 -I include -I cuda/include bench/cuda/offloaded_attention_bench.cu -o offloaded_attention_bench
-//   ./offloaded_attention_bench [--requests 16] [--tokens 32768] [--slots 1024] [--k 100] [--reuse 0.8]
+//   ./offloaded_attention_bench [--requests 16] [--tokens 32768] [--slots 1024] [--k 100] [--reuse 0.8] [--budget PAGES]
 // clang-format on
 //
 // B requests x 8 KV heads (pairs), 32 query heads per request (GQA 4), head dim 128, f16, pages
@@ -19,7 +19,15 @@
 //               (what the step costs without offloading; the GPU would need the whole cache)
 //   full        sparse_attention over every token of every pair (full attention, resident)
 //   bulk copy   one cudaMemcpyAsync of the median step's admitted bytes (the copy limit)
-// and the paging overhead (offloaded - resident) against the bulk copy of the same bytes.
+// and the paging overhead (offloaded - resident) against the bulk copy of the same bytes, and
+// the same offloaded steps with per-pair limits given (all equal to the slots: the cost of
+// reading them).
+//
+// --budget PAGES: buffer elasticity against a uniform split of PAGES device pages over the
+// pairs, same trace, same run. Request r's demand bursts (2k ids per head for 8 steps from step
+// 3r, k / 2 otherwise), so a fixed share either wastes pages or refuses a bursting pair; the
+// elastic arm gives each request its pairs' distinct pages plus a share of the buffer
+// (`buffer_elasticity`, `pair_page_limits`) and the LRU honours the per-pair limits.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -33,6 +41,7 @@
 
 #include <kvsift/cuda/offloaded_attention.cuh>
 #include <kvsift/memory/bucketed_lru.hpp>
+#include <kvsift/memory/buffer_elasticity.hpp>
 
 #include "bench_util.cuh"
 
@@ -73,7 +82,7 @@ float median(std::vector<float> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t requests = 16, tokens = 32768, slots = 1024, k = 100, steps = 40;
+  std::size_t requests = 16, tokens = 32768, slots = 1024, k = 100, steps = 40, budget = 0;
   double reuse = 0.8;
   kvsift::cuda_bench::parse_options(
       argc, argv,
@@ -81,6 +90,7 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--tokens", tokens),
        kvsift::cuda_bench::size_option("--slots", slots), kvsift::cuda_bench::size_option("--k", k),
        kvsift::cuda_bench::size_option("--steps", steps),
+       kvsift::cuda_bench::size_option("--budget", budget),
        kvsift::cuda_bench::double_option("--reuse", reuse)});
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
@@ -134,40 +144,54 @@ int main(int argc, char** argv) {
   kv.head_dim = d;
   kc::offloaded_reset(kv, s);
 
-  // The retrieval trace: per step and head, k ids, `reuse` of them from the previous step.
+  // The retrieval trace: per step and head, k ids (with --budget, request r's k changes over
+  // time, below), `reuse` of them from the previous step where it had them.
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(tokens) - 1);
   std::uniform_real_distribution<double> coin(0.0, 1.0);
-  std::vector<std::vector<std::int32_t>> trace(steps, std::vector<std::int32_t>(heads * k));
+  auto k_of = [&](std::size_t st, std::size_t head) {
+    if (budget == 0) return k;
+    // Staggered bursts: request r retrieves 2k for 8 steps starting at step 3r (mod steps),
+    // k / 2 otherwise (DIPR-like budgets that follow the query, not a fixed k).
+    const std::size_t r = head / (kv_heads * group);
+    return (st + steps - (3 * r) % steps) % steps < 8 ? 2 * k : k / 2;
+  };
+  std::vector<std::vector<std::int32_t>> trace(steps);
+  std::vector<std::vector<std::int64_t>> indptr(steps, std::vector<std::int64_t>(heads + 1, 0));
   for (std::size_t st = 0; st < steps; ++st) {
-    for (std::size_t i = 0; i < heads * k; ++i) {
-      trace[st][i] = st > 0 && coin(rng) < reuse ? trace[st - 1][i] : tok(rng);
+    for (std::size_t h = 0; h < heads; ++h) {
+      const std::size_t n = k_of(st, h);
+      for (std::size_t j = 0; j < n; ++j) {
+        const std::size_t prev_n =
+            st > 0 ? std::size_t(indptr[st - 1][h + 1] - indptr[st - 1][h]) : 0;
+        const bool again = j < prev_n && coin(rng) < reuse;
+        trace[st].push_back(again ? trace[st - 1][std::size_t(indptr[st - 1][h]) + j] : tok(rng));
+      }
+      indptr[st][h + 1] = static_cast<std::int64_t>(trace[st].size());
     }
   }
-  std::vector<std::int64_t> indptr(heads + 1);
-  for (std::size_t h = 0; h <= heads; ++h) indptr[h] = static_cast<std::int64_t>(h * k);
-  auto* d_indptr = device_alloc<std::int64_t>(heads + 1);
-  KVSIFT_CUDA_CHECK(cudaMemcpy(d_indptr, indptr.data(), (heads + 1) * 8, cudaMemcpyHostToDevice));
-  auto* d_ids = device_alloc<std::int32_t>(steps * heads * k);
+  std::size_t max_ids = 0;
+  for (const auto& t : trace) max_ids = std::max(max_ids, t.size());
+  auto* d_indptr = device_alloc<std::int64_t>(steps * (heads + 1));
+  auto* d_ids = device_alloc<std::int32_t>(steps * max_ids);
   for (std::size_t st = 0; st < steps; ++st) {
-    KVSIFT_CUDA_CHECK(cudaMemcpy(d_ids + st * heads * k, trace[st].data(), heads * k * 4,
+    KVSIFT_CUDA_CHECK(cudaMemcpy(d_indptr + st * (heads + 1), indptr[st].data(), (heads + 1) * 8,
+                                 cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(d_ids + st * max_ids, trace[st].data(), trace[st].size() * 4,
                                  cudaMemcpyHostToDevice));
   }
-  // Pages admitted per step, from the CPU twin of the policy (the GPU's equals it).
-  std::vector<kvsift::bucketed_lru<buckets>> twin(pairs,
-                                                  kvsift::bucketed_lru<buckets>(slots, pages));
-  std::vector<std::size_t> admitted(steps, 0), hits(steps, 0), distinct(steps, 0);
+  // Each pair's selection (pages, in order) and its distinct pages, per step.
+  std::vector<std::vector<std::vector<kvsift::id_t>>> sel(
+      steps, std::vector<std::vector<kvsift::id_t>>(pairs));
+  std::vector<std::vector<std::size_t>> distinct_of(steps, std::vector<std::size_t>(pairs));
   for (std::size_t st = 0; st < steps; ++st) {
     for (std::size_t p = 0; p < pairs; ++p) {
-      std::vector<kvsift::id_t> sel;
-      for (std::size_t i = p * group * k; i < (p + 1) * group * k; ++i) {
-        sel.push_back(static_cast<kvsift::id_t>(trace[st][i] / page));
+      for (auto i = indptr[st][p * group]; i < indptr[st][(p + 1) * group]; ++i) {
+        sel[st][p].push_back(static_cast<kvsift::id_t>(trace[st][std::size_t(i)] / page));
       }
-      kvsift::replacement_step r;
-      twin[p].step(sel, r);
-      admitted[st] += r.admitted_keys.size();
-      hits[st] += r.hits;
-      distinct[st] += r.hits + r.admitted_keys.size();
+      std::vector<kvsift::id_t> u = sel[st][p];
+      std::sort(u.begin(), u.end());
+      distinct_of[st][p] = std::size_t(std::unique(u.begin(), u.end()) - u.begin());
     }
   }
 
@@ -177,20 +201,132 @@ int main(int argc, char** argv) {
   KVSIFT_CUDA_CHECK(cudaMemcpy(q, hq.data(), heads * d * 4, cudaMemcpyHostToDevice));
   auto* o = device_alloc<float>(heads * d);
   auto* lse = device_alloc<float>(heads);
-  const std::size_t ws_bytes = kc::offloaded_attention_workspace_size(kv, int(heads), heads * k);
+  const std::size_t ws_bytes = kc::offloaded_attention_workspace_size(kv, int(heads), max_ids);
   auto* ws = device_alloc<unsigned char>(ws_bytes);
   auto* status = device_alloc<int>(1);
-  KVSIFT_CUDA_CHECK(cudaMemset(status, 0, 4));
+  std::uint32_t* limits = nullptr;  // pinned: the kernel reads this step's limits directly
+  KVSIFT_CUDA_CHECK(cudaMallocHost(&limits, pairs * sizeof(std::uint32_t)));
 
-  std::vector<float> offloaded(steps);
-  for (std::size_t st = 0; st < steps; ++st) {
-    offloaded[st] = event_ms(s, [&] {
-      kc::offloaded_attention<__half>(kv, q, int(heads), d_indptr, d_ids + st * heads * k,
-                                      heads * k, o, lse, ws, ws_bytes, s, {}, status);
+  // One arm: the whole trace from an empty device tier, with per-pair limits from
+  // `limits_of(step)` (empty: none). Times from CUDA events; pages moved, hits and refused
+  // pairs from the CPU twin of the policy with the same limits (the GPU's steps equal it,
+  // tests/cuda/memory_lru_test.cu).
+  struct arm_result {
+    std::vector<float> ms;
+    std::vector<std::size_t> admitted, hits, distinct;
+    std::size_t refused = 0, max_held = 0;
+    int status = 0;
+  };
+  auto run_arm = [&](const std::function<std::vector<std::uint32_t>(std::size_t)>& limits_of) {
+    arm_result a;
+    kc::offloaded_reset(kv, s);
+    KVSIFT_CUDA_CHECK(cudaMemset(status, 0, 4));
+    std::vector<kvsift::bucketed_lru<buckets>> twin(pairs,
+                                                    kvsift::bucketed_lru<buckets>(slots, pages));
+    for (std::size_t st = 0; st < steps; ++st) {
+      const std::vector<std::uint32_t> lim = limits_of(st);
+      kv.lru.limits = lim.empty() ? nullptr : limits;
+      std::copy(lim.begin(), lim.end(), limits);
+      a.ms.push_back(event_ms(s, [&] {
+        kc::offloaded_attention<__half>(kv, q, int(heads), d_indptr + st * (heads + 1),
+                                        d_ids + st * max_ids, trace[st].size(), o, lse, ws,
+                                        ws_bytes, s, {}, status);
+      }));
+      std::size_t adm = 0, hit = 0, dist = 0, held = 0;
+      for (std::size_t p = 0; p < pairs; ++p) {
+        kvsift::replacement_step r;
+        try {
+          if (!lim.empty()) twin[p].set_limit(lim[p]);
+          twin[p].step(sel[st][p], r);
+        } catch (const kvsift::invalid_argument&) {
+          ++a.refused;  // the GPU skips the pair too (status bit 2): its heads read the guard
+        }
+        adm += r.admitted_keys.size();
+        hit += r.hits;
+        dist += distinct_of[st][p];
+        held += twin[p].resident();
+      }
+      a.admitted.push_back(adm);
+      a.hits.push_back(hit);
+      a.distinct.push_back(dist);
+      a.max_held = std::max(a.max_held, held);
+    }
+    KVSIFT_CUDA_CHECK(cudaMemcpy(&a.status, status, 4, cudaMemcpyDeviceToHost));
+    kv.lru.limits = nullptr;
+    return a;
+  };
+  auto median_after_first = [](const auto& v) {
+    std::vector<double> w(v.begin() + 1, v.end());
+    std::nth_element(w.begin(), w.begin() + w.size() / 2, w.end());
+    return w[w.size() / 2];
+  };
+  auto hit_rate = [](const arm_result& a) {
+    double h = 0;
+    for (std::size_t st = 1; st < a.hits.size(); ++st)
+      h += double(a.hits[st]) / double(a.distinct[st]);
+    return h / double(a.hits.size() - 1);
+  };
+
+  if (budget > 0) {
+    // Elasticity against a uniform split of the same device pages, same trace, same run.
+    std::size_t peak = 0;
+    for (std::size_t st = 0; st < steps; ++st) {
+      peak = std::max(
+          peak, std::accumulate(distinct_of[st].begin(), distinct_of[st].end(), std::size_t{0}));
+    }
+    std::printf(
+        "# budget %zu device pages for all pairs (%.1f MB K+V); peak demand of a step "
+        "%zu distinct pages; slots per pair %zu\n",
+        budget, 2.0 * budget * page_bytes / 1e6, peak, slots);
+    const auto uniform_limit = static_cast<std::uint32_t>(std::min(budget / pairs, slots));
+    const arm_result uni =
+        run_arm([&](std::size_t) { return std::vector<std::uint32_t>(pairs, uniform_limit); });
+    if (peak > budget) {
+      std::printf("the budget is below the peak demand: every arm would refuse pairs\n");
+      return 2;
+    }
+    kvsift::buffer_elasticity elastic(budget);
+    std::vector<std::uint64_t> ids(requests);
+    std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+    for (std::uint64_t r = 0; r < requests; ++r) elastic.admit(r, tokens, 0, budget / requests);
+    const arm_result ela = run_arm([&](std::size_t st) {
+      // Each step: a request's mandatory pages are its pairs' distinct pages (what a CPU
+      // search's ids name), the free pages go back out as buffers, and the limits follow.
+      std::vector<kvsift::reclaimed_pages> moved;
+      for (std::uint64_t r = 0; r < requests; ++r) {
+        std::size_t m = 0;
+        for (std::size_t h = 0; h < kv_heads; ++h) m += distinct_of[st][r * kv_heads + h];
+        elastic.set_mandatory(r, tokens, m, moved);
+      }
+      elastic.distribute_free(moved);
+      std::vector<std::uint32_t> lim(pairs);
+      kvsift::pair_page_limits(elastic, ids, distinct_of[st], lim);
+      for (auto& l : lim) l = std::min<std::uint32_t>(l, static_cast<std::uint32_t>(slots));
+      return lim;
     });
+    std::printf(
+        "| arm | step (median of 2..%zu) | pages in / step | page hit rate | pairs "
+        "refused (over their limit) | most pages held | status |\n|---|---|---|---|---|"
+        "---|---|\n",
+        steps);
+    for (const auto* a : {&uni, &ela}) {
+      std::printf("| %s | %.3f ms | %.0f | %.3f | %zu of %zu | %zu | %d |\n",
+                  a == &uni ? "uniform split" : "buffer elasticity", median_after_first(a->ms),
+                  median_after_first(a->admitted), hit_rate(*a), a->refused, pairs * steps,
+                  a->max_held, a->status);
+    }
+    return 0;
   }
-  int h_status = 0;
-  KVSIFT_CUDA_CHECK(cudaMemcpy(&h_status, status, 4, cudaMemcpyDeviceToHost));
+
+  // Without a budget: every pair may fill its slots; the same arm with explicit limits equal
+  // to the capacity measures what reading the limits costs.
+  const arm_result free_arm = run_arm([](std::size_t) { return std::vector<std::uint32_t>{}; });
+  const arm_result capped = run_arm([&](std::size_t) {
+    return std::vector<std::uint32_t>(pairs, static_cast<std::uint32_t>(slots));
+  });
+  const std::vector<float>& offloaded = free_arm.ms;
+  const std::vector<std::size_t>& admitted = free_arm.admitted;
+  const int h_status = free_arm.status | capped.status;
 
   // Baselines: the same ids over resident K/V, full attention, and the copy limit.
   const kc::paged_kv_ref<__half> resident{
@@ -200,8 +336,8 @@ int main(int argc, char** argv) {
   std::vector<float> resident_ms(steps);
   for (std::size_t st = 0; st < steps; ++st) {
     resident_ms[st] = event_ms(s, [&] {
-      kc::sparse_attention<__half>(q, int(heads), d, resident, d_indptr, d_ids + st * heads * k, o,
-                                   lse, aws, att_ws, s);
+      kc::sparse_attention<__half>(q, int(heads), d, resident, d_indptr + st * (heads + 1),
+                                   d_ids + st * max_ids, o, lse, aws, att_ws, s);
     });
   }
   std::vector<std::int64_t> all_indptr(heads + 1);
@@ -221,28 +357,25 @@ int main(int argc, char** argv) {
       },
       s, 2, 10);
 
-  std::vector<float> warm(offloaded.begin() + 1, offloaded.end());
   std::vector<float> warm_resident(resident_ms.begin() + 1, resident_ms.end());
-  std::vector<std::size_t> adm(admitted.begin() + 1, admitted.end());
-  std::nth_element(adm.begin(), adm.begin() + adm.size() / 2, adm.end());
-  const std::size_t median_pages = adm[adm.size() / 2];
+  const auto median_pages = static_cast<std::size_t>(median_after_first(admitted));
   const std::size_t moved = median_pages * page_bytes * 2;  // K and V
   const float bulk_ms = median_ms(
       [&](cudaStream_t st) {
         KVSIFT_CUDA_CHECK(cudaMemcpyAsync(all_k, hk, moved, cudaMemcpyHostToDevice, st));
       },
       s, 2, 20);
-  double hit_rate = 0;
-  for (std::size_t st = 1; st < steps; ++st) hit_rate += double(hits[st]) / double(distinct[st]);
-  hit_rate /= double(steps - 1);
-  const float off_ms = median(warm), res_ms = median(warm_resident);
+  const auto off_ms = static_cast<float>(median_after_first(offloaded));
+  const float res_ms = median(warm_resident);
   std::printf("status word %d (0 = every page in, every id valid)\n", h_status);
   std::printf("| measure | value |\n|---|---|\n");
   std::printf("| first step (cold: every selected page comes in) | %.3f ms, %zu pages |\n",
               offloaded[0], admitted[0]);
   std::printf("| offloaded step, median of steps 2..%zu | %.3f ms |\n", steps, off_ms);
+  std::printf("| same, per-pair limits given (all = slots) | %.3f ms (%.3fx) |\n",
+              median_after_first(capped.ms), median_after_first(capped.ms) / off_ms);
   std::printf("| pages admitted per step (median) / page hit rate | %zu (%.1f MB K+V) / %.3f |\n",
-              median_pages, moved / 1e6, hit_rate);
+              median_pages, moved / 1e6, hit_rate(free_arm));
   std::printf("| resident: same ids, every token on the device | %.3f ms |\n", res_ms);
   std::printf("| full attention over every token, resident | %.3f ms |\n", full_ms);
   std::printf("| bulk pinned->device copy of the median step's bytes | %.3f ms (%.1f GB/s) |\n",
