@@ -59,6 +59,15 @@ void check_invariants(const P& p, const std::vector<id_t>& selected, const repla
   }
 }
 
+/// Two policies did the same step, entry for entry.
+void require_same_step(const replacement_step& a, const replacement_step& b) {
+  REQUIRE(a.hits == b.hits);
+  REQUIRE(a.evicted_keys == b.evicted_keys);
+  REQUIRE(a.evicted_slots == b.evicted_slots);
+  REQUIRE(a.admitted_keys == b.admitted_keys);
+  REQUIRE(a.admitted_slots == b.admitted_slots);
+}
+
 template <class P>
 std::size_t run_hits(P& p, const std::vector<std::vector<id_t>>& trace) {
   replacement_step st;
@@ -111,9 +120,7 @@ TEST_CASE("bucketed_lru equals exact_lru while no age saturates", "[memory]") {
   for (const auto& s : trace) {
     bucketed.step(s, a);
     exact.step(s, b);
-    REQUIRE(a.hits == b.hits);
-    REQUIRE(a.evicted_keys == b.evicted_keys);
-    REQUIRE(a.admitted_slots == b.admitted_slots);
+    require_same_step(a, b);
   }
 }
 
@@ -228,11 +235,7 @@ TEST_CASE("a constant page limit equals a smaller capacity, entry for entry", "[
     for (const auto& s : trace) {
       limited.step(s, a);
       small.step(s, b);
-      REQUIRE(a.hits == b.hits);
-      REQUIRE(a.evicted_keys == b.evicted_keys);
-      REQUIRE(a.evicted_slots == b.evicted_slots);
-      REQUIRE(a.admitted_keys == b.admitted_keys);
-      REQUIRE(a.admitted_slots == b.admitted_slots);
+      require_same_step(a, b);
       REQUIRE(limited.resident() <= 40);
       evictions += a.evicted_keys.size();
     }
