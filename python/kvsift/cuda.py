@@ -605,6 +605,10 @@ class OffloadedKV:
         self.v_device = torch.empty(shape, dtype=k_host.dtype, device=dev)
         self._state = (self.keys, self.ages, self.slot_of, self.page_table, host_page, k_host,
                        v_host, self.k_device, self.v_device)
+        # Workspace bytes per (query heads, max_ids rounded up to a power of two): the state's
+        # shapes never change and the size grows with max_ids, so the size query (a DLPack
+        # export and check of all nine state tensors) runs once per size class, not per call.
+        self._ws_bytes = {}
         self.reset()
 
     def reset(self, *, stream=None):
@@ -640,9 +644,13 @@ class OffloadedKV:
         with _on_stream(q, st, stream is not None):
             o = _empty(q, (heads, dim), "float32")
             lse = _empty(q, (heads,), "float32")
-            # Each call consumes its DLPack capsules: one export of the state per call.
-            ws_bytes = _ext.offloaded_attention_workspace_size(_dl_state(self._state), heads,
-                                                               n_ids)
+            size_class = 1 << max(n_ids - 1, 0).bit_length()  # >= n_ids
+            ws_bytes = self._ws_bytes.get((heads, size_class))
+            if ws_bytes is None:
+                # Each call consumes its DLPack capsules: a fresh export for the size query.
+                ws_bytes = _ext.offloaded_attention_workspace_size(_dl_state(self._state), heads,
+                                                                   size_class)
+                self._ws_bytes[(heads, size_class)] = ws_bytes
             ws = _empty(q, (max(ws_bytes, 1),), "uint8")
             _ext.offloaded_attention(_dl_state(self._state), *_dl(q, indptr, ids), n_ids,
                                      *_dl(o, lse, ws),
