@@ -111,3 +111,21 @@ TEST_CASE("partition_map rejects bad input", "[memory]") {
   REQUIRE_THROWS_AS(map.cpu_page(8), kvsift::out_of_range);
   REQUIRE_THROWS_AS(map.set_cpu_pages(std::vector<std::uint64_t>(7)), kvsift::dimension_mismatch);
 }
+
+TEST_CASE("partition_map set_page_limit: a lowered limit evicts at the next retrieve", "[memory]") {
+  using map_t = kvsift::partition_map<kvsift::exact_lru>;
+  map_t map(partition_spec::uniform(10, 16, 16), kvsift::exact_lru(8, 10));
+  kvsift::retrieve_result r;
+  for (id_t p = 0; p < 6; ++p) map.retrieve(std::vector<id_t>{p}, r);
+  REQUIRE(map.policy().resident() == 6);
+  map.set_page_limit(3);
+  REQUIRE(map.policy().limit() == 3);
+  map.retrieve(std::vector<id_t>{5}, r);  // a hit; the three least recent others leave
+  REQUIRE(r.step.evicted_keys == std::vector<id_t>{0, 1, 2});
+  REQUIRE(map.policy().resident() == 3);
+  REQUIRE_FALSE(map.resident(0));  // the meta-partition table followed the evictions
+  REQUIRE(map.resident(3));
+  REQUIRE_THAT(message_of<kvsift::invalid_argument>([&] { map.set_page_limit(9); }),
+               Catch::Contains("expected a page limit <= the capacity of 8 slots, got 9"));
+  REQUIRE(map.policy().limit() == 3);
+}
