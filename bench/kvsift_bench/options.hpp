@@ -52,6 +52,8 @@ index (the flat scan always runs as the baseline):
   --insert-fraction F  also build on the first (1-F) of the keys (and the training queries of
                  those positions), insert the rest one by one, and report insert time per key
                  and the top-k rows of that index as roargraph+insert, next to the full build
+  --insert-query-lists T  inserted keys update only their T nearest training queries' kNN
+                 lists (0 = every list they beat: exact; graph_insert_params::query_knn_lists)
   --save-index F / --load-index F   store / reuse the built graph
   --save-train-knn F  write the training-query->key exact kNN the build uses (.ibin: uint32 m,
                  uint32 nq, m*nq ids; the RoarGraph reference's --learn_base_nn_path)
@@ -102,6 +104,7 @@ struct options {
   std::string keys, queries, train, json, save_index, load_index;
   std::string save_train_knn, load_train_knn, save_gt, save_data, hdf5, gt;
   double train_fraction = 0, insert_fraction = 0;
+  std::size_t insert_query_lists = 0;  // graph_insert_params::query_knn_lists
   std::size_t degree_cap = 0;    // graph searches expand at most this many neighbours (0 = all)
   std::size_t entry_window = 0;  // extra search entries: the first and last W keys (0 = none)
   std::size_t n = 32768, dim = 128, eval = 0;
@@ -219,6 +222,8 @@ inline options parse(int argc, char** argv) {
       o.build.L = parse_size(a, v);
     else if (a == "--insert-fraction")
       o.insert_fraction = parse_real(a, v);
+    else if (a == "--insert-query-lists")
+      o.insert_query_lists = parse_size(a, v);
     else if (a == "--threads")
       o.build.threads = parse_size(a, v);
     else if (a == "--query")
@@ -387,6 +392,10 @@ inline options parse(int argc, char** argv) {
         "--insert-fraction: expected a value in (0, 1) with --index roargraph and no "
         "--load-index / --load-train-knn, got " +
         std::to_string(o.insert_fraction));
+  }
+  if (o.insert_query_lists != 0 && o.insert_fraction == 0) {
+    usage_error("--insert-query-lists: expected it with --insert-fraction, got " +
+                std::to_string(o.insert_query_lists) + " without");
   }
   if (o.train_fraction < 0 || o.train_fraction >= 1) {
     usage_error("--train-fraction: expected a value in [0, 1), got " +

@@ -167,12 +167,17 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       const bool positional = !o.demo && o.train.empty();
       std::fprintf(stderr, "building on the first %.0f%% of the keys, inserting the rest...\n",
                    100 * (1 - o.insert_fraction));
-      const auto ins = kvsift_bench::build_then_insert<M>(w.keys.cview(), w.train.cview(),
-                                                          o.insert_fraction, positional, o.build);
+      const auto ins = kvsift_bench::build_then_insert<M>(
+          w.keys.cview(), w.train.cview(), o.insert_fraction, positional, o.build,
+          {.query_knn_lists = o.insert_query_lists});
       info << "insert: built on " << ins.base_keys << " keys / " << ins.base_train
            << " training queries in " << ins.build_seconds << " s, inserted " << ins.inserted
            << " keys one by one: mean " << ins.mean_us << " us/key, p50 " << ins.p50_us << ", p99 "
-           << ins.p99_us << " (one thread); degree mean " << ins.graph.degrees().mean << "\n";
+           << ins.p99_us << " (one thread); degree mean " << ins.graph.degrees().mean
+           << "; query lists updated per insert: "
+           << (o.insert_query_lists == 0 ? std::string("all it beats")
+                                         : std::to_string(o.insert_query_lists))
+           << "\n";
       // Build of the prefix plus every insert; the insertable graph keeps the training queries
       // and their kNN lists for its insert rule, counted with the graph.
       const auto mem = ins.graph.memory();

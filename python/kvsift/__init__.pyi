@@ -208,6 +208,7 @@ class InsertableGraphIndex:
         threads: int = 0,
         insert_L: int = 48,
         query_neighbors: int = 4,
+        query_knn_lists: int = 0,
     ) -> None: ...
     @property
     def size(self) -> int: ...

@@ -309,7 +309,7 @@ void bind_indexes(py::module_& m) {
                             "several threads; an insert waits for them and excludes them.")
       .def(py::init([](const py::handle& keys, const py::handle& train, std::size_t nq,
                        std::size_t M, std::size_t L, std::size_t threads, std::size_t insert_L,
-                       std::size_t query_neighbors) {
+                       std::size_t query_neighbors, std::size_t query_knn_lists) {
              kvsift::roargraph_params p;
              p.nq = bounded_count(nq, "InsertableGraphIndex: nq");
              p.M = bounded_count(M, "InsertableGraphIndex: M");
@@ -318,11 +318,12 @@ void bind_indexes(py::module_& m) {
              kvsift::graph_insert_params ip;
              ip.L = insert_L;
              ip.query_neighbors = query_neighbors;
+             ip.query_knn_lists = query_knn_lists;
              return make_insertable(keys, train, p, ip);
            }),
            py::arg("keys"), py::arg("train_queries"), py::kw_only(), py::arg("nq") = 100,
            py::arg("M") = 35, py::arg("L") = 500, py::arg("threads") = 0, py::arg("insert_L") = 48,
-           py::arg("query_neighbors") = 4)
+           py::arg("query_neighbors") = 4, py::arg("query_knn_lists") = 0)
       .def_property_readonly("size", &py_insertable::size)
       .def("insert", &insertable_insert, py::arg("keys"),
            "Inserts float32 keys (count, d) in order; returns the id of the first. All keys are "

@@ -76,3 +76,20 @@ def test_search_heads_takes_insertable_indexes(data):
     r = ks.search_heads([a, b], q, 10, L=40, threads=2)
     np.testing.assert_array_equal(r.ids[:2], a.search(q[:2], 10, L=40).ids)
     np.testing.assert_array_equal(r.ids[2:], b.search(q[2:], 10, L=40).ids)
+
+
+def test_query_knn_lists_limits_the_upkeep(data):
+    # query_knn_lists = T offers each inserted key only to its T nearest training queries'
+    # kNN lists (an approximation with fewer reverse edges: a different graph); T >= the
+    # training queries is the exact upkeep, the same graph as the default.
+    keys, queries = data
+    def grown(**kw):
+        g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1, **kw)
+        g.insert(keys[1000:1300])
+        r = g.search(np.ascontiguousarray(queries[300:340]), 10, L=40)
+        # The walk (keys scored), not only its answers: these agree on such easy data.
+        return np.concatenate([r.ids.ravel(), r.distance_computations])
+
+    exact = grown()
+    np.testing.assert_array_equal(grown(query_knn_lists=100), exact)
+    assert not np.array_equal(grown(query_knn_lists=2), exact)

@@ -329,6 +329,75 @@ TEST_CASE("insert: training kNN lists stay the exact top-nq over all keys, ties 
   REQUIRE(inserted_entries >= m * nq / 10);  // the inserts did reach the lists
 }
 
+TEST_CASE("insert: query_knn_lists offers a new key only to its T nearest queries' lists",
+          "[index][insert]") {
+  // The integer data of the test above (every score exact). Model: start from the exact lists
+  // over the base keys; each inserted key x enters the list of each of its T nearest queries
+  // (score, then lower query index) whose worst entry it beats (ties: the older key stays).
+  constexpr std::size_t n = 1000, base = 700, m = 121, d = 18, nq = 20, lists = 7;
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<int> u(-4, 4);
+  std::vector<float> keys(n * d), queries(m * d);
+  for (float& v : keys) v = static_cast<float>(u(gen));
+  for (float& v : queries) v = static_cast<float>(u(gen));
+  const kvsift::matrix_view<const float> kv(keys.data(), n, d), qv(queries.data(), m, d);
+  const auto dot = [&](std::size_t q, std::size_t j) {
+    int s = 0;
+    for (std::size_t c = 0; c < d; ++c) {
+      s += static_cast<int>(queries[q * d + c]) * static_cast<int>(keys[j * d + c]);
+    }
+    return s;
+  };
+  kvsift::roargraph_params p;
+  p.nq = nq;
+  p.M = 4;
+  p.L = 32;
+  p.threads = 1;
+  auto g = kvsift::build_insertable(kvsift::roargraph_builder<>(p), kv.row_range(0, base), qv,
+                                    {.query_knn_lists = lists});
+  for (std::size_t i = base; i < n; ++i) g.insert(kv.row_range(i, 1));
+  // (-score, id): ascending = best first, ties by lower id.
+  std::vector<std::vector<std::pair<int, id_t>>> model(m);
+  for (std::size_t q = 0; q < m; ++q) {
+    for (std::size_t j = 0; j < base; ++j) model[q].push_back({-dot(q, j), static_cast<id_t>(j)});
+    std::sort(model[q].begin(), model[q].end());
+    model[q].resize(nq);
+  }
+  std::size_t offered_elsewhere = 0;  // entries an exact upkeep would have made, and this not
+  for (std::size_t x = base; x < n; ++x) {
+    std::vector<std::pair<int, std::size_t>> near(m);
+    for (std::size_t q = 0; q < m; ++q) near[q] = {-dot(q, x), q};
+    std::sort(near.begin(), near.end());
+    for (std::size_t r = 0; r < m; ++r) {
+      const std::size_t q = near[r].second;
+      const std::pair<int, id_t> e{-dot(q, x), static_cast<id_t>(x)};
+      if (!(e < model[q].back())) continue;
+      if (r >= lists) {
+        ++offered_elsewhere;
+        continue;
+      }
+      model[q].back() = e;
+      std::sort(model[q].begin(), model[q].end());
+    }
+  }
+  const kvsift::knn_result knn = g.query_knn();
+  std::size_t mismatches = 0;
+  for (std::size_t q = 0; q < m; ++q) {
+    for (std::size_t j = 0; j < nq; ++j) mismatches += knn.ids[q * nq + j] != model[q][j].second;
+  }
+  CHECK(mismatches == 0);
+  REQUIRE(offered_elsewhere > 30);  // the limit really left lists stale (51 here)
+  // T >= m is the exact upkeep: the same graph as the default.
+  auto exact = kvsift::build_insertable(kvsift::roargraph_builder<>(p), kv.row_range(0, base), qv);
+  auto all = kvsift::build_insertable(kvsift::roargraph_builder<>(p), kv.row_range(0, base), qv,
+                                      {.query_knn_lists = m});
+  exact.insert(kv.row_range(base, n - base));
+  all.insert(kv.row_range(base, n - base));
+  // Named snapshots: adjacency() is a span into its snapshot, so no temporaries.
+  const auto a = exact.snapshot(), b = all.snapshot();
+  CHECK(std::ranges::equal(a.adjacency(), b.adjacency()));
+}
+
 TEST_CASE("insert: a full row ends as the build's re-pruning with the new key leaves it",
           "[index][insert]") {
   // The build's rule, replayed outside the index (detail::rng_prune) for every full row among

@@ -70,6 +70,10 @@ struct graph_insert_params {
   std::size_t query_neighbors = 4;
   /// Keep each training query's kNN list the exact top-nq over all keys (step 5 above).
   bool update_query_knn = true;
+  /// 0: every list x beats takes x (exact lists). T > 0: only the lists of x's T nearest
+  /// training queries are offered x (approximate: the other lists go stale, and only those
+  /// lists' pivots get reverse edges).
+  std::size_t query_knn_lists = 0;
   /// Fill pruned lists up to their degree with pruned candidates, as the build does
   /// (`roargraph_params::connectivity_fill`).
   bool fill = true;
@@ -205,7 +209,7 @@ class insertable_graph {
   // Scratch of the insert (exclusive, so members): no allocation per key once warmed up.
   search_workspace ws_;
   std::vector<float> xf_, yf_, scratch_, qkeys_;
-  std::vector<id_t> ids_, kept_, merged_, targets_;
+  std::vector<id_t> ids_, kept_, merged_, targets_, near_;
   std::vector<float> scores_;
   std::vector<scored_id> cands_, top_;
   bool linked_ = false;  // a re-pruning of link_back's current insert kept x

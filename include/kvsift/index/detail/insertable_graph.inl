@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -293,7 +294,20 @@ void insertable_graph<T, M>::insert_one(const T* key) {
   targets_.assign(kept_.begin(), kept_.end());
   id_t last_pivot = invalid_id;
   if (params_.update_query_knn) {
-    for (std::size_t i = 0; i < m_; ++i) {
+    const std::size_t lists = params_.query_knn_lists;
+    const bool all = lists == 0 || lists >= m_;
+    if (!all) {  // x's `lists` nearest queries, in index order (the walk below is the same)
+      near_.resize(m_);
+      std::iota(near_.begin(), near_.end(), id_t{0});
+      std::nth_element(
+          near_.begin(), near_.begin() + static_cast<std::ptrdiff_t>(lists - 1), near_.end(),
+          [&](id_t a, id_t b) { return qkeys_[a] != qkeys_[b] ? qkeys_[a] > qkeys_[b] : a < b; });
+      near_.resize(lists);
+      std::sort(near_.begin(), near_.end());
+    }
+    const std::size_t walk = all ? m_ : near_.size();
+    for (std::size_t w = 0; w < walk; ++w) {
+      const std::size_t i = all ? w : near_[w];
       // x's key is finite and its id the highest, so it beats the worst entry exactly when
       // its key is higher (an empty slot's key is -inf). The worst keys sit in their own
       // array: most queries reject x, and a scan of it touches m floats, not m lists.
