@@ -221,6 +221,14 @@ inline std::size_t bounded_count(std::size_t v, const char* what) {
   return v;
 }
 
+/// A Python integer that must not be negative, as a size: "<who>: expected <what> >= 0, got v"
+/// (pybind11's unsigned casters would reject a negative value with a TypeError that names
+/// neither the argument nor the value). O(1).
+inline std::size_t non_negative(std::int64_t v, const char* who, const char* what) {
+  require(v >= 0, who, ": expected ", what, " >= 0, got ", v);
+  return static_cast<std::size_t>(v);
+}
+
 inline py::array_t<float> to_numpy(const std::vector<float>& v) {
   py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
   std::copy(v.begin(), v.end(), out.mutable_data());

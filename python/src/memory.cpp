@@ -17,17 +17,11 @@
 namespace kvsift_python {
 namespace {
 
-/// A Python integer that must not be negative (pybind11's unsigned casters reject negative
-/// values with an unhelpful TypeError; this names the argument and the value).
 std::size_t count_of(std::int64_t v, const char* what) {
-  require(v >= 0, "BufferElasticity: expected ", what, " >= 0, got ", v);
-  return static_cast<std::size_t>(v);
+  return non_negative(v, "BufferElasticity", what);
 }
 
-std::uint64_t request_of(std::int64_t v) {
-  require(v >= 0, "BufferElasticity: expected a request id >= 0, got ", v);
-  return static_cast<std::uint64_t>(v);
-}
+std::uint64_t request_of(std::int64_t v) { return count_of(v, "a request id"); }
 
 py::list taken_list(const std::vector<kvsift::reclaimed_pages>& taken) {
   py::list out;

@@ -22,10 +22,7 @@ namespace {
 kvsift::planner_params planner_params_of(std::int64_t short_context, std::int64_t head_dim,
                                          std::int64_t block_size, std::int64_t k_blocks,
                                          std::int64_t dipr_l0, double dipr_beta) {
-  auto count = [](std::int64_t v, const char* what) {
-    require(v >= 0, "Planner: expected ", what, " >= 0, got ", v);
-    return static_cast<std::size_t>(v);
-  };
+  auto count = [](std::int64_t v, const char* what) { return non_negative(v, "Planner", what); };
   kvsift::planner_params p;
   p.short_context = count(short_context, "short_context");
   p.head_dim = count(head_dim, "head_dim");
