@@ -54,6 +54,9 @@ index (the flat scan always runs as the baseline):
                  and the top-k rows of that index as roargraph+insert, next to the full build
   --insert-query-lists T  inserted keys update only their T nearest training queries' kNN
                  lists (0 = every list they beat: exact; graph_insert_params::query_knn_lists)
+  --insert-query-candidates C  inserted keys are scored against at most C training queries,
+                 found through the key -> query lists of their nearest keys (default 512;
+                 0 = all, the exact lists; graph_insert_params::query_candidates)
   --save-index F / --load-index F   store / reuse the built graph
   --save-train-knn F  write the training-query->key exact kNN the build uses (.ibin: uint32 m,
                  uint32 nq, m*nq ids; the RoarGraph reference's --learn_base_nn_path)
@@ -105,6 +108,8 @@ struct options {
   std::string save_train_knn, load_train_knn, save_gt, save_data, hdf5, gt;
   double train_fraction = 0, insert_fraction = 0;
   std::size_t insert_query_lists = 0;  // graph_insert_params::query_knn_lists
+  // graph_insert_params::query_candidates; unset: the library's default
+  std::optional<std::size_t> insert_query_candidates;
   std::size_t degree_cap = 0;    // graph searches expand at most this many neighbours (0 = all)
   std::size_t entry_window = 0;  // extra search entries: the first and last W keys (0 = none)
   std::size_t n = 32768, dim = 128, eval = 0;
@@ -224,6 +229,8 @@ inline options parse(int argc, char** argv) {
       o.insert_fraction = parse_real(a, v);
     else if (a == "--insert-query-lists")
       o.insert_query_lists = parse_size(a, v);
+    else if (a == "--insert-query-candidates")
+      o.insert_query_candidates = parse_size(a, v);
     else if (a == "--threads")
       o.build.threads = parse_size(a, v);
     else if (a == "--query")
@@ -396,6 +403,10 @@ inline options parse(int argc, char** argv) {
   if (o.insert_query_lists != 0 && o.insert_fraction == 0) {
     usage_error("--insert-query-lists: expected it with --insert-fraction, got " +
                 std::to_string(o.insert_query_lists) + " without");
+  }
+  if (o.insert_query_candidates && o.insert_fraction == 0) {
+    usage_error("--insert-query-candidates: expected it with --insert-fraction, got " +
+                std::to_string(*o.insert_query_candidates) + " without");
   }
   if (o.train_fraction < 0 || o.train_fraction >= 1) {
     usage_error("--train-fraction: expected a value in [0, 1), got " +

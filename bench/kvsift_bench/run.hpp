@@ -167,9 +167,10 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       const bool positional = !o.demo && o.train.empty();
       std::fprintf(stderr, "building on the first %.0f%% of the keys, inserting the rest...\n",
                    100 * (1 - o.insert_fraction));
+      kvsift::graph_insert_params ip{.query_knn_lists = o.insert_query_lists};
+      ip.query_candidates = o.insert_query_candidates.value_or(ip.query_candidates);
       const auto ins = kvsift_bench::build_then_insert<M>(
-          w.keys.cview(), w.train.cview(), o.insert_fraction, positional, o.build,
-          {.query_knn_lists = o.insert_query_lists});
+          w.keys.cview(), w.train.cview(), o.insert_fraction, positional, o.build, ip);
       info << "insert: built on " << ins.base_keys << " keys / " << ins.base_train
            << " training queries in " << ins.build_seconds << " s, inserted " << ins.inserted
            << " keys one by one: mean " << ins.mean_us << " us/key, p50 " << ins.p50_us << ", p99 "
@@ -177,13 +178,17 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
            << "; query lists updated per insert: "
            << (o.insert_query_lists == 0 ? std::string("all it beats")
                                          : std::to_string(o.insert_query_lists))
+           << "; training queries scored per insert: "
+           << (ip.query_candidates == 0
+                   ? std::string("all")
+                   : "<= " + std::to_string(ip.query_candidates) + " (key -> query lists)")
            << "\n";
       // Build of the prefix plus every insert; the insertable graph keeps the training queries
       // and their kNN lists for its insert rule, counted with the graph.
       const auto mem = ins.graph.memory();
       builds["roargraph+insert"] = {
           ins.build_seconds + ins.mean_us * static_cast<double>(ins.inserted) * 1e-6,
-          mem.graph + mem.queries + mem.query_knn};
+          mem.graph + mem.queries + mem.query_knn + mem.query_index};
       for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
         for (std::size_t L : o.L) {
           if (L < k) continue;

@@ -209,6 +209,7 @@ class InsertableGraphIndex:
         insert_L: int = 48,
         query_neighbors: int = 4,
         query_knn_lists: int = 0,
+        query_candidates: int = 512,
     ) -> None: ...
     @property
     def size(self) -> int: ...

@@ -84,7 +84,8 @@ def test_query_knn_lists_limits_the_upkeep(data):
     # training queries is the exact upkeep, the same graph as the default.
     keys, queries = data
     def grown(**kw):
-        g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1, **kw)
+        g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1,
+                                    query_candidates=0, **kw)
         g.insert(keys[1000:1300])
         r = g.search(np.ascontiguousarray(queries[300:340]), 10, L=40)
         # The walk (keys scored), not only its answers: these agree on such easy data.
@@ -93,3 +94,24 @@ def test_query_knn_lists_limits_the_upkeep(data):
     exact = grown()
     np.testing.assert_array_equal(grown(query_knn_lists=100), exact)
     assert not np.array_equal(grown(query_knn_lists=2), exact)
+
+
+def test_query_candidates_bounds_the_queries_scored(data):
+    # query_candidates = C scores an inserted key against at most C training queries, found
+    # through the kNN lists of the keys its graph search finds; 0 scans them all. A cap above
+    # the training queries still gathers only the queries on those lists, so it differs from
+    # the scan too; each setting is deterministic.
+    keys, queries = data
+    def grown(**kw):
+        g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1, **kw)
+        g.insert(keys[1000:1300])
+        r = g.search(np.ascontiguousarray(queries[300:340]), 10, L=40)
+        return np.concatenate([r.ids.ravel(), r.distance_computations])
+
+    scan = grown(query_candidates=0)
+    capped = grown(query_candidates=8)
+    assert not np.array_equal(capped, scan)
+    np.testing.assert_array_equal(grown(query_candidates=8), capped)
+    np.testing.assert_array_equal(grown(), grown(query_candidates=512))
+    with pytest.raises(TypeError):
+        ks.InsertableGraphIndex(keys[:1000], queries[:100], query_candidates=-1)

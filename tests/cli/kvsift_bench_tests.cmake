@@ -22,13 +22,24 @@ add_test(NAME kvsift_bench_insert_fraction
          COMMAND kvsift-bench --demo --n 3000 --dim 32 --eval 40 --k 10 --L 40 --query topk
                  --insert-fraction 0.2 --threads 2)
 set_tests_properties(kvsift_bench_insert_fraction PROPERTIES PASS_REGULAR_EXPRESSION
-                     "inserted 600 keys one by one: mean [0-9.e+]+ us/key.*roargraph\\+insert +top-10 +L=40 +(1\\.0000|0\\.[6-9])")
+                     "inserted 600 keys one by one: mean [0-9.e+]+ us/key.*scored per insert: <= 512 .*roargraph\\+insert +top-10 +L=40 +(1\\.0000|0\\.[6-9])")
 # --insert-query-lists: the approximate kNN-list upkeep of the inserts, reported on the line.
 add_test(NAME kvsift_bench_insert_query_lists
          COMMAND kvsift-bench --demo --n 3000 --dim 32 --eval 40 --k 10 --L 40 --query topk
                  --insert-fraction 0.2 --insert-query-lists 16 --threads 2)
 set_tests_properties(kvsift_bench_insert_query_lists PROPERTIES PASS_REGULAR_EXPRESSION
                      "query lists updated per insert: 16.*roargraph\\+insert +top-10 +L=40")
+# --insert-query-candidates: the query-side index's cap (0 = scan every query), on the line.
+add_test(NAME kvsift_bench_insert_query_candidates
+         COMMAND kvsift-bench --demo --n 3000 --dim 32 --eval 40 --k 10 --L 40 --query topk
+                 --insert-fraction 0.2 --insert-query-candidates 0 --threads 2)
+set_tests_properties(kvsift_bench_insert_query_candidates PROPERTIES PASS_REGULAR_EXPRESSION
+                     "training queries scored per insert: all.*roargraph\\+insert +top-10 +L=40")
+add_test(NAME kvsift_bench_rejects_query_candidates_without_insert
+         COMMAND kvsift-bench --demo --n 3000 --insert-query-candidates 0)
+set_tests_properties(kvsift_bench_rejects_query_candidates_without_insert PROPERTIES
+                     PASS_REGULAR_EXPRESSION
+                     "--insert-query-candidates: expected it with --insert-fraction, got 0 without")
 add_test(NAME kvsift_bench_rejects_query_lists_without_insert
          COMMAND kvsift-bench --demo --n 3000 --insert-query-lists 16)
 set_tests_properties(kvsift_bench_rejects_query_lists_without_insert PROPERTIES PASS_REGULAR_EXPRESSION

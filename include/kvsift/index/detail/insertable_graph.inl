@@ -89,13 +89,13 @@ inline void push_top(std::vector<scored_id>& top, std::size_t t, scored_id v) {
   top[j] = v;
 }
 
-/// Scores of one f32 vector `x` against the rows of the row-major m x d matrix `rows`, as
+/// Scores of one f32 vector `x` against the m rows `row_at(0..m-1)` (each d floats), as
 /// `M::score(row, x, d)`, into `out`. For the library's two metrics four rows share each load
-/// of x (one pass over x per four rows instead of per row): the insert scores every training
-/// query this way, a quarter of its instructions before. The sums are formed in another order
-/// than the one-row kernels', so a score may differ from M::score's in the last bits.
-template <Metric M>
-void score_rows(const float* rows, std::size_t m, std::size_t d, const float* x, float* out) {
+/// of x (one pass over x per four rows instead of per row): the insert scores its training
+/// queries this way, a quarter of its instructions before. The sums are formed in another
+/// order than the one-row kernels', so a score may differ from M::score's in the last bits.
+template <Metric M, class RowAt>
+void score_rows_at(RowAt row_at, std::size_t m, std::size_t d, const float* x, float* out) {
   std::size_t i = 0;
   constexpr bool ip = std::same_as<M, inner_product>, euclid = std::same_as<M, l2>;
   if constexpr (ip || euclid) {
@@ -111,20 +111,18 @@ void score_rows(const float* rows, std::size_t m, std::size_t d, const float* x,
       }
     };
     for (; i + 4 <= m; i += 4) {
-      const float* r0 = rows + i * d;
-      const float *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
+      const float* r[4] = {row_at(i), row_at(i + 1), row_at(i + 2), row_at(i + 3)};
       vfloat s0{}, s1{}, s2{}, s3{};
       std::size_t c = 0;
       for (; c + w <= d; c += w) {
         const vfloat xb = load(x + c);
-        s0 = term(load(r0 + c), xb, s0);
-        s1 = term(load(r1 + c), xb, s1);
-        s2 = term(load(r2 + c), xb, s2);
-        s3 = term(load(r3 + c), xb, s3);
+        s0 = term(load(r[0] + c), xb, s0);
+        s1 = term(load(r[1] + c), xb, s1);
+        s2 = term(load(r[2] + c), xb, s2);
+        s3 = term(load(r[3] + c), xb, s3);
       }
       float a[4] = {simd::hsum(s0), simd::hsum(s1), simd::hsum(s2), simd::hsum(s3)};
       for (; c < d; ++c) {
-        const float* r[4] = {r0, r1, r2, r3};
         for (int j = 0; j < 4; ++j) {
           if constexpr (ip) {
             a[j] += r[j][c] * x[c];
@@ -137,7 +135,13 @@ void score_rows(const float* rows, std::size_t m, std::size_t d, const float* x,
       std::copy_n(a, 4, out + i);
     }
   }
-  for (; i < m; ++i) out[i] = M::score(rows + i * d, x, d);
+  for (; i < m; ++i) out[i] = M::score(row_at(i), x, d);
+}
+
+/// `score_rows` over a row-major m x d matrix.
+template <Metric M>
+void score_rows(const float* rows, std::size_t m, std::size_t d, const float* x, float* out) {
+  score_rows_at<M>([rows, d](std::size_t i) { return rows + i * d; }, m, d, x, out);
 }
 
 }  // namespace detail
@@ -206,6 +210,16 @@ requires std::same_as<typename Store::value_type, T> insertable_graph<T, M>::ins
     std::make_heap(list, list + k, detail::worst_first);
     worst_key_[i] = list[0].key;
   }
+  if (params.query_candidates > 0) {  // the kNN lists read backwards: key -> its lists
+    holders_.resize(n);
+    for (std::size_t i = 0; i < m; ++i) {
+      for (std::size_t j = 0; j < k; ++j) {
+        const id_t id = knn_[i * k + j].id;
+        if (id != invalid_id) holders_[id].push_back(static_cast<id_t>(i));
+      }
+    }
+    gathered_.assign(m, 0);
+  }
 }
 
 template <Element T, Metric M>
@@ -230,6 +244,7 @@ id_t insertable_graph<T, M>::insert(matrix_view<const T> keys) {
   detail::grow_to(adj_, need_adj);
   detail::grow_to(degrees_, need);
   detail::grow_to(kept_count_, need);
+  if (params_.query_candidates > 0) detail::grow_to(holders_, need);
   for (std::size_t i = 0; i < count; ++i) insert_one(keys.row(i));
   return static_cast<id_t>(n);
 }
@@ -241,20 +256,41 @@ void insertable_graph<T, M>::insert_one(const T* key) {
   xf_.resize(d);
   detail::widen(key, xf_.data(), d);
 
-  // 1. The new key against every training query: its nearest queries, and their kNN updates.
-  const std::size_t t = std::min(params_.query_neighbors, m_);
-  const bool score_queries = t > 0 || params_.update_query_knn;
-  if (score_queries) {
-    qkeys_.resize(m_);
-    detail::score_rows<M>(queries_.data(), m_, d, xf_.data(), qkeys_.data());
+  // The graph search from x (pool L, Euclidean, as the build's step 3 searches): candidates
+  // for x's edges, and with the query-side index the keys whose queries x is scored against.
+  const std::size_t L = std::min(params_.L, n);
+  found_.resize(L);
+  scores_.resize(L);
+  const detail::euclidean_view<insertable_graph> eg{*this};
+  const auto s = beam_search(eg, std::span<const float>(xf_), {L, L}, ws_, std::span<id_t>(found_),
+                             std::span<float>(scores_));
+  found_.resize(s.count);
+
+  // 1. The training queries x is scored against (`qids_`, ascending, keys in `qkeys_`): every
+  //    one, or those whose lists hold the keys the search found.
+  const std::size_t t = params_.query_neighbors;
+  qids_.clear();
+  if (t > 0 || params_.update_query_knn) {
+    if (params_.query_candidates > 0) {
+      gather_queries();
+    } else {
+      qids_.resize(m_);
+      std::iota(qids_.begin(), qids_.end(), id_t{0});
+    }
+    qkeys_.resize(qids_.size());
+    if (params_.query_candidates > 0) {
+      detail::score_rows_at<M>([&](std::size_t j) { return &queries_[std::size_t{qids_[j]} * d]; },
+                               qids_.size(), d, xf_.data(), qkeys_.data());
+    } else {
+      detail::score_rows<M>(queries_.data(), m_, d, xf_.data(), qkeys_.data());
+    }
     for (float& k : qkeys_) k = to_key<M>(k);
   }
-  // 2. Candidates: the nearest queries' kNN keys, then the keys a graph search finds.
+  // 2. Candidates: the nearest queries' kNN keys, then the keys the graph search found.
   merged_.clear();
   if (t > 0) {
     top_.clear();
-    for (std::size_t i = 0; i < m_; ++i)
-      detail::push_top(top_, t, {qkeys_[i], static_cast<id_t>(i)});
+    for (std::size_t j = 0; j < qids_.size(); ++j) detail::push_top(top_, t, {qkeys_[j], qids_[j]});
     for (const scored_id& q : top_) {
       const scored_id* list = &knn_[static_cast<std::size_t>(q.id) * nq_];
       for (std::size_t j = 0; j < nq_; ++j) {
@@ -262,13 +298,7 @@ void insertable_graph<T, M>::insert_one(const T* key) {
       }
     }
   }
-  const std::size_t L = std::min(params_.L, n);
-  ids_.resize(L);
-  scores_.resize(L);
-  const detail::euclidean_view<insertable_graph> eg{*this};
-  const auto s = beam_search(eg, std::span<const float>(xf_), {L, L}, ws_, std::span<id_t>(ids_),
-                             std::span<float>(scores_));
-  merged_.insert(merged_.end(), ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(s.count));
+  merged_.insert(merged_.end(), found_.begin(), found_.end());
   std::sort(merged_.begin(), merged_.end());
   merged_.erase(std::unique(merged_.begin(), merged_.end()), merged_.end());
   cands_.clear();
@@ -284,49 +314,10 @@ void insertable_graph<T, M>::insert_one(const T* key) {
   std::copy(kept_.begin(), kept_.end(), adj_.begin() + static_cast<std::ptrdiff_t>(n * R_));
   degrees_.push_back(static_cast<std::uint32_t>(kept_.size()));
   kept_count_.push_back(unknown_layout);
-  // 4. The kNN lists: x replaces the worst entry of every list it beats (ties: the older key,
-  //    with the lower id, stays), so each list stays its query's exact top-nq.
-  //    The pivot (best key) of every list x enters gets x as a candidate edge: the projection
-  //    (build step 2) links each query's pivot to the query's other kNN keys.
-  //    Each list is a heap with its worst entry in front (O(log nq) per replacement) and its
-  //    best entry kept beside it: the best only changes when x beats it (it is never the one
-  //    replaced, unless nq = 1, where x then beats it too).
+  if (params_.query_candidates > 0) holders_.emplace_back();  // capacity reserved by insert
   targets_.assign(kept_.begin(), kept_.end());
-  id_t last_pivot = invalid_id;
-  if (params_.update_query_knn) {
-    const std::size_t lists = params_.query_knn_lists;
-    const bool all = lists == 0 || lists >= m_;
-    if (!all) {  // x's `lists` nearest queries, in index order (the walk below is the same)
-      near_.resize(m_);
-      std::iota(near_.begin(), near_.end(), id_t{0});
-      std::nth_element(
-          near_.begin(), near_.begin() + static_cast<std::ptrdiff_t>(lists - 1), near_.end(),
-          [&](id_t a, id_t b) { return qkeys_[a] != qkeys_[b] ? qkeys_[a] > qkeys_[b] : a < b; });
-      near_.resize(lists);
-      std::sort(near_.begin(), near_.end());
-    }
-    const std::size_t walk = all ? m_ : near_.size();
-    for (std::size_t w = 0; w < walk; ++w) {
-      const std::size_t i = all ? w : near_[w];
-      // x's key is finite and its id the highest, so it beats the worst entry exactly when
-      // its key is higher (an empty slot's key is -inf). The worst keys sit in their own
-      // array: most queries reject x, and a scan of it touches m floats, not m lists.
-      if (!(qkeys_[i] > worst_key_[i])) continue;
-      scored_id* list = &knn_[i * nq_];
-      const scored_id nx{qkeys_[i], x};
-      detail::replace_worst(list, nq_, nx);
-      worst_key_[i] = list[0].key;
-      if (ranks_before(nx, best_[i])) best_[i] = nx;
-      // Most lists a key enters share a few pivots (the sink above all): the last one seen
-      // spares the search of the targets for it.
-      const id_t pivot = best_[i].id;
-      if (pivot == x || pivot == last_pivot) continue;
-      last_pivot = pivot;
-      if (std::find(targets_.begin(), targets_.end(), pivot) == targets_.end()) {
-        targets_.push_back(pivot);
-      }
-    }
-  }
+  // 4. The kNN lists (and the pivots of those x enters become targets).
+  if (params_.update_query_knn) update_lists(x);
   // 5. Reverse edges.
   link_back(x, targets_);
   // 6. The projection's reverse edge: a pivot p that kept x (p -> x) is linked back from x
@@ -341,6 +332,80 @@ void insertable_graph<T, M>::insert_one(const T* key) {
     if (std::find(nb.begin(), nb.end(), x) == nb.end()) continue;
     if (std::find(row_x, row_x + degrees_[x], p) != row_x + degrees_[x]) continue;
     row_x[degrees_[x]++] = p;
+  }
+}
+
+template <Element T, Metric M>
+void insertable_graph<T, M>::gather_queries() {
+  // Nearest found key first: the queries whose lists hold the keys nearest x are the ones
+  // that rank x high (x would sit near those keys in their answers). Each key's holders are
+  // in query order, so where the cap falls inside a key's list the lowest queries are taken:
+  // the gathered set depends on the lists' contents only.
+  if (++stamp_ == 0) {  // wrapped: every stamp is stale again
+    std::fill(gathered_.begin(), gathered_.end(), 0);
+    stamp_ = 1;
+  }
+  const std::size_t cap = params_.query_candidates;
+  for (const id_t y : found_) {
+    for (const id_t q : holders_[y]) {
+      if (gathered_[q] == stamp_) continue;
+      gathered_[q] = stamp_;
+      qids_.push_back(q);
+      if (qids_.size() == cap) break;
+    }
+    if (qids_.size() == cap) break;
+  }
+  // Ascending: the list walk (and so the order of the reverse edges) is in query order.
+  std::sort(qids_.begin(), qids_.end());
+}
+
+template <Element T, Metric M>
+void insertable_graph<T, M>::update_lists(id_t x) {
+  // x replaces the worst entry of every offered list it beats (ties: the older key, with the
+  // lower id, stays), so each list stays its query's top-nq over the keys offered to it.
+  // The pivot (best key) of every list x enters gets x as a candidate edge: the projection
+  // (build step 2) links each query's pivot to the query's other kNN keys.
+  // Each list is a heap with its worst entry in front (O(log nq) per replacement) and its
+  // best entry kept beside it: the best only changes when x beats it (it is never the one
+  // replaced, unless nq = 1, where x then beats it too).
+  const std::size_t lists = params_.query_knn_lists, scored = qids_.size();
+  offered_.resize(scored);
+  std::iota(offered_.begin(), offered_.end(), std::uint32_t{0});
+  if (lists != 0 && lists < scored) {  // x's `lists` nearest scored queries, in id order
+    std::nth_element(offered_.begin(), offered_.begin() + static_cast<std::ptrdiff_t>(lists - 1),
+                     offered_.end(), [&](std::uint32_t a, std::uint32_t b) {
+                       return qkeys_[a] != qkeys_[b] ? qkeys_[a] > qkeys_[b] : qids_[a] < qids_[b];
+                     });
+    offered_.resize(lists);
+    std::sort(offered_.begin(), offered_.end());
+  }
+  const bool index = params_.query_candidates > 0;
+  if (index) holders_.back().reserve(offered_.size());  // the walk below allocates nothing
+  id_t last_pivot = invalid_id;
+  for (const std::uint32_t j : offered_) {
+    const id_t i = qids_[j];
+    // x's key is finite and its id the highest, so it beats the worst entry exactly when its
+    // key is higher (an empty slot's key is -inf). The worst keys sit in their own array: most
+    // queries reject x, and a scan of it touches m floats, not m lists.
+    if (!(qkeys_[j] > worst_key_[i])) continue;
+    scored_id* list = &knn_[std::size_t{i} * nq_];
+    const scored_id nx{qkeys_[j], x};
+    if (index && list[0].id != invalid_id) {  // the replaced key no longer holds this list
+      std::vector<id_t>& h = holders_[list[0].id];
+      h.erase(std::lower_bound(h.begin(), h.end(), i));
+    }
+    if (index) holders_.back().push_back(i);  // ascending: the walk is in query order
+    detail::replace_worst(list, nq_, nx);
+    worst_key_[i] = list[0].key;
+    if (ranks_before(nx, best_[i])) best_[i] = nx;
+    // Most lists a key enters share a few pivots (the sink above all): the last one seen
+    // spares the search of the targets for it.
+    const id_t pivot = best_[i].id;
+    if (pivot == x || pivot == last_pivot) continue;
+    last_pivot = pivot;
+    if (std::find(targets_.begin(), targets_.end(), pivot) == targets_.end()) {
+      targets_.push_back(pivot);
+    }
   }
 }
 
@@ -468,10 +533,13 @@ degree_stats insertable_graph<T, M>::degrees() const noexcept {
 
 template <Element T, Metric M>
 insertable_graph_memory insertable_graph<T, M>::memory() const noexcept {
+  std::size_t index = gathered_.size() * sizeof(std::uint32_t);
+  for (const auto& h : holders_) index += sizeof(h) + h.size() * sizeof(id_t);
   return {keys_.size() * sizeof(T),
           adj_.size() * sizeof(id_t) + (degrees_.size() + kept_count_.size()) * 4,
           queries_.size() * sizeof(float),
-          (knn_.size() + best_.size()) * sizeof(scored_id) + worst_key_.size() * sizeof(float)};
+          (knn_.size() + best_.size()) * sizeof(scored_id) + worst_key_.size() * sizeof(float),
+          index};
 }
 
 template <Element T, Metric M>
