@@ -3,9 +3,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -247,4 +249,126 @@ TEST_CASE("merge_bad_input_throws", "[cuda][merge]") {
   merge_states<float>(nullptr, nullptr, 0, nullptr, 0, 4, 128, nullptr, nullptr, nullptr);
   CHECK(cudaGetLastError() == cudaSuccess);
   CHECK_THROWS_AS(KVSIFT_CUDA_CHECK(cudaErrorInvalidValue), kvsift::cuda_error);
+}
+
+namespace {
+
+__global__ void divide_kernel(kvsift::cuda::detail::fast_divider by, const std::uint32_t* n,
+                              std::uint32_t* q, int count) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < count) q[i] = by.div(n[i]);
+}
+
+}  // namespace
+
+// The merge kernels index a launch's vectors by multiply-high and shift (fast_divider): every
+// quotient must be the integer division's, on the device and on the host, for divisors up to
+// 2^31 - 1 and dividends up to 2^31 - 1 (small ones, multiples and their neighbours, random).
+TEST_CASE("fast_divider_equals_integer_division", "[cuda][merge]") {
+  using kvsift::cuda::detail::fast_divider;
+  std::vector<std::int64_t> divisors;
+  for (std::int64_t d = 1; d <= 300; ++d) divisors.push_back(d);
+  for (std::int64_t d : {511, 512, 513, 1000, 4095, 65536, 65537, 1000003, 1 << 30, (1 << 30) + 1,
+                         2147483646, 2147483647}) {
+    divisors.push_back(d);
+  }
+  for (int i = 0; i < 40; ++i) divisors.push_back(uniform_int(2, 2147483647));
+  int wrong = 0;
+  for (const std::int64_t d : divisors) {
+    std::vector<std::uint32_t> n;
+    for (std::uint32_t x = 0; x < 2048; ++x) n.push_back(x);
+    for (std::uint32_t x : {2147483647u, 2147483646u, 1073741824u, 1073741823u}) n.push_back(x);
+    for (int i = 0; i < 512; ++i) {
+      const std::int64_t k = uniform_int(0, static_cast<int>(2147483647 / d));
+      for (std::int64_t x : {k * d - 1, k * d, k * d + 1, k * d + d - 1}) {
+        if (x >= 0 && x < 2147483648LL) n.push_back(static_cast<std::uint32_t>(x));
+      }
+      n.push_back(static_cast<std::uint32_t>(uniform_int(0, 2147483647)));
+    }
+    const fast_divider by(d);
+    device_buffer<std::uint32_t> d_n(n), d_q(n.size());
+    const int count = static_cast<int>(n.size());
+    divide_kernel<<<(count + 255) / 256, 256>>>(by, d_n.get(), d_q.get(), count);
+    KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto q = d_q.download();
+    for (std::size_t i = 0; i < n.size(); ++i) {
+      const auto expected = static_cast<std::uint32_t>(n[i] / d);
+      if ((q[i] != expected || by.div(n[i]) != expected) && wrong++ < 5) {
+        std::printf("fast_divider(%lld): %u / d = %u (device) / %u (host), expected %u\n",
+                    static_cast<long long>(d), n[i], q[i], by.div(n[i]), expected);
+      }
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK_THROWS_AS(fast_divider(0), kvsift::invalid_argument);
+  CHECK_THROWS_AS(fast_divider(std::int64_t{1} << 31), kvsift::invalid_argument);
+}
+
+// Merges larger than 2^30 vectors are split into launches of whole positions (the kernels
+// index a launch in 32 bits). The split is forced here with a small cap per launch: the
+// results must equal one launch's bit for bit, for each kernel (indptr: merge_kernel with its
+// prefetch; pair: the flat kernel, wide and narrow; in place: merge_kernel with its barrier).
+TEST_CASE("merge_split_into_launches_equals_one_launch", "[cuda][merge]") {
+  namespace kd = kvsift::cuda::detail;
+  constexpr int pos = 1000, heads = 3, d = 40;  // f16: 5 vectors per row, 15 per position
+  constexpr std::size_t rows = static_cast<std::size_t>(pos) * heads;
+  std::vector<std::int64_t> indptr(pos + 1, 0);
+  for (int p = 0; p < pos; ++p) indptr[p + 1] = indptr[p] + uniform_int(0, 4);
+  const std::size_t states = static_cast<std::size_t>(indptr[pos]) * heads;
+  std::vector<__half> o(std::max(states, 2 * rows) * d);
+  std::vector<float> lse(std::max(states, 2 * rows));
+  for (auto& x : o) x = __float2half_rn(uniform(-1.0f, 1.0f));
+  for (auto& l : lse) l = random_lse(0);
+  device_buffer<__half> d_o(o), d_out(rows * d), d_ref(rows * d);
+  device_buffer<float> d_lse(lse), d_out_lse(rows), d_ref_lse(rows);
+  device_buffer<std::int64_t> d_indptr(indptr);
+  const kvsift::cuda::merge_policy policy{};
+  const auto same = [&](const char* what) {
+    KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto a = d_out.download(), b = d_ref.download();
+    const auto la = d_out_lse.download(), lb = d_ref_lse.download();
+    std::size_t diff = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      diff += std::memcmp(&a[i], &b[i], sizeof(__half)) != 0;
+    }
+    for (std::size_t i = 0; i < la.size(); ++i) diff += std::memcmp(&la[i], &lb[i], 4) != 0;
+    INFO(what);
+    CHECK(diff == 0);
+  };
+  const kd::indptr_source<__half, kd::device_indptr> var{
+      d_o.get(), d_lse.get(), kd::device_indptr{d_indptr.get()}, heads, d};
+  const kd::pair_source<__half> pair{d_o.get(),          d_lse.get(), d_o.get() + rows * d,
+                                     d_lse.get() + rows, heads,       d};
+  for (const std::int64_t cap : {15, 16, 15 * 7, 15 * 333, 15 * 999}) {
+    kd::launch_merge<__half, false>(var, d_ref.get(), d_ref_lse.get(), rows, heads, d, nullptr,
+                                    policy, nullptr, "test");
+    kd::launch_merge<__half, false>(var, d_out.get(), d_out_lse.get(), rows, heads, d, nullptr,
+                                    policy, nullptr, "test", cap);
+    same("indptr");
+    kd::launch_merge<__half, false>(pair, d_ref.get(), d_ref_lse.get(), rows, heads, d, nullptr,
+                                    policy, nullptr, "test");
+    kd::launch_merge<__half, false>(pair, d_out.get(), d_out_lse.get(), rows, heads, d, nullptr,
+                                    policy, nullptr, "test", cap);
+    same("pair");
+    // In place: merge copies of the first half with the second half.
+    KVSIFT_CUDA_CHECK(cudaMemcpy(d_ref.get(), d_o.get(), rows * d * 2, cudaMemcpyDeviceToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(d_out.get(), d_o.get(), rows * d * 2, cudaMemcpyDeviceToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(d_ref_lse.get(), d_lse.get(), rows * 4, cudaMemcpyDeviceToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(d_out_lse.get(), d_lse.get(), rows * 4, cudaMemcpyDeviceToDevice));
+    const kd::pair_source<__half> ref_in{d_ref.get(),        d_ref_lse.get(), d_o.get() + rows * d,
+                                         d_lse.get() + rows, heads,           d};
+    const kd::pair_source<__half> out_in{d_out.get(),        d_out_lse.get(), d_o.get() + rows * d,
+                                         d_lse.get() + rows, heads,           d};
+    kd::launch_merge<__half, true>(ref_in, d_ref.get(), d_ref_lse.get(), rows, heads, d, nullptr,
+                                   policy, nullptr, "test");
+    kd::launch_merge<__half, true>(out_in, d_out.get(), d_out_lse.get(), rows, heads, d, nullptr,
+                                   policy, nullptr, "test", cap);
+    same("in place");
+  }
+  const auto capped = [&](std::int64_t cap) {
+    kd::launch_merge<__half, false>(pair, d_out.get(), d_out_lse.get(), rows, heads, d, nullptr,
+                                    policy, nullptr, "test", cap);
+  };
+  CHECK_THROWS_AS(capped(0), kvsift::invalid_argument);
+  CHECK_THROWS_AS(capped(kd::merge_launch_vectors + 1), kvsift::invalid_argument);
 }

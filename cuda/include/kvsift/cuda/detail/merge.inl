@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/fast_divider.cuh>
 #include <kvsift/cuda/detail/vec.cuh>
 #include <kvsift/cuda/error.cuh>
 
@@ -110,20 +111,25 @@ inline constexpr int merge_max_threads = 512;
 /// (512, 2) caps registers at 64 so that 32 warps per SM keep enough loads in flight.
 template <class T, bool InPlace, bool Propagate, class Source>
 __global__ void __launch_bounds__(merge_max_threads, 2)
-    merge_kernel(Source src, T* out_o, float* out_lse, std::int64_t num_rows, int num_heads,
-                 int head_dim, int* status) {
+    merge_kernel(Source src, std::int64_t p0, T* out_o, float* out_lse, std::int64_t num_rows,
+                 fast_divider heads, int head_dim, int* status) {
   constexpr int vec = vec_size_v<T>;
   using range = typename Source::range;
   const int vecs = head_dim / vec;
   const std::int64_t tiles = (num_rows + blockDim.y - 1) / blockDim.y;
   const std::int64_t row_step = static_cast<std::int64_t>(gridDim.x) * blockDim.y;
   std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  // Rows of one launch are < 2^31 (launch_merge splits larger merges), so a row's position is
+  // one multiply-high away (fast_divider); p0 is the launch's first position.
+  const auto pos_of = [&](std::int64_t rw) {
+    return static_cast<std::int64_t>(heads.div(static_cast<std::uint32_t>(rw)));
+  };
   range r{};
-  if (row < num_rows) r = src.range_of(row / num_heads);
+  if (row < num_rows) r = src.range_of(p0 + pos_of(row));
   for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const std::int64_t next_row = row + row_step;
     range next_r{};
-    if (next_row < num_rows) next_r = src.range_of(next_row / num_heads);
+    if (next_row < num_rows) next_r = src.range_of(p0 + pos_of(next_row));
     const bool active = row < num_rows;
     float m = neg_inf();
     float s = 0.0f;
@@ -132,9 +138,9 @@ __global__ void __launch_bounds__(merge_max_threads, 2)
     // reduction; thread x = 0 always runs the loop below (vecs >= 1) and reports it.
     bool bad = false;
     if (active) {
-      const std::int64_t p = row / num_heads;
-      const int h = static_cast<int>(row - p * num_heads);
-      const auto states = src.at(p, h, r);
+      const std::int64_t p = pos_of(row);
+      const int h = static_cast<int>(row - p * heads.divisor());
+      const auto states = src.at(p0 + p, h, r);
       for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
         float acc[vec] = {};
         m = neg_inf();
@@ -212,11 +218,13 @@ inline constexpr int merge_flat_vectors = 2;
 /// operation for operation, so results are bit-identical.
 template <class T, bool Propagate, int U, class Source>
 __global__ void __launch_bounds__(merge_max_threads)
-    merge_flat_kernel(Source src, T* out_o, float* out_lse, std::int64_t num_rows, int num_heads,
-                      int head_dim, int* status) {
+    merge_flat_kernel(Source src, std::int64_t p0, T* out_o, float* out_lse, std::int64_t num_rows,
+                      fast_divider heads, fast_divider vecs, int head_dim, int* status) {
   constexpr int vec = vec_size_v<T>;
-  const int vecs = head_dim / vec;
-  const std::int64_t total = num_rows * vecs;
+  // Vectors of one launch are < 2^31 (launch_merge splits larger merges): the index maps to
+  // (row, vector) and (position, head) by 32-bit multiply-highs (fast_divider), not 64-bit
+  // divisions; p0 is the launch's first position.
+  const std::int64_t total = num_rows * vecs.divisor();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   bool live[U];
@@ -227,11 +235,12 @@ __global__ void __launch_bounds__(merge_max_threads)
   for (int u = 0; u < U; ++u) {
     const std::int64_t i = first + u * stride;
     live[u] = i < total;
-    row[u] = live[u] ? i / vecs : 0;
-    v[u] = static_cast<int>(i - row[u] * vecs);
+    const std::uint32_t r32 = live[u] ? vecs.div(static_cast<std::uint32_t>(i)) : 0u;
+    row[u] = r32;
+    v[u] = static_cast<int>(i - row[u] * vecs.divisor());
     if (live[u]) {
-      const std::int64_t p = row[u] / num_heads;
-      states[u] = src.at(p, static_cast<int>(row[u] - p * num_heads), src.range_of(p));
+      const std::uint32_t p = heads.div(r32);
+      states[u] = src.at(p0 + p, static_cast<int>(r32 - p * heads.divisor()), src.range_of(p0 + p));
     }
   }
   std::int64_t n_max = 0;
@@ -328,68 +337,83 @@ inline void require_device_ptr(const void* p, bool needed, const char* what, con
   kvsift::detail::require(!needed || is_aligned16(p), what, ": ", name, " must be 16-byte aligned");
 }
 
+/// Vectors (16 bytes each) of one merge launch, at most: the kernels index a launch's vectors
+/// and rows in 32 bits (fast_divider), so a larger merge is split into launches of whole
+/// positions (2^30 vectors = 16 GiB of output per launch).
+inline constexpr std::int64_t merge_launch_vectors = std::int64_t{1} << 30;
+
 /// Propagate: an invalid row's output is NaN (o and lse) instead of the empty state. Only for
 /// states the library made itself (sparse_attention's splits), where NaN can only come from a
 /// NaN query and must stay visible in that head's output, as it does without splits.
+/// `max_vectors` (<= merge_launch_vectors) caps one launch, for the tests of the split.
 template <class T, bool InPlace, class Source, bool Propagate = false>
 void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows, int num_heads,
                   int head_dim, cudaStream_t stream, const merge_policy& policy, int* status,
-                  const char* what) {
+                  const char* what, std::int64_t max_vectors = merge_launch_vectors) {
   kvsift::detail::require(
       policy.threads_per_block >= 32 && policy.threads_per_block <= merge_max_threads, what,
       ": merge_policy.threads_per_block must be in [32, ", merge_max_threads, "], got ",
       policy.threads_per_block);
   const int vecs = head_dim / vec_size_v<T>;
-  if constexpr (!InPlace && !Source::dependent_range) {
-    const std::int64_t total = rows * vecs;
-    if (total == 0) return;
-    int device = 0;
-    int sms = 0;
-    KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
-    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    // Below one full wave (2048 threads per SM) the merge is latency-bound: one vector per
-    // thread, for twice the threads. (With two, batch-1 sparse attention, whose split merge is
-    // 32 heads x 17 splits, took 20.1 us against 17.7 us: bench/results/h200_merge_flat.txt.)
-    const bool wide = total >= static_cast<std::int64_t>(sms) * 2048;
-    const std::int64_t per_block =
-        static_cast<std::int64_t>(policy.threads_per_block) * (wide ? merge_flat_vectors : 1);
-    const std::int64_t flat_blocks = (total + per_block - 1) / per_block;
-    kvsift::detail::require(flat_blocks <= std::numeric_limits<int>::max(), what,
-                            ": too many rows for one launch: ", rows);
-    const auto launch = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(flat_blocks), policy.threads_per_block, 0, stream>>>(
-          src, out_o, out_lse, rows, num_heads, head_dim, status);
-    };
-    wide ? launch(merge_flat_kernel<T, Propagate, merge_flat_vectors, Source>)
-         : launch(merge_flat_kernel<T, Propagate, 1, Source>);
+  const std::int64_t position_vectors = std::int64_t{num_heads} * vecs;
+  kvsift::detail::require(max_vectors >= 1 && max_vectors <= merge_launch_vectors, what,
+                          ": expected 1 <= max_vectors <= ", merge_launch_vectors, ", got ",
+                          max_vectors);
+  kvsift::detail::require(position_vectors <= merge_launch_vectors, what,
+                          ": one position's num_heads x head_dim = ", num_heads, " x ", head_dim,
+                          " exceeds ", merge_launch_vectors, " 16-byte vectors");
+  if (rows == 0) return;
+  int device = 0;
+  int sms = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const fast_divider by_heads(num_heads);
+  const fast_divider by_vecs(vecs);
+  const std::int64_t positions = rows / num_heads;
+  const std::int64_t per_launch = std::max<std::int64_t>(1, max_vectors / position_vectors);
+  for (std::int64_t p0 = 0; p0 < positions; p0 += per_launch) {
+    const std::int64_t launch_rows = std::min(per_launch, positions - p0) * num_heads;
+    T* const o = out_o + p0 * num_heads * head_dim;
+    float* const lse = out_lse + p0 * num_heads;
+    if constexpr (!InPlace && !Source::dependent_range) {
+      const std::int64_t total = launch_rows * vecs;
+      // Below one full wave (2048 threads per SM) the merge is latency-bound: one vector per
+      // thread, for twice the threads. (With two, batch-1 sparse attention, whose split merge
+      // is 32 heads x 17 splits, took 20.1 us against 17.7 us: h200_merge_flat.txt.)
+      const bool wide = total >= static_cast<std::int64_t>(sms) * 2048;
+      const std::int64_t per_block =
+          static_cast<std::int64_t>(policy.threads_per_block) * (wide ? merge_flat_vectors : 1);
+      const std::int64_t flat_blocks = (total + per_block - 1) / per_block;
+      const auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(flat_blocks), policy.threads_per_block, 0, stream>>>(
+            src, p0, o, lse, launch_rows, by_heads, by_vecs, head_dim, status);
+      };
+      wide ? launch(merge_flat_kernel<T, Propagate, merge_flat_vectors, Source>)
+           : launch(merge_flat_kernel<T, Propagate, 1, Source>);
+    } else {
+      // In place (a block row per (position, head), whose threads must all have read the
+      // row's lse before it is overwritten: merge_kernel's barrier) or states found through a
+      // device indptr (merge_kernel fetches the next row's range while the current row's loads
+      // are in flight; the flat kernel took 52% of the copy bandwidth there against 63%).
+      const int bx = std::min(vecs, 32);
+      const int by = std::max(1, policy.threads_per_block / bx);
+      const std::int64_t tiles = (launch_rows + by - 1) / by;
+      std::int64_t blocks = tiles;
+      if constexpr (Source::grid_stride) {
+        // sms * (2048 / threads) blocks (two waves at the 64 registers this kernel uses), each
+        // striding over row tiles, so that the kernel's indptr prefetch hides the dependent
+        // load. The fixed-count merges measured faster (97% vs 83% of copy bandwidth on an
+        // H100) with one tile per block: a partial second wave of long blocks leaves the tail
+        // idle.
+        const std::int64_t waves = static_cast<std::int64_t>(sms) * std::max(1, 2048 / (bx * by));
+        blocks = std::min(tiles, waves);
+      }
+      merge_kernel<T, InPlace, Propagate>
+          <<<static_cast<unsigned>(blocks), dim3(bx, by), 0, stream>>>(src, p0, o, lse, launch_rows,
+                                                                       by_heads, head_dim, status);
+    }
     KVSIFT_CUDA_CHECK(cudaGetLastError());
-    return;
   }
-  // In place (a block row per (position, head), whose threads must all have read the row's lse
-  // before it is overwritten: merge_kernel's barrier) or states found through a device indptr
-  // (merge_kernel fetches the next row's range while the current row's loads are in flight;
-  // the flat kernel took 52% of the copy bandwidth there against 63%).
-  const int bx = std::min(vecs, 32);
-  const int by = std::max(1, policy.threads_per_block / bx);
-  const std::int64_t tiles = (rows + by - 1) / by;
-  std::int64_t blocks = tiles;
-  if constexpr (Source::grid_stride) {
-    // sms * (2048 / threads) blocks (two waves at the 64 registers this kernel uses), each
-    // striding over row tiles, so that the kernel's indptr prefetch hides the dependent load. The
-    // fixed-count merges measured faster (97% vs 83% of copy bandwidth on an H100) with one tile
-    // per block: a partial second wave of long blocks leaves the tail idle.
-    int device = 0;
-    int sms = 0;
-    KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
-    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const std::int64_t waves = static_cast<std::int64_t>(sms) * std::max(1, 2048 / (bx * by));
-    blocks = std::min(tiles, waves);
-  }
-  kvsift::detail::require(blocks <= std::numeric_limits<int>::max(), what,
-                          ": too many rows for one launch: ", rows);
-  merge_kernel<T, InPlace, Propagate><<<static_cast<unsigned>(blocks), dim3(bx, by), 0, stream>>>(
-      src, out_o, out_lse, rows, num_heads, head_dim, status);
-  KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace kvsift::cuda::detail
