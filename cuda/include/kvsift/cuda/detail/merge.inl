@@ -100,8 +100,96 @@ inline constexpr int merge_chunk = 2;
 
 inline constexpr int merge_max_threads = 512;
 
-/// The in-place merge (the out-of-place one is merge_flat_kernel below; this kernel also takes
-/// out-of-place sources, which is how the flat one was measured against it).
+/// Merges vector v[u] of each of U rows (`states[u]`, skipped where !live[u]) into the running
+/// max m, sum s and accumulator acc of that row. Every state's loads of all U rows are issued
+/// before any is reduced, as raw 16-byte vectors widened only when used: widening each right
+/// after its load kept the f16 pair merge at 80% of the copy bandwidth, its loads serialised
+/// behind the conversions (f32, which needs none, reached 102%). bad[u] records an lse that is
+/// NaN or +inf (the row is then not merged: the CPU merge throws for it). Padding (a row with
+/// fewer states than the longest) enters as an empty state, so every row's result is the one a
+/// merge of that row alone computes, operation for operation.
+template <class T, int U, class States>
+__device__ __forceinline__ void merge_vectors(const States (&states)[U], const bool (&live)[U],
+                                              const int (&v)[U], float (&m)[U], float (&s)[U],
+                                              float (&acc)[U][vec_size_v<T>], bool (&bad)[U]) {
+  constexpr int vec = vec_size_v<T>;
+  std::int64_t n_max = 0;
+#pragma unroll
+  for (int u = 0; u < U; ++u) n_max = live[u] && states[u].n > n_max ? states[u].n : n_max;
+  for (std::int64_t j0 = 0; j0 < n_max; j0 += merge_chunk) {
+    float l[U][merge_chunk];
+    uint4 raw[U][merge_chunk];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int c = 0; c < merge_chunk; ++c) {
+        if (live[u] && j0 + c < states[u].n) {
+          l[u][c] = states[u].lse_at(j0 + c);
+          bad[u] |= isnan(l[u][c]) || l[u][c] == -neg_inf();
+          raw[u][c] = *reinterpret_cast<const uint4*>(states[u].o_at(j0 + c) + v[u] * vec);
+        } else {
+          l[u][c] = neg_inf();
+          raw[u][c] = make_uint4(0u, 0u, 0u, 0u);  // widens to +0: an empty state
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float m_new = m[u];
+#pragma unroll
+      for (int c = 0; c < merge_chunk; ++c) m_new = nan_max(m_new, l[u][c]);
+      if (m_new == neg_inf()) continue;        // only empty states so far
+      const float alpha = expf(m[u] - m_new);  // 0 while m is still -inf
+      s[u] *= alpha;
+#pragma unroll
+      for (int i = 0; i < vec; ++i) acc[u][i] *= alpha;
+#pragma unroll
+      for (int c = 0; c < merge_chunk; ++c) {
+        const float w = expf(l[u][c] - m_new);  // 0 for empty and padding states
+        s[u] += w;
+        float x[vec];
+        widen_vec<T>(raw[u][c], x);
+#pragma unroll
+        for (int i = 0; i < vec; ++i) acc[u][i] = fmaf(w, x[i], acc[u][i]);
+      }
+      m[u] = m_new;
+    }
+  }
+}
+
+/// The merged vector of a row (m, s, acc from merge_vectors): an invalid row (bad) becomes NaN
+/// with Propagate, else the empty state's zeros.
+template <class T, bool Propagate>
+__device__ __forceinline__ void store_merged(T* out, float m, float s,
+                                             const float (&acc)[vec_size_v<T>], bool bad) {
+  constexpr int vec = vec_size_v<T>;
+  float o[vec];
+  const float inv = m == neg_inf() || bad ? 0.0f : 1.0f / s;
+#pragma unroll
+  for (int i = 0; i < vec; ++i) o[i] = bad ? (Propagate ? nanf("") : 0.0f) : acc[i] * inv;
+  store_vec(out, o);
+}
+
+/// The merged lse of a row; an invalid row is reported in `status` (bit 0) and becomes the
+/// empty state (NaN with Propagate).
+template <bool Propagate>
+__device__ __forceinline__ void store_merged_lse(float* out, float m, float s, bool bad,
+                                                 int* status) {
+  if (bad && Propagate) {
+    *out = nanf("");
+  } else if (bad) {
+    if (status != nullptr) atomicOr(status, 1);
+    *out = neg_inf();
+  } else {
+    *out = m == neg_inf() ? m : m + logf(s);
+  }
+}
+
+/// The in-place merge, and the merge through a device indptr (the other out-of-place merges
+/// are merge_flat_kernel below; this kernel also takes them, which is how the flat one was
+/// measured against it). Two rows per thread and trip, or the flat kernel's raw loads and
+/// shared loop (merge_vectors), made the indptr merge slower: 48% / 64% of the copy bandwidth
+/// against this kernel's 69% (h200_merge_indptr_rows.txt).
 /// One block row (threadIdx.y) per (position, head); threadIdx.x walks the 16-byte vectors of
 /// the row. Blocks stride over tiles of blockDim.y rows and fetch the next row's state range
 /// (the indptr) while the current row's loads are in flight, so the variable-length merge pays
@@ -209,15 +297,15 @@ inline constexpr int merge_flat_vectors = 2;
 
 /// The out-of-place merge over a flat index of 16-byte vectors: vector i is vector
 /// i % vecs of row i / vecs; thread t handles vectors t + u * (threads in the grid) for u < U,
-/// its loads of all in flight together, consecutive threads on consecutive vectors of a row. One
-/// trip per thread, no grid-stride loop: the blocks are short and the scheduler keeps every SM
-/// full. Measured on an H200 against merge_kernel (a block row per (position, head)), pair
-/// merges of 32768 x 32 x 128: f16 80% -> 91% of the copy bandwidth, bf16 80% -> 90%, f32 84% ->
-/// 102% (bench/results/h200_merge_flat.txt, which also has the variants: one vector per thread,
-/// four, a grid-stride loop, streaming loads; all slower). The arithmetic is merge_kernel's,
-/// operation for operation, so results are bit-identical.
+/// its loads of all in flight together (merge_vectors), consecutive threads on consecutive
+/// vectors of a row. One trip per thread, no grid-stride loop: the blocks are short and the
+/// scheduler keeps every SM full. Measured on an H200 against merge_kernel (a block row per
+/// (position, head)), pair merges of 32768 x 32 x 128: f16 80% -> 91% of the copy bandwidth,
+/// bf16 80% -> 90%, f32 84% -> 102% (bench/results/h200_merge_flat.txt, which also has the
+/// variants: one vector per thread, four, a grid-stride loop, streaming loads; all slower).
+/// (512, 2) caps registers at 64: +0.5 point for bf16 pairs (h200_merge_indptr_rows.txt).
 template <class T, bool Propagate, int U, class Source>
-__global__ void __launch_bounds__(merge_max_threads)
+__global__ void __launch_bounds__(merge_max_threads, 2)
     merge_flat_kernel(Source src, std::int64_t p0, T* out_o, float* out_lse, std::int64_t num_rows,
                       fast_divider heads, fast_divider vecs, int head_dim, int* status) {
   constexpr int vec = vec_size_v<T>;
@@ -243,11 +331,8 @@ __global__ void __launch_bounds__(merge_max_threads)
       states[u] = src.at(p0 + p, static_cast<int>(r32 - p * heads.divisor()), src.range_of(p0 + p));
     }
   }
-  std::int64_t n_max = 0;
-#pragma unroll
-  for (int u = 0; u < U; ++u) n_max = live[u] && states[u].n > n_max ? states[u].n : n_max;
   float m[U], s[U], acc[U][vec];
-  bool bad[U];  // an lse that is NaN or +inf: the row is not merged (see merge_kernel)
+  bool bad[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     m[u] = neg_inf();
@@ -256,67 +341,13 @@ __global__ void __launch_bounds__(merge_max_threads)
 #pragma unroll
     for (int i = 0; i < vec; ++i) acc[u][i] = 0.0f;
   }
-  for (std::int64_t j0 = 0; j0 < n_max; j0 += merge_chunk) {
-    // Raw 16-byte vectors until every load is issued: widening each right after its load
-    // (load_vec) kept the f16 pair merge at 80% of the copy bandwidth, its loads serialised
-    // behind the conversions (f32, which needs none, reached 102%).
-    float l[U][merge_chunk];
-    uint4 raw[U][merge_chunk];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int c = 0; c < merge_chunk; ++c) {
-        if (live[u] && j0 + c < states[u].n) {
-          l[u][c] = states[u].lse_at(j0 + c);
-          bad[u] |= isnan(l[u][c]) || l[u][c] == -neg_inf();
-          raw[u][c] = *reinterpret_cast<const uint4*>(states[u].o_at(j0 + c) + v[u] * vec);
-        } else {
-          l[u][c] = neg_inf();
-          raw[u][c] = make_uint4(0u, 0u, 0u, 0u);  // widens to +0, as merge_kernel's padding
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float m_new = m[u];
-#pragma unroll
-      for (int c = 0; c < merge_chunk; ++c) m_new = nan_max(m_new, l[u][c]);
-      if (m_new == neg_inf()) continue;        // only empty states so far
-      const float alpha = expf(m[u] - m_new);  // 0 while m is still -inf
-      s[u] *= alpha;
-#pragma unroll
-      for (int i = 0; i < vec; ++i) acc[u][i] *= alpha;
-#pragma unroll
-      for (int c = 0; c < merge_chunk; ++c) {
-        const float w = expf(l[u][c] - m_new);  // 0 for empty and padding states
-        s[u] += w;
-        float x[vec];
-        widen_vec<T>(raw[u][c], x);
-#pragma unroll
-        for (int i = 0; i < vec; ++i) acc[u][i] = fmaf(w, x[i], acc[u][i]);
-      }
-      m[u] = m_new;
-    }
-  }
+  merge_vectors<T>(states, live, v, m, s, acc, bad);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (!live[u]) continue;
-    float o[vec];
-    const float inv = m[u] == neg_inf() || bad[u] ? 0.0f : 1.0f / s[u];
-#pragma unroll
-    for (int i = 0; i < vec; ++i) {
-      o[i] = bad[u] ? (Propagate ? nanf("") : 0.0f) : acc[u][i] * inv;
-    }
-    store_vec(out_o + row[u] * head_dim + v[u] * vec, o);
-    if (v[u] != 0) continue;  // the row's first vector writes its lse
-    if (bad[u] && Propagate) {
-      out_lse[row[u]] = nanf("");
-    } else if (bad[u]) {
-      if (status != nullptr) atomicOr(status, 1);
-      out_lse[row[u]] = neg_inf();
-    } else {
-      out_lse[row[u]] = m[u] == neg_inf() ? m[u] : m[u] + logf(s[u]);
-    }
+    store_merged<T, Propagate>(out_o + row[u] * head_dim + v[u] * vec, m[u], s[u], acc[u], bad[u]);
+    // The row's first vector writes its lse.
+    if (v[u] == 0) store_merged_lse<Propagate>(out_lse + row[u], m[u], s[u], bad[u], status);
   }
 }
 
