@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/dependent_launch.cuh>
 #include <kvsift/cuda/detail/fast_divider.cuh>
 #include <kvsift/cuda/detail/vec.cuh>
 #include <kvsift/cuda/error.cuh>
@@ -313,6 +314,9 @@ __global__ void __launch_bounds__(merge_max_threads, 2)
   // (row, vector) and (position, head) by 32-bit multiply-highs (fast_divider), not 64-bit
   // divisions; p0 is the launch's first position.
   const std::int64_t total = num_rows * vecs.divisor();
+  // Launched as a dependent of the kernel that made the states (sparse_attention's splits),
+  // this is where it waits for them; otherwise a no-op.
+  wait_for_prior_grid();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   bool live[U];
@@ -377,10 +381,13 @@ inline constexpr std::int64_t merge_launch_vectors = std::int64_t{1} << 30;
 /// states the library made itself (sparse_attention's splits), where NaN can only come from a
 /// NaN query and must stay visible in that head's output, as it does without splits.
 /// `max_vectors` (<= merge_launch_vectors) caps one launch, for the tests of the split.
+/// `dependent`: the flat kernel is launched as a dependent of the kernel before it on the stream
+/// (launch_dependent), which must have made the states; other kernels launch normally.
 template <class T, bool InPlace, class Source, bool Propagate = false>
 void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows, int num_heads,
                   int head_dim, cudaStream_t stream, const merge_policy& policy, int* status,
-                  const char* what, std::int64_t max_vectors = merge_launch_vectors) {
+                  const char* what, std::int64_t max_vectors = merge_launch_vectors,
+                  bool dependent = false) {
   kvsift::detail::require(
       policy.threads_per_block >= 32 && policy.threads_per_block <= merge_max_threads, what,
       ": merge_policy.threads_per_block must be in [32, ", merge_max_threads, "], got ",
@@ -416,8 +423,15 @@ void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows
           static_cast<std::int64_t>(policy.threads_per_block) * (wide ? merge_flat_vectors : 1);
       const std::int64_t flat_blocks = (total + per_block - 1) / per_block;
       const auto launch = [&](auto kernel) {
-        kernel<<<static_cast<unsigned>(flat_blocks), policy.threads_per_block, 0, stream>>>(
-            src, p0, o, lse, launch_rows, by_heads, by_vecs, head_dim, status);
+        const dim3 grid(static_cast<unsigned>(flat_blocks));
+        const dim3 block(static_cast<unsigned>(policy.threads_per_block));
+        if (dependent && p0 == 0) {  // only the first launch follows the states' kernel
+          launch_dependent(kernel, grid, block, stream, src, p0, o, lse, launch_rows, by_heads,
+                           by_vecs, head_dim, status);
+        } else {
+          kernel<<<grid, block, 0, stream>>>(src, p0, o, lse, launch_rows, by_heads, by_vecs,
+                                             head_dim, status);
+        }
       };
       wide ? launch(merge_flat_kernel<T, Propagate, merge_flat_vectors, Source>)
            : launch(merge_flat_kernel<T, Propagate, 1, Source>);
