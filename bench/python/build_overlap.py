@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 import kvsift.cuda as kc
+from ood_data import ood_keys, ood_queries
 
 
 def synthetic(n, d, ratio, heads, seed):
@@ -41,9 +42,9 @@ def synthetic(n, d, ratio, heads, seed):
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(heads):
-        keys = (rng.standard_normal((n, d)) + 0.5 * rng.standard_normal(d)).astype(np.float32)
+        keys = ood_keys(rng.standard_normal((n, d)), rng.standard_normal(d))
         qdir = rng.standard_normal(d)
-        train = (rng.standard_normal((4 * int(n * ratio), d)) * 0.6 + qdir).astype(np.float32)
+        train = ood_queries(rng.standard_normal((4 * int(n * ratio), d)), qdir)
         out.append((keys, train))
     return out
 

@@ -15,6 +15,7 @@ import numpy as np
 
 import kvsift
 import kvsift.cuda as kc
+from ood_data import ood_keys, ood_queries
 
 
 def main():
@@ -29,10 +30,10 @@ def main():
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     d = args.dim
-    keys = (rng.standard_normal((args.n, d)) + 0.5 * rng.standard_normal(d)).astype(np.float32)
+    keys = ood_keys(rng.standard_normal((args.n, d)), rng.standard_normal(d))
     qdir = rng.standard_normal(d)
     m = int(args.n * args.ratio)
-    queries = (rng.standard_normal((m + args.eval, d)) * 0.6 + qdir).astype(np.float32)
+    queries = ood_queries(rng.standard_normal((m + args.eval, d)), qdir)
     train, held = queries[:m], queries[m:]
     truth = np.argsort(-(held @ keys.T), axis=1)[:, : args.k]
     kc.build_index(keys[:2048], train[:256], threads=args.threads)  # CUDA context, cuBLAS

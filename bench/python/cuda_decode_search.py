@@ -19,16 +19,17 @@ import torch
 import kvsift
 import kvsift.cuda as kc
 from gpu_timing import per_call_us
+from ood_data import ood_keys, ood_queries
 
 
 def data(args, rng):
     d = args.dim
     shift = rng.standard_normal(d).astype(np.float32)
-    keys = (rng.standard_normal((args.graphs, args.n, d)) + 0.5 * shift).astype(np.float32)
+    keys = ood_keys(rng.standard_normal((args.graphs, args.n, d)), shift)
     qdir = rng.standard_normal(d).astype(np.float32)
 
     def queries(count):
-        return (rng.standard_normal((count, d)) * 0.6 + qdir).astype(np.float32)
+        return ood_queries(rng.standard_normal((count, d)), qdir)
 
     return keys.astype(np.float16).astype(np.float32), queries
 

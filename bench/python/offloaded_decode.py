@@ -24,6 +24,7 @@ import torch
 
 import kvsift
 import kvsift.cuda as kc
+from ood_data import ood_keys, ood_queries
 
 
 def main():
@@ -55,14 +56,14 @@ def main():
     k_host = torch.empty(pairs * pages, page, d, dtype=torch.float16).pin_memory()
     v_host = torch.empty_like(k_host).pin_memory()
     for i in range(pairs):
-        k = rng.standard_normal((n, d)).astype(np.float32) + 0.5 * shift
+        k = ood_keys(rng.standard_normal((n, d)).astype(np.float32), shift)
         k_host[i * pages:(i + 1) * pages] = torch.from_numpy(k).view(pages, page, d)
         v_host[i * pages:(i + 1) * pages] = torch.randn(pages, page, d)
     keys_of = [k_host[i * pages:(i + 1) * pages].view(n, d) for i in range(pairs)]
     qdir = rng.standard_normal(d).astype(np.float32)
 
     def queries(count):
-        return (rng.standard_normal((count, d)) * 0.6 + qdir).astype(np.float32)
+        return ood_queries(rng.standard_normal((count, d)), qdir)
 
     # CPU indexes over the host tier itself (borrowed, no copy), built with the GPU's help.
     t0 = time.perf_counter()
