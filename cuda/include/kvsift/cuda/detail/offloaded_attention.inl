@@ -59,13 +59,15 @@ __global__ void offload_select_kernel(const std::int64_t* indptr, const std::int
 
 /// After the LRU step, one block per pair: evicted pages -> guard in the table, admitted pages
 /// -> their device page, and their copies (host page -> device page) appended to the list.
-/// A pair whose step failed changed nothing; its code goes to the status word.
+/// A pair whose step failed changed nothing; its code goes to the status word. Pair p's
+/// evictions are at ev_keys[p * eviction_stride, ...), the stride the LRU step was given.
 __global__ void offload_admit_kernel(bucketed_lru_ref lru, std::int32_t* table,
                                      const std::uint64_t* host_page, std::uint64_t host_pages,
-                                     const std::uint64_t* offsets, const std::uint32_t* ev_keys,
-                                     const std::uint32_t* ad_keys, const std::uint32_t* ad_slots,
-                                     const std::uint32_t* counts, const int* lru_status,
-                                     page_copy* copies, std::uint64_t* copy_count, int* status) {
+                                     const std::uint64_t* offsets, std::uint64_t eviction_stride,
+                                     const std::uint32_t* ev_keys, const std::uint32_t* ad_keys,
+                                     const std::uint32_t* ad_slots, const std::uint32_t* counts,
+                                     const int* lru_status, page_copy* copies,
+                                     std::uint64_t* copy_count, int* status) {
   const std::uint32_t pair = blockIdx.x;
   __shared__ std::uint64_t base;
   const int code = lru_status[pair];
@@ -81,7 +83,7 @@ __global__ void offload_admit_kernel(bucketed_lru_ref lru, std::int32_t* table,
   const std::uint32_t evicted = counts[3 * pair + 1], admitted = counts[3 * pair + 2];
   const std::uint64_t row = std::uint64_t{pair} * lru.pages;
   const auto guard = static_cast<std::int32_t>(std::uint64_t{lru.pairs} * lru.capacity);
-  const std::uint64_t ev_off = std::uint64_t{pair} * lru.capacity;  // eviction_stride
+  const std::uint64_t ev_off = std::uint64_t{pair} * eviction_stride;
   for (std::uint32_t j = threadIdx.x; j < evicted; j += blockDim.x) {
     table[row + ev_keys[ev_off + j]] = guard;
   }
@@ -257,15 +259,17 @@ void offloaded_attention(const offloaded_kv_ref& kv, const float* q, int num_qo_
   detail::offload_select_kernel<<<blocks, 256, 0, stream>>>(
       indptr, ids, max_ids, pairs, group, kv.page_size, selected, offsets, copy_count, status);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
-  // 2. The LRU decides residency.
+  // 2. The LRU decides residency. Evictions always go to per-pair ranges of `capacity` (the
+  //    workspace holds pairs x capacity of them): required with limits, harmless without.
+  const std::uint64_t eviction_stride = kv.lru.capacity;
   bucketed_lru_step(kv.lru,
                     {selected, offsets, ev_keys, static_cast<std::uint32_t*>(at(l.ev_slots)),
-                     ad_keys, ad_slots, counts, lru_status, kv.lru.capacity},
+                     ad_keys, ad_slots, counts, lru_status, eviction_stride},
                     p.buckets, stream);
   // 3. The table follows, and the admitted pages' copies are listed.
   detail::offload_admit_kernel<<<static_cast<unsigned>(pairs), 256, 0, stream>>>(
-      kv.lru, kv.page_table, kv.host_page, kv.k_pools.host_pages, offsets, ev_keys, ad_keys,
-      ad_slots, counts, lru_status, copies, copy_count, status);
+      kv.lru, kv.page_table, kv.host_page, kv.k_pools.host_pages, offsets, eviction_stride, ev_keys,
+      ad_keys, ad_slots, counts, lru_status, copies, copy_count, status);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
   // 4. K and V pages come in (bad host ids were flagged above and are skipped here).
   if (l.max_copies > 0) {
