@@ -487,11 +487,13 @@ def _copy_pages(gather, copies, host_pool, device_pool, stream, status):
 
 class LruStep(NamedTuple):
     """What one :meth:`BucketedLRU.step` did, per pair p (int32 device tensors): its evictions
-    are ``evicted_keys/evicted_slots[offsets[p] : offsets[p] + counts[p, 1]]``, its admissions
-    ``admitted_keys/admitted_slots[offsets[p] : offsets[p] + counts[p, 2]]``, in the CPU
-    reference's order; ``counts[p]`` is (hits, evictions, admissions); ``status[p]`` is 0, or 1
-    for a page id >= pages, or 2 for more distinct selected pages than slots (that pair's state
-    is then unchanged)."""
+    are ``evicted_keys/evicted_slots[e : e + counts[p, 1]]`` with ``e = offsets[p]``, or
+    ``e = p * eviction_stride`` when the step had limits (a lowered limit can evict more pages
+    than the step selected), its admissions ``admitted_keys/admitted_slots[offsets[p] :
+    offsets[p] + counts[p, 2]]``, in the CPU reference's order; ``counts[p]`` is (hits,
+    evictions, admissions); ``status[p]`` is 0, or 1 for a page id >= pages, or 2 for more
+    distinct selected pages than slots (or than the pair's limit), or 3 for a limit above the
+    capacity (that pair's state is then unchanged)."""
 
     evicted_keys: object
     evicted_slots: object
@@ -499,6 +501,7 @@ class LruStep(NamedTuple):
     admitted_slots: object
     counts: object
     status: object
+    eviction_stride: int = 0
 
 
 class BucketedLRU:
@@ -531,10 +534,14 @@ class BucketedLRU:
         self.ages = torch.zeros((pairs, capacity), dtype=torch.uint8, device=dev)
         self.slot_of = torch.full((pairs, pages), -1, dtype=torch.int32, device=dev)
 
-    def step(self, selected, offsets, *, stream=None) -> LruStep:
+    def step(self, selected, offsets, *, limits=None, stream=None) -> LruStep:
         """One decode step: pair p selected the pages ``selected[offsets[p] : offsets[p + 1]]``
         (int32 device tensor; repeats count once) with ``offsets`` int64 [pairs + 1] on the
-        device, non-decreasing (device data: not checked). Returns an :class:`LruStep`.
+        device, non-decreasing (device data: not checked). ``limits``: int32 [pairs] on the
+        device, or None (every pair may fill its capacity): pair p holds at most ``limits[p]``
+        pages (<= capacity), e.g. from ``kvsift.BufferElasticity.pair_limits``; a limit below
+        what a pair holds evicts its oldest pages at this step, and a selection of more distinct
+        pages than the limit is refused (status 2). Returns an :class:`LruStep`.
         O(capacity + selection) per pair."""
         import torch
 
@@ -545,12 +552,14 @@ class BucketedLRU:
             if total == 0:  # the kernel takes no empty buffers; the offsets say "nothing"
                 selected = torch.zeros(1, dtype=torch.int32, device=self.keys.device)
             width = max(total, 1)
-            out = [_empty(self.keys, (width,), "int32") for _ in range(4)]
+            stride = 0 if limits is None else int(self.keys.shape[1])
+            ev_width = width if limits is None else pairs * stride
+            out = [_empty(self.keys, (ev_width if i < 2 else width,), "int32") for i in range(4)]
             counts = _empty(self.keys, (pairs, 3), "int32")
             status = _empty(self.keys, (pairs,), "int32")
             _ext.bucketed_lru_step(*_dl(self.keys, self.ages, self.slot_of, selected, offsets, *out,
-                                        counts, status), self.buckets, st)
-        return LruStep(*out, counts, status)
+                                        counts, status), self.buckets, st, *_dl(limits))
+        return LruStep(*out, counts, status, stride)
 
 
 class OffloadedKV:

@@ -394,6 +394,66 @@ def test_bucketed_lru_keeps_its_page_table_consistent_on_a_random_trace():
         assert int((slot_of[p] >= 0).sum()) == len(resident[p])
 
 
+def lru_step_limited(lru, per_pair, limits):
+    """lru_step with per-pair limits (a list of ints)."""
+    flat = [p for sel in per_pair for p in sel]
+    offsets = [0]
+    for sel in per_pair:
+        offsets.append(offsets[-1] + len(sel))
+    r = lru.step(torch.tensor(flat, dtype=torch.int32, device="cuda"),
+                 torch.tensor(offsets, dtype=torch.int64, device="cuda"),
+                 limits=torch.tensor(limits, dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    return r, offsets
+
+
+def test_bucketed_lru_limits_shrink_pairs_by_their_oldest_pages():
+    # Per-pair limits (buffer elasticity): a lowered limit evicts the pair's oldest pages at the
+    # next step, even an empty one; evictions sit in the pair's own range of `capacity`.
+    lru = kc.BucketedLRU(2, 4, 16, buckets=8)
+    lru_step(lru, [[0, 1], [8]])
+    lru_step(lru, [[2, 3], [9]])  # pair 0 holds 0, 1 (older) and 2, 3 (newer)
+    r, _ = lru_step_limited(lru, [[], []], [2, 4])
+    assert r.eviction_stride == 4 and r.status.tolist() == [0, 0]
+    assert r.counts.tolist() == [[0, 2, 0], [0, 0, 0]]
+    assert sorted(r.evicted_keys[0:2].tolist()) == [0, 1]
+    assert lru.slot_of[0, 0].item() == -1 and lru.slot_of[0, 2].item() >= 0
+    # Pair 1 at limit 1 must drop 8 and 9 to admit 10: more evictions than it selected pages.
+    r, _ = lru_step_limited(lru, [[2], [10]], [2, 1])
+    assert r.status.tolist() == [0, 0] and r.counts.tolist() == [[1, 0, 0], [0, 2, 1]]
+    assert sorted(r.evicted_keys[4:6].tolist()) == [8, 9]
+    assert int((lru.slot_of[1] >= 0).sum()) == 1
+    # A selection above the limit is refused (2), a limit above the capacity too (3);
+    # neither pair changes.
+    keys = lru.keys.clone()
+    r, _ = lru_step_limited(lru, [[4, 5, 6], [11]], [2, 5])
+    assert r.status.tolist() == [2, 3] and torch.equal(lru.keys, keys)
+    with pytest.raises(ValueError, match="limits"):
+        lru.step(torch.zeros(1, dtype=torch.int32, device="cuda"),
+                 torch.tensor([0, 1, 1], dtype=torch.int64, device="cuda"),
+                 limits=torch.ones(3, dtype=torch.int32, device="cuda"))
+
+
+def test_bucketed_lru_with_limits_at_capacity_steps_as_without():
+    # limits == capacity everywhere: the same residency as no limits on a random trace (only
+    # where the evictions are written differs).
+    pairs, capacity, pages = 5, 8, 40
+    a = kc.BucketedLRU(pairs, capacity, pages, buckets=8)
+    b = kc.BucketedLRU(pairs, capacity, pages, buckets=8)
+    g = torch.Generator().manual_seed(9)
+    for _ in range(30):
+        per_pair = [torch.randint(0, pages, (int(torch.randint(0, capacity + 1, (1,), generator=g)),),
+                                  generator=g).tolist() for _ in range(pairs)]
+        ra, off = lru_step(a, per_pair)
+        rb, _ = lru_step_limited(b, per_pair, [capacity] * pairs)
+        assert torch.equal(ra.counts, rb.counts) and torch.equal(ra.status, rb.status)
+        for p in range(pairs):
+            ev = ra.counts[p, 1].item()
+            assert torch.equal(ra.evicted_keys[off[p]: off[p] + ev],
+                               rb.evicted_keys[p * capacity: p * capacity + ev])
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.slot_of, b.slot_of)
+
+
 def test_bucketed_lru_reports_bad_selections_per_pair_and_refuses_bad_shapes():
     lru = kc.BucketedLRU(2, 2, 8)
     r, _ = lru_step(lru, [[9], [0, 1, 2]])  # pair 0: page 9 >= 8; pair 1: 3 pages > 2 slots

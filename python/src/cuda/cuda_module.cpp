@@ -829,7 +829,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       [](py::handle keys, py::handle ages, py::handle slot_of, py::handle selected,
          py::handle offsets, py::handle evicted_keys, py::handle evicted_slots,
          py::handle admitted_keys, py::handle admitted_slots, py::handle counts, py::handle status,
-         int buckets, std::intptr_t stream) {
+         int buckets, std::intptr_t stream, py::object limits) {
         const intake in{stream};
         const tensor tk = in(keys, "keys");
         const tensor ta = in(ages, "ages");
@@ -842,6 +842,16 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         require_kind(toff, 'i', 8, "offsets", "int64");
         require_shape(toff, {pairs + 1}, "offsets");
         const std::int64_t total = tsel.shape[0];
+        // With limits a lowered limit may evict more pages than the step selects: every pair's
+        // evictions get their own range of `capacity` entries (lru_step_io::eviction_stride).
+        const std::uint32_t* lim = nullptr;
+        if (!limits.is_none()) {
+          const tensor tlim = in(limits, "limits");
+          require_kind(tlim, 'i', 4, "limits", "int32");
+          require_shape(tlim, {pairs}, "limits");
+          lim = ptr<std::uint32_t>(tlim);
+        }
+        const std::int64_t evicted_total = lim != nullptr ? pairs * capacity : total;
         std::array<std::uint32_t*, 4> outs{};
         const std::array<py::handle, 4> out_handles{evicted_keys, evicted_slots, admitted_keys,
                                                     admitted_slots};
@@ -850,9 +860,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         for (std::size_t i = 0; i < 4; ++i) {
           const tensor t = in(out_handles[i], out_names[i]);
           require_kind(t, 'i', 4, out_names[i], "int32");
-          require<kvsift::dimension_mismatch>(t.ndim() == 1 && t.shape[0] >= total, out_names[i],
-                                              ": expected a 1-D tensor of at least ", total,
-                                              " entries (one per selected page)");
+          const std::int64_t need = i < 2 ? evicted_total : total;
+          require<kvsift::dimension_mismatch>(t.ndim() == 1 && t.shape[0] >= need, out_names[i],
+                                              ": expected a 1-D tensor of at least ", need,
+                                              i < 2 && lim != nullptr
+                                                  ? " entries (pairs x capacity, with limits)"
+                                                  : " entries (one per selected page)");
           outs[i] = ptr<std::uint32_t>(t);
         }
         const tensor tc = in(counts, "counts");
@@ -870,12 +883,13 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         ops::bucketed_lru_step(
             ptr<std::uint32_t>(tk), ptr<std::uint8_t>(ta), ptr<std::uint32_t>(ts), n_pairs, cap,
             n_pages, ptr<std::uint32_t>(tsel), ptr<std::uint64_t>(toff), outs[0], outs[1], outs[2],
-            outs[3], ptr<std::uint32_t>(tc), ptr<int>(tst), buckets, stream);
+            outs[3], ptr<std::uint32_t>(tc), ptr<int>(tst), buckets, stream, lim,
+            lim != nullptr ? static_cast<std::uint64_t>(capacity) : 0);
       },
       py::arg("keys"), py::arg("ages"), py::arg("slot_of"), py::arg("selected"), py::arg("offsets"),
       py::arg("evicted_keys"), py::arg("evicted_slots"), py::arg("admitted_keys"),
       py::arg("admitted_slots"), py::arg("counts"), py::arg("status"), py::arg("buckets"),
-      py::arg("stream"),
+      py::arg("stream"), py::arg("limits") = py::none(),
       "Low level: one bucketed LRU step for every pair. Use kvsift.cuda.BucketedLRU.");
   m.def(
       "offloaded_reset",

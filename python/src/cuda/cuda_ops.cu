@@ -395,7 +395,8 @@ void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* s
                        const std::uint32_t* selected, const std::uint64_t* offsets,
                        std::uint32_t* evicted_keys, std::uint32_t* evicted_slots,
                        std::uint32_t* admitted_keys, std::uint32_t* admitted_slots,
-                       std::uint32_t* counts, int* status, int buckets, std::intptr_t stream) {
+                       std::uint32_t* counts, int* status, int buckets, std::intptr_t stream,
+                       const std::uint32_t* limits, std::uint64_t eviction_stride) {
   kc::bucketed_lru_ref state;
   state.keys = keys;
   state.ages = ages;
@@ -403,6 +404,7 @@ void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* s
   state.pairs = pairs;
   state.capacity = capacity;
   state.pages = pages;
+  state.limits = limits;
   kc::lru_step_io io;
   io.selected = selected;
   io.offsets = offsets;
@@ -412,6 +414,7 @@ void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* s
   io.admitted_slots = admitted_slots;
   io.counts = counts;
   io.status = status;
+  io.eviction_stride = eviction_stride;
   translating_errors([&] { kc::bucketed_lru_step(state, io, buckets, as_stream(stream)); });
 }
 

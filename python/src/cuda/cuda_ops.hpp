@@ -188,13 +188,15 @@ void copy_pages(bool gather, const void* copies, std::uint64_t count, void* host
                 std::uint64_t page_bytes, int* status, std::intptr_t stream);
 
 /// kvsift::cuda::bucketed_lru_step over `pairs` LRUs of `capacity` slots and `pages` pages,
-/// all arrays device memory laid out as bucketed_lru_ref / lru_step_io say.
+/// all arrays device memory laid out as bucketed_lru_ref / lru_step_io say; `limits` (per-pair
+/// slot limits, or null) with a nonzero `eviction_stride` (evictions of pair p at p x stride).
 void bucketed_lru_step(std::uint32_t* keys, std::uint8_t* ages, std::uint32_t* slot_of,
                        std::uint32_t pairs, std::uint32_t capacity, std::uint32_t pages,
                        const std::uint32_t* selected, const std::uint64_t* offsets,
                        std::uint32_t* evicted_keys, std::uint32_t* evicted_slots,
                        std::uint32_t* admitted_keys, std::uint32_t* admitted_slots,
-                       std::uint32_t* counts, int* status, int buckets, std::intptr_t stream);
+                       std::uint32_t* counts, int* status, int buckets, std::intptr_t stream,
+                       const std::uint32_t* limits, std::uint64_t eviction_stride);
 
 /// One layer's offloaded K/V as kvsift::cuda::offloaded_kv_ref's fields (device pointers,
 /// except the host tiers, which are pinned host memory; host_page may be either).
