@@ -99,6 +99,53 @@ kvsift::insertable_graph<float> small_graph(std::size_t n = 1000) {
                                   small().train);
 }
 
+// Integer keys and queries in [-4, 4]: every score is exact in f32, so kNN lists can be checked
+// against a model bit for bit, ties (lower id first) included. d = 18 and m = 121 are not
+// multiples of the SIMD width or of the four rows scored together, so every tail path runs.
+struct integer_data {
+  static constexpr std::size_t m = 121, d = 18, nq = 20;
+  std::size_t n;
+  std::vector<float> keys, queries;
+  integer_data(std::size_t n_keys, unsigned seed) : n(n_keys), keys(n * d), queries(m * d) {
+    std::mt19937 gen(seed);
+    std::uniform_int_distribution<int> u(-4, 4);
+    for (float& v : keys) v = static_cast<float>(u(gen));
+    for (float& v : queries) v = static_cast<float>(u(gen));
+  }
+  [[nodiscard]] kvsift::matrix_view<const float> key_view() const { return {keys.data(), n, d}; }
+  [[nodiscard]] kvsift::matrix_view<const float> query_view() const {
+    return {queries.data(), m, d};
+  }
+  [[nodiscard]] int dot(std::size_t q, std::size_t j) const {
+    int s = 0;
+    for (std::size_t c = 0; c < d; ++c) {
+      s += static_cast<int>(queries[q * d + c]) * static_cast<int>(keys[j * d + c]);
+    }
+    return s;
+  }
+  /// Each query's exact top-nq over the first `base` keys as (-score, id), best first.
+  [[nodiscard]] std::vector<std::vector<std::pair<int, id_t>>> lists(std::size_t base) const {
+    std::vector<std::vector<std::pair<int, id_t>>> out(m);
+    for (std::size_t q = 0; q < m; ++q) {
+      for (std::size_t j = 0; j < base; ++j) out[q].push_back({-dot(q, j), static_cast<id_t>(j)});
+      std::sort(out[q].begin(), out[q].end());
+      out[q].resize(nq);
+    }
+    return out;
+  }
+  /// An insertable graph built on the first `base` keys from every query.
+  [[nodiscard]] kvsift::insertable_graph<float> build(std::size_t base,
+                                                      const kvsift::graph_insert_params& ip) const {
+    kvsift::roargraph_params p;
+    p.nq = nq;
+    p.M = 4;
+    p.L = 32;
+    p.threads = 1;
+    return kvsift::build_insertable(kvsift::roargraph_builder<>(p), key_view().row_range(0, base),
+                                    query_view(), ip);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("insert: recall after inserting the last 20% is close to a full rebuild",
@@ -290,43 +337,23 @@ TEST_CASE("insertable_graph: constructor rejects inconsistent build state",
 
 TEST_CASE("insert: training kNN lists stay the exact top-nq over all keys, ties included",
           "[index][insert]") {
-  // Integer entries in [-4, 4]: every score is exact in f32, so the lists must equal a brute
-  // force bit for bit, ties (lower id first) included. d = 18 and m = 121 are not multiples of
-  // the SIMD width or of the four rows scored together, so every tail path runs.
-  constexpr std::size_t n = 1200, base = 800, m = 121, d = 18, nq = 20;
-  std::mt19937 gen(7);
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> keys(n * d), queries(m * d);
-  for (float& v : keys) v = static_cast<float>(u(gen));
-  for (float& v : queries) v = static_cast<float>(u(gen));
-  const kvsift::matrix_view<const float> kv(keys.data(), n, d), qv(queries.data(), m, d);
-  kvsift::roargraph_params p;
-  p.nq = nq;
-  p.M = 4;
-  p.L = 32;
-  p.threads = 1;
+  // The lists must equal a brute force bit for bit (integer_data).
+  constexpr std::size_t n = 1200, base = 800, m = integer_data::m, nq = integer_data::nq;
+  const integer_data data(n, 7);
+  const auto kv = data.key_view();
   // query_candidates = 0: every training query is scored, so every list is kept exact.
-  auto g = kvsift::build_insertable(kvsift::roargraph_builder<>(p), kv.row_range(0, base), qv,
-                                    {.query_candidates = 0});
+  auto g = data.build(base, {.query_candidates = 0});
   for (std::size_t i = base; i < n; ++i) g.insert(kv.row_range(i, 1));
   const kvsift::knn_result knn = g.query_knn();
   REQUIRE(knn.rows == m);
   REQUIRE(knn.k == nq);
   std::size_t mismatches = 0, inserted_entries = 0;
-  std::vector<std::pair<int, id_t>> all(n);
+  const auto all = data.lists(n);  // the brute force over every key
   for (std::size_t q = 0; q < m; ++q) {
-    for (std::size_t j = 0; j < n; ++j) {
-      int s = 0;
-      for (std::size_t c = 0; c < d; ++c) {
-        s += static_cast<int>(queries[q * d + c]) * static_cast<int>(keys[j * d + c]);
-      }
-      all[j] = {-s, static_cast<id_t>(j)};  // ascending = best first, ties by lower id
-    }
-    std::partial_sort(all.begin(), all.begin() + nq, all.end());
     for (std::size_t j = 0; j < nq; ++j) {
-      mismatches += knn.ids[q * nq + j] != all[j].second;
-      mismatches += knn.scores[q * nq + j] != static_cast<float>(-all[j].first);
-      inserted_entries += all[j].second >= base;
+      mismatches += knn.ids[q * nq + j] != all[q][j].second;
+      mismatches += knn.scores[q * nq + j] != static_cast<float>(-all[q][j].first);
+      inserted_entries += all[q][j].second >= base;
     }
   }
   CHECK(mismatches == 0);
@@ -338,35 +365,15 @@ TEST_CASE("insert: query_knn_lists offers a new key only to its T nearest querie
   // The integer data of the test above (every score exact). Model: start from the exact lists
   // over the base keys; each inserted key x enters the list of each of its T nearest queries
   // (score, then lower query index) whose worst entry it beats (ties: the older key stays).
-  constexpr std::size_t n = 1000, base = 700, m = 121, d = 18, nq = 20, lists = 7;
-  std::mt19937 gen(11);
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> keys(n * d), queries(m * d);
-  for (float& v : keys) v = static_cast<float>(u(gen));
-  for (float& v : queries) v = static_cast<float>(u(gen));
-  const kvsift::matrix_view<const float> kv(keys.data(), n, d), qv(queries.data(), m, d);
-  const auto dot = [&](std::size_t q, std::size_t j) {
-    int s = 0;
-    for (std::size_t c = 0; c < d; ++c) {
-      s += static_cast<int>(queries[q * d + c]) * static_cast<int>(keys[j * d + c]);
-    }
-    return s;
-  };
-  kvsift::roargraph_params p;
-  p.nq = nq;
-  p.M = 4;
-  p.L = 32;
-  p.threads = 1;
-  auto g = kvsift::build_insertable(kvsift::roargraph_builder<>(p), kv.row_range(0, base), qv,
-                                    {.query_knn_lists = lists, .query_candidates = 0});
+  constexpr std::size_t n = 1000, base = 700, m = integer_data::m, nq = integer_data::nq;
+  constexpr std::size_t lists = 7;
+  const integer_data data(n, 11);
+  const auto kv = data.key_view();
+  const auto dot = [&](std::size_t q, std::size_t j) { return data.dot(q, j); };
+  auto g = data.build(base, {.query_knn_lists = lists, .query_candidates = 0});
   for (std::size_t i = base; i < n; ++i) g.insert(kv.row_range(i, 1));
   // (-score, id): ascending = best first, ties by lower id.
-  std::vector<std::vector<std::pair<int, id_t>>> model(m);
-  for (std::size_t q = 0; q < m; ++q) {
-    for (std::size_t j = 0; j < base; ++j) model[q].push_back({-dot(q, j), static_cast<id_t>(j)});
-    std::sort(model[q].begin(), model[q].end());
-    model[q].resize(nq);
-  }
+  auto model = data.lists(base);
   std::size_t offered_elsewhere = 0;  // entries an exact upkeep would have made, and this not
   for (std::size_t x = base; x < n; ++x) {
     std::vector<std::pair<int, std::size_t>> near(m);
@@ -392,10 +399,8 @@ TEST_CASE("insert: query_knn_lists offers a new key only to its T nearest querie
   CHECK(mismatches == 0);
   REQUIRE(offered_elsewhere > 30);  // the limit really left lists stale (51 here)
   // T >= m is the exact upkeep: the same graph as the default.
-  auto exact = kvsift::build_insertable(kvsift::roargraph_builder<>(p), kv.row_range(0, base), qv,
-                                        {.query_candidates = 0});
-  auto all = kvsift::build_insertable(kvsift::roargraph_builder<>(p), kv.row_range(0, base), qv,
-                                      {.query_knn_lists = m, .query_candidates = 0});
+  auto exact = data.build(base, {.query_candidates = 0});
+  auto all = data.build(base, {.query_knn_lists = m, .query_candidates = 0});
   exact.insert(kv.row_range(base, n - base));
   all.insert(kv.row_range(base, n - base));
   // Named snapshots: adjacency() is a span into its snapshot, so no temporaries.
@@ -411,34 +416,13 @@ TEST_CASE("insert: query_candidates scores only the queries on the found keys' l
   // query first), until `cap` are gathered; each gathered query's list takes x when x beats
   // its worst entry. The graph comes from the index itself; the lists and the backward
   // lists are the model's own, so a stale or missing backward entry changes what is gathered.
-  constexpr std::size_t n = 1000, base = 700, m = 121, d = 18, nq = 20, cap = 40, L = 48;
-  std::mt19937 gen(13);
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> keys(n * d), queries(m * d);
-  for (float& v : keys) v = static_cast<float>(u(gen));
-  for (float& v : queries) v = static_cast<float>(u(gen));
-  const kvsift::matrix_view<const float> kv(keys.data(), n, d), qv(queries.data(), m, d);
-  const auto dot = [&](std::size_t q, std::size_t j) {
-    int s = 0;
-    for (std::size_t c = 0; c < d; ++c) {
-      s += static_cast<int>(queries[q * d + c]) * static_cast<int>(keys[j * d + c]);
-    }
-    return s;
-  };
-  kvsift::roargraph_params p;
-  p.nq = nq;
-  p.M = 4;
-  p.L = 32;
-  p.threads = 1;
-  auto g = kvsift::build_insertable(kvsift::roargraph_builder<>(p), kv.row_range(0, base), qv,
-                                    {.L = L, .query_candidates = cap});
+  constexpr std::size_t n = 1000, base = 700, m = integer_data::m, nq = integer_data::nq;
+  constexpr std::size_t cap = 40, L = 48;
+  const integer_data data(n, 13);
+  const auto kv = data.key_view();
+  auto g = data.build(base, {.L = L, .query_candidates = cap});
   REQUIRE(g.memory().query_index >= m * nq * sizeof(id_t));
-  std::vector<std::vector<std::pair<int, id_t>>> model(m);  // (-score, id), best first
-  for (std::size_t q = 0; q < m; ++q) {
-    for (std::size_t j = 0; j < base; ++j) model[q].push_back({-dot(q, j), static_cast<id_t>(j)});
-    std::sort(model[q].begin(), model[q].end());
-    model[q].resize(nq);
-  }
+  auto model = data.lists(base);  // (-score, id), best first
   kvsift::search_workspace ws;
   std::vector<id_t> found(L);
   std::vector<float> dist(L);
@@ -465,7 +449,7 @@ TEST_CASE("insert: query_candidates scores only the queries on the found keys' l
     }
     capped += gathered.size() == cap;
     for (const std::size_t q : gathered) {
-      const std::pair<int, id_t> e{-dot(q, x), static_cast<id_t>(x)};
+      const std::pair<int, id_t> e{-data.dot(q, x), static_cast<id_t>(x)};
       if (!(e < model[q].back())) continue;
       model[q].back() = e;
       std::sort(model[q].begin(), model[q].end());
