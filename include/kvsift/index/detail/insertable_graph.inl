@@ -380,7 +380,11 @@ void insertable_graph<T, M>::update_lists(id_t x) {
     std::sort(offered_.begin(), offered_.end());
   }
   const bool index = params_.query_candidates > 0;
-  if (index) holders_.back().reserve(offered_.size());  // the walk below allocates nothing
+  if (index) {  // x's backward list, sized to the lists it enters: the walk allocates nothing
+    std::size_t enters = 0;
+    for (const std::uint32_t j : offered_) enters += qkeys_[j] > worst_key_[qids_[j]] ? 1 : 0;
+    holders_.back().reserve(enters);
+  }
   id_t last_pivot = invalid_id;
   for (const std::uint32_t j : offered_) {
     const id_t i = qids_[j];
