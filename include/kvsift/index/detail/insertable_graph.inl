@@ -273,15 +273,13 @@ void insertable_graph<T, M>::insert_one(const T* key) {
   if (t > 0 || params_.update_query_knn) {
     if (params_.query_candidates > 0) {
       gather_queries();
-    } else {
-      qids_.resize(m_);
-      std::iota(qids_.begin(), qids_.end(), id_t{0});
-    }
-    qkeys_.resize(qids_.size());
-    if (params_.query_candidates > 0) {
+      qkeys_.resize(qids_.size());
       detail::score_rows_at<M>([&](std::size_t j) { return &queries_[std::size_t{qids_[j]} * d]; },
                                qids_.size(), d, xf_.data(), qkeys_.data());
     } else {
+      qids_.resize(m_);
+      std::iota(qids_.begin(), qids_.end(), id_t{0});
+      qkeys_.resize(m_);
       detail::score_rows<M>(queries_.data(), m_, d, xf_.data(), qkeys_.data());
     }
     for (float& k : qkeys_) k = to_key<M>(k);
