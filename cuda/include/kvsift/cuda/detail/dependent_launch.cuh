@@ -32,22 +32,21 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
-/// True when the current device can launch dependent kernels early (compute capability >= 9).
-inline bool dependent_launch_supported() {
-  int device = 0;
+/// True when `device` can launch dependent kernels early (compute capability >= 9).
+inline bool dependent_launch_supported(int device) {
   int major = 0;
-  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
   KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   return major >= 9;
 }
 
-/// Launches `kernel` on `stream` so that it may start before the kernel before it on the stream
-/// has finished (the kernel must call wait_for_prior_grid before reading that kernel's results);
-/// a plain launch where the device cannot. Launch errors are thrown as cuda_error.
+/// Launches `kernel` on `stream` (of `device`, the current device, which the caller has looked
+/// up already) so that it may start before the kernel before it on the stream has finished (the
+/// kernel must call wait_for_prior_grid before reading that kernel's results); a plain launch
+/// where the device cannot. Launch errors are thrown as cuda_error.
 template <class... Params, class... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                      Args&&... args) {
-  if (!dependent_launch_supported()) {
+                      int device, Args&&... args) {
+  if (!dependent_launch_supported(device)) {
     kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
     return;

@@ -172,7 +172,9 @@ __device__ __forceinline__ void store_merged(T* out, float m, float s,
 }
 
 /// The merged lse of a row; an invalid row is reported in `status` (bit 0) and becomes the
-/// empty state (NaN with Propagate).
+/// empty state (NaN with Propagate). merge_kernel writes its own (in place it must leave an
+/// invalid row as it was): routing its stores through this and store_merged cost the indptr
+/// merge 2.5 points of copy bandwidth (69.2 / 69.0% -> 66.9 / 66.3%, one H200 command).
 template <bool Propagate>
 __device__ __forceinline__ void store_merged_lse(float* out, float m, float s, bool bad,
                                                  int* status) {
@@ -426,8 +428,8 @@ void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows
         const dim3 grid(static_cast<unsigned>(flat_blocks));
         const dim3 block(static_cast<unsigned>(policy.threads_per_block));
         if (dependent && p0 == 0) {  // only the first launch follows the states' kernel
-          launch_dependent(kernel, grid, block, stream, src, p0, o, lse, launch_rows, by_heads,
-                           by_vecs, head_dim, status);
+          launch_dependent(kernel, grid, block, stream, device, src, p0, o, lse, launch_rows,
+                           by_heads, by_vecs, head_dim, status);
         } else {
           kernel<<<grid, block, 0, stream>>>(src, p0, o, lse, launch_rows, by_heads, by_vecs,
                                              head_dim, status);
