@@ -339,14 +339,16 @@ def test_page_copies_refuse_bad_input():
         kc.gather_pages(copies, pinned, pinned)
 
 
-def lru_step(lru, per_pair):
-    """Runs one step with pair p selecting per_pair[p]; returns the step and host copies."""
+def lru_step(lru, per_pair, limits=None):
+    """Runs one step with pair p selecting per_pair[p] (and, given, limit limits[p]); returns
+    the step and the host offsets."""
     flat = [p for sel in per_pair for p in sel]
     offsets = [0]
     for sel in per_pair:
         offsets.append(offsets[-1] + len(sel))
+    lim = None if limits is None else torch.tensor(limits, dtype=torch.int32, device="cuda")
     r = lru.step(torch.tensor(flat, dtype=torch.int32, device="cuda"),
-                 torch.tensor(offsets, dtype=torch.int64, device="cuda"))
+                 torch.tensor(offsets, dtype=torch.int64, device="cuda"), limits=lim)
     torch.cuda.synchronize()
     return r, offsets
 
@@ -394,39 +396,26 @@ def test_bucketed_lru_keeps_its_page_table_consistent_on_a_random_trace():
         assert int((slot_of[p] >= 0).sum()) == len(resident[p])
 
 
-def lru_step_limited(lru, per_pair, limits):
-    """lru_step with per-pair limits (a list of ints)."""
-    flat = [p for sel in per_pair for p in sel]
-    offsets = [0]
-    for sel in per_pair:
-        offsets.append(offsets[-1] + len(sel))
-    r = lru.step(torch.tensor(flat, dtype=torch.int32, device="cuda"),
-                 torch.tensor(offsets, dtype=torch.int64, device="cuda"),
-                 limits=torch.tensor(limits, dtype=torch.int32, device="cuda"))
-    torch.cuda.synchronize()
-    return r, offsets
-
-
 def test_bucketed_lru_limits_shrink_pairs_by_their_oldest_pages():
     # Per-pair limits (buffer elasticity): a lowered limit evicts the pair's oldest pages at the
     # next step, even an empty one; evictions sit in the pair's own range of `capacity`.
     lru = kc.BucketedLRU(2, 4, 16, buckets=8)
     lru_step(lru, [[0, 1], [8]])
     lru_step(lru, [[2, 3], [9]])  # pair 0 holds 0, 1 (older) and 2, 3 (newer)
-    r, _ = lru_step_limited(lru, [[], []], [2, 4])
+    r, _ = lru_step(lru, [[], []], [2, 4])
     assert r.eviction_stride == 4 and r.status.tolist() == [0, 0]
     assert r.counts.tolist() == [[0, 2, 0], [0, 0, 0]]
     assert sorted(r.evicted_keys[0:2].tolist()) == [0, 1]
     assert lru.slot_of[0, 0].item() == -1 and lru.slot_of[0, 2].item() >= 0
     # Pair 1 at limit 1 must drop 8 and 9 to admit 10: more evictions than it selected pages.
-    r, _ = lru_step_limited(lru, [[2], [10]], [2, 1])
+    r, _ = lru_step(lru, [[2], [10]], [2, 1])
     assert r.status.tolist() == [0, 0] and r.counts.tolist() == [[1, 0, 0], [0, 2, 1]]
     assert sorted(r.evicted_keys[4:6].tolist()) == [8, 9]
     assert int((lru.slot_of[1] >= 0).sum()) == 1
     # A selection above the limit is refused (2), a limit above the capacity too (3);
     # neither pair changes.
     keys = lru.keys.clone()
-    r, _ = lru_step_limited(lru, [[4, 5, 6], [11]], [2, 5])
+    r, _ = lru_step(lru, [[4, 5, 6], [11]], [2, 5])
     assert r.status.tolist() == [2, 3] and torch.equal(lru.keys, keys)
     with pytest.raises(ValueError, match="limits"):
         lru.step(torch.zeros(1, dtype=torch.int32, device="cuda"),
@@ -445,7 +434,7 @@ def test_bucketed_lru_with_limits_at_capacity_steps_as_without():
         per_pair = [torch.randint(0, pages, (int(torch.randint(0, capacity + 1, (1,), generator=g)),),
                                   generator=g).tolist() for _ in range(pairs)]
         ra, off = lru_step(a, per_pair)
-        rb, _ = lru_step_limited(b, per_pair, [capacity] * pairs)
+        rb, _ = lru_step(b, per_pair, [capacity] * pairs)
         assert torch.equal(ra.counts, rb.counts) and torch.equal(ra.status, rb.status)
         for p in range(pairs):
             ev = ra.counts[p, 1].item()
