@@ -77,7 +77,8 @@ int compare_state(const reference_state& ref, const T* o, float lse, int d, cons
 }
 
 template <class T>
-void check_merge_states(int num_pos, int num_heads, int d, int regime) {
+void check_merge_states(int num_pos, int num_heads, int d, int regime,
+                        const kvsift::cuda::merge_policy& policy = {}) {
   std::vector<std::int64_t> indptr(num_pos + 1, 0);
   for (int p = 0; p < num_pos; ++p) indptr[p + 1] = indptr[p] + uniform_int(0, 8);
   const std::int64_t num_states = indptr[num_pos];
@@ -98,7 +99,7 @@ void check_merge_states(int num_pos, int num_heads, int d, int regime) {
   device_buffer<T> d_out(static_cast<std::size_t>(num_pos) * num_heads * d);
   device_buffer<float> d_out_lse(static_cast<std::size_t>(num_pos) * num_heads);
   kvsift::cuda::merge_states<T>(d_o.get(), d_lse.get(), num_states, d_indptr.get(), num_pos,
-                                num_heads, d, d_out.get(), d_out_lse.get(), nullptr);
+                                num_heads, d, d_out.get(), d_out_lse.get(), nullptr, policy);
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
   const auto out = d_out.download();
   const auto out_lse = d_out_lse.download();
@@ -170,7 +171,10 @@ void merge_states_suite() {
   }
   check_merge_states<T>(1, 1, 128, 0);
   check_merge_states<T>(2000, 8, 128, 0);  // many blocks
-  check_merge_states<T>(10000, 4, 64, 0);  // more row tiles than resident blocks: grid stride
+  check_merge_states<T>(10000, 4, 64, 0);  // more vectors than resident threads: grid stride
+  // Other block sizes (the grid is the device's resident blocks at that size).
+  check_merge_states<T>(3000, 5, 128, 0, {.threads_per_block = 96});
+  check_merge_states<T>(3000, 5, 128, 0, {.threads_per_block = 512});
 }
 
 template <class T>

