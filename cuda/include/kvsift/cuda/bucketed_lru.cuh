@@ -73,7 +73,9 @@ struct lru_step_io {
  * @param buckets age buckets, in [2, 256] (the CPU reference's `Buckets`)
  * @throw kvsift::invalid_argument null pointers, capacity 0 or > max_capacity, pages 0 or
  *        >= 2^31, buckets outside [2, 256] (a zero-bucket timestamp range included), limits
- *        without an eviction_stride >= capacity, or an eviction_stride below the capacity
+ *        without an eviction_stride >= capacity, or an eviction_stride below the capacity,
+ *        a stream or pointer of another device than the current one (limits: or pageable host
+ *        memory)
  * @throw kvsift::cuda_error the launch failed
  * @note O(capacity + |selection|) per pair; pairs == 0 launches nothing. Asynchronous: the
  *       limits are read by the kernel, so they may change for the next step once it has run.

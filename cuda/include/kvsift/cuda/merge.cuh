@@ -62,7 +62,9 @@ struct merge_policy {
  *                   is NaN or +inf (that position/head is then written as the empty state)
  *
  * @throw kvsift::invalid_argument negative sizes, head_dim not a positive multiple of the
- *        16-byte vector, a null or misaligned pointer with a nonzero size
+ *        16-byte vector, a null or misaligned pointer with a nonzero size, a stream or pointer
+ *        of another device than the current one or host memory (the message names both
+ *        devices); all checked before anything is launched
  * @throw kvsift::cuda_error the launch failed
  * @note O(num_states * num_heads * head_dim) work, one kernel launch; num_pos == 0 launches
  *       nothing. An lse of NaN or +inf is invalid (see the file comment): never NaN out.

@@ -49,7 +49,8 @@ struct gather_policy {
  * @param copies  device or pinned host, [count]
  * @param status  device, may be null; bit gather_page_out_of_range set on a bad page id
  * @throw kvsift::invalid_argument null pools or copy list with count > 0, page_bytes not a
- *        positive multiple of 16, misaligned bases
+ *        positive multiple of 16, misaligned bases, a stream or device pool of another device
+ *        than the current one, a copy list or host pool in pageable host memory
  * @throw kvsift::cuda_error the launch failed
  * @note O(count * page_bytes), one launch; count == 0 launches nothing. Asynchronous.
  *       Overlapping destinations (one GPU page twice) are a race, as with memcpy.

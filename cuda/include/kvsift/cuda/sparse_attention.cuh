@@ -76,7 +76,8 @@ inline std::size_t sparse_attention_workspace_size(int num_qo_heads, int head_di
  * @throw kvsift::dimension_mismatch head_dim != kv.head_dim, or not 64/128/256
  * @throw kvsift::invalid_argument a GQA ratio that does not divide num_qo_heads, null or
  *        misaligned pointers, non-positive page sizes/counts, a workspace that is too small,
- *        a non-finite scale
+ *        a non-finite scale, a stream or pointer of another device than the current one or
+ *        host memory (the message names both devices)
  * @throw kvsift::cuda_error a launch failed
  * @note O(total tokens * head_dim) work, two launches (one when the split count is 1);
  *       asynchronous. NaN in q gives NaN o and lse for that head. Thread safety: no state;

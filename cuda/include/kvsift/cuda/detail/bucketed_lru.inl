@@ -7,6 +7,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda::detail {
@@ -195,8 +196,20 @@ __global__ void __launch_bounds__(Threads)
 
 namespace kvsift::cuda {
 
-inline void bucketed_lru_step(const bucketed_lru_ref& state, const lru_step_io& io, int buckets,
-                              cudaStream_t stream) {
+namespace detail {
+
+/// The LRU's own device state (and its limits, device or pinned) belongs to `device`.
+inline void require_lru_state_on(const bucketed_lru_ref& state, int device, const char* who) {
+  require_device_pointer(state.keys, device, who, "keys");
+  require_device_pointer(state.ages, device, who, "ages");
+  require_device_pointer(state.slot_of, device, who, "slot_of");
+  if (state.limits != nullptr) require_accessible_pointer(state.limits, device, who, "limits");
+}
+
+/// bucketed_lru_step; with check_devices false the pointers and stream are taken to be the
+/// current device's (offloaded_attention checks the state and owns the step's buffers).
+inline void run_bucketed_lru_step(const bucketed_lru_ref& state, const lru_step_io& io, int buckets,
+                                  cudaStream_t stream, bool check_devices) {
   kvsift::detail::require(buckets >= 2 && buckets <= 256,
                           "bucketed_lru_step: buckets must be in [2, 256], got ", buckets);
   kvsift::detail::require(state.capacity > 0 && state.capacity <= bucketed_lru_ref::max_capacity,
@@ -216,10 +229,30 @@ inline void bucketed_lru_step(const bucketed_lru_ref& state, const lru_step_io& 
                               io.evicted_keys && io.evicted_slots && io.admitted_keys &&
                               io.admitted_slots && io.counts && io.status,
                           "bucketed_lru_step: null device pointer for ", state.pairs, " pairs");
+  if (check_devices) {
+    constexpr const char* who = "bucketed_lru_step";
+    const int device = current_device();
+    require_stream_on(stream, device, who);
+    require_lru_state_on(state, device, who);
+    require_device_pointer(io.selected, device, who, "selected");
+    require_device_pointer(io.offsets, device, who, "offsets");
+    require_device_pointer(io.evicted_keys, device, who, "evicted_keys");
+    require_device_pointer(io.evicted_slots, device, who, "evicted_slots");
+    require_device_pointer(io.admitted_keys, device, who, "admitted_keys");
+    require_device_pointer(io.admitted_slots, device, who, "admitted_slots");
+    require_device_pointer(io.counts, device, who, "counts");
+    require_device_pointer(io.status, device, who, "status");
+  }
   const std::size_t smem = std::size_t{state.capacity} * (sizeof(std::uint32_t) + 1);
-  detail::bucketed_lru_kernel<detail::lru_threads>
-      <<<state.pairs, detail::lru_threads, smem, stream>>>(state, io, buckets);
+  bucketed_lru_kernel<lru_threads><<<state.pairs, lru_threads, smem, stream>>>(state, io, buckets);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
+inline void bucketed_lru_step(const bucketed_lru_ref& state, const lru_step_io& io, int buckets,
+                              cudaStream_t stream) {
+  detail::run_bucketed_lru_step(state, io, buckets, stream, true);
 }
 
 }  // namespace kvsift::cuda

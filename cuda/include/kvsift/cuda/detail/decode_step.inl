@@ -126,6 +126,12 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   detail::require_stream_on(stream, device, "decode_step");
   detail::require_device_pointer(set.row_offset, device, "decode_step", "row offsets");
   detail::require_device_pointer(workspace, device, "decode_step", "workspace");
+  // decode_search checks q and the K pages; the attention and merge below run unchecked on
+  // the workspace and these.
+  detail::require_device_pointer(kv.v_pages, device, "decode_step", "v_pages");
+  detail::require_device_pointer(kv.page_table, device, "decode_step", "page table");
+  detail::require_device_pointer(out_o, device, "decode_step", "out_o");
+  detail::require_device_pointer(out_lse, device, "decode_step", "out_lse");
   auto* base = static_cast<unsigned char*>(workspace);
   auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
   auto* graph = static_cast<std::int32_t*>(at(l.graph));
@@ -168,11 +174,12 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   sparse_attention_params ap;
   ap.scale = p.scale;
   void* aw = l.attn_bytes > 0 ? at(l.attn_ws) : nullptr;
-  sparse_attention(q, num_qo_heads, head_dim, kv, indptr, indices, o_r, lse_r, aw, l.attn_bytes,
-                   stream, ap);
-  sparse_attention(q, num_qo_heads, head_dim, kv, win_indptr, win_indices, o_w, lse_w, aw,
-                   l.attn_bytes, stream, ap);
-  merge_state(o_r, lse_r, o_w, lse_w, out_o, out_lse, 1, num_qo_heads, head_dim, stream);
+  detail::run_sparse_attention(q, num_qo_heads, head_dim, kv, indptr, indices, o_r, lse_r, aw,
+                               l.attn_bytes, stream, ap, {}, false);
+  detail::run_sparse_attention(q, num_qo_heads, head_dim, kv, win_indptr, win_indices, o_w, lse_w,
+                               aw, l.attn_bytes, stream, ap, {}, false);
+  detail::merge_pair(o_r, lse_r, o_w, lse_w, out_o, out_lse, 1, num_qo_heads, head_dim, stream,
+                     merge_policy{}, nullptr, false);
 }
 
 }  // namespace kvsift::cuda

@@ -78,4 +78,32 @@ inline void require_device_pointer(const void* p, int device, const char* who, c
                           device);
 }
 
+/// Throws unless `p` is memory a kernel on `device` can read and write: device memory of
+/// `device`, managed memory, or pinned host memory (with unified addressing every device
+/// reaches it); `who` prefixes the message. For inputs documented as "device or pinned".
+inline void require_accessible_pointer(const void* p, int device, const char* who,
+                                       const char* what) {
+  kvsift::detail::require(p != nullptr, who, ": ", what, " is null");
+  cudaPointerAttributes attr{};
+  KVSIFT_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+  kvsift::detail::require(attr.type != cudaMemoryTypeUnregistered, who, ": ", what,
+                          " must be device or pinned host memory, got pageable host memory");
+  kvsift::detail::require(attr.type != cudaMemoryTypeDevice || attr.device == device, who, ": ",
+                          what, " lives on device ", attr.device, ", expected the current device ",
+                          device);
+}
+
+/// require_device_pointer for an optional argument: null passes.
+inline void require_optional_device_pointer(const void* p, int device, const char* who,
+                                            const char* what) {
+  if (p != nullptr) require_device_pointer(p, device, who, what);
+}
+
+/// The calling thread's current device.
+inline int current_device() {
+  int device = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
 }  // namespace kvsift::cuda::detail

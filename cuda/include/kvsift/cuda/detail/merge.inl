@@ -10,6 +10,7 @@
 
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/dependent_launch.cuh>
+#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/detail/fast_divider.cuh>
 #include <kvsift/cuda/detail/vec.cuh>
 #include <kvsift/cuda/error.cuh>
@@ -584,27 +585,62 @@ void merge_states(const T* states_o, const float* states_lse, std::int64_t num_s
   detail::require_device_ptr(states_o, num_states > 0, what, "states_o");
   kvsift::detail::require(num_states == 0 || states_lse != nullptr, what,
                           ": states_lse is null but num_states = ", num_states);
+  const int device = detail::current_device();
+  detail::require_stream_on(stream, device, what);
+  detail::require_device_pointer(indptr, device, what, "indptr");
+  detail::require_device_pointer(out_o, device, what, "out_o");
+  detail::require_device_pointer(out_lse, device, what, "out_lse");
+  if (num_states > 0) {
+    detail::require_device_pointer(states_o, device, what, "states_o");
+    detail::require_device_pointer(states_lse, device, what, "states_lse");
+  }
+  detail::require_optional_device_pointer(status, device, what, "status");
   const detail::indptr_source<T, detail::device_indptr> src{
       states_o, states_lse, detail::device_indptr{indptr}, num_heads, head_dim};
   detail::launch_merge<T, false>(src, out_o, out_lse, num_pos * num_heads, num_heads, head_dim,
                                  stream, policy, status, what);
 }
 
+namespace detail {
+
+/// merge_state; with check_devices false the pointers and stream are taken to be the current
+/// device's (for the library's own steps, which checked their inputs once).
+template <class T>
+void merge_pair(const T* v_a, const float* s_a, const T* v_b, const float* s_b, T* v_out,
+                float* s_out, std::int64_t num_rows, int num_heads, int head_dim,
+                cudaStream_t stream, const merge_policy& policy, int* status, bool check_devices) {
+  constexpr const char* what = "kvsift::cuda::merge_state";
+  validate_merge_shape<T>(num_rows, num_heads, head_dim, what);
+  if (num_rows == 0) return;
+  require_device_ptr(v_a, true, what, "v_a");
+  require_device_ptr(v_b, true, what, "v_b");
+  require_device_ptr(v_out, true, what, "v_out");
+  kvsift::detail::require(s_a != nullptr && s_b != nullptr && s_out != nullptr, what,
+                          ": s_a, s_b and s_out must be non-null");
+  if (check_devices) {
+    const int device = current_device();
+    require_stream_on(stream, device, what);
+    require_device_pointer(v_a, device, what, "v_a");
+    require_device_pointer(s_a, device, what, "s_a");
+    require_device_pointer(v_b, device, what, "v_b");
+    require_device_pointer(s_b, device, what, "s_b");
+    require_device_pointer(v_out, device, what, "v_out");
+    require_device_pointer(s_out, device, what, "s_out");
+    require_optional_device_pointer(status, device, what, "status");
+  }
+  const pair_source<T> src{v_a, s_a, v_b, s_b, num_heads, head_dim};
+  launch_merge<T, false>(src, v_out, s_out, num_rows * num_heads, num_heads, head_dim, stream,
+                         policy, status, what);
+}
+
+}  // namespace detail
+
 template <class T>
 void merge_state(const T* v_a, const float* s_a, const T* v_b, const float* s_b, T* v_out,
                  float* s_out, std::int64_t num_rows, int num_heads, int head_dim,
                  cudaStream_t stream, const merge_policy& policy, int* status) {
-  constexpr const char* what = "kvsift::cuda::merge_state";
-  detail::validate_merge_shape<T>(num_rows, num_heads, head_dim, what);
-  if (num_rows == 0) return;
-  detail::require_device_ptr(v_a, true, what, "v_a");
-  detail::require_device_ptr(v_b, true, what, "v_b");
-  detail::require_device_ptr(v_out, true, what, "v_out");
-  kvsift::detail::require(s_a != nullptr && s_b != nullptr && s_out != nullptr, what,
-                          ": s_a, s_b and s_out must be non-null");
-  const detail::pair_source<T> src{v_a, s_a, v_b, s_b, num_heads, head_dim};
-  detail::launch_merge<T, false>(src, v_out, s_out, num_rows * num_heads, num_heads, head_dim,
-                                 stream, policy, status, what);
+  detail::merge_pair(v_a, s_a, v_b, s_b, v_out, s_out, num_rows, num_heads, head_dim, stream,
+                     policy, status, true);
 }
 
 template <class T>
@@ -618,6 +654,13 @@ void merge_state_in_place(T* v, float* s, const T* v_other, const float* s_other
   detail::require_device_ptr(v_other, true, what, "v_other");
   kvsift::detail::require(s != nullptr && s_other != nullptr, what,
                           ": s and s_other must be non-null");
+  const int device = detail::current_device();
+  detail::require_stream_on(stream, device, what);
+  detail::require_device_pointer(v, device, what, "v");
+  detail::require_device_pointer(s, device, what, "s");
+  detail::require_device_pointer(v_other, device, what, "v_other");
+  detail::require_device_pointer(s_other, device, what, "s_other");
+  detail::require_optional_device_pointer(status, device, what, "status");
   const detail::pair_source<T> src{v, s, v_other, s_other, num_heads, head_dim};
   detail::launch_merge<T, true>(src, v, s, num_rows * num_heads, num_heads, head_dim, stream,
                                 policy, status, what);

@@ -239,6 +239,19 @@ void offloaded_attention(const offloaded_kv_ref& kv, const float* q, int num_qo_
   detail::require_device_pointer(kv.page_table, device, "offloaded_attention", "page table");
   detail::require_device_pointer(kv.k_pools.device, device, "offloaded_attention", "K device tier");
   detail::require_device_pointer(kv.v_pools.device, device, "offloaded_attention", "V device tier");
+  // The LRU step and the attention below run unchecked on these and the workspace.
+  detail::require_accessible_pointer(kv.k_pools.host, device, "offloaded_attention", "K host tier");
+  detail::require_accessible_pointer(kv.v_pools.host, device, "offloaded_attention", "V host tier");
+  detail::require_lru_state_on(kv.lru, device, "offloaded_attention");
+  detail::require_device_pointer(q, device, "offloaded_attention", "q");
+  detail::require_accessible_pointer(indptr, device, "offloaded_attention", "indptr");
+  if (ids != nullptr) detail::require_accessible_pointer(ids, device, "offloaded_attention", "ids");
+  detail::require_device_pointer(out_o, device, "offloaded_attention", "out_o");
+  detail::require_device_pointer(out_lse, device, "offloaded_attention", "out_lse");
+  detail::require_accessible_pointer(kv.host_page, device, "offloaded_attention", "host_page");
+  detail::require_optional_device_pointer(status, device, "offloaded_attention", "status");
+  detail::require_optional_device_pointer(p.attention.status, device, "offloaded_attention",
+                                          "the attention's status");
   auto* base = static_cast<unsigned char*>(workspace);
   auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
   auto* selected = static_cast<std::uint32_t*>(at(l.selected));
@@ -262,10 +275,11 @@ void offloaded_attention(const offloaded_kv_ref& kv, const float* q, int num_qo_
   // 2. The LRU decides residency. Evictions always go to per-pair ranges of `capacity` (the
   //    workspace holds pairs x capacity of them): required with limits, harmless without.
   const std::uint64_t eviction_stride = kv.lru.capacity;
-  bucketed_lru_step(kv.lru,
-                    {selected, offsets, ev_keys, static_cast<std::uint32_t*>(at(l.ev_slots)),
-                     ad_keys, ad_slots, counts, lru_status, eviction_stride},
-                    p.buckets, stream);
+  detail::run_bucketed_lru_step(
+      kv.lru,
+      {selected, offsets, ev_keys, static_cast<std::uint32_t*>(at(l.ev_slots)), ad_keys, ad_slots,
+       counts, lru_status, eviction_stride},
+      p.buckets, stream, false);
   // 3. The table follows, and the admitted pages' copies are listed.
   detail::offload_admit_kernel<<<static_cast<unsigned>(pairs), 256, 0, stream>>>(
       kv.lru, kv.page_table, kv.host_page, kv.k_pools.host_pages, offsets, eviction_stride, ev_keys,
@@ -286,8 +300,9 @@ void offloaded_attention(const offloaded_kv_ref& kv, const float* q, int num_qo_
                            kv.page_table,
                            pairs,
                            static_cast<int>(kv.lru.pages)};
-  sparse_attention<T>(q, num_qo_heads, kv.head_dim, pk, indptr, ids, out_o, out_lse,
-                      l.attn_bytes > 0 ? at(l.attn) : nullptr, l.attn_bytes, stream, p.attention);
+  detail::run_sparse_attention<T>(q, num_qo_heads, kv.head_dim, pk, indptr, ids, out_o, out_lse,
+                                  l.attn_bytes > 0 ? at(l.attn) : nullptr, l.attn_bytes, stream,
+                                  p.attention, {}, false);
 }
 
 }  // namespace kvsift::cuda

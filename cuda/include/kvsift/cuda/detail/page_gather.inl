@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda::detail {
@@ -87,6 +88,12 @@ void launch_page_copy(const page_copy* copies, std::uint64_t count, const page_p
                           who, ": pool bases must be 16-byte aligned");
   kvsift::detail::require(policy.blocks_per_sm > 0, who, ": blocks_per_sm must be > 0, got ",
                           policy.blocks_per_sm);
+  const int device = current_device();
+  require_stream_on(stream, device, who);
+  require_accessible_pointer(copies, device, who, "the copy list");
+  require_accessible_pointer(pools.host, device, who, "the host pool");
+  require_device_pointer(pools.device, device, who, "the device pool");
+  require_optional_device_pointer(status, device, who, "status");
   page_copy_kernel<ToDevice><<<page_copy_blocks(count, policy), gather_threads, 0, stream>>>(
       copies, count, pools, status);
   KVSIFT_CUDA_CHECK(cudaGetLastError());

@@ -300,12 +300,18 @@ inline std::size_t sparse_attention_workspace_size(int num_qo_heads, int head_di
   return detail::workspace_bytes_for(num_qo_heads, head_dim, splits);
 }
 
+namespace detail {
+
+/// sparse_attention; with check_devices false the pointers and stream are taken to be the
+/// current device's (for the library's own steps, which checked their inputs once: the checks
+/// are a pointer-attribute query each, host time that a batch-1 step sees).
 template <class T>
-void sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
-                      const std::int64_t* token_indptr, const std::int32_t* token_ids, float* out_o,
-                      float* out_lse, void* workspace, std::size_t workspace_bytes,
-                      cudaStream_t stream, const sparse_attention_params& params,
-                      const sparse_attention_policy& policy) {
+void run_sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
+                          const std::int64_t* token_indptr, const std::int32_t* token_ids,
+                          float* out_o, float* out_lse, void* workspace,
+                          std::size_t workspace_bytes, cudaStream_t stream,
+                          const sparse_attention_params& params,
+                          const sparse_attention_policy& policy, bool check_devices) {
   static_assert(detail::is_supported_element_v<T>,
                 "K/V element type must be float, __half or __nv_bfloat16");
   using kvsift::detail::require;
@@ -343,6 +349,21 @@ void sparse_attention(const float* q, int num_qo_heads, int head_dim, const page
               (workspace != nullptr &&
                reinterpret_cast<std::uintptr_t>(workspace) % detail::workspace_alignment == 0),
           what, ": workspace must be non-null and 256-byte aligned");
+  if (check_devices) {
+    const int device = current_device();
+    require_stream_on(stream, device, what);
+    require_device_pointer(q, device, what, "q");
+    require_device_pointer(kv.k_pages, device, what, "k_pages");
+    require_device_pointer(kv.v_pages, device, what, "v_pages");
+    require_device_pointer(kv.page_table, device, what, "page_table");
+    require_device_pointer(token_indptr, device, what, "token_indptr");
+    // Null ids are valid when every head's list is empty (the indptr is device data).
+    require_optional_device_pointer(token_ids, device, what, "token_ids");
+    require_device_pointer(out_o, device, what, "out_o");
+    require_device_pointer(out_lse, device, what, "out_lse");
+    if (needed > 0) require_device_pointer(workspace, device, what, "workspace");
+    require_optional_device_pointer(params.status, device, what, "status");
+  }
   const int group_size = num_qo_heads / kv.num_kv_heads;
   switch (head_dim) {
     case 64:
@@ -361,6 +382,18 @@ void sparse_attention(const float* q, int num_qo_heads, int head_dim, const page
                                               stream, params.status);
       break;
   }
+}
+
+}  // namespace detail
+
+template <class T>
+void sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
+                      const std::int64_t* token_indptr, const std::int32_t* token_ids, float* out_o,
+                      float* out_lse, void* workspace, std::size_t workspace_bytes,
+                      cudaStream_t stream, const sparse_attention_params& params,
+                      const sparse_attention_policy& policy) {
+  detail::run_sparse_attention(q, num_qo_heads, head_dim, kv, token_indptr, token_ids, out_o,
+                               out_lse, workspace, workspace_bytes, stream, params, policy, true);
 }
 
 }  // namespace kvsift::cuda
