@@ -13,12 +13,14 @@
 //     exact CPU kNN, at several search pool sizes L;
 //   - the same shared build's step 1 with the CPU kNN engine (baseline for step 1);
 //   - build_heads (next head's GPU kNN overlapping this head's CPU steps) against the same
-//     heads built one after the other, on --pipeline-heads KV heads of --pipeline-keys keys.
+//     heads built one after the other, on --pipeline-heads KV heads of --pipeline-keys keys;
+//   - with --shards S, build_heads_sharded over S builders (builder s on device s modulo the
+//     device count, each with 1/S of the CPU threads) against build_heads, same heads.
 // Query heads differ in distribution (topic strength and query mean per head), keys are shared.
 //
 // Usage: kvsift-cuda-build_bench [--n 131072] [--d 128] [--heads 4] [--ratio 0.1]
 //            [--eval 200] [--threads 0] [--per-head 1] [--pipeline-heads 4]
-//            [--pipeline-keys 32768]
+//            [--pipeline-keys 32768] [--shards 0]
 
 #include <algorithm>
 #include <chrono>
@@ -55,7 +57,7 @@ using cpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kvsift::cpu
 
 struct options {
   std::size_t n = 131072, d = 128, heads = 4, eval = 200, threads = 0, per_head = 1;
-  std::size_t pipeline_heads = 4, pipeline_keys = 32768;
+  std::size_t pipeline_heads = 4, pipeline_keys = 32768, shards = 0;
   double ratio = 0.1;
 };
 
@@ -70,6 +72,7 @@ options parse(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--per-head", o.per_head),
        kvsift::cuda_bench::size_option("--pipeline-heads", o.pipeline_heads),
        kvsift::cuda_bench::size_option("--pipeline-keys", o.pipeline_keys),
+       kvsift::cuda_bench::size_option("--shards", o.shards),
        kvsift::cuda_bench::double_option("--ratio", o.ratio)});
   return o;
 }
@@ -271,7 +274,31 @@ int main(int argc, char** argv) {
         "build_heads %.3f s (x%.2f), %zu heads reported\n",
         o.pipeline_heads, o.pipeline_keys, sequential, knn_sum, pipelined, sequential / pipelined,
         last_done);
-    (void)graphs;
+    if (o.shards > 0) {
+      int devices = 0;
+      KVSIFT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+      auto sp = p;
+      sp.threads = std::max<std::size_t>(1, threads / o.shards);
+      std::vector<gpu_builder> builders;
+      for (std::size_t s = 0; s < o.shards; ++s) {
+        builders.emplace_back(
+            sp, kvsift::cuda::knn_engine({.device = static_cast<int>(s % std::size_t(devices))}));
+      }
+      t0 = std::chrono::steady_clock::now();
+      const auto sharded = kvsift::build_heads_sharded(
+          std::span<const gpu_builder>(builders),
+          std::span<const kvsift::kv_head_job<store_t>>(jobs), {.sample_ratio = o.ratio});
+      const double sharded_s = seconds_since(t0);
+      std::size_t differ = 0;
+      for (std::size_t h = 0; h < graphs.size(); ++h) {
+        differ += !std::ranges::equal(graphs[h].adjacency(), sharded[h].adjacency());
+      }
+      std::printf(
+          "build_heads_sharded over %zu builders (%d device(s), %zu CPU threads each): %.3f s "
+          "(x%.2f against build_heads), %zu of %zu graphs differ from build_heads'\n",
+          o.shards, std::min(devices, static_cast<int>(o.shards)), sp.threads, sharded_s,
+          pipelined / sharded_s, differ, graphs.size());
+    }
   }
   (void)knn_cpu;
   return 0;

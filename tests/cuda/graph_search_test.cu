@@ -22,6 +22,7 @@
 #include <kvsift/core/vector_store.hpp>
 #include <kvsift/cuda/graph_search.cuh>
 #include <kvsift/cuda/knn.cuh>
+#include <kvsift/index/build_pipeline.hpp>
 #include <kvsift/index/roargraph_builder.hpp>
 #include <kvsift/search/beam_search.hpp>
 #pragma nv_diagnostic pop
@@ -291,6 +292,53 @@ TEST_CASE("connectivity_on_gpu_builds_the_cpu_graph", "[cuda][graph_search]") {
       kvsift::roargraph_builder<kvsift::inner_product, kvsift::cuda::knn_engine>(p).build(hstore,
                                                                                           train);
   CHECK(std::ranges::equal(cpu_h.adjacency(), gpu_h.adjacency()));
+}
+
+// Heads sharded over GPU builders (issue 20): one CUDA engine per device, each building its
+// shard on its own thread, give the CPU pipeline's graphs (integer data: exact). With one GPU
+// the two engines share device 0, which still runs the shards concurrently.
+TEST_CASE("build_heads_sharded_over_devices_builds_the_cpu_graphs", "[cuda][graph_search]") {
+  int devices = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  const int second = devices >= 2 ? 1 : 0;
+  std::printf("  build_heads_sharded on devices {0, %d}\n", second);
+  const std::size_t n = 1500, d = 32, heads = 4;
+  std::vector<std::vector<float>> keys, queries;
+  for (std::size_t h = 0; h < heads; ++h) {
+    keys.push_back(integer_matrix(n - 100 * h, d, 4));
+    queries.push_back(integer_matrix(400, d, 4));
+  }
+  std::vector<kvsift::kv_head_job<kvsift::view_store<float>>> jobs;
+  for (std::size_t h = 0; h < heads; ++h) {
+    jobs.push_back(
+        {kvsift::view_store<float>(matrix_view<const float>(keys[h].data(), keys[h].size() / d, d)),
+         {matrix_view<const float>(queries[h].data(), 400, d)}});
+  }
+  const std::span<const kvsift::kv_head_job<kvsift::view_store<float>>> js(jobs);
+  kvsift::roargraph_params p;
+  p.nq = 40;
+  p.M = 12;
+  p.L = 60;
+  p.threads = 2;
+  const kvsift::build_pipeline_params bp{.sample_ratio = 0.5, .seed = 11};
+  const auto cpu = kvsift::build_heads(kvsift::roargraph_builder<>(p), js, bp);
+  using gpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kvsift::cuda::knn_engine>;
+  const std::vector<gpu_builder> builders{
+      gpu_builder(p, kvsift::cuda::knn_engine({.device = 0})),
+      gpu_builder(p, kvsift::cuda::knn_engine({.device = second}))};
+  std::vector<kvsift::roargraph_build_stats> stats;
+  const auto gpu =
+      kvsift::build_heads_sharded(std::span<const gpu_builder>(builders), js, bp, &stats);
+  REQUIRE(gpu.size() == heads);
+  for (std::size_t h = 0; h < heads; ++h) {
+    INFO("head " << h);
+    CHECK(std::ranges::equal(cpu[h].adjacency(), gpu[h].adjacency()));
+    CHECK(cpu[h].entry_point() == gpu[h].entry_point());
+    CHECK(stats[h].knn_seconds > 0);
+  }
+  int current = -1;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&current));
+  CHECK(current == 0);  // the engines' device switches are scoped
 }
 
 TEST_CASE("graph_search_rejects_bad_input", "[cuda][graph_search]") {

@@ -207,3 +207,81 @@ TEST_CASE("build_heads rethrows an error of a head's kNN, which runs on a helper
   CHECK_THROWS_AS(kvsift::build_heads(b, jobs_span(jobs), {.sample_ratio = 0.5}),
                   kvsift::dimension_mismatch);
 }
+
+TEST_CASE("build_heads_sharded equals build_heads, in job order", "[index][progress]") {
+  // Five KV heads over their own keys (sizes differ, so a head in the wrong place shows), cut
+  // into shards of 2 + 3 heads (two builders) and of 1 + 1 + 1 + 1 + 1 (more builders than heads).
+  std::vector<kvsift::testing::ood_data> keys;
+  for (int h = 0; h < 5; ++h) {
+    keys.push_back(kvsift::testing::make_ood({.keys = static_cast<std::size_t>(300 + 40 * h),
+                                              .queries = 4,
+                                              .dim = 16,
+                                              .seed = static_cast<std::uint64_t>(20 + h)}));
+  }
+  const auto q = data().query_view();
+  std::vector<kvsift::kv_head_job<kvsift::view_store<float>>> jobs;
+  for (int h = 0; h < 5; ++h) {
+    jobs.push_back({kvsift::view_store<float>(keys[h].key_view()),
+                    {q.row_range(100 * h, 100), q.row_range(100 * h + 50, 100)}});
+  }
+  using jobs_span = std::span<const kvsift::kv_head_job<kvsift::view_store<float>>>;
+  auto p = params();
+  p.threads = 1;
+  const kvsift::roargraph_builder<> one(p);
+  const kvsift::build_pipeline_params bp{.sample_ratio = 0.5, .seed = 4};
+  const auto expected = kvsift::build_heads(one, jobs_span(jobs), bp);
+  for (const std::size_t count : {std::size_t{1}, std::size_t{2}, std::size_t{7}}) {
+    const std::vector<kvsift::roargraph_builder<>> builders(count, one);
+    std::vector<kvsift::roargraph_build_stats> stats;
+    std::vector<std::size_t> done;
+    const auto graphs = kvsift::build_heads_sharded(
+        std::span<const kvsift::roargraph_builder<>>(builders), jobs_span(jobs), bp, &stats,
+        [&](const kvsift::build_progress& pr) {
+          CHECK(pr.total == 5);
+          CHECK(pr.phase == "head");
+          done.push_back(pr.done);
+        });
+    INFO(count << " builders");
+    REQUIRE(graphs.size() == 5);
+    for (std::size_t h = 0; h < 5; ++h) {
+      INFO("head " << h);
+      require_same_graph(graphs[h], expected[h]);
+      CHECK(stats[h].knn_seconds > 0);
+    }
+    CHECK(done == std::vector<std::size_t>{1, 2, 3, 4, 5});  // one call at a time, counted
+  }
+  const std::vector<kvsift::roargraph_builder<>> two(2, one);
+  const std::span<const kvsift::roargraph_builder<>> two_span(two);
+  std::vector<kvsift::roargraph_build_stats> stats(3);
+  CHECK(kvsift::build_heads_sharded(two_span, jobs_span(), bp, &stats).empty());
+  CHECK(stats.empty());
+
+  // Bad input is refused before any head is built.
+  std::size_t calls = 0;
+  const auto count_calls = [&](const kvsift::build_progress&) { ++calls; };
+  CHECK_THAT(message_of<kvsift::invalid_argument>([&] {
+               (void)kvsift::build_heads_sharded(std::span<const kvsift::roargraph_builder<>>(),
+                                                 jobs_span(jobs));
+             }),
+             Contains("expected at least 1 builder, got 0"));
+  CHECK_THAT(message_of<kvsift::invalid_argument>([&] {
+               (void)kvsift::build_heads_sharded(two_span, jobs_span(jobs), {.sample_ratio = 1.5},
+                                                 nullptr, count_calls);
+             }),
+             Contains("expected sample_ratio in (0, 1], got 1.5"));
+  jobs[4].query_heads.clear();
+  CHECK_THAT(message_of<kvsift::invalid_argument>([&] {
+               (void)kvsift::build_heads_sharded(two_span, jobs_span(jobs), bp, nullptr,
+                                                 count_calls);
+             }),
+             Contains("KV head 4 has no query heads"));
+  CHECK(calls == 0);
+
+  // An error of the second builder's thread (its last head's queries have another dimension)
+  // is rethrown after the first builder's heads were built.
+  const auto narrow = kvsift::testing::make_ood({.keys = 300, .queries = 40, .dim = 8, .seed = 9});
+  jobs[4].query_heads = {narrow.query_view()};
+  CHECK_THROWS_AS(kvsift::build_heads_sharded(two_span, jobs_span(jobs), bp, nullptr, count_calls),
+                  kvsift::dimension_mismatch);
+  CHECK(calls >= 2);
+}

@@ -7,8 +7,10 @@
 // every query head of its group (sample_gqa_queries), which costs one build instead of one per
 // query head. Plain C++: the pipeline works with any KnnEngine, the CPU engine included.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <utility>
@@ -40,6 +42,20 @@ struct build_pipeline_params {
   std::uint64_t seed = 7;     ///< sampling seed (the same for every head: deterministic)
 };
 
+namespace detail {
+/// The checks of build_heads, before any work.
+template <MatrixStore Store>
+void validate_build_heads(std::span<const kv_head_job<Store>> jobs,
+                          const build_pipeline_params& params, const char* who) {
+  require(params.sample_ratio > 0.0 && params.sample_ratio <= 1.0, who,
+          ": expected sample_ratio in (0, 1], got ", params.sample_ratio);
+  for (std::size_t h = 0; h < jobs.size(); ++h) {
+    require(!jobs[h].query_heads.empty(), who, ": KV head ", h,
+            " has no query heads, expected at least 1");
+  }
+}
+}  // namespace detail
+
 /**
  * @brief Builds one RoarGraph index per KV head, in order, overlapping the kNN of head i + 1
  *        (sampling + engine call, on a helper thread) with steps 2-4 of head i.
@@ -66,12 +82,7 @@ std::vector<graph_index<Store, M>> build_heads(const roargraph_builder<M, Engine
                                                const build_pipeline_params& params = {},
                                                std::vector<roargraph_build_stats>* stats = nullptr,
                                                const build_progress_callback& progress = {}) {
-  detail::require(params.sample_ratio > 0.0 && params.sample_ratio <= 1.0,
-                  "build_heads: expected sample_ratio in (0, 1], got ", params.sample_ratio);
-  for (std::size_t h = 0; h < jobs.size(); ++h) {
-    detail::require(!jobs[h].query_heads.empty(), "build_heads: KV head ", h,
-                    " has no query heads, expected at least 1");
-  }
+  detail::validate_build_heads(jobs, params, "build_heads");
   struct knn_job {
     knn_result knn;
     double seconds = 0;
@@ -104,6 +115,84 @@ std::vector<graph_index<Store, M>> build_heads(const roargraph_builder<M, Engine
     st.total_seconds += cur.seconds;
     if (stats != nullptr) (*stats)[h] = st;
     if (progress) progress({h + 1, jobs.size(), detail::seconds_since(t0), "head"});
+  }
+  return out;
+}
+
+/**
+ * @brief Builds one index per KV head with several builders at once, typically one per GPU
+ *        (`roargraph_builder<M, cuda::knn_engine>`, each engine on its own `device`): the jobs
+ *        are cut into B contiguous shards of sizes differing by at most one (builder b takes
+ *        jobs [b n / B, (b + 1) n / B)), each builder runs `build_heads` over its shard on its
+ *        own thread, and the indexes come back in job order.
+ *
+ * Each index equals the one `build_heads` of its shard's builder makes: sharding changes where
+ * and when work runs, never what it computes (equal builders give the graphs one builder
+ * gives). Equal shard sizes suit a model's heads, which have equal sizes; the jobs are not
+ * copied.
+ *
+ * @param stats    as build_heads, in job order
+ * @param progress called after each head, from the builders' threads one call at a time;
+ *                 done counts the heads finished by all builders, total = jobs.size()
+ * @throw invalid_argument an empty builder list, and what build_heads checks (all before any
+ *        work); otherwise the error of the lowest-numbered builder that failed, after every
+ *        builder's thread has finished
+ * @note Thread safety: the builders run concurrently, B - 1 of them on new threads and one on
+ *       the calling thread. Each uses its own engine (engines that share state, such as copies
+ *       of one cuda::knn_engine, are serialised by it) and `params().threads` CPU threads: give
+ *       each builder its share of the cores. Complexity: the builds' sum of work; wall time
+ *       about that of the most loaded builder.
+ */
+template <Metric M, KnnEngine Engine, MatrixStore Store>
+std::vector<graph_index<Store, M>> build_heads_sharded(
+    std::span<const roargraph_builder<M, Engine>> builders,
+    std::span<const kv_head_job<Store>> jobs, const build_pipeline_params& params = {},
+    std::vector<roargraph_build_stats>* stats = nullptr,
+    const build_progress_callback& progress = {}) {
+  detail::require(!builders.empty(), "build_heads_sharded: expected at least 1 builder, got 0");
+  detail::validate_build_heads(jobs, params, "build_heads_sharded");
+  const std::size_t shards = std::min(builders.size(), jobs.size());
+  if (shards == 0) {
+    if (stats != nullptr) stats->clear();
+    return {};
+  }
+  const auto t0 = detail::monotonic_seconds();
+  std::mutex progress_mutex;
+  std::size_t done = 0;
+  struct shard_result {
+    std::vector<graph_index<Store, M>> graphs;
+    std::vector<roargraph_build_stats> stats;
+  };
+  const auto first_of = [&](std::size_t b) { return b * jobs.size() / shards; };
+  const auto run_shard = [&](std::size_t b) {
+    shard_result r;
+    build_progress_callback report;
+    if (progress) {
+      report = [&](const build_progress&) {
+        const std::lock_guard<std::mutex> lock(progress_mutex);
+        progress({++done, jobs.size(), detail::seconds_since(t0), "head"});
+      };
+    }
+    r.graphs = build_heads(builders[b], jobs.subspan(first_of(b), first_of(b + 1) - first_of(b)),
+                           params, &r.stats, report);
+    return r;
+  };
+  // Builders 1.. on helper threads, builder 0 here; a background_task waits in its destructor,
+  // so an error of builder 0 still waits for the others before `jobs` goes away.
+  std::vector<std::optional<detail::background_task<shard_result>>> helpers(shards);
+  for (std::size_t b = 1; b < shards; ++b)
+    helpers[b].emplace([&run_shard, b] { return run_shard(b); });
+  std::vector<shard_result> results(shards);
+  results[0] = run_shard(0);
+  for (std::size_t b = 1; b < shards; ++b) results[b] = helpers[b]->get();
+  std::vector<graph_index<Store, M>> out;
+  out.reserve(jobs.size());
+  if (stats != nullptr) stats->assign(jobs.size(), {});
+  for (std::size_t b = 0; b < shards; ++b) {
+    for (std::size_t i = 0; i < results[b].graphs.size(); ++i) {
+      out.push_back(std::move(results[b].graphs[i]));
+      if (stats != nullptr) (*stats)[first_of(b) + i] = results[b].stats[i];
+    }
   }
   return out;
 }
