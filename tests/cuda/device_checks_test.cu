@@ -48,14 +48,6 @@ void foreign_device_cases(const call& f) {
   });
 }
 
-struct pinned_bytes {
-  void* p = nullptr;
-  explicit pinned_bytes(std::size_t n) { KVSIFT_CUDA_CHECK(cudaMallocHost(&p, n)); }
-  pinned_bytes(const pinned_bytes&) = delete;
-  pinned_bytes& operator=(const pinned_bytes&) = delete;
-  ~pinned_bytes() { cudaFreeHost(p); }
-};
-
 }  // namespace
 
 TEST_CASE("merge_entry_points_check_devices", "[cuda][device_checks]") {

@@ -15,23 +15,11 @@
 
 using kvsift::page_copy;
 using kvsift::cuda_test::device_buffer;
-
-namespace {
-
-struct pinned {
-  void* p = nullptr;
-  explicit pinned(std::size_t bytes) { KVSIFT_CUDA_CHECK(cudaMallocHost(&p, bytes)); }
-  pinned(const pinned&) = delete;
-  pinned& operator=(const pinned&) = delete;
-  ~pinned() { cudaFreeHost(p); }
-  [[nodiscard]] unsigned char* bytes() const { return static_cast<unsigned char*>(p); }
-};
-
-}  // namespace
+using kvsift::cuda_test::pinned_bytes;
 
 TEST_CASE("memory_gather_copies_exactly_the_requested_pages", "[cuda][memory_gather]") {
   const std::uint64_t page = 4112, host_pages = 64, dev_pages = 40;  // 4 KB + 16: not a 2^k
-  pinned host(page * host_pages);
+  pinned_bytes host(page * host_pages);
   std::mt19937 rng(3);
   for (std::uint64_t i = 0; i < page * host_pages; ++i) host.bytes()[i] = rng() & 0xff;
   device_buffer<unsigned char> dev(std::vector<unsigned char>(page * dev_pages, 0xAB));
@@ -63,7 +51,7 @@ TEST_CASE("memory_gather_copies_exactly_the_requested_pages", "[cuda][memory_gat
   }
 
   // Back: scatter 10 device pages into a zeroed host pool; everything else stays zero.
-  pinned back(page * host_pages);
+  pinned_bytes back(page * host_pages);
   std::memset(back.p, 0, page * host_pages);
   std::vector<page_copy> home;
   for (int i = 0; i < 10; ++i) home.push_back({static_cast<std::uint64_t>(2 * i + 1), dst[i]});
@@ -85,7 +73,7 @@ TEST_CASE("memory_gather_copies_exactly_the_requested_pages", "[cuda][memory_gat
 
 TEST_CASE("memory_gather_offsets_past_2_31_bytes", "[cuda][memory_gather]") {
   const std::uint64_t page = 32768, dev_pages = 70000;  // 2.29 GB device pool
-  pinned host(page * 4);
+  pinned_bytes host(page * 4);
   for (std::uint64_t i = 0; i < page * 4; ++i) host.bytes()[i] = static_cast<unsigned char>(i * 7);
   device_buffer<unsigned char> dev(page * dev_pages);
   const std::vector<page_copy> copies{{3, dev_pages - 1}, {2, 65537}};
@@ -102,7 +90,7 @@ TEST_CASE("memory_gather_offsets_past_2_31_bytes", "[cuda][memory_gather]") {
 
 TEST_CASE("memory_gather_rejects_bad_parameters", "[cuda][memory_gather]") {
   device_buffer<unsigned char> dev(4096);
-  pinned host(4096);
+  pinned_bytes host(4096);
   device_buffer<page_copy> copies(std::vector<page_copy>{{0, 0}});
   kvsift::cuda::page_pools_ref pools{host.p, 1, dev.get(), 1, 4096};
   auto bad = pools;

@@ -172,6 +172,16 @@ inline std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int ra
   return v;
 }
 
+/// Pinned host bytes (device-accessible), freed on scope exit.
+struct pinned_bytes {
+  void* p = nullptr;
+  explicit pinned_bytes(std::size_t n) { KVSIFT_CUDA_CHECK(cudaMallocHost(&p, n)); }
+  pinned_bytes(const pinned_bytes&) = delete;
+  pinned_bytes& operator=(const pinned_bytes&) = delete;
+  ~pinned_bytes() { cudaFreeHost(p); }
+  [[nodiscard]] unsigned char* bytes() const { return static_cast<unsigned char*>(p); }
+};
+
 /// Pinned host floats (device-accessible), freed on scope exit.
 struct pinned_floats {
   float* p = nullptr;
