@@ -341,30 +341,28 @@ class KvsiftCache(DynamicCache):
         self.kvsift_layers[layer_idx] = _LayerIndex(prompt, indexes)
 
     def _build_cuda(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> None:
-        """The GPU build of one layer: one ``kvsift.cuda.build_index`` per KV head over every
-        prompt token (graph ids = token positions, which the decode search reads in the cache's
-        key tensor; the window is excluded per search by an id range), stacked into a
-        GraphSet on the model's device. The builder reads host copies of the prompt's keys and
-        of the group's queries (float32), dropped once the graph is on the device."""
+        """The GPU build of one layer: the KV heads' graphs over every prompt token (graph
+        ids = token positions, which the decode search reads in the cache's key tensor; the
+        window is excluded per search by an id range), built by ``kvsift.cuda.build_indexes``
+        (up to 4 builders sharing the GPU; each graph the one ``build_index`` of its head
+        makes) and stacked into a GraphSet on the model's device. The builders read host
+        copies of the prompt's keys and of the groups' queries (float32), dropped once the
+        graphs are on the device."""
         kc = _kvsift_cuda()
         heads, kv_heads, prompt = query.shape[1], key.shape[1], key.shape[2]
         group = heads // kv_heads
         q = query[0].detach().float().cpu()
         keys = key[0].detach().float().cpu()
-        indexes = []
-        for g in range(kv_heads):
-            train = self._train_queries(q, g, group)
-            indexes.append(
-                kc.build_index(
-                    keys[g].contiguous(),
-                    train,
-                    nq=min(self.nq, prompt),
-                    M=self.M,
-                    L=max(self.build_L, self.M),
-                    threads=0,
-                    seed=self.seed + layer_idx,
-                )
-            )
+        indexes = kc.build_indexes(
+            [keys[g].contiguous() for g in range(kv_heads)],
+            [self._train_queries(q, g, group) for g in range(kv_heads)],
+            builders=min(4, kv_heads),
+            nq=min(self.nq, prompt),
+            M=self.M,
+            L=max(self.build_L, self.M),
+            threads=0,
+            seed=self.seed + layer_idx,
+        )
         host = kc.graph_set(indexes)
         device = key.device
         gpu = kc.GraphSet(*(torch.from_numpy(a).to(device) for a in host[:3]), host.max_keys)

@@ -677,6 +677,41 @@ def test_build_index_on_the_gpu_is_the_cpu_graph(key_dtype):
     assert np.array_equal(gpu.search(q, 10, L=30).ids, cpu.search(q, 10, L=30).ids)
 
 
+def test_build_indexes_equals_build_index_per_head():
+    # Heads of different sizes (a head in the wrong place shows), integer data (exact scores):
+    # sharded over 1, 2 or more builders than heads, every graph is build_index's of its head.
+    rng = np.random.default_rng(5)
+    keys = [rng.integers(-4, 5, size=(1200 + 150 * h, 32)).astype(np.float32) for h in range(3)]
+    trains = [rng.integers(-4, 5, size=(300, 32)).astype(np.float32) for _ in range(3)]
+    params = dict(nq=40, M=12, L=60, threads=2)
+    single = [kc.build_index(k, t, **params) for k, t in zip(keys, trains)]
+    for builders in (1, 2, 5):
+        built = kc.build_indexes(keys, trains, builders=builders, **params)
+        assert len(built) == 3
+        for h in range(3):
+            assert built[h].keys is keys[h]
+            assert np.array_equal(built[h].adjacency(), single[h].adjacency()), (builders, h)
+            assert np.array_equal(built[h].entry_points, single[h].entry_points)
+            assert built[h].build_stats.knn_seconds > 0
+    assert kc.build_indexes([], []) == []
+
+
+def test_build_indexes_refuses_bad_input():
+    rng = np.random.default_rng(6)
+    keys = [rng.standard_normal((300, 16)).astype(np.float32) for _ in range(2)]
+    trains = [rng.standard_normal((60, 16)).astype(np.float32) for _ in range(2)]
+    with pytest.raises(ValueError, match="as many training query sets as key sets"):
+        kc.build_indexes(keys, trains[:1])
+    with pytest.raises(ValueError, match="builders: expected >= 1, got 0"):
+        kc.build_indexes(keys, trains, builders=0)
+    with pytest.raises(ValueError, match="dtype of keys"):
+        kc.build_indexes([keys[0], keys[1].astype(np.float16)], trains)
+    with pytest.raises(ValueError, match="expected dimension 16"):
+        kc.build_indexes(keys, [trains[0], trains[1][:, :8].copy()])
+    with pytest.raises(ValueError, match="float32 or float16"):
+        kc.build_indexes([keys[0].astype(np.float64)], trains[:1])
+
+
 def test_build_index_refuses_bad_input():
     rng = np.random.default_rng(4)
     keys = rng.standard_normal((500, 16)).astype(np.float32)

@@ -740,6 +740,68 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       "(graph bytes, build seconds). Use kvsift.cuda.build_index.");
 
   m.def(
+      "build_roargraphs",
+      [](py::sequence keys, py::sequence trains, std::size_t nq, std::size_t M, std::size_t L,
+         std::size_t threads, std::uint64_t seed, int builders) {
+        require(py::len(keys) == py::len(trains),
+                "build_roargraphs: expected as many training "
+                "query sets as key sets (",
+                py::len(keys), "), got ", py::len(trains));
+        require(builders >= 1, "builders: expected >= 1, got ", builders);
+        std::vector<tensor> tks, tts;  // keep the DLPack views alive through the build
+        std::vector<ops::build_head> heads;
+        int dim = 0;
+        bool f32 = true;
+        for (std::size_t h = 0; h < py::len(keys); ++h) {
+          tks.push_back(kvsift_python::tensor_of(keys[h], "keys"));
+          tts.push_back(kvsift_python::tensor_of(trains[h], "train_queries"));
+          const tensor& tk = tks.back();
+          const tensor& tt = tts.back();
+          require(tk.is_f32() || tk.is_f16(), "keys[", h, "]: expected float32 or float16, got ",
+                  kvsift_python::dtype_name(tk));
+          require(h == 0 || tk.is_f32() == f32, "keys[", h, "]: expected the dtype of keys[0]");
+          require_kind(tt, 'f', 4, "train_queries", "float32");
+          require<kvsift::dimension_mismatch>(tk.ndim() == 2 && tt.ndim() == 2, "head ", h,
+                                              ": expected keys (n, d) and train_queries (m, d), "
+                                              "got ",
+                                              tk.ndim(), " and ", tt.ndim(), " axes");
+          if (h == 0) {
+            dim = as_int(tk.shape[1], "dim");
+            f32 = tk.is_f32();
+          }
+          require<kvsift::dimension_mismatch>(tk.shape[1] == dim && tt.shape[1] == dim, "head ", h,
+                                              ": expected dimension ", dim, ", got keys ",
+                                              tk.shape[1], " and train_queries ", tt.shape[1]);
+          require_contiguous(tk, "keys");
+          require_contiguous(tt, "train_queries");
+          heads.push_back({ptr(tk), tk.shape[0], ptr<float>(tt), tt.shape[0]});
+        }
+        ops::build_knobs p;
+        p.nq = nq;
+        p.M = M;
+        p.L = L;
+        p.threads = threads;
+        p.seed = seed;
+        std::vector<ops::built_graph> gs;
+        {
+          py::gil_scoped_release release;
+          gs = ops::build_roargraphs(f32 ? ops::dtype::f32 : ops::dtype::f16, heads, dim, p,
+                                     builders);
+        }
+        py::list out;
+        for (const auto& g : gs) {
+          out.append(py::make_tuple(py::bytes(g.bytes),
+                                    py::make_tuple(g.knn_seconds, g.projection_seconds,
+                                                   g.connectivity_seconds, g.total_seconds)));
+        }
+        return out;
+      },
+      py::arg("keys"), py::arg("train_queries"), py::arg("nq"), py::arg("M"), py::arg("L"),
+      py::arg("threads"), py::arg("seed"), py::arg("builders"),
+      "Low level: build_roargraph for a list of heads, sharded over `builders` builders on the "
+      "current GPU, as a list of (graph bytes, build seconds). Use kvsift.cuda.build_indexes.");
+
+  m.def(
       "knn_workspace_size",
       [](std::int64_t m, std::int64_t n, std::int64_t k) {
         return ops::knn_workspace_size(m, n, as_int(k, "k"));

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <kvsift/cuda/bucketed_lru.cuh>
 #include <kvsift/cuda/decode_step.cuh>
@@ -22,6 +23,7 @@
 #include <kvsift/cuda/offloaded_attention.cuh>
 #include <kvsift/cuda/page_gather.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
+#include <kvsift/index/build_pipeline.hpp>
 #include <kvsift/index/graph_io.hpp>
 #include <kvsift/index/roargraph_builder.hpp>
 
@@ -325,14 +327,75 @@ void knn(dtype t, const void* queries, std::int64_t m, const void* keys, std::in
   });
 }
 
-built_graph build_roargraph(dtype t, const void* keys, std::int64_t n, int dim, const float* train,
-                            std::int64_t m, const build_knobs& k) {
+namespace {
+
+kvsift::roargraph_params params_of(const build_knobs& k) {
   kvsift::roargraph_params p;
   p.nq = k.nq;
   p.M = k.M;
   p.L = k.L;
   p.threads = k.threads;
   p.seed = k.seed;
+  return p;
+}
+
+template <class G>
+built_graph to_built(const G& g, const kvsift::roargraph_build_stats& st) {
+  built_graph out;
+  std::ostringstream bytes(std::ios::binary);
+  kvsift::write_graph(g, bytes);
+  out.bytes = std::move(bytes).str();
+  out.knn_seconds = st.knn_seconds;
+  out.projection_seconds = st.projection_seconds;
+  out.connectivity_seconds = st.connectivity_seconds;
+  out.total_seconds = st.total_seconds;
+  return out;
+}
+
+}  // namespace
+
+std::vector<built_graph> build_roargraphs(dtype t, const std::vector<build_head>& heads, int dim,
+                                          const build_knobs& k, int builders) {
+  kvsift::detail::require(builders >= 1, "build_roargraphs: expected builders >= 1, got ",
+                          builders);
+  std::vector<built_graph> out;
+  with_type(t, [&](auto* tag) {
+    using E = kvsift_element_t<std::remove_pointer_t<decltype(tag)>>;
+    if constexpr (std::is_same_v<E, kvsift::bfloat16>) {
+      throw kvsift::invalid_argument(
+          "build_roargraphs: expected float32 or float16 keys (RoarGraphIndex's), got bfloat16");
+    } else {
+      using store = kvsift::view_store<E>;
+      using builder = kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine>;
+      // Each head's training queries as a GQA group of one, taken whole (sample_ratio 1 keeps
+      // every row in order): the graph is build_roargraph's.
+      std::vector<kvsift::kv_head_job<store>> jobs;
+      for (const build_head& h : heads) {
+        jobs.push_back({store(kvsift::matrix_view<const E>(static_cast<const E*>(h.keys),
+                                                           static_cast<std::size_t>(h.n),
+                                                           static_cast<std::size_t>(dim))),
+                        {kvsift::matrix_view<const float>(h.train, static_cast<std::size_t>(h.m),
+                                                          static_cast<std::size_t>(dim))}});
+      }
+      kvsift::roargraph_params p = params_of(k);
+      const std::size_t total = k.threads != 0 ? k.threads : kvsift::default_thread_count();
+      p.threads = std::max<std::size_t>(1, total / static_cast<std::size_t>(builders));
+      const int device = current_device();
+      std::vector<builder> bs;
+      for (int b = 0; b < builders; ++b) bs.emplace_back(p, kc::knn_engine({.device = device}));
+      std::vector<kvsift::roargraph_build_stats> stats;
+      const auto graphs = kvsift::build_heads_sharded(
+          std::span<const builder>(bs), std::span<const kvsift::kv_head_job<store>>(jobs),
+          {.sample_ratio = 1.0}, &stats);
+      for (std::size_t h = 0; h < graphs.size(); ++h) out.push_back(to_built(graphs[h], stats[h]));
+    }
+  });
+  return out;
+}
+
+built_graph build_roargraph(dtype t, const void* keys, std::int64_t n, int dim, const float* train,
+                            std::int64_t m, const build_knobs& k) {
+  const kvsift::roargraph_params p = params_of(k);
   built_graph out;
   with_type(t, [&](auto* tag) {
     using E = kvsift_element_t<std::remove_pointer_t<decltype(tag)>>;
@@ -349,13 +412,7 @@ built_graph build_roargraph(dtype t, const void* keys, std::int64_t n, int dim, 
           p, kc::knn_engine({.device = current_device()}));
       kvsift::roargraph_build_stats st;
       const auto g = b.build(store, q, &st);
-      std::ostringstream bytes(std::ios::binary);
-      kvsift::write_graph(g, bytes);
-      out.bytes = std::move(bytes).str();
-      out.knn_seconds = st.knn_seconds;
-      out.projection_seconds = st.projection_seconds;
-      out.connectivity_seconds = st.connectivity_seconds;
-      out.total_seconds = st.total_seconds;
+      out = to_built(g, st);
     }
   });
   return out;

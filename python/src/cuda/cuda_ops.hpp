@@ -11,6 +11,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace kvsift_python::cuda_ops {
 
@@ -177,6 +178,21 @@ struct built_graph {
 /// The graph equals the CPU build's on data whose scores are exact.
 built_graph build_roargraph(dtype t, const void* keys, std::int64_t n, int dim, const float* train,
                             std::int64_t m, const build_knobs& p);
+
+/// One head of build_roargraphs: host keys [n][dim] and host f32 training queries [m][dim].
+struct build_head {
+  const void* keys = nullptr;
+  std::int64_t n = 0;
+  const float* train = nullptr;
+  std::int64_t m = 0;
+};
+
+/// build_roargraph for several heads at once (kvsift::build_heads_sharded): `builders` builders
+/// on the current device, each with its own engine and threads / builders CPU threads (all the
+/// host's when threads is 0), build contiguous shards of the heads on their own threads. Graph
+/// h equals build_roargraph of head h alone.
+std::vector<built_graph> build_roargraphs(dtype t, const std::vector<build_head>& heads, int dim,
+                                          const build_knobs& p, int builders);
 
 /// Whether `p` is page-locked host memory the device can read (cudaPointerGetAttributes).
 bool is_pinned_host(const void* p);
