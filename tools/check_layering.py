@@ -72,7 +72,7 @@ HEAVY_STD = {
     "atomic": {"core/detail/threads.hpp"},
     "chrono": {"core/detail/clock.hpp"},
     "functional": {"core/detail/std_function.hpp"},
-    "mutex": {"index/shared_insertable_graph.hpp", "cuda/detail/knn.inl"},
+    "mutex": {"core/detail/threads.hpp", "index/shared_insertable_graph.hpp", "cuda/detail/knn.inl"},
     "shared_mutex": {"index/shared_insertable_graph.hpp"},
     "random": {"testing/ood_generator.hpp"},
     "filesystem": set(),

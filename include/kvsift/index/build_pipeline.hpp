@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <utility>
@@ -19,6 +18,7 @@
 #include "kvsift/core/dense_matrix.hpp"
 #include "kvsift/core/detail/background_task.hpp"
 #include "kvsift/core/detail/clock.hpp"
+#include "kvsift/core/detail/threads.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/matrix_view.hpp"
 #include "kvsift/core/vector_store.hpp"
@@ -157,7 +157,7 @@ std::vector<graph_index<Store, M>> build_heads_sharded(
     return {};
   }
   const auto t0 = detail::monotonic_seconds();
-  std::mutex progress_mutex;
+  detail::plain_mutex progress_mutex;
   std::size_t done = 0;
   struct shard_result {
     std::vector<graph_index<Store, M>> graphs;
@@ -169,7 +169,7 @@ std::vector<graph_index<Store, M>> build_heads_sharded(
     build_progress_callback report;
     if (progress) {
       report = [&](const build_progress&) {
-        const std::lock_guard<std::mutex> lock(progress_mutex);
+        const detail::scoped_lock lock(progress_mutex);
         progress({++done, jobs.size(), detail::seconds_since(t0), "head"});
       };
     }

@@ -1,11 +1,11 @@
 #pragma once
-// The three threading primitives kvsift needs (start a thread, join it, count work off a shared
-// relaxed counter), without <thread>, <atomic> and <mutex>. In libstdc++ 12 those headers and
-// the <chrono> they pull in for timed waits cost every includer about 0.35 s of compile time
-// (g++ 12 -O2, tools/compile_time.py), and every header that builds or searches in parallel
-// included them. On POSIX systems with GCC or Clang kvsift uses pthreads and the __atomic
-// builtins, which cost almost nothing to include; elsewhere, or when KVSIFT_STD_THREADS is
-// defined, the standard library (the tests compile both).
+// The threading primitives kvsift needs (start a thread, join it, count work off a shared
+// relaxed counter, a plain mutex for rare calls), without <thread>, <atomic> and <mutex>. In
+// libstdc++ 12 those headers and the <chrono> they pull in for timed waits cost every includer
+// about 0.35 s of compile time (g++ 12 -O2, tools/compile_time.py), and every header that builds or
+// searches in parallel included them. On POSIX systems with GCC or Clang kvsift uses pthreads and
+// the __atomic builtins, which cost almost nothing to include; elsewhere, or when
+// KVSIFT_STD_THREADS is defined, the standard library (the tests compile both).
 
 #include <cstddef>
 #include <system_error>
@@ -18,6 +18,7 @@
 #else
 #define KVSIFT_DETAIL_PTHREADS 0
 #include <atomic>
+#include <mutex>
 #include <thread>
 #endif
 
@@ -32,6 +33,9 @@ namespace kvsift::detail {
 // relaxed_counter: a size_t shared between threads with relaxed ordering, enough for handing
 // out work (fetch_add) and for a stop flag polled between work items. What the threads write
 // is published by joining them, not by this counter.
+//
+// plain_mutex: lock() / unlock(), not recursive; scoped_lock holds one for its scope. For
+// rare calls from several threads (progress callbacks), not for hot paths.
 
 #if KVSIFT_DETAIL_PTHREADS
 
@@ -107,6 +111,19 @@ class relaxed_counter {
   std::size_t v_;
 };
 
+class plain_mutex {
+ public:
+  plain_mutex() noexcept = default;
+  plain_mutex(const plain_mutex&) = delete;
+  plain_mutex& operator=(const plain_mutex&) = delete;
+  ~plain_mutex() { ::pthread_mutex_destroy(&m_); }
+  void lock() noexcept { ::pthread_mutex_lock(&m_); }
+  void unlock() noexcept { ::pthread_mutex_unlock(&m_); }
+
+ private:
+  ::pthread_mutex_t m_ = PTHREAD_MUTEX_INITIALIZER;
+};
+
 #else  // the standard library: the same interface over std::thread and std::atomic
 
 inline std::size_t hardware_threads() noexcept {
@@ -145,6 +162,27 @@ class relaxed_counter {
   std::atomic<std::size_t> v_;
 };
 
+class plain_mutex {
+ public:
+  void lock() { m_.lock(); }
+  void unlock() { m_.unlock(); }
+
+ private:
+  std::mutex m_;
+};
+
 #endif
+
+/// Holds `m` locked for its scope.
+class scoped_lock {
+ public:
+  explicit scoped_lock(plain_mutex& m) : m_(m) { m_.lock(); }
+  scoped_lock(const scoped_lock&) = delete;
+  scoped_lock& operator=(const scoped_lock&) = delete;
+  ~scoped_lock() { m_.unlock(); }
+
+ private:
+  plain_mutex& m_;
+};
 
 }  // namespace kvsift::detail
