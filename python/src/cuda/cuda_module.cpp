@@ -717,12 +717,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
                                             " (the keys'), got ", tt.shape[1]);
         require_contiguous(tk, "keys");
         require_contiguous(tt, "train_queries");
-        ops::build_knobs p;
-        p.nq = nq;
-        p.M = M;
-        p.L = L;
-        p.threads = threads;
-        p.seed = seed;
+        const ops::build_knobs p{nq, M, L, threads, seed};
         ops::built_graph g;
         {
           py::gil_scoped_release release;
@@ -776,12 +771,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
           require_contiguous(tt, "train_queries");
           heads.push_back({ptr(tk), tk.shape[0], ptr<float>(tt), tt.shape[0]});
         }
-        ops::build_knobs p;
-        p.nq = nq;
-        p.M = M;
-        p.L = L;
-        p.threads = threads;
-        p.seed = seed;
+        const ops::build_knobs p{nq, M, L, threads, seed};
         std::vector<ops::built_graph> gs;
         {
           py::gil_scoped_release release;
