@@ -179,8 +179,9 @@ __device__ __forceinline__ void store_merged(T* out, float m, float s,
 
 /// The merged lse of a row; an invalid row is reported in `status` (bit 0) and becomes the
 /// empty state (NaN with Propagate). merge_kernel writes its own (in place it must leave an
-/// invalid row as it was): routing its stores through this and store_merged cost the indptr
-/// merge 2.5 points of copy bandwidth (69.2 / 69.0% -> 66.9 / 66.3%, one H200 command).
+/// invalid row as it was): routing its stores through this and store_merged cost 2.5 points
+/// of copy bandwidth (69.2 / 69.0% -> 66.9 / 66.3%, one H200 command), measured when it still
+/// served the indptr merge; the in-place merge was not measured that way.
 template <bool Propagate>
 __device__ __forceinline__ void store_merged_lse(float* out, float m, float s, bool bad,
                                                  int* status) {
@@ -198,8 +199,9 @@ __device__ __forceinline__ void store_merged_lse(float* out, float m, float s, b
 /// below; this kernel also takes them, which is how those were measured against it: it served
 /// the indptr merge at 69% of the copy bandwidth, h200_merge_indptr_pipeline.txt).
 /// One block row (threadIdx.y) per (position, head); threadIdx.x walks the 16-byte vectors of
-/// the row. A block strides over tiles of blockDim.y rows (one tile per block as launched) and
-/// fetches the next row's state range while the current row's loads are in flight. Every thread
+/// the row. A block strides over tiles of blockDim.y rows (one tile per block as launched). The
+/// next row's state range is fetched ahead, a no-op for the pair sources this kernel now takes
+/// (their range is empty; it served indptr sources before merge_indptr_kernel). Every thread
 /// recomputes the running max and sum from the (cached) lse values, so no reduction is needed;
 /// the in-place merge must wait for the whole row to have read its lse before overwriting it.
 /// (512, 2) caps registers at 64 so that 32 warps per SM keep enough loads in flight.
