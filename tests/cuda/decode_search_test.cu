@@ -593,6 +593,55 @@ TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") 
   }
 }
 
+TEST_CASE("decode_search_block_kernel_equals_warp_kernel", "[cuda][decode_search]") {
+  // Top-k runs on the block kernel (four warps per search) unless warps_per_search = 1. Both
+  // walk the same way and sum each dot product in the same order, so on real-valued keys,
+  // where near-ties make any difference in scoring or candidates visible, they must agree bit
+  // for bit: ids, scores, counts and vectors scored. The CPU tests above hold the block kernel
+  // to beam_search on integer data; this holds the warp kernel's top-k walk to it.
+  graph_set s = make_set({900, 3000, 5000}, 64, 48, 3);
+  for (auto& x : s.keys) x = uniform(-1.0f, 1.0f);
+  query_batch plain = make_queries(s, 700, false, false);
+  query_batch ranged = make_queries(s, 700, false, true);
+  for (auto* qb : {&plain, &ranged}) {
+    for (auto& x : qb->q) x = uniform(-1.0f, 1.0f);
+  }
+  struct setting {
+    int expand, degree_cap;
+    bool filtered, walk_through, paged;
+    std::int64_t declared_keys;  // above 2^18: visited sets in the workspace
+  };
+  for (const setting st :
+       {setting{1, 0, false, true, false, 0}, setting{8, 0, false, true, true, 0},
+        setting{4, 20, true, true, true, 0}, setting{8, 0, true, false, false, 0},
+        setting{2, 0, true, true, false, std::int64_t(1) << 19}}) {
+    auto p = topk(32, 96, kc::graph_metric::inner_product);
+    p.expand_width = st.expand;
+    p.degree_cap = st.degree_cap;
+    p.walk_through = st.walk_through;
+    const query_batch& qb = st.filtered ? ranged : plain;
+    p.warps_per_search = 1;
+    const gpu_result warp = run_gpu<__half>(s, qb, p, st.paged, 16, st.declared_keys);
+    p.warps_per_search = 0;
+    const gpu_result block = run_gpu<__half>(s, qb, p, st.paged, 16, st.declared_keys);
+    p.warps_per_search = 4;
+    const gpu_result block4 = run_gpu<__half>(s, qb, p, st.paged, 16, st.declared_keys);
+    INFO("expand " << st.expand << ", degree_cap " << st.degree_cap << ", filtered " << st.filtered
+                   << ", walk_through " << st.walk_through << ", paged " << st.paged);
+    CHECK(block.ids == warp.ids);
+    CHECK(block.scores == warp.scores);
+    CHECK(block.counts == warp.counts);
+    CHECK(block.scored == warp.scored);
+    CHECK(block4.ids == block.ids);
+    CHECK(block4.scored == block.scored);
+    CHECK(warp.status == 0u);
+    CHECK(block.status == 0u);
+    std::size_t full = 0;  // rows that filled: the walks found something to agree on
+    for (const auto c : block.counts) full += c == 32u ? 1 : 0;
+    CHECK(full > qb.graph.size() / 2);
+  }
+}
+
 TEST_CASE("decode_search_wider_expansion_returns_true_scores", "[cuda][decode_search]") {
   // expand_width > 1 walks differently from the CPU: check what must still hold (distinct
   // ids of the query's graph, true scores, best first) and that it finds as much of the exact
@@ -797,6 +846,15 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   bad = dipr(1.0f, 8, 0);
   bad.walk_through = false;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected walk_through = true, got false"));
+  bad = dipr(1.0f, 8, 0);
+  bad.warps_per_search = 4;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "warps_per_search 0 or 1 for DIPR, got 4"));
+  for (const int w : {-1, 2, 8}) {
+    bad = p;
+    bad.warps_per_search = w;
+    CHECK(contains(msg(set, k, qs, 1, bad, out, wb),
+                   ("warps_per_search 0, 1 or 4, got " + std::to_string(w)).c_str()));
+  }
   CHECK(contains(msg(set, k, qs, 0, p, out, wb), "1 <= queries"));
   CHECK(contains(msg(set, k, qs, 1, p, out, wb - 4), "too small"));
   auto q2 = qs;

@@ -43,6 +43,10 @@
 namespace kvsift::cuda::detail {
 
 inline constexpr int ds_warps_per_block = 4;
+// The block kernel (top-k): one search per block of four warps, eight blocks per SM (64
+// registers per thread), so a decode batch of 1024 searches runs at once on 132 SMs.
+inline constexpr int ds_block_threads = 128;
+inline constexpr int ds_block_min_blocks = 8;
 
 /// Key rows of a dense matrix: graph g's key i is row base + i.
 template <class T>
@@ -81,6 +85,7 @@ struct ds_config {
   float beta = 0.0f;
   int expand = 1;               // top-k: pool entries expanded per step
   bool walk_through = true;     // filtered top-k: failing neighbours walked through (2-hop)
+  bool block = false;           // top-k on decode_search_block_kernel (4 warps per search)
   int inc = 0;                  // candidate list length, max(width, 32) * expand
   int cols = 0;                 // neighbours read per row: the width, or degree_cap if smaller
   int words = 0;                // visited bitset words (multiple of 4)
@@ -92,6 +97,7 @@ struct ds_config {
   int pool2_off = 0;  // candidate list, visited bitset (-1: the bitset is in the workspace)
   int inc_off = 0;
   int visited_off = -1;
+  int said_off = 0;  // block kernel: 8 ints of block-wide counts
   bool vec = false;
 };
 
@@ -139,6 +145,12 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
   require(m > 0 && m <= std::int64_t{INT_MAX}, who, ": expected 1 <= queries <= ", INT_MAX,
           ", got ", m);
   require(p.degree_cap >= 0, who, ": expected degree_cap >= 0 (0 = all), got ", p.degree_cap);
+  require(p.warps_per_search == 0 || p.warps_per_search == 1 || (p.warps_per_search == 4 && !dipr),
+          who,
+          dipr ? ": expected warps_per_search 0 or 1 for DIPR, got "
+               : ": expected warps_per_search 0, 1 or 4, got ",
+          p.warps_per_search);
+  c.block = !dipr && p.warps_per_search != 1;
   c.cols = p.degree_cap == 0 ? set.width : std::min(set.width, p.degree_cap);
   c.inc = std::max(set.width, 32) * c.expand;
   c.words = static_cast<int>(walk_words(set.max_keys));
@@ -255,30 +267,78 @@ __device__ __forceinline__ void ds_order(walk_entry* a, int n, int i, int j) {
   }
 }
 
-/// Sorts a[0, n) best first in place (entries distinct in the pool order). Warp-synchronous:
-/// every lane calls it. A bitonic sort in the form whose comparators all put the better entry
-/// at the lower index (each merge starts by comparing i with its mirror in the block), so the
-/// padding to the next power of two is virtual: it ranks last and never moves.
-/// O(n log^2 n / 32) compare-exchanges per lane.
-__device__ inline void ds_sort(walk_entry* a, int n, int lane) {
+/// Barrier of the threads that run one search: a warp, or a whole block of `Threads`.
+template <int Threads>
+__device__ __forceinline__ void ds_sync() {
+  if constexpr (Threads == 32) {
+    __syncwarp();
+  } else {
+    __syncthreads();
+  }
+}
+
+/// Sorts a[0, n) best first in place (entries distinct in the pool order). Every thread of
+/// the search (`rank` in [0, Threads)) calls it. A bitonic sort in the form whose comparators
+/// all put the better entry at the lower index (each merge starts by comparing i with its
+/// mirror in the block), so the padding to the next power of two is virtual: it ranks last
+/// and never moves. O(n log^2 n / Threads) compare-exchanges per thread.
+template <int Threads>
+__device__ inline void ds_sort(walk_entry* a, int n, int rank) {
   if (n <= 1) return;
   const int log_n = 32 - __clz(n - 1);  // padded length 2^log_n
   const int half = 1 << (log_n - 1);    // comparators per stage
   for (int lk = 1; lk <= log_n; ++lk) {
     const int lh = lk - 1;  // log2 of half a block
-    for (int t = lane; t < half; t += 32) {
+    for (int t = rank; t < half; t += Threads) {
       const int blk = t >> lh, off = t & ((1 << lh) - 1);
       ds_order(a, n, (blk << lk) + off, (blk << lk) + (1 << lk) - 1 - off);
     }
-    __syncwarp();
+    ds_sync<Threads>();
     for (int ls = lh - 1; ls >= 0; --ls) {
-      for (int t = lane; t < half; t += 32) {
+      for (int t = rank; t < half; t += Threads) {
         const int i = ((t >> ls) << (ls + 1)) + (t & ((1 << ls) - 1));
         ds_order(a, n, i, i + (1 << ls));
       }
-      __syncwarp();
+      ds_sync<Threads>();
     }
   }
+}
+
+/// walk_compact_survivors for a block of `Threads` (warps of 32): the same in-place ordered
+/// compaction, a chunk of `Threads` candidates at a time, each chunk read whole (one barrier)
+/// before any thread writes.
+template <int Threads>
+__device__ inline int ds_block_compact_survivors(const walk_entry* pool, int cnt, int L,
+                                                 walk_entry* inc, int n, int rank, int* warp_keep) {
+  constexpr int warps = Threads / 32;
+  const int lane = rank & 31, warp = rank >> 5;
+  const bool is_full = cnt == L;
+  const float worst_key = is_full ? pool[L - 1].key : 0.0f;
+  const std::uint32_t worst_id = is_full ? pool[L - 1].id : 0u;
+  int keep_n = 0;
+  for (int j0 = 0; j0 < n; j0 += Threads) {
+    const int j = j0 + rank;
+    walk_entry e{0.0f, invalid_id};
+    bool keep = false;
+    if (j < n) {
+      e = inc[j];
+      keep = e.id != invalid_id && (!is_full || walk_better(e.key, e.id, worst_key, worst_id));
+    }
+    const unsigned b = __ballot_sync(0xffffffffu, keep);
+    if (lane == 0) warp_keep[warp] = __popc(b);
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < warps; ++w) {
+      const int k = warp_keep[w];
+      before += w < warp ? k : 0;
+      total += k;
+    }
+    if (keep) inc[keep_n + before + __popc(b & ((1u << lane) - 1u))] = e;
+    keep_n += total;
+    __syncthreads();
+  }
+  return keep_n;
 }
 
 /// Merges the scored candidates inc[0, n) (ids distinct and not in the pool; invalid_id marks
@@ -287,27 +347,249 @@ __device__ inline void ds_sort(walk_entry* a, int n, int lane) {
 /// to `other` (room for L entries) and the two pointers are swapped, unless nothing survived.
 /// `inc` is clobbered (survivors compacted to its front and sorted). Every entry's final
 /// position is its index plus a binary search in the other sorted list; positions are
-/// distinct, so all lanes write at once. Warp-synchronous.
+/// distinct, so all threads write at once. Every thread of the search calls it; a block
+/// passes shared scratch for one int per warp.
+template <int Threads>
 __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, int L,
-                               walk_entry* inc, int n, int lane) {
-  const int keep_n = walk_compact_survivors(pool, cnt, L, inc, n, lane);
+                               walk_entry* inc, int n, int rank, int* warp_keep = nullptr) {
+  int keep_n = 0;
+  if constexpr (Threads == 32) {
+    keep_n = walk_compact_survivors(pool, cnt, L, inc, n, rank);
+  } else {
+    keep_n = ds_block_compact_survivors<Threads>(pool, cnt, L, inc, n, rank, warp_keep);
+  }
   if (keep_n == 0) return cnt;
-  ds_sort(inc, keep_n, lane);
-  for (int i = lane; i < cnt; i += 32) {
+  ds_sort<Threads>(inc, keep_n, rank);
+  for (int i = rank; i < cnt; i += Threads) {
     const walk_entry e = pool[i];
     const int pos = i + walk_count_better(inc, keep_n, e.key, e.id);
     if (pos < L) other[pos] = e;
   }
-  for (int j = lane; j < keep_n; j += 32) {
+  for (int j = rank; j < keep_n; j += Threads) {
     const walk_entry e = inc[j];
     const int pos = j + walk_count_better(pool, cnt, e.key, e.id);
     if (pos < L) other[pos] = e;
   }
-  __syncwarp();
+  ds_sync<Threads>();
   walk_entry* const t = pool;
   pool = other;
   other = t;
   return min(L, cnt + keep_n);
+}
+
+/// One search's view of its graph for the node expansions: the graph's adjacency rows, its key
+/// count, the filter range and the visited bitset. Warp-uniform.
+struct ds_graph_walk {
+  const id_t* adj;  // row of key 0; `width` ids per row
+  int width;
+  int cols;  // neighbours read per row (degree_cap)
+  std::uint32_t n;
+  std::uint32_t first, last;  // the filter's range (Filtered only)
+  std::uint32_t* visited;
+
+  template <bool Filtered>
+  __device__ bool in_filter(std::uint32_t v) const {
+    return !Filtered || (v >= first && v < last);
+  }
+};
+
+/// The 2-hop walk-through of a filtered-out node v (the CPU's ACORN rule): its unvisited
+/// passing neighbours, at most `room` of them (all when room < 0), are marked and appended to
+/// inc[at, ...) in row order. Returns how many. Warp-synchronous.
+template <bool Filtered>
+__device__ int ds_through(const ds_graph_walk& w, std::uint32_t v, walk_entry* inc, int at,
+                          int room, int lane, std::uint32_t& status) {
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  const id_t* nb = w.adj + static_cast<std::size_t>(v) * w.width;
+  int got = 0;
+  for (int r0 = 0; r0 < w.cols && (room < 0 || got < room); r0 += 32) {
+    const int r = r0 + lane;
+    std::uint32_t x = invalid_id;
+    bool cand = false;
+    if (r < w.cols) {
+      x = nb[r];
+      if (x != invalid_id && x >= w.n) {
+        status |= decode_status_bad_id;
+      } else if (x != invalid_id) {
+        cand = !ds_test(w.visited, x) && w.in_filter<Filtered>(x);
+      }
+    }
+    const unsigned b = __ballot_sync(full, cand);
+    const int before = __popc(b & lower_lanes);
+    const bool take = cand && (room < 0 || got + before < room);
+    if (take) {
+      ds_mark(w.visited, x);
+      inc[at + got + before].id = x;
+    }
+    got += room < 0 ? __popc(b) : min(__popc(b), room - got);
+    __syncwarp();
+  }
+  return got;
+}
+
+/// Expansion of node u, the CPU's: its fresh neighbours are marked and appended to
+/// inc[at, ...) in the CPU's visit order; returns how many. With a filter, a fresh failing
+/// neighbour is walked through (2-hop) and the row's degree caps what the expansion gathers.
+/// Warp-synchronous.
+template <bool Filtered>
+__device__ int ds_expand_one(const ds_graph_walk& w, std::uint32_t u, walk_entry* inc, int at,
+                             int lane, std::uint32_t& status) {
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  const id_t* nbrs = w.adj + static_cast<std::size_t>(u) * w.width;
+  const int cols = w.cols;
+  int fresh_n = 0;
+  if constexpr (!Filtered) {
+    // All of the row's ids are loaded, then all visited-set updates issued, before any
+    // result is used: one load latency and one atomic latency per expansion, not one per
+    // 32 neighbours.
+    constexpr int rounds = max_graph_search_width / 32;
+    std::uint32_t v[rounds];
+    std::uint32_t was[rounds];
+#pragma unroll
+    for (int t = 0; t < rounds; ++t) {
+      const int r = t * 32 + lane;
+      v[t] = r < cols ? nbrs[r] : invalid_id;
+    }
+#pragma unroll
+    for (int t = 0; t < rounds; ++t) {
+      was[t] = ~0u;
+      if (v[t] != invalid_id && v[t] >= w.n) {
+        status |= decode_status_bad_id;
+      } else if (v[t] != invalid_id) {
+        was[t] = atomicOr(&w.visited[v[t] >> 5], 1u << (v[t] & 31u));
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < rounds; ++t) {
+      if (t * 32 >= cols) continue;  // (not break: the loop stays fully unrolled)
+      const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
+      const unsigned b = __ballot_sync(full, fresh);
+      if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v[t];
+      fresh_n += __popc(b);
+    }
+    __syncwarp();
+    return fresh_n;
+  } else {
+    // The row's degree (ids before the padding) caps what one expansion gathers (ACORN).
+    int deg = cols;
+    for (int r0 = 0; r0 < cols; r0 += 32) {
+      const int r = r0 + lane;
+      const unsigned b = __ballot_sync(full, r < cols && nbrs[r] == invalid_id);
+      if (b != 0u) {
+        deg = r0 + __ffs(b) - 1;
+        break;
+      }
+    }
+    int i = 0;
+    while (i < deg && fresh_n < deg) {
+      const int r = i + lane;
+      const std::uint32_t v = r < deg ? nbrs[r] : invalid_id;
+      bool unvisited = false;
+      if (r < deg) {
+        if (v >= w.n) {
+          status |= decode_status_bad_id;
+        } else {
+          unvisited = !ds_test(w.visited, v);
+        }
+      }
+      const bool pass = unvisited && w.in_filter<Filtered>(v);
+      const unsigned fb = __ballot_sync(full, unvisited && !pass);
+      const int stop = fb != 0u ? __ffs(fb) - 1 : 32;
+      const unsigned pb = __ballot_sync(full, pass && lane < stop);
+      const int room = deg - fresh_n;
+      const int before = __popc(pb & lower_lanes);
+      if (pass && lane < stop && before < room) {
+        ds_mark(w.visited, v);
+        inc[at + fresh_n + before].id = v;
+      }
+      fresh_n += min(__popc(pb), room);
+      __syncwarp();
+      if (fresh_n >= deg) break;
+      if (stop == 32) {
+        i += 32;
+        continue;
+      }
+      const std::uint32_t fv = __shfl_sync(full, v, stop);
+      if (lane == 0) ds_mark(w.visited, fv);
+      __syncwarp();
+      fresh_n += ds_through<Filtered>(w, fv, inc, at + fresh_n, deg - fresh_n, lane, status);
+      i += stop + 1;
+    }
+    return fresh_n;
+  }
+}
+
+/// Seeds entry point s: marks it and puts it at inc[at] when it passes the filter, else walks
+/// through it (its passing unvisited neighbours). Returns the candidates added; 0 for an
+/// invalid, out-of-range (status bit) or already visited s. Warp-synchronous.
+template <bool Filtered>
+__device__ int ds_seed(const ds_graph_walk& w, std::uint32_t s, walk_entry* inc, int at, int lane,
+                       std::uint32_t& status) {
+  if (s == invalid_id) return 0;
+  if (s >= w.n) {
+    status |= decode_status_bad_id;
+    return 0;
+  }
+  if (ds_test(w.visited, s)) return 0;
+  __syncwarp();
+  if (lane == 0) ds_mark(w.visited, s);
+  int nv = 0;
+  if (w.in_filter<Filtered>(s)) {
+    if (lane == 0) inc[at].id = s;
+    nv = 1;
+  }
+  __syncwarp();
+  if (nv == 0) nv = ds_through<Filtered>(w, s, inc, at, -1, lane, status);
+  return nv;
+}
+
+/// The fallback seeding of a filtered search that no entry point reached: the unvisited ids
+/// of [b0, b0 + 32) inside the filter, at most `room` of them, marked and appended to
+/// inc[at, ...) in id order. Returns how many. Warp-synchronous.
+__device__ inline int ds_seed_ids(const ds_graph_walk& w, std::uint32_t b0, int room,
+                                  walk_entry* inc, int at, int lane) {
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  const std::uint32_t v = b0 + static_cast<std::uint32_t>(lane);
+  const bool cand = v < w.last && !ds_test(w.visited, v);
+  const unsigned b = __ballot_sync(0xffffffffu, cand);
+  const int before = __popc(b & lower_lanes);
+  if (cand && before < room) {
+    ds_mark(w.visited, v);
+    inc[at + before].id = v;
+  }
+  __syncwarp();
+  return min(__popc(b), room);
+}
+
+/// Query qi's graph g: its first row `base`, key count `n` and filter range [first, last)
+/// (the whole graph without a filter). False when the query cannot run: a bad graph or filter
+/// (status bit) or an empty range (not an error: a context that is all window).
+template <bool Filtered, class Src>
+__device__ bool ds_query_graph(const graph_set_ref& set, const Src& src, const decode_queries& qs,
+                               int qi, int g, std::int64_t& base, std::int64_t& n,
+                               std::uint32_t& first, std::uint32_t& last, std::uint32_t& status) {
+  bool ok = g >= 0 && g < set.num_graphs;
+  if (ok) {
+    base = set.row_offset[g];
+    n = set.row_offset[g + 1] - base;
+    ok = base >= 0 && n >= 0 && n <= set.max_keys && n <= src.capacity(g);
+  }
+  if (!ok) status |= decode_status_bad_graph;
+  first = 0;
+  last = ok ? static_cast<std::uint32_t>(n) : 0u;
+  if constexpr (Filtered) {
+    first = qs.filter_first[qi];
+    last = qs.filter_last[qi];
+    if (ok && !(first <= last && last <= n)) {
+      status |= decode_status_bad_query;
+      ok = false;
+    } else if (first == last) {
+      ok = false;
+    }
+  }
+  return ok;
 }
 
 template <class T, class Src, bool L2, bool Dipr, bool Filtered>
@@ -340,24 +622,8 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
   for (int qi = slot; qi < m; qi += c.slots) {
     const int g = qs.graph[qi];
     std::int64_t base = 0, n = 0;
-    bool ok = g >= 0 && g < set.num_graphs;
-    if (ok) {
-      base = set.row_offset[g];
-      n = set.row_offset[g + 1] - base;
-      ok = base >= 0 && n >= 0 && n <= set.max_keys && n <= src.capacity(g);
-    }
-    if (!ok) status |= decode_status_bad_graph;
-    std::uint32_t first = 0, last = ok ? static_cast<std::uint32_t>(n) : 0u;
-    if constexpr (Filtered) {
-      first = qs.filter_first[qi];
-      last = qs.filter_last[qi];
-      if (ok && !(first <= last && last <= n)) {
-        status |= decode_status_bad_query;
-        ok = false;
-      } else if (first == last) {
-        ok = false;  // nothing passes: no results, not an error (a context that is all window)
-      }
-    }
+    std::uint32_t first = 0, last = 0;
+    bool ok = ds_query_graph<Filtered>(set, src, qs, qi, g, base, n, first, last, status);
     float best = neg_inf();  // DIPR: best key seen
     bool seeded = false;
     if constexpr (Dipr) {
@@ -466,122 +732,12 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       } else {
         scored += static_cast<std::uint32_t>(nv);
       }
-      cnt = ds_merge(pool, other, cnt, c.pool, inc, nv, lane);
+      cnt = ds_merge<32>(pool, other, cnt, c.pool, inc, nv, lane);
     };
 
-    // The 2-hop walk-through of a filtered-out node v: its unvisited passing neighbours, at
-    // most `room` of them (all when room < 0), are marked and appended to inc[at, ...).
-    auto through = [&](std::uint32_t v, int at, int room) {
-      const id_t* nb = adj + static_cast<std::size_t>(v) * width;
-      int got = 0;
-      for (int r0 = 0; r0 < cols && (room < 0 || got < room); r0 += 32) {
-        const int r = r0 + lane;
-        std::uint32_t w = invalid_id;
-        bool cand = false;
-        if (r < cols) {
-          w = nb[r];
-          if (w != invalid_id && w >= static_cast<std::uint32_t>(n)) {
-            status |= decode_status_bad_id;
-          } else if (w != invalid_id) {
-            cand = !ds_test(visited, w) && in_filter(w);
-          }
-        }
-        const unsigned b = __ballot_sync(full, cand);
-        const int before = __popc(b & lower_lanes);
-        const bool take = cand && (room < 0 || got + before < room);
-        if (take) {
-          ds_mark(visited, w);
-          inc[at + got + before].id = w;
-        }
-        got += room < 0 ? __popc(b) : min(__popc(b), room - got);
-        __syncwarp();
-      }
-      return got;
-    };
-
-    // Expansion of u: its fresh neighbours into inc in the CPU's visit order; returns how many.
+    const ds_graph_walk gw{adj, width, cols, static_cast<std::uint32_t>(n), first, last, visited};
     auto expand = [&](std::uint32_t u, int at) {
-      const id_t* nbrs = adj + static_cast<std::size_t>(u) * width;
-      int fresh_n = 0;
-      if constexpr (!Filtered) {
-        // All of the row's ids are loaded, then all visited-set updates issued, before any
-        // result is used: one load latency and one atomic latency per expansion, not one per
-        // 32 neighbours.
-        constexpr int rounds = max_graph_search_width / 32;
-        std::uint32_t v[rounds];
-        std::uint32_t was[rounds];
-#pragma unroll
-        for (int t = 0; t < rounds; ++t) {
-          const int r = t * 32 + lane;
-          v[t] = r < cols ? nbrs[r] : invalid_id;
-        }
-#pragma unroll
-        for (int t = 0; t < rounds; ++t) {
-          was[t] = ~0u;
-          if (v[t] != invalid_id && v[t] >= static_cast<std::uint32_t>(n)) {
-            status |= decode_status_bad_id;
-          } else if (v[t] != invalid_id) {
-            was[t] = atomicOr(&visited[v[t] >> 5], 1u << (v[t] & 31u));
-          }
-        }
-#pragma unroll
-        for (int t = 0; t < rounds; ++t) {
-          if (t * 32 >= cols) continue;  // (not break: the loop stays fully unrolled)
-          const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
-          const unsigned b = __ballot_sync(full, fresh);
-          if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v[t];
-          fresh_n += __popc(b);
-        }
-        __syncwarp();
-        return fresh_n;
-      } else {
-        // The row's degree (ids before the padding) caps what one expansion gathers (ACORN).
-        int deg = cols;
-        for (int r0 = 0; r0 < cols; r0 += 32) {
-          const int r = r0 + lane;
-          const unsigned b = __ballot_sync(full, r < cols && nbrs[r] == invalid_id);
-          if (b != 0u) {
-            deg = r0 + __ffs(b) - 1;
-            break;
-          }
-        }
-        int i = 0;
-        while (i < deg && fresh_n < deg) {
-          const int r = i + lane;
-          const std::uint32_t v = r < deg ? nbrs[r] : invalid_id;
-          bool unvisited = false;
-          if (r < deg) {
-            if (v >= static_cast<std::uint32_t>(n)) {
-              status |= decode_status_bad_id;
-            } else {
-              unvisited = !ds_test(visited, v);
-            }
-          }
-          const bool pass = unvisited && in_filter(v);
-          const unsigned fb = __ballot_sync(full, unvisited && !pass);
-          const int stop = fb != 0u ? __ffs(fb) - 1 : 32;
-          const unsigned pb = __ballot_sync(full, pass && lane < stop);
-          const int room = deg - fresh_n;
-          const int before = __popc(pb & lower_lanes);
-          if (pass && lane < stop && before < room) {
-            ds_mark(visited, v);
-            inc[at + fresh_n + before].id = v;
-          }
-          fresh_n += min(__popc(pb), room);
-          __syncwarp();
-          if (fresh_n >= deg) break;
-          if (stop == 32) {
-            i += 32;
-            continue;
-          }
-          const std::uint32_t fv = __shfl_sync(full, v, stop);
-          if (lane == 0) ds_mark(visited, fv);
-          __syncwarp();
-          fresh_n += through(fv, at + fresh_n, deg - fresh_n);
-          i += stop + 1;
-        }
-        return fresh_n;
-      }
+      return ds_expand_one<Filtered>(gw, u, inc, at, lane, status);
     };
 
     // Top-k: the best `expand` unexpanded pool entries from `from` (the first unexpanded one)
@@ -690,21 +846,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       int seeded_n = 0;
       for (int e = 0; e < set.max_entries && !capped; ++e) {
         const std::uint32_t s = set.entries[static_cast<std::size_t>(g) * set.max_entries + e];
-        if (s == invalid_id) continue;
-        if (s >= static_cast<std::uint32_t>(n)) {
-          status |= decode_status_bad_id;
-          continue;
-        }
-        if (ds_test(visited, s)) continue;
-        __syncwarp();
-        if (lane == 0) ds_mark(visited, s);
-        int nv = 0;
-        if (in_filter(s)) {
-          if (lane == 0) inc[0].id = s;
-          nv = 1;
-        }
-        __syncwarp();
-        if (nv == 0) nv = through(s, 0, -1);
+        const int nv = ds_seed<Filtered>(gw, s, inc, 0, lane, status);
         seeded_n += nv;
         if (nv > 0) visit(nv);
       }
@@ -713,17 +855,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         const int want = c.pool;
         if (seeded_n == 0) {
           for (std::uint32_t b0 = first;; b0 += 32) {
-            const std::uint32_t v = b0 + static_cast<std::uint32_t>(lane);
-            const bool cand = v < last && !ds_test(visited, v);
-            const unsigned b = __ballot_sync(full, cand);
-            const int before = __popc(b & lower_lanes);
-            const int room = want - seeded_n;
-            if (cand && before < room) {
-              ds_mark(visited, v);
-              inc[before].id = v;
-            }
-            const int nv = min(__popc(b), room);
-            __syncwarp();
+            const int nv = ds_seed_ids(gw, b0, want - seeded_n, inc, 0, lane);
             seeded_n += nv;
             if (nv > 0) visit(nv);
             if (seeded_n >= want || capped || last - b0 <= 32) break;  // (no wrap past last)
@@ -861,6 +993,310 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
   if (lane == 0 && status != 0u && out.status != nullptr) atomicOr(out.status, status);
 }
 
+/// Raw score of a f32 query (shared memory) against one key row: the row's loads are issued
+/// eight vectors at a time before their FMAs (a register budget the block kernel can keep at
+/// eight blocks per SM). Summed in the order of ds_score_pair, so the block kernel's scores
+/// equal the warp kernel's bit for bit.
+template <bool L2, class T>
+__device__ __forceinline__ float ds_score_row(const float* q, const T* __restrict__ a, int d,
+                                              bool vec) {
+  if (!vec) return walk_score<L2>(q, a, d, false);
+  constexpr int V = vec_size_v<T>;
+  constexpr int U = 8;
+  float acc = 0.0f;
+  for (int j0 = 0; j0 < d; j0 += U * V) {
+    uint4 ra[U];
+#pragma unroll
+    for (int t = 0; t < U; ++t) {
+      if (j0 + t * V < d) ra[t] = *reinterpret_cast<const uint4*>(a + j0 + t * V);
+    }
+#pragma unroll
+    for (int t = 0; t < U; ++t) {
+      if (j0 + t * V < d) {
+        float x[V];
+        widen_vec<T>(ra[t], x);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc = walk_accumulate<L2>(acc, q[j0 + t * V + e], x[e]);
+      }
+    }
+  }
+  return acc;
+}
+
+/// Top-k with a block of ds_block_threads per search: the same walk as decode_search_kernel
+/// (same seeds, same batches of `expand` nodes, same candidates, so the same pool, ids, scores
+/// and vectors scored), with a step's row-id loads, visited-set updates, scoring and merge
+/// spread over four warps instead of one. A decode batch leaves the GPU 4-8 searches per SM,
+/// so a warp per search leaves most of each SM idle while the search's chain of dependent
+/// latencies runs; four warps shorten every link of that chain. What stays sequential (the
+/// seeding, the one-by-one fallback of a filtered step that meets a fresh filtered-out id, the
+/// choice of a step's nodes) runs on warp 0 with the same warp functions as the warp kernel.
+/// One block per running search (grid = slots); block barriers, so every branch around one is
+/// block-uniform.
+template <class T, class Src, bool L2, bool Filtered>
+__global__ void __launch_bounds__(ds_block_threads, ds_block_min_blocks)
+    decode_search_block_kernel(graph_set_ref set, Src src, decode_queries qs, int m, ds_config c,
+                               decode_search_outputs out, std::uint32_t* ws) {
+  extern __shared__ __align__(16) unsigned char ds_smem[];
+  // said[0]: a count gathered by atomics (fresh ids); [1]: a count warp 0 hands to the block;
+  // [2]: warp 0's "no more seeds"; [4, 8): the merge's per-warp counts. (In the dynamic
+  // region: a kernel with static shared memory could not be given the device's whole opt-in
+  // size.)
+  int* const said = reinterpret_cast<int*>(ds_smem + c.said_off);
+  constexpr unsigned full = 0xffffffffu;
+  constexpr int NT = ds_block_threads;
+  static_assert(NT % 32 == 0 && NT / 32 <= 4, "said[4, 8) holds one count per warp");
+  const int rank = static_cast<int>(threadIdx.x);
+  const int lane = rank & 31, warp = rank >> 5;
+  float* const q = reinterpret_cast<float*>(ds_smem);
+  walk_entry* pool = reinterpret_cast<walk_entry*>(ds_smem + c.pool_off);
+  walk_entry* other = reinterpret_cast<walk_entry*>(ds_smem + c.pool2_off);
+  walk_entry* const inc = reinterpret_cast<walk_entry*>(ds_smem + c.inc_off);
+  std::uint32_t* const visited = c.visited_off >= 0
+                                     ? reinterpret_cast<std::uint32_t*>(ds_smem + c.visited_off)
+                                     : ws + static_cast<std::size_t>(blockIdx.x) * c.slot_words;
+  const int d = c.d;
+  const int width = set.width;
+  const int cols = c.cols;
+  std::uint32_t status = 0;
+
+  for (int qi = static_cast<int>(blockIdx.x); qi < m; qi += static_cast<int>(gridDim.x)) {
+    const int g = qs.graph[qi];
+    std::int64_t base = 0, n = 0;
+    std::uint32_t first = 0, last = 0;
+    const bool ok = ds_query_graph<Filtered>(set, src, qs, qi, g, base, n, first, last, status);
+    bool finite = true;
+    if (ok) {
+      for (int j = rank; j < d; j += NT) {
+        const float x = qs.q[static_cast<std::size_t>(qi) * qs.ld + j];
+        finite &= isfinite(x);
+        q[j] = x;
+      }
+    }
+    finite = __syncthreads_and(finite) != 0;
+    const bool run = ok && finite && n > 0;
+    int cnt = 0;
+    std::uint32_t scored = 0;
+    if (run) {
+      uint4* v4 = reinterpret_cast<uint4*>(visited);
+      for (int w = rank; w < c.words / 4; w += NT) v4[w] = make_uint4(0u, 0u, 0u, 0u);
+      __syncthreads();
+    }
+    const id_t* adj = set.adjacency + static_cast<std::size_t>(base) * width;
+    const ds_graph_walk gw{adj, width, cols, static_cast<std::uint32_t>(n), first, last, visited};
+
+    // Scores inc[0, nv), a thread per row, and merges them into the pool. Block-uniform.
+    auto visit = [&](int nv) {
+      for (int j = rank; j < nv; j += NT) {
+        const T* r = src.row(g, base, inc[j].id);
+        if (r == nullptr) status |= decode_status_bad_id;
+        inc[j].key = r != nullptr ? walk_key<L2>(ds_score_row<L2>(q, r, d, c.vec)) : neg_inf();
+      }
+      __syncthreads();
+      scored += static_cast<std::uint32_t>(nv);
+      cnt = ds_merge<NT>(pool, other, cnt, c.pool, inc, nv, rank, said + 4);
+    };
+
+    // Warp 0 gathers, the block visits: the gathered candidates, as long as inc holds them,
+    // are visited together (the pool keeps the best L of their union, whatever the order of
+    // visits), so a block barrier is paid per batch rather than per seed.
+    // Called after the barrier that follows warp 0's writes to said[].
+    auto visit_gathered = [&]() {
+      const int nv = said[1];
+      if (nv > 0) {
+        visit(nv);
+      } else {
+        __syncthreads();  // said[] is rewritten by warp 0 next
+      }
+      return nv;
+    };
+
+    if (run) {
+      // Seeds: the entry points in order, each visited or walked through.
+      int seeded_n = 0;
+      int e = 0;  // warp 0's cursor
+      for (;;) {
+        if (warp == 0) {
+          int nv = 0;
+          while (e < set.max_entries && nv + cols <= c.inc) {  // a seed adds <= cols
+            const std::uint32_t s = set.entries[static_cast<std::size_t>(g) * set.max_entries + e];
+            nv += ds_seed<Filtered>(gw, s, inc, nv, lane, status);
+            ++e;
+          }
+          if (lane == 0) {
+            said[1] = nv;
+            said[2] = e >= set.max_entries;
+          }
+        }
+        __syncthreads();
+        const bool last_batch = said[2] != 0;
+        seeded_n += visit_gathered();
+        if (last_batch) break;
+      }
+      if constexpr (Filtered) {
+        // No seed passed: the first passing ids in id order, as many as the pool holds.
+        const int want = c.pool;
+        std::uint32_t b0 = first;  // warp 0's cursor
+        bool more = seeded_n == 0;
+        while (more) {
+          if (warp == 0) {
+            int nv = 0;
+            bool end = false;
+            for (;;) {
+              nv += ds_seed_ids(gw, b0, want - seeded_n - nv, inc, nv, lane);
+              end = seeded_n + nv >= want || last - b0 <= 32;  // (no wrap past last)
+              if (end || nv + 32 > c.inc) break;
+              b0 += 32;
+            }
+            if (!end) b0 += 32;
+            if (lane == 0) {
+              said[1] = nv;
+              said[2] = end;
+            }
+          }
+          __syncthreads();
+          more = said[2] == 0;
+          seeded_n += visit_gathered();
+        }
+      }
+
+      // Steps: warp 0 takes the best `expand` unexpanded pool entries; the block loads their
+      // rows' ids, marks them visited and collects the fresh ones (in any order: the merge
+      // sorts them); a filtered step that meets a fresh filtered-out id is redone one node
+      // after the other by warp 0 (the walk-through depends on that order), as in the warp
+      // kernel.
+      for (;;) {
+        // The step's nodes go to the other pool buffer, free until the merge (which swaps the
+        // two: so taken afresh every step).
+        std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
+        if (warp == 0) {
+          const unsigned lower_lanes = (1u << lane) - 1u;
+          int np = 0;
+          for (int i0 = 0; i0 < cnt && np < c.expand; i0 += 32) {
+            const int i = i0 + lane;
+            const bool un = i < cnt && (pool[i].id & walk_expanded) == 0u;
+            const unsigned b = __ballot_sync(full, un);
+            const int r = np + __popc(b & lower_lanes);
+            if (un && r < c.expand) {
+              picks[r] = pool[i].id;
+              pool[i].id |= walk_expanded;
+            }
+            np = min(c.expand, np + __popc(b));
+          }
+          if (lane == 0) {
+            said[0] = 0;
+            said[1] = np;
+          }
+        }
+        __syncthreads();
+        const int np = said[1];
+        if (np == 0) break;
+        const int total = np * cols;
+        constexpr int U = 4;  // row ids per thread in flight
+        bool redo = false;
+        for (int f0 = 0; f0 < total && !redo; f0 += NT * U) {
+          std::uint32_t v[U];
+#pragma unroll
+          for (int t = 0; t < U; ++t) {
+            const int f = f0 + t * NT + rank;
+            v[t] = invalid_id;
+            if (f < total) {
+              const int r = f / cols;
+              v[t] = adj[static_cast<std::size_t>(picks[r]) * width + (f - r * cols)];
+            }
+          }
+          if constexpr (Filtered) {
+            if (c.walk_through) {
+              bool stray = false;  // a fresh id that fails the filter
+#pragma unroll
+              for (int t = 0; t < U; ++t) {
+                stray |= v[t] < gw.n && !gw.in_filter<Filtered>(v[t]) && !ds_test(visited, v[t]);
+              }
+              redo = __syncthreads_or(stray) != 0;
+              if (redo) break;
+            }
+          }
+          std::uint32_t was[U];
+#pragma unroll
+          for (int t = 0; t < U; ++t) {
+            was[t] = ~0u;
+            if (v[t] != invalid_id && v[t] >= gw.n) {
+              status |= decode_status_bad_id;
+            } else if (v[t] != invalid_id) {
+              was[t] = atomicOr(&visited[v[t] >> 5], 1u << (v[t] & 31u));
+            }
+          }
+          // Without the walk-through a failing id is marked (above) and dropped here.
+          bool fresh[U];
+          int mine = 0;
+#pragma unroll
+          for (int t = 0; t < U; ++t) {
+            fresh[t] = ((was[t] >> (v[t] & 31u)) & 1u) == 0u && gw.in_filter<Filtered>(v[t]);
+            mine += fresh[t] ? 1 : 0;
+          }
+          int upto = mine;  // inclusive prefix over the warp
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(full, upto, o);
+            if (lane >= o) upto += y;
+          }
+          int at = 0;
+          if (lane == 31 && upto > 0) at = atomicAdd(&said[0], upto);
+          at = __shfl_sync(full, at, 31) + upto - mine;
+#pragma unroll
+          for (int t = 0; t < U; ++t) {
+            if (fresh[t]) inc[at++].id = v[t];
+          }
+        }
+        if (redo) {
+          // Undo this step's updates (exactly the ids gathered so far), then warp 0 expands
+          // the nodes one by one with the CPU's rule.
+          const int gathered = said[0];
+          for (int j = rank; j < gathered; j += NT) {
+            const std::uint32_t x = inc[j].id;
+            atomicAnd(&visited[x >> 5], ~(1u << (x & 31u)));
+          }
+          __syncthreads();
+          if (warp == 0) {
+            int nv = 0;
+            for (int r = 0; r < np; ++r) {
+              nv += ds_expand_one<Filtered>(gw, picks[r], inc, nv, lane, status);
+            }
+            if (lane == 0) said[0] = nv;
+          }
+        }
+        __syncthreads();
+        const int nv = said[0];
+        if (nv > 0) {
+          visit(nv);
+        } else {
+          __syncthreads();  // said[] is rewritten by warp 0 next
+        }
+      }
+    }
+
+    // Outputs.
+    const std::size_t row0 = static_cast<std::size_t>(qi) * c.capacity;
+    const float worst = L2 ? -neg_inf() : neg_inf();
+    const int count = min(c.k, cnt);
+    for (int i = rank; i < count; i += NT) {
+      out.ids[row0 + i] = pool[i].id & ~walk_expanded;
+      if (out.scores != nullptr) out.scores[row0 + i] = L2 ? -pool[i].key : pool[i].key;
+    }
+    for (int i = count + rank; i < c.capacity; i += NT) {
+      out.ids[row0 + i] = invalid_id;
+      if (out.scores != nullptr) out.scores[row0 + i] = worst;
+    }
+    if (rank == 0) {
+      out.counts[qi] = static_cast<std::uint32_t>(count);
+      if (out.scored != nullptr) out.scored[qi] = scored;
+    }
+    __syncthreads();  // the next search reuses the block's shared memory and workspace
+  }
+  status = __reduce_or_sync(full, status);
+  if (lane == 0 && status != 0u && out.status != nullptr) atomicOr(out.status, status);
+}
+
 /// indptr[0] = 0, indptr[i + 1] = indptr[i] + min(counts[i], capacity). One block.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
@@ -957,6 +1393,10 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   off = align16(off + sizeof(walk_entry) * static_cast<std::size_t>(c.pool));
   c.inc_off = static_cast<int>(off);
   off = align16(off + sizeof(walk_entry) * static_cast<std::size_t>(c.inc));
+  if (c.block) {
+    c.said_off = static_cast<int>(off);
+    off += 8 * sizeof(int);
+  }
   int smem_max = 0, smem_sm = 0, smem_reserved = 0;
   KVSIFT_CUDA_CHECK(
       cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
@@ -964,30 +1404,43 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
       cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   KVSIFT_CUDA_CHECK(
       cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  // The visited bitset goes to shared memory when it is at most 32 KiB (n <= 2^18) and two
-  // blocks still fit an SM (8 searches: a decode batch of 1024 queries runs at once on 132
-  // SMs); otherwise it stays in the workspace.
+  // The visited bitset goes to shared memory when it is at most 32 KiB (n <= 2^18) and the
+  // searches of two warp-kernel blocks, or one block-kernel block, still fit (8 searches per
+  // SM either way: a decode batch of 1024 queries runs at once on 132 SMs); otherwise it stays
+  // in the workspace.
+  const int searches_per_block = c.block ? 1 : ds_warps_per_block;
   const std::size_t visited_bytes = sizeof(std::uint32_t) * static_cast<std::size_t>(c.words);
-  const std::size_t with_visited = (off + visited_bytes) * ds_warps_per_block;
+  const std::size_t with_visited = (off + visited_bytes) * searches_per_block;
+  const std::size_t blocks_per_sm = c.block ? 1 : 2;
   if (visited_bytes <= 32768 && with_visited <= static_cast<std::size_t>(smem_max) &&
-      2 * (with_visited + static_cast<std::size_t>(smem_reserved)) <=
+      blocks_per_sm * (with_visited + static_cast<std::size_t>(smem_reserved)) <=
           static_cast<std::size_t>(smem_sm)) {
     c.visited_off = static_cast<int>(off);
     off += visited_bytes;
   }
   c.lay.warp_bytes = static_cast<int>(off);
-  const std::size_t smem = static_cast<std::size_t>(c.lay.warp_bytes) * ds_warps_per_block;
+  const std::size_t smem = static_cast<std::size_t>(c.lay.warp_bytes) * searches_per_block;
   require(smem <= static_cast<std::size_t>(smem_max), who, ": pool ", c.pool, ", d = ", dim,
           " and width ", set.width, " need ", smem,
           " bytes of shared memory per block, the device has ", smem_max);
-  const auto blocks =
-      static_cast<unsigned>((c.slots + ds_warps_per_block - 1) / ds_warps_per_block);
   auto* ws = static_cast<std::uint32_t*>(workspace);
   auto launch = [&]<bool L2, bool Dipr, bool Filtered>() {
+    if constexpr (!Dipr) {
+      if (c.block) {
+        constexpr auto kernel = decode_search_block_kernel<T, Src, L2, Filtered>;
+        allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/true);
+        kernel<<<static_cast<unsigned>(c.slots), ds_block_threads, smem, stream>>>(
+            set, src, qs, static_cast<int>(m), c, out, ws);
+        KVSIFT_CUDA_CHECK(cudaGetLastError());
+        return;
+      }
+    }
     constexpr auto kernel = decode_search_kernel<T, Src, L2, Dipr, Filtered>;
     // All of the unified L1/shared memory as shared: the rows a walk reads are random and
     // rarely hit L1, and the second block per SM needs the room.
     allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/true);
+    const auto blocks =
+        static_cast<unsigned>((c.slots + ds_warps_per_block - 1) / ds_warps_per_block);
     kernel<<<blocks, ds_warps_per_block * 32, smem, stream>>>(set, src, qs, static_cast<int>(m), c,
                                                               out, ws);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
@@ -995,7 +1448,8 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   const bool l2 = p.metric == graph_metric::l2;
   const bool dipr = p.mode == decode_search_mode::dipr;
   const bool filtered = qs.filter_first != nullptr;
-  // Eight instantiations; each is a straight-line kernel for its case.
+  // Eight warp-kernel instantiations and four block-kernel ones; each is a straight-line
+  // kernel for its case.
   auto pick = [&]<bool L2>() {
     if (dipr) {
       filtered ? launch.template operator()<L2, true, true>()
