@@ -9,9 +9,10 @@
 // rule of `search/detail/graph_walk.hpp`): same seeding, same pool order (higher key first,
 // ties to the lower id), same expansion choice, same stopping rule. With scores that are exact
 // in f32 (small integers) the GPU returns the CPU's results id for id; otherwise only the
-// summation order of the dot products differs. One warp runs one search (see graph_search.cuh
-// for why: a graph walk is bound by the latency of reading rows, and lane-per-row keeps 32 row
-// reads in flight).
+// summation order of the dot products differs. A top-k search runs on a block of four warps
+// (its step's row-id loads, visited-set updates, scoring and merge spread over 128 threads; a
+// decode batch leaves only a few searches per SM), a DIPR search on one warp; both walk the same
+// way (see `decode_search_params::warps_per_search`).
 //
 // Keys are read where they live: either one dense matrix holding every graph's keys, or the
 // head-wise paged K pool through its page table (`paged_kv_ref`), so no second copy of the
