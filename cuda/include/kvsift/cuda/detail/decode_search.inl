@@ -1,8 +1,10 @@
 #pragma once
 // Kernel and host dispatch behind <kvsift/cuda/decode_search.cuh> (internal).
 //
-// One warp runs one search, as in graph_search.inl, whose pool order and scoring it shares.
-// Per warp, shared memory holds the query (f32), the pool (L for top-k, l0 for DIPR) twice (a
+// Two kernels walk the same way. decode_search_kernel runs one search per warp, as in
+// graph_search.inl, whose pool order and scoring it shares (every mode);
+// decode_search_block_kernel runs one top-k search per block of four warps (see its comment).
+// Per search, shared memory holds the query (f32), the pool (L for top-k, l0 for DIPR) twice (a
 // merge writes the other copy), the candidate list of max(width, 32) * expand_width entries
 // and, when the graphs are small enough (n <= 2^18 keys: at most 32 KiB of bits), the visited
 // bitset. Otherwise the visited bitset lives in the workspace (global memory, L2 in practice).
