@@ -91,6 +91,15 @@ struct roargraph_params {
   /// its effect on build time and recall in docs/algorithms.md. An engine's searches honour it
   /// too: they are sent the rows cut to the cap, so the graph is the CPU build's.
   std::size_t connectivity_degree_cap = 0;
+  /// Step 3's CPU searches of a round are handed to the threads region by region: each key is
+  /// assigned to the nearest of about this many sampled keys (32 coarse ones, then
+  /// clusters / 32 fine ones within its coarse cluster), and a round's keys are searched in
+  /// cluster order, so that searches running close in time read the same graph rows and keys.
+  /// Only the order within a round changes (each round searches the graph as the round
+  /// before left it), so the graph is the same bit for bit. 0 = the rounds' random order.
+  /// Costs n * (32 + clusters / 32) key scores once. Pays where the keys do not fit the CPU's
+  /// last-level cache (docs/algorithms.md). Not used by an engine's searches.
+  std::size_t step3_locality_clusters = 4096;
 };
 
 /// Largest `roargraph_params::M`: the final degree 2M stays within `max_graph_degree`, which
@@ -225,6 +234,13 @@ class roargraph_builder {
 
   // Rounds of `enhance`: batches of 32, 64, ... keys up to `batch`, until all n keys are done.
   std::size_t connectivity_rounds(std::size_t n) const;
+
+  // Region of every key for step 3's search order (step3_locality_clusters): the nearest of 32
+  // coarse centres, then of `clusters / 32` fine ones within it (centres drawn from `order`).
+  template <MatrixStore Store>
+  static std::vector<std::uint32_t> locality_clusters(const Store& store,
+                                                      const std::vector<id_t>& order,
+                                                      std::size_t clusters, std::size_t threads);
 
   // Steps 2-4 and the padded adjacency; `done` steps of `total` are finished on entry.
   template <MatrixStore Store>

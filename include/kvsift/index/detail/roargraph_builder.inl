@@ -276,6 +276,16 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   for (std::size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
 
   const std::size_t most = max_batch(n);
+  // The CPU searches' locality order: cluster of every key, and per round the positions of
+  // its keys sorted by cluster (found_neighbors stays indexed by position, so the edges and
+  // the graph do not depend on it).
+  std::vector<std::uint32_t> cluster;
+  std::vector<std::uint32_t> by_cluster;
+  if (!on_engine && key_neighbors.rows == 0 && params_.step3_locality_clusters > 0 && n > 1) {
+    const auto t_cluster = detail::monotonic_seconds();
+    cluster = locality_clusters(store, order, params_.step3_locality_clusters, threads);
+    st.connectivity_search_seconds += detail::seconds_since(t_cluster);
+  }
   // found_neighbors[i]: the pruned neighbours found for the round's i-th key.
   std::vector<std::vector<id_t>> found_neighbors(std::min(most, n));
   struct edge {
@@ -310,9 +320,18 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
         found_neighbors[i].assign(row, row + engine_out.counts[i]);
       }
     } else {
+      by_cluster.resize(bn);
+      for (std::size_t i = 0; i < bn; ++i) by_cluster[i] = static_cast<std::uint32_t>(i);
+      if (!cluster.empty()) {
+        std::sort(by_cluster.begin(), by_cluster.end(), [&](std::uint32_t a, std::uint32_t b) {
+          const std::uint32_t ca = cluster[order[b0 + a]], cb = cluster[order[b0 + b]];
+          return ca != cb ? ca < cb : a < b;
+        });
+      }
       parallel_for(
           bn, threads,
-          [&](std::size_t i, std::size_t t) {
+          [&](std::size_t task, std::size_t t) {
+            const std::size_t i = by_cluster[task];
             const id_t x = order[b0 + i];
             auto& b = buf[t];
             b.cands.clear();
@@ -391,6 +410,53 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   st.connectivity_distance_computations += engine_scored;
   for (const std::size_t c : scored) st.connectivity_distance_computations += c;
   for (const std::size_t c : pruned) st.connectivity_prune_distance_computations += c;
+}
+
+template <Metric M, KnnEngine Engine>
+template <MatrixStore Store>
+std::vector<std::uint32_t> roargraph_builder<M, Engine>::locality_clusters(
+    const Store& store, const std::vector<id_t>& order, std::size_t clusters, std::size_t threads) {
+  // Two levels, so that assigning n keys to about `clusters` regions costs n * (32 + fine)
+  // scores instead of n * clusters. Centres are the first keys of the random `order`.
+  const std::size_t n = store.size();
+  const std::size_t coarse = std::min<std::size_t>(32, n);
+  const std::size_t fine = std::max<std::size_t>(1, clusters / coarse);
+  auto nearest = [&](id_t x, const id_t* centres, std::size_t count) {
+    detail::pair_scorer<Store, key_metric> ps(store);
+    ps.set_pivot(x);
+    float best = -std::numeric_limits<float>::infinity();
+    std::uint32_t at = 0;
+    for (std::size_t c = 0; c < count; ++c) {
+      const float k = ps.key(centres[c]);
+      if (k > best) {
+        best = k;
+        at = static_cast<std::uint32_t>(c);
+      }
+    }
+    return at;
+  };
+  std::vector<std::uint32_t> cluster(n);
+  parallel_for(
+      n, threads,
+      [&](std::size_t x, std::size_t) {
+        cluster[x] = nearest(static_cast<id_t>(x), order.data(), coarse);
+      },
+      256);
+  std::vector<id_t> centres(coarse * fine);
+  std::vector<std::size_t> have(coarse, 0);
+  for (const id_t x : order) {
+    const std::uint32_t c = cluster[x];
+    if (have[c] < fine) centres[c * fine + have[c]++] = x;
+  }
+  parallel_for(
+      n, threads,
+      [&](std::size_t x, std::size_t) {
+        const std::uint32_t c = cluster[x];
+        cluster[x] = static_cast<std::uint32_t>(
+            c * fine + nearest(static_cast<id_t>(x), centres.data() + c * fine, have[c]));
+      },
+      256);
+  return cluster;
 }
 
 template <Metric M, KnnEngine Engine>
