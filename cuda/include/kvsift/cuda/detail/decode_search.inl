@@ -412,6 +412,51 @@ __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, i
   return min(L, cnt + keep_n);
 }
 
+/// A step's nodes, run by one warp: the first `expand` unexpanded entries of pool[from, cnt)
+/// are marked expanded and their ids written to picks[0, np); returns np. The caller syncs
+/// before another warp reads `picks`.
+__device__ inline int ds_pick(walk_entry* pool, int cnt, int from, int expand, std::uint32_t* picks,
+                              int lane) {
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  int np = 0;
+  for (int i0 = from; i0 < cnt && np < expand; i0 += 32) {
+    const int i = i0 + lane;
+    const bool un = i < cnt && (pool[i].id & walk_expanded) == 0u;
+    const unsigned b = __ballot_sync(0xffffffffu, un);
+    const int r = np + __popc(b & lower_lanes);
+    if (un && r < expand) {
+      picks[r] = pool[i].id;
+      pool[i].id |= walk_expanded;
+    }
+    np = min(expand, np + __popc(b));
+  }
+  return np;
+}
+
+/// A search's output row from `count` to `capacity`: invalid_id and the worst score. Written
+/// by the `Stride` threads of its team (`rank` in [0, Stride)).
+template <bool L2, int Stride>
+__device__ inline void ds_write_padding(const decode_search_outputs& out, std::size_t row0,
+                                        int count, int capacity, int rank) {
+  const float worst = L2 ? -neg_inf() : neg_inf();
+  for (int i = count + rank; i < capacity; i += Stride) {
+    out.ids[row0 + i] = invalid_id;
+    if (out.scores != nullptr) out.scores[row0 + i] = worst;
+  }
+}
+
+/// A top-k search's output row: the best `count` pool entries, then the padding. (A DIPR
+/// search writes its own entries, then the padding.)
+template <bool L2, int Stride>
+__device__ inline void ds_write_topk(const decode_search_outputs& out, std::size_t row0,
+                                     const walk_entry* pool, int count, int capacity, int rank) {
+  for (int i = rank; i < count; i += Stride) {
+    out.ids[row0 + i] = pool[i].id & ~walk_expanded;
+    if (out.scores != nullptr) out.scores[row0 + i] = L2 ? -pool[i].key : pool[i].key;
+  }
+  ds_write_padding<L2, Stride>(out, row0, count, capacity, rank);
+}
+
 /// One search's view of its graph for the node expansions: the graph's adjacency rows, its key
 /// count, the filter range and the visited bitset. Warp-uniform.
 struct ds_graph_walk {
@@ -796,18 +841,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       // The nodes go to the other pool buffer, free until the merge; they are pool entries, so
       // there are at most L of them, and that buffer holds 2L ids.
       std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
-      int np = 0;
-      for (int i0 = from; i0 < cnt && np < c.expand; i0 += 32) {
-        const int i = i0 + lane;
-        const bool un = i < cnt && (pool[i].id & walk_expanded) == 0u;
-        const unsigned b = __ballot_sync(full, un);
-        const int r = np + __popc(b & lower_lanes);
-        if (un && r < c.expand) {
-          picks[r] = pool[i].id;
-          pool[i].id |= walk_expanded;
-        }
-        np = min(c.expand, np + __popc(b));
-      }
+      const int np = ds_pick(pool, cnt, from, c.expand, picks, lane);
       __syncwarp();
       const int total = np * cols;
       int fresh_n = 0;
@@ -987,7 +1021,6 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
 
     // Outputs.
     const std::size_t row0 = static_cast<std::size_t>(qi) * c.capacity;
-    const float worst = L2 ? -neg_inf() : neg_inf();
     int count = 0;
     if constexpr (Dipr) {
       const bool any = best != neg_inf();
@@ -1004,19 +1037,14 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         count += __popc(b);
       }
       if (lane == 0 && out.best_scores != nullptr) {
+        const float worst = L2 ? -neg_inf() : neg_inf();
         out.best_scores[qi] = (best == neg_inf() && !seeded) ? worst : (L2 ? -best : best);
       }
       if (capped) status |= decode_status_capped;
+      ds_write_padding<L2, 32>(out, row0, count, c.capacity, lane);
     } else {
       count = min(c.k, cnt);
-      for (int i = lane; i < count; i += 32) {
-        out.ids[row0 + i] = pool[i].id & ~walk_expanded;
-        if (out.scores != nullptr) out.scores[row0 + i] = L2 ? -pool[i].key : pool[i].key;
-      }
-    }
-    for (int i = count + lane; i < c.capacity; i += 32) {
-      out.ids[row0 + i] = invalid_id;
-      if (out.scores != nullptr) out.scores[row0 + i] = worst;
+      ds_write_topk<L2, 32>(out, row0, pool, count, c.capacity, lane);
     }
     if (lane == 0) {
       out.counts[qi] = static_cast<std::uint32_t>(count);
@@ -1145,10 +1173,11 @@ __global__ void __launch_bounds__(ds_block_threads, ds_block_min_blocks)
 
     // Warp 0 gathers, the block visits: the gathered candidates, as long as inc holds them,
     // are visited together (the pool keeps the best L of their union, whatever the order of
-    // visits), so a block barrier is paid per batch rather than per seed.
-    // Called after the barrier that follows warp 0's writes to said[].
-    auto visit_gathered = [&]() {
-      const int nv = said[1];
+    // visits), so a block barrier is paid per batch rather than per seed. Visits the
+    // said[slot] candidates in inc (gathered by warp 0, or by the block's atomics in a step);
+    // called after the barrier that follows those writes.
+    auto visit_gathered = [&](int slot) {
+      const int nv = said[slot];
       if (nv > 0) {
         visit(nv);
       } else {
@@ -1176,7 +1205,7 @@ __global__ void __launch_bounds__(ds_block_threads, ds_block_min_blocks)
         }
         __syncthreads();
         const bool last_batch = said[2] != 0;
-        seeded_n += visit_gathered();
+        seeded_n += visit_gathered(1);
         if (last_batch) break;
       }
       if constexpr (Filtered) {
@@ -1202,7 +1231,7 @@ __global__ void __launch_bounds__(ds_block_threads, ds_block_min_blocks)
           }
           __syncthreads();
           more = said[2] == 0;
-          seeded_n += visit_gathered();
+          seeded_n += visit_gathered(1);
         }
       }
 
@@ -1216,19 +1245,7 @@ __global__ void __launch_bounds__(ds_block_threads, ds_block_min_blocks)
         // two: so taken afresh every step).
         std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
         if (warp == 0) {
-          const unsigned lower_lanes = (1u << lane) - 1u;
-          int np = 0;
-          for (int i0 = 0; i0 < cnt && np < c.expand; i0 += 32) {
-            const int i = i0 + lane;
-            const bool un = i < cnt && (pool[i].id & walk_expanded) == 0u;
-            const unsigned b = __ballot_sync(full, un);
-            const int r = np + __popc(b & lower_lanes);
-            if (un && r < c.expand) {
-              picks[r] = pool[i].id;
-              pool[i].id |= walk_expanded;
-            }
-            np = min(c.expand, np + __popc(b));
-          }
+          const int np = ds_pick(pool, cnt, 0, c.expand, picks, lane);
           if (lane == 0) {
             said[0] = 0;
             said[1] = np;
@@ -1312,27 +1329,14 @@ __global__ void __launch_bounds__(ds_block_threads, ds_block_min_blocks)
           }
         }
         __syncthreads();
-        const int nv = said[0];
-        if (nv > 0) {
-          visit(nv);
-        } else {
-          __syncthreads();  // said[] is rewritten by warp 0 next
-        }
+        visit_gathered(0);
       }
     }
 
     // Outputs.
     const std::size_t row0 = static_cast<std::size_t>(qi) * c.capacity;
-    const float worst = L2 ? -neg_inf() : neg_inf();
     const int count = min(c.k, cnt);
-    for (int i = rank; i < count; i += NT) {
-      out.ids[row0 + i] = pool[i].id & ~walk_expanded;
-      if (out.scores != nullptr) out.scores[row0 + i] = L2 ? -pool[i].key : pool[i].key;
-    }
-    for (int i = count + rank; i < c.capacity; i += NT) {
-      out.ids[row0 + i] = invalid_id;
-      if (out.scores != nullptr) out.scores[row0 + i] = worst;
-    }
+    ds_write_topk<L2, NT>(out, row0, pool, count, c.capacity, rank);
     if (rank == 0) {
       out.counts[qi] = static_cast<std::uint32_t>(count);
       if (out.scored != nullptr) out.scored[qi] = scored;
