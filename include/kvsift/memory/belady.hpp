@@ -20,12 +20,12 @@ namespace kvsift {
 /// Belady for one (request, KV head) over a known trace: step i must be called with trace
 /// step i. Thread safety: const members safe concurrently; step needs external
 /// synchronisation.
-class belady {
+class belady : public detail::policy_pages {
  public:
   /// Copies the trace. O(total accesses). @throw invalid_argument if capacity or keys is 0;
   /// out_of_range for a page id >= keys in the trace.
   belady(std::size_t capacity, std::size_t keys, std::vector<std::vector<id_t>> trace)
-      : cache_(capacity, keys, "belady"), trace_(std::move(trace)), uses_(keys) {
+      : policy_pages(capacity, keys, "belady"), trace_(std::move(trace)), uses_(keys) {
     for (std::size_t t = 0; t < trace_.size(); ++t) {
       for (const id_t k : trace_[t]) {
         detail::require<out_of_range>(k < keys, "belady: expected page ids < ", keys, ", got ", k,
@@ -35,16 +35,7 @@ class belady {
     }
   }
 
-  [[nodiscard]] std::size_t capacity() const noexcept { return cache_.capacity(); }
-  [[nodiscard]] std::size_t keys() const noexcept { return cache_.keys(); }
-  [[nodiscard]] std::size_t resident() const noexcept { return cache_.resident(); }
-  /// Pages this policy may hold, <= capacity() (capacity() until set_limit).
-  [[nodiscard]] std::size_t limit() const noexcept { return cache_.limit(); }
-  /// Sets the page limit (buffer elasticity's per-pair share). A lower limit than resident()
-  /// is enforced by the next step, which evicts the excess by this policy's rule. O(1).
-  /// @throw invalid_argument if limit > capacity() (nothing changes).
-  void set_limit(std::size_t limit) { cache_.set_limit(limit); }
-  [[nodiscard]] id_t slot_of(id_t key) const { return cache_.slot_of(key); }
+  // capacity(), keys(), resident(), limit(), set_limit(), slot_of(): detail::policy_pages.
 
   /// Step number `t` of the trace; `selected` must equal trace step t.
   /// O(capacity log(trace length)). @throw invalid_argument past the end of the trace or for a
@@ -92,7 +83,6 @@ class belady {
     return it == u.end() ? std::numeric_limits<std::size_t>::max() : *it;
   }
 
-  detail::slot_cache cache_;
   std::vector<std::vector<id_t>> trace_;
   std::vector<std::vector<std::size_t>> uses_;  // ascending steps using each page
   std::size_t now_ = 0;

@@ -29,25 +29,16 @@ concept valid_bucket_count = Buckets >= 2 && Buckets <= 256;
 /// Thread safety: const members safe concurrently; step needs external synchronisation.
 template <std::size_t Buckets = 64>
 requires valid_bucket_count<Buckets>
-class bucketed_lru {
+class bucketed_lru : public detail::policy_pages {
  public:
   static constexpr std::size_t buckets = Buckets;
 
   /// `capacity` GPU slots for logical pages [0, keys).
   /// @throw invalid_argument if capacity or keys is 0.
   bucketed_lru(std::size_t capacity, std::size_t keys)
-      : cache_(capacity, keys, "bucketed_lru"), age_(capacity, 0) {}
+      : policy_pages(capacity, keys, "bucketed_lru"), age_(capacity, 0) {}
 
-  [[nodiscard]] std::size_t capacity() const noexcept { return cache_.capacity(); }
-  [[nodiscard]] std::size_t keys() const noexcept { return cache_.keys(); }
-  [[nodiscard]] std::size_t resident() const noexcept { return cache_.resident(); }
-  /// Pages this policy may hold, <= capacity() (capacity() until set_limit).
-  [[nodiscard]] std::size_t limit() const noexcept { return cache_.limit(); }
-  /// Sets the page limit (buffer elasticity's per-pair share). A lower limit than resident()
-  /// is enforced by the next step, which evicts the excess by this policy's rule. O(1).
-  /// @throw invalid_argument if limit > capacity() (nothing changes).
-  void set_limit(std::size_t limit) { cache_.set_limit(limit); }
-  [[nodiscard]] id_t slot_of(id_t key) const { return cache_.slot_of(key); }
+  // capacity(), keys(), resident(), limit(), set_limit(), slot_of(): detail::policy_pages.
   /// Page in `slot` (invalid_id if free) and its age bucket.
   [[nodiscard]] id_t key_in(std::size_t slot) const noexcept { return cache_.key_in(slot); }
   [[nodiscard]] std::uint8_t age_of(std::size_t slot) const noexcept { return age_[slot]; }
@@ -91,7 +82,6 @@ class bucketed_lru {
   }
 
  private:
-  detail::slot_cache cache_;
   std::vector<std::uint8_t> age_;
 };
 

@@ -15,22 +15,13 @@ namespace kvsift {
 
 /// Exact LRU for one (request, KV head). Thread safety: const members safe concurrently;
 /// step needs external synchronisation.
-class exact_lru {
+class exact_lru : public detail::policy_pages {
  public:
   /// @throw invalid_argument if capacity or keys is 0.
   exact_lru(std::size_t capacity, std::size_t keys)
-      : cache_(capacity, keys, "exact_lru"), last_use_(capacity, 0) {}
+      : policy_pages(capacity, keys, "exact_lru"), last_use_(capacity, 0) {}
 
-  [[nodiscard]] std::size_t capacity() const noexcept { return cache_.capacity(); }
-  [[nodiscard]] std::size_t keys() const noexcept { return cache_.keys(); }
-  [[nodiscard]] std::size_t resident() const noexcept { return cache_.resident(); }
-  /// Pages this policy may hold, <= capacity() (capacity() until set_limit).
-  [[nodiscard]] std::size_t limit() const noexcept { return cache_.limit(); }
-  /// Sets the page limit (buffer elasticity's per-pair share). A lower limit than resident()
-  /// is enforced by the next step, which evicts the excess by this policy's rule. O(1).
-  /// @throw invalid_argument if limit > capacity() (nothing changes).
-  void set_limit(std::size_t limit) { cache_.set_limit(limit); }
-  [[nodiscard]] id_t slot_of(id_t key) const { return cache_.slot_of(key); }
+  // capacity(), keys(), resident(), limit(), set_limit(), slot_of(): detail::policy_pages.
 
   /// One step. O(capacity log capacity) when evicting, O(capacity + |selected|) otherwise.
   /// @throw as bucketed_lru::step.
@@ -57,7 +48,6 @@ class exact_lru {
   }
 
  private:
-  detail::slot_cache cache_;
   std::vector<std::uint64_t> last_use_;
   std::uint64_t now_ = 0;
   std::vector<std::size_t> victims_;

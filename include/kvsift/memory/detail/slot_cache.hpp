@@ -133,4 +133,32 @@ class slot_cache {
   std::vector<std::uint8_t> hit_slot_;
 };
 
+/// The page-cache queries every replacement policy offers, answered by its slot_cache: a
+/// policy derives from this and keeps only its eviction rule. Constructed before the
+/// policy's own members, so bad sizes throw before the policy allocates anything.
+class policy_pages {
+ public:
+  /// GPU slots of the pair.
+  [[nodiscard]] std::size_t capacity() const noexcept { return cache_.capacity(); }
+  /// Logical pages [0, keys()).
+  [[nodiscard]] std::size_t keys() const noexcept { return cache_.keys(); }
+  /// Pages held now.
+  [[nodiscard]] std::size_t resident() const noexcept { return cache_.resident(); }
+  /// Pages this policy may hold, <= capacity() (capacity() until set_limit).
+  [[nodiscard]] std::size_t limit() const noexcept { return cache_.limit(); }
+  /// Sets the page limit (buffer elasticity's per-pair share). A lower limit than resident()
+  /// is enforced by the next step, which evicts the excess by the policy's rule. O(1).
+  /// @throw invalid_argument if limit > capacity() (nothing changes).
+  void set_limit(std::size_t limit) { cache_.set_limit(limit); }
+  /// Slot holding `key`, or invalid_id. @throw out_of_range for key >= keys().
+  [[nodiscard]] id_t slot_of(id_t key) const { return cache_.slot_of(key); }
+
+ protected:
+  /// @throw invalid_argument if capacity or keys is 0 (`who` names the policy).
+  policy_pages(std::size_t capacity, std::size_t keys, const char* who)
+      : cache_(capacity, keys, who) {}
+
+  slot_cache cache_;
+};
+
 }  // namespace kvsift::detail
