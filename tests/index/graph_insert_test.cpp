@@ -45,26 +45,18 @@ double recall(const G& g, kvsift::matrix_view<const float> queries,
   return r / static_cast<double>(queries.rows());
 }
 
-kvsift::roargraph_params params() {
-  kvsift::roargraph_params p;
-  p.nq = 50;
-  p.M = 16;
-  p.L = 100;
-  p.threads = 2;
-  return p;
-}
-
 // The inserted index is built on the first `base_keys` of the quality tests' 20000 OOD keys
 // (ood_fixture.hpp) from the first 1600 of its 2000 training queries (the prefill's share) and
 // receives the last 4000 keys one at a time.
 constexpr std::size_t base_keys = 16000;
 
 using kvsift_test::ood;
+using kvsift_test::ood_build_params;
 
 const kvsift::insertable_graph<float>& inserted() {
   static const auto g = [] {
     const auto& o = ood();
-    auto ig = kvsift::build_insertable(kvsift::roargraph_builder<>(params()),
+    auto ig = kvsift::build_insertable(kvsift::roargraph_builder<>(ood_build_params()),
                                        o.keys.row_range(0, base_keys), o.train.row_range(0, 1600));
     for (std::size_t i = base_keys; i < o.keys.rows(); ++i) ig.insert(o.keys.row_range(i, 1));
     return ig;
@@ -151,7 +143,7 @@ struct integer_data {
 TEST_CASE("insert: recall after inserting the last 20% is close to a full rebuild",
           "[index][insert][quality]") {
   const auto& o = ood();
-  const auto full = kvsift::roargraph_builder<>(params()).build(store_t(o.keys), o.train);
+  const auto full = kvsift::roargraph_builder<>(ood_build_params()).build(store_t(o.keys), o.train);
   const auto& ig = inserted();
   REQUIRE(ig.size() == o.keys.rows());
   for (const std::size_t L : {20, 40}) {

@@ -9,6 +9,7 @@
 #include "exact_topk.hpp"
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/matrix_view.hpp"
+#include "kvsift/index/roargraph_builder.hpp"
 #include "kvsift/testing/ood_generator.hpp"
 
 namespace kvsift_test {
@@ -31,6 +32,17 @@ inline const ood_fixture& ood() {
     return o;
   }();
   return f;
+}
+
+/// The RoarGraph build parameters of the tests on this fixture (smaller than the defaults, for
+/// CI's two cores).
+inline kvsift::roargraph_params ood_build_params() {
+  kvsift::roargraph_params p;
+  p.nq = 50;
+  p.M = 16;
+  p.L = 100;
+  p.threads = 2;
+  return p;
 }
 
 }  // namespace kvsift_test

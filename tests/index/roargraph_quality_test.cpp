@@ -65,19 +65,11 @@ quality measure(const G& g, kvsift::matrix_view<const float> queries,
 }
 
 using kvsift_test::ood;
-
-kvsift::roargraph_params ood_params() {
-  kvsift::roargraph_params p;
-  p.nq = 50;
-  p.M = 16;
-  p.L = 100;
-  p.threads = 2;
-  return p;
-}
+using kvsift_test::ood_build_params;
 
 const kvsift::graph_index<store_t>& ood_graph() {
   static const auto g =
-      kvsift::roargraph_builder<>(ood_params()).build(store_t(ood().keys), ood().train);
+      kvsift::roargraph_builder<>(ood_build_params()).build(store_t(ood().keys), ood().train);
   return g;
 }
 
@@ -139,8 +131,8 @@ TEST_CASE("RoarGraph beats a key-driven graph: the query projection matters",
   // Deleting the query-kNN projection from the builder turns the real graph into this one.
   const auto& o = ood();
   const auto& rg = ood_graph();
-  const auto key_driven =
-      kvsift::roargraph_builder<>(ood_params()).build(store_t(o.keys), o.keys.row_range(0, 2000));
+  const auto key_driven = kvsift::roargraph_builder<>(ood_build_params())
+                              .build(store_t(o.keys), o.keys.row_range(0, 2000));
   for (const std::size_t L : {10, 20}) {
     const quality a = measure(rg, o.eval, o.truth, 10, L);
     const quality b = measure(key_driven, o.eval, o.truth, 10, L);
