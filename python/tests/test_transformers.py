@@ -32,15 +32,22 @@ def tiny_config():
     )
 
 
-@pytest.fixture(scope="module")
-def models():
+def eager_and_kvsift(model_class, config):
+    """The same randomly initialised model twice (torch seed 0): with eager attention, and with
+    kvsift's attention registered. Each gets its own config() (set_attn_implementation writes
+    into it, and a shared one would switch both)."""
     torch.manual_seed(0)
-    eager = transformers.LlamaForCausalLM(tiny_config()).eval()
+    eager = model_class(config()).eval()
     eager.set_attn_implementation("eager")
-    # Own config: set_attn_implementation writes into it, and a shared one would switch both.
-    model = transformers.LlamaForCausalLM(tiny_config()).eval()
+    model = model_class(config()).eval()
     model.load_state_dict(eager.state_dict())
     model.set_attn_implementation(kt.NAME)
+    return eager, model
+
+
+@pytest.fixture(scope="module")
+def models():
+    eager, model = eager_and_kvsift(transformers.LlamaForCausalLM, tiny_config)
     ids = torch.randint(0, 256, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = eager.generate(
@@ -228,12 +235,7 @@ def test_gemma3_sliding_layers_keep_sdpa_and_the_global_layer_is_exact():
             layer_types=["sliding_attention"] * 3 + ["full_attention"],
         )
 
-    torch.manual_seed(0)
-    eager = transformers.Gemma3ForCausalLM(config()).eval()
-    eager.set_attn_implementation("eager")
-    model = transformers.Gemma3ForCausalLM(config()).eval()
-    model.load_state_dict(eager.state_dict())
-    model.set_attn_implementation(kt.NAME)
+    eager, model = eager_and_kvsift(transformers.Gemma3ForCausalLM, config)
     # Token ids from 1: 0 is Gemma's pad token, which generate() masks out.
     ids = torch.randint(1, 256, (1, PROMPT), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
