@@ -205,15 +205,16 @@ TEST_CASE("roargraph_builder: step 3's locality order leaves the graph unchanged
           "[index][roargraph]") {
   // The locality order only changes which thread searches which of a round's keys when; the
   // edges are still taken in the round's order, so the graph must be the same bit for bit,
-  // with any number of clusters (one coarse cluster, fine ones, more clusters than keys) and
-  // rounds small enough that many of them run.
+  // with any number of clusters (one coarse cluster, fine ones, more clusters than keys, a
+  // count whose centres would overflow a size) and rounds small enough that many of them run.
   const kvsift::view_store<float> store(data().key_view());
   auto p = small_params(2);
   p.batch = 256;
   p.step3_locality_clusters = 0;
   const auto plain = kvsift::roargraph_builder<>(p).build(store, train());
   for (const std::size_t clusters :
-       {std::size_t{1}, std::size_t{64}, std::size_t{4096}, std::size_t{1} << 20}) {
+       {std::size_t{1}, std::size_t{64}, std::size_t{4096}, std::size_t{1} << 20,
+        std::numeric_limits<std::size_t>::max()}) {
     p.step3_locality_clusters = clusters;
     const auto g = kvsift::roargraph_builder<>(p).build(store, train());
     INFO("clusters " << clusters);

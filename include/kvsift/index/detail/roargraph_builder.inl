@@ -420,7 +420,10 @@ std::vector<std::uint32_t> roargraph_builder<M, Engine>::locality_clusters(
   // scores instead of n * clusters. Centres are the first keys of the random `order`.
   const std::size_t n = store.size();
   const std::size_t coarse = std::min<std::size_t>(32, n);
-  const std::size_t fine = std::max<std::size_t>(1, clusters / coarse);
+  // A coarse cluster has at most n keys to draw centres from, so more fine centres than n
+  // change nothing; the bound keeps coarse * fine (the centres' allocation) within 32 n for
+  // any `clusters`, however large.
+  const std::size_t fine = std::clamp<std::size_t>(clusters / coarse, 1, n);
   auto nearest = [&](id_t x, const id_t* centres, std::size_t count) {
     detail::pair_scorer<Store, key_metric> ps(store);
     ps.set_pivot(x);
