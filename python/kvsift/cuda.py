@@ -296,8 +296,8 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
                   max_results=0, seed_score=None, id_range=None, stream=None, status=None):
     """Batched graph search on the GPU: every query over its own graph in one launch (a block
     of four warps per top-k search, one warp per DIPR search), the retrieval stage of a decode
-    step on its own. With ``expand_width=1`` the
-    results equal the CPU's ``RoarGraphIndex.search`` / ``dipr`` id for id (the same walk).
+    step on its own. With ``expand_width=1`` the results equal the CPU's
+    ``RoarGraphIndex.search`` / ``dipr`` id for id (the same walk).
 
     graphs: a ``GraphSet`` (``graph_set(indexes)``) with its three arrays on the device.
     q: [queries, dim] float32. The keys, where they live, either ``keys`` (a dense
