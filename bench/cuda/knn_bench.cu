@@ -1,5 +1,7 @@
 // GPU exact kNN (kvsift::cuda::knn) on the build-time workload: 131072 queries x 131072 keys x
 // dim 128, k = 100, f16 (synthetic OOD attention data). Baselines measured in the same run:
+//   - the tiled path (knn_policy::fused = false: cuBLAS GEMM tiles + merge kernel), where the
+//     default call takes the fused kernel;
 //   - the cuBLAS GEMM alone over the same tiles (what the top-k selection adds on top of it);
 //   - the CPU engine (kvsift::cpu_knn_engine, Eigen) on all host cores, run on the first
 //     --cpu-queries queries and extrapolated linearly per query (its cost is linear in m).
@@ -8,7 +10,7 @@
 //
 // Usage: kvsift-cuda-knn_bench [--m 131072] [--n 131072] [--d 128] [--k 100]
 //                              [--cpu-queries 2048] [--threads 0] [--query-tile 8192]
-//                              [--key-tile 8192] [--sweep 0|1]
+//                              [--key-tile 8192] [--sweep 0|1] [--quick 0|1]
 
 #include <chrono>
 #include <cstdio>
@@ -39,6 +41,7 @@ struct options {
   std::size_t m = 131072, n = 131072, d = 128, k = 100, cpu_queries = 2048, threads = 0;
   std::size_t query_tile = 8192, key_tile = 8192;  // knn_policy
   std::size_t sweep = 0;  // 1: only f16 at k, over several tile shapes, then exit
+  std::size_t quick = 0;  // 1: only f16 at k (fused, tiled, GEMM alone), then exit
 };
 
 options parse(int argc, char** argv) {
@@ -51,7 +54,8 @@ options parse(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--threads", o.threads),
        kvsift::cuda_bench::size_option("--query-tile", o.query_tile),
        kvsift::cuda_bench::size_option("--key-tile", o.key_tile),
-       kvsift::cuda_bench::size_option("--sweep", o.sweep)});
+       kvsift::cuda_bench::size_option("--sweep", o.sweep),
+       kvsift::cuda_bench::size_option("--quick", o.quick)});
   return o;
 }
 
@@ -85,6 +89,21 @@ void time_gpu(const char* name, const kvsift::testing::ood_data& data, const opt
   const float knn_ms = kvsift::cuda_bench::median_ms(
       [&](cudaStream_t s) { kvsift::cuda::knn(qv, kv, k, ds, di, ws, bytes, h, s, policy); },
       stream, 1, 5);
+  std::vector<id_t> fused_ids(o.m * k);
+  KVSIFT_CUDA_CHECK(
+      cudaMemcpy(fused_ids.data(), di, fused_ids.size() * sizeof(id_t), cudaMemcpyDeviceToHost));
+  // The tiled path (cuBLAS GEMM tiles + merge kernel) on the same data, same run: the baseline
+  // of the fused kernel. Identical to knn_ms where the fused kernel does not apply.
+  kvsift::cuda::knn_policy tiled = policy;
+  tiled.fused = false;
+  const float tiled_ms = kvsift::cuda_bench::median_ms(
+      [&](cudaStream_t s) { kvsift::cuda::knn(qv, kv, k, ds, di, ws, bytes, h, s, tiled); },
+      stream, 1, 5);
+  std::vector<id_t> tiled_ids(o.m * k);
+  KVSIFT_CUDA_CHECK(
+      cudaMemcpy(tiled_ids.data(), di, tiled_ids.size() * sizeof(id_t), cudaMemcpyDeviceToHost));
+  std::size_t same_rank = 0;
+  for (std::size_t i = 0; i < fused_ids.size(); ++i) same_rank += fused_ids[i] == tiled_ids[i];
   // Baseline: the same tiled GEMMs into the same workspace, no selection.
   const cudaDataType_t type = kvsift::cuda::detail::cuda_data_type<T>();
   const float gemm_ms = kvsift::cuda_bench::median_ms(
@@ -106,14 +125,13 @@ void time_gpu(const char* name, const kvsift::testing::ood_data& data, const opt
   const double tflops = 2.0 * o.m * o.n * o.d / (knn_ms * 1e-3) / 1e12;
   std::printf(
       "gpu knn %-4s m=%zu n=%zu d=%zu k=%d tiles %zux%zu: %8.2f ms (%.0f TFLOP/s effective) | "
-      "GEMM alone %8.2f ms | selection overhead x%.2f of GEMM | workspace %.0f MiB\n",
-      name, o.m, o.n, o.d, k, o.query_tile, o.key_tile, knn_ms, tflops, gemm_ms, knn_ms / gemm_ms,
+      "tiled path %8.2f ms (x%.2f) | GEMM alone %8.2f ms (knn x%.2f of it) | same id at the same "
+      "rank as tiled %.5f | workspace %.0f MiB\n",
+      name, o.m, o.n, o.d, k, o.query_tile, o.key_tile, knn_ms, tflops, tiled_ms,
+      tiled_ms / knn_ms, gemm_ms, knn_ms / gemm_ms,
+      static_cast<double>(same_rank) / static_cast<double>(fused_ids.size()),
       static_cast<double>(bytes) / (1 << 20));
-  if (ids_out != nullptr) {
-    ids_out->resize(o.m * k);
-    KVSIFT_CUDA_CHECK(
-        cudaMemcpy(ids_out->data(), di, ids_out->size() * sizeof(id_t), cudaMemcpyDeviceToHost));
-  }
+  if (ids_out != nullptr) *ids_out = fused_ids;
   for (void* p : {static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(ds),
                   static_cast<void*>(di), ws}) {
     KVSIFT_CUDA_CHECK(cudaFree(p));
@@ -152,6 +170,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   time_gpu<kvsift::half>("f16", data, o, k, setup.stream, h, &gpu_ids);
+  if (o.quick != 0) {
+    cublasDestroy(h);
+    return 0;
+  }
   time_gpu<kvsift::bfloat16>("bf16", data, o, k, setup.stream, h, nullptr);
   time_gpu<float>("f32", data, o, k, setup.stream, h, nullptr);
   time_gpu<kvsift::half>("f16", data, o, 1000, setup.stream, h, nullptr);

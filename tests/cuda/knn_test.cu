@@ -117,6 +117,79 @@ TEST_CASE("knn_engine_matches_cpu_edge_shapes", "[cuda][knn]") {
   engine_matches_cpu<float>(64, 3000, 128, 40, {1024}, {16, 1000});
 }
 
+// The fused kernel (knn_policy::fused, the default): 16-bit elements, d in {64, 128, 256},
+// k <= 128. m = 300 is not a multiple of its 128 queries per block nor n = 2500 of its 64 keys
+// per chunk; range 2 makes ties everywhere (the id rule decides), range 40 few. k = 129 takes the
+// tiled path in the same call sequence.
+TEST_CASE("knn_fused_matches_cpu", "[cuda][knn]") {
+  for (const std::size_t d : {64, 128, 256}) {
+    engine_matches_cpu<kvsift::half>(300, 2500, d, 2, {1, 10, 100, 128, 129}, {});
+    engine_matches_cpu<kvsift::bfloat16>(300, 2500, d, 2, {1, 100, 128}, {});
+  }
+  engine_matches_cpu<kvsift::half>(129, 4100, 128, 40, {1, 64, 100}, {});
+  engine_matches_cpu<kvsift::half>(5, 100, 64, 3, {100}, {});  // k = n: every key, 2 chunks
+  engine_matches_cpu<kvsift::half>(3, 70, 128, 3, {64}, {});   // k between one and two chunks
+  // Workspace for 256 queries per launch: 600 queries take three launches of the fused kernel.
+  engine_matches_cpu<kvsift::half>(600, 1000, 64, 3, {100}, {128, 256});
+}
+
+namespace {
+
+/// knn() through the device entry point with the given policy; ids and scores downloaded.
+template <class T>
+kvsift::knn_result device_knn(const std::vector<T>& q, const std::vector<T>& keys, std::size_t d,
+                              int k, kvsift::cuda::knn_policy policy) {
+  const std::size_t m = q.size() / d, n = keys.size() / d;
+  device_buffer<T> dq(q), dk(keys);
+  device_buffer<float> ds(m * k);
+  device_buffer<id_t> di(m * k);
+  const std::size_t bytes = kvsift::cuda::knn_workspace_size(m, n, k, policy);
+  device_buffer<char> ws(bytes);
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  kvsift::cuda::knn(matrix_view<const T>(dq.get(), m, d), matrix_view<const T>(dk.get(), n, d), k,
+                    ds.get(), di.get(), ws.get(), bytes, h, nullptr, policy);
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  cublasDestroy(h);
+  return {m, static_cast<std::size_t>(k), di.download(), ds.download()};
+}
+
+}  // namespace
+
+// Orders that stress the fused kernel's survivor buffers, against the tiled path: keys whose
+// scores rise with the id (every key beats every threshold: each chunk fills the buffers and
+// rows merge every second chunk), scores that fall with the id (nothing survives after the
+// first chunks), and NaN keys (NaN scores rank as -inf, ties by id, in both paths).
+TEST_CASE("knn_fused_adversarial_orders_equal_tiled", "[cuda][knn]") {
+  const std::size_t m = 130, n = 4000, d = 64;
+  const int k = 100;
+  std::vector<float> qf(m * d, 0.0f), rising(n * d, 0.0f), falling(n * d, 0.0f);
+  for (std::size_t i = 0; i < m; ++i) qf[i * d] = static_cast<float>(1 + i % 3);
+  for (std::size_t j = 0; j < n; ++j) {
+    rising[j * d] = static_cast<float>(j / 8);  // ties of 8: the lower id first
+    falling[j * d] = static_cast<float>((n - j) / 8);
+  }
+  std::vector<float> with_nan = rising;
+  for (std::size_t j = 0; j < n; j += 3) with_nan[j * d + 1] = std::nanf("");
+  kvsift::cuda::knn_policy tiled{};
+  tiled.fused = false;
+  for (const auto* keys : {&rising, &falling, &with_nan}) {
+    const auto q16 = convert<kvsift::half>(qf), k16 = convert<kvsift::half>(*keys);
+    const auto fused = device_knn(q16, k16, d, k, {});
+    const auto want = device_knn(q16, k16, d, k, tiled);
+    CHECK(count_mismatched_rows(fused, want) == 0);
+  }
+  // NaN keys where fewer than k keys are finite: the rest of the row is NaN keys by id, -inf.
+  std::vector<float> mostly_nan(200 * d, 0.0f);
+  for (std::size_t j = 0; j < 200; ++j) mostly_nan[j * d] = j % 4 == 0 ? 1.0f : std::nanf("");
+  const auto q16 = convert<kvsift::half>(qf), k16 = convert<kvsift::half>(mostly_nan);
+  const auto fused = device_knn(q16, k16, d, k, {});
+  CHECK(count_mismatched_rows(fused, device_knn(q16, k16, d, k, tiled)) == 0);
+  CHECK(fused.ids[0] == 0);
+  CHECK(fused.ids[50] == 1);  // the first NaN key, after the 50 finite ones
+  CHECK(std::isinf(fused.scores[50]));
+}
+
 // The device entry point with strided views, against the CPU engine on the same data.
 TEST_CASE("knn_device_views_with_stride", "[cuda][knn]") {
   const std::size_t m = 50, n = 700, d = 20, stride = 24;

@@ -1,7 +1,10 @@
 #pragma once
 // Exact maximum-inner-product kNN on the GPU: step 1 of the RoarGraph build.
 //
-// Scores come from a cuBLAS GEMM (inputs f32 / f16 / bf16, f32 accumulation) computed one
+// Two paths. For 16-bit keys of dimension 64, 128 or 256 and k <= 128, one fused kernel computes
+// the scores with tensor cores and keeps each query's running top-k without writing scores to
+// memory (detail/knn_fused.inl; H200, 131072^2 x 128 f16, k = 100: see docs/performance.md).
+// Otherwise scores come from a cuBLAS GEMM (inputs f32 / f16 / bf16, f32 accumulation) computed one
 // (query tile x key tile) block at a time, so memory stays bounded by the tile sizes whatever
 // m and n are. After each key tile a merge kernel (one block per query row) folds the tile's
 // scores into the row's running top-k: scores not above the row's current k-th best are
@@ -51,10 +54,21 @@ inline constexpr int max_knn_k = 1024;
 /// Tile sizes of the streamed GEMM. The workspace holds one query_tile x key_tile f32 score
 /// block plus query_tile x k running results (8 bytes each). The defaults (8192 x 8192: 256 MiB
 /// of scores) saturate an H100; smaller tiles bound memory further at some speed.
+///
+/// With `fused` (the default), 16-bit elements, d in {64, 128, 256}, k <= `max_fused_knn_k`,
+/// 16-byte aligned data and row strides that are multiples of 8 elements, one kernel computes
+/// the scores on tensor cores and selects the top-k without writing a score to memory; the tile
+/// sizes then only size the workspace (the fused kernel runs as many queries per launch as its
+/// running results, k x 8 bytes per query, fit in it). Same results as the tiled path on
+/// integer data; on real data the f32 sums may differ from cuBLAS's in the last bits.
 struct knn_policy {
   std::int64_t query_tile = 8192;  ///< queries per GEMM block, >= 1
   std::int64_t key_tile = 8192;    ///< keys per GEMM block, >= 1
+  bool fused = true;               ///< use the fused kernel where it applies
 };
+
+/// Largest k of the fused kernel (`knn_policy::fused`); larger k take the tiled path.
+inline constexpr int max_fused_knn_k = 128;
 
 /**
  * @brief Bytes of workspace `knn` needs for m queries, n keys and k neighbours.
@@ -82,8 +96,9 @@ inline std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k,
  *        a null output or workspace, a host pointer, a pointer or stream of another device
  * @throw kvsift::dimension_mismatch query and key dimensions differ
  * @throw kvsift::cuda_error a CUDA or cuBLAS call failed
- * @note Work: 2 m n d flops in the GEMM plus one read of the m x n scores (streamed through the
- *       workspace, never stored whole). Validation reads no device memory, so NaN/Inf in device
+ * @note Work: 2 m n d flops in the GEMM plus, on the tiled path, one write and read of the m x n
+ *       scores (streamed through the workspace, never stored whole); the fused path keeps them
+ *       in registers. Validation reads no device memory, so NaN/Inf in device
  *       inputs is not rejected here: NaN scores rank as -inf (use `knn_engine`, which checks
  *       host data). Thread safety: concurrent calls need distinct handles and workspaces.
  */

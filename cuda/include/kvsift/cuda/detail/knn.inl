@@ -15,6 +15,7 @@
 #include <kvsift/core/checked_size.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/device_buffer.cuh>
+#include <kvsift/cuda/detail/kernel_attributes.cuh>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda::detail {
@@ -249,6 +250,54 @@ inline knn_layout knn_workspace_layout(std::int64_t m, std::int64_t n, int k, co
 
 }  // namespace kvsift::cuda::detail
 
+#include <kvsift/cuda/detail/knn_fused.inl>
+
+namespace kvsift::cuda::detail {
+
+/// Whether the fused kernel serves this call (see knn_policy) on `device`: 16-bit elements,
+/// d in {64, 128, 256}, k <= 128, 16-byte aligned rows, compute capability 8.0+ (mma.sync for
+/// bf16) and enough opt-in shared memory (H100/H200: 227 KiB; A100's 163 KiB takes d = 64).
+template <class T>
+bool fused_knn_applies(matrix_view<const T> queries, matrix_view<const T> keys, int k,
+                       const knn_policy& policy, int device) {
+  if constexpr (std::is_same_v<T, float>) {
+    return false;
+  } else {
+    const std::size_t d = keys.cols();
+    if (!policy.fused || k > max_fused_knn_k || (d != 64 && d != 128 && d != 256)) return false;
+    const auto aligned = [](const void* p, std::size_t stride) {
+      return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && stride % 8 == 0;
+    };
+    if (!aligned(queries.data(), queries.stride()) || !aligned(keys.data(), keys.stride())) {
+      return false;
+    }
+    int major = 0, smem = 0;
+    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    KVSIFT_CUDA_CHECK(
+        cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const std::size_t need = d == 64    ? fknn_shape<64>::smem_bytes
+                             : d == 128 ? fknn_shape<128>::smem_bytes
+                                        : fknn_shape<256>::smem_bytes;
+    return major >= 8 && static_cast<std::size_t>(smem) >= need;
+  }
+}
+
+/// Launches the fused kernel over queries [q0, q0 + qn) into `best` (qn x k).
+template <class T, int D>
+void launch_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, std::int64_t q0,
+                      std::int64_t qn, int k, rank_key* best, int device, cudaStream_t stream) {
+  using shape = fknn_shape<D>;
+  allow_shared_memory<knn_fused_kernel<T, D>>(device, static_cast<int>(shape::smem_bytes), true);
+  const auto blocks = static_cast<unsigned>((qn + fknn_rows - 1) / fknn_rows);
+  knn_fused_kernel<T, D><<<blocks, fknn_threads, shape::smem_bytes, stream>>>(
+      queries.row(static_cast<std::size_t>(q0)), static_cast<std::int64_t>(queries.stride()),
+      static_cast<int>(qn), keys.data(), static_cast<std::int64_t>(keys.stride()),
+      static_cast<int>(keys.rows()), k, best);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace kvsift::cuda::detail
+
 namespace kvsift::cuda {
 
 inline std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k,
@@ -283,6 +332,42 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   detail::require_device_pointer(out_ids, device, "knn", "out_ids");
   detail::require_device_pointer(workspace, device, "knn", "workspace");
 
+  int width = 1;
+  while (width < k) width <<= 1;
+  const int finalize_threads = std::max(32, std::min(1024, width));
+  const std::size_t finalize_smem = static_cast<std::size_t>(width) * sizeof(detail::rank_key);
+
+  // The fused path needs no score tile: the whole workspace holds running results, so one
+  // launch serves as many queries as fit (the default workspace: 335544 queries at k = 100).
+  if constexpr (!std::is_same_v<T, float>) {
+    const std::size_t per_query = static_cast<std::size_t>(k) * sizeof(detail::rank_key);
+    std::int64_t fused_rows = std::min<std::int64_t>(static_cast<std::int64_t>(need / per_query),
+                                                     std::int64_t{1} << 30);  // int in the kernel
+    if (fused_rows < m) fused_rows -= fused_rows % detail::fknn_rows;
+    if (fused_rows > 0 && n < (std::int64_t{1} << 31) - detail::fknn_cols &&
+        detail::fused_knn_applies(queries, keys, k, policy, device)) {
+      auto* best = static_cast<detail::rank_key*>(workspace);
+      for (std::int64_t q0 = 0; q0 < m; q0 += fused_rows) {
+        const std::int64_t qn = std::min(fused_rows, m - q0);
+        switch (keys.cols()) {
+          case 64:
+            detail::launch_fused_knn<T, 64>(queries, keys, q0, qn, k, best, device, stream);
+            break;
+          case 128:
+            detail::launch_fused_knn<T, 128>(queries, keys, q0, qn, k, best, device, stream);
+            break;
+          default:
+            detail::launch_fused_knn<T, 256>(queries, keys, q0, qn, k, best, device, stream);
+        }
+        detail::knn_finalize_kernel<detail::rank_key>
+            <<<static_cast<unsigned>(qn), finalize_threads, finalize_smem, stream>>>(
+                best, k, width, out_scores + q0 * k, out_ids + q0 * k);
+        KVSIFT_CUDA_CHECK(cudaGetLastError());
+      }
+      return;
+    }
+  }
+
   auto* scores = static_cast<float*>(workspace);
   auto* best = reinterpret_cast<detail::rank_key*>(static_cast<char*>(workspace) + l.scores_bytes);
   const int d = static_cast<int>(keys.cols());
@@ -292,10 +377,6 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   KVSIFT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
   const std::size_t merge_smem =
       (2 * static_cast<std::size_t>(k) + 2 * detail::knn_step) * sizeof(detail::rank_key);
-  int width = 1;
-  while (width < k) width <<= 1;
-  const int finalize_threads = std::max(32, std::min(1024, width));
-  const std::size_t finalize_smem = static_cast<std::size_t>(width) * sizeof(detail::rank_key);
   static_assert((2 * max_knn_k + 2 * detail::knn_step) * sizeof(detail::rank_key) <= 48 * 1024);
 
   for (std::int64_t q0 = 0; q0 < m; q0 += l.qt) {

@@ -1,0 +1,335 @@
+#pragma once
+// The fused kNN kernel behind <kvsift/cuda/knn.cuh> (internal): tensor-core scores and the
+// top-k selection in one pass, for 16-bit elements, d in {64, 128, 256} and k <= 128.
+//
+// Why fused: the tiled path writes every m x n f32 score to memory and reads it back for the
+// selection (131072^2 scores are 64 GiB each way), which costs more than the GEMM itself. Here a
+// block owns 128 queries and streams every key past them in chunks of 64; the scores never
+// leave registers unless they beat the row's running k-th best. After the first chunks almost
+// none do (about k ln(n / k) survivors per row in all for data in random order), so the
+// selection's cost is one comparison per score.
+//
+// Per chunk: keys arrive by cp.async into a ring of shared-memory stages (the load of chunk
+// c + stages - 1 overlaps the products of chunk c); each warp multiplies its rows' query
+// fragments, held in registers for the whole kernel, by the chunk's keys with mma.sync
+// m16n8k16 (f32 accumulation); a score not below the row's threshold (the score of its k-th
+// best so far) is packed into a rank key (knn.inl: same order as the tiled path and the CPU
+// engine) and, if it ranks above the k-th best, appended to the row's survivor buffer in
+// shared memory. A row whose buffer could not take another chunk is merged by one warp: the
+// row's running top-k (global memory, m x k rank keys) and its survivors go through a radix
+// select of the k-th largest, the keys above it are written back and the threshold rises.
+// A buffer of 128 takes two chunks, so no survivor is ever dropped.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace kvsift::cuda::detail {
+
+inline constexpr int fknn_rows = 128;     // queries per block
+inline constexpr int fknn_cols = 64;      // keys per chunk
+inline constexpr int fknn_buffer = 128;   // survivors held per row between merges
+inline constexpr int fknn_max_k = 128;    // merge: k + buffer entries in 8 registers per lane
+inline constexpr int fknn_threads = 256;  // 8 warps
+static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after a check");
+
+/// Layout of the fused kernel for dimension D: query rows per warp (16 * WM), pipeline depth,
+/// shared-memory row pitch (D + 8 halves: the 4-byte fragment loads of 8 rows x 4 lanes hit 32
+/// distinct banks) and the dynamic shared-memory size.
+template <int D>
+struct fknn_shape {
+  static_assert(D == 64 || D == 128 || D == 256);
+  // Query fragments stay in registers: 2 m-tiles x D / 16 k-steps x 4 registers per thread,
+  // 64 for D = 128. At D = 256 one m-tile per warp keeps them at 64.
+  static constexpr int wm = D <= 128 ? 2 : 1;            // m-tiles (16 rows) per warp
+  static constexpr int warps_m = fknn_rows / (16 * wm);  // 4 or 8
+  static constexpr int warps_n = 8 / warps_m;            // 2 or 1
+  static constexpr int ni = fknn_cols / warps_n / 8;     // n-tiles (8 keys) per warp: 4 or 8
+  static constexpr int stages = D == 64 ? 4 : D == 128 ? 3 : 2;
+  static constexpr int pitch = D + 8;  // halves per staged key row
+  static constexpr std::size_t stage_bytes = std::size_t{fknn_cols} * pitch * 2;
+  static constexpr std::size_t buffer_offset = stages * stage_bytes;
+  static constexpr std::size_t smem_bytes =
+      buffer_offset + std::size_t{fknn_rows} * fknn_buffer * 8  // survivor buffers
+      + std::size_t{fknn_rows} * (8 + 4 + 4)                    // k-th key, threshold, count
+      + std::size_t{8} * 256 * 4;                               // a radix histogram per warp
+};
+
+template <class T>
+__device__ inline void fknn_mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                std::uint32_t b1) {
+  if constexpr (std::is_same_v<T, half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+/// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is then not read).
+__device__ inline void fknn_cp_async(void* dst, const void* src, bool valid) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ inline void fknn_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int Pending>
+__device__ inline void fknn_cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+/// The rank-th largest (1-based) of a warp's entries (v[j] where valid[j], up to 8 per lane),
+/// by an 8-bit radix select over the warp's own histogram; stops as soon as one entry is left
+/// under the prefix. All lanes must call it; rank <= the number of valid entries.
+__device__ inline rank_key fknn_warp_kth(const rank_key (&v)[8], const bool (&valid)[8], int rank,
+                                         unsigned* hist) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  rank_key prefix = 0, mask = 0;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int b = 0; b < 8; ++b) hist[lane * 8 + b] = 0;
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (valid[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> shift) & 255u], 1u);
+    }
+    __syncwarp();
+    // Lane l owns digits 255 - 8l .. 248 - 8l, scanned from the top as in block_kth_largest.
+    unsigned own[8];
+    unsigned sum = 0;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      own[b] = hist[255 - 8 * lane - b];
+      sum += own[b];
+    }
+    __syncwarp();  // every lane has read the histogram before the next pass clears it
+    unsigned incl = sum;
+    for (int off = 1; off < 32; off <<= 1) {
+      const unsigned x = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += x;
+    }
+    unsigned above = incl - sum;
+    const auto r = static_cast<unsigned>(rank);
+    const bool here = above < r && r <= incl;
+    int digit = 0;
+    unsigned in_digit = 0;
+    if (here) {
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        if (above + own[b] >= r) {
+          digit = 255 - 8 * lane - b;
+          in_digit = own[b];
+          break;
+        }
+        above += own[b];
+      }
+    }
+    const int src = __ffs(__ballot_sync(0xffffffffu, here)) - 1;
+    digit = __shfl_sync(0xffffffffu, digit, src);
+    in_digit = __shfl_sync(0xffffffffu, in_digit, src);
+    rank = static_cast<int>(r - __shfl_sync(0xffffffffu, above, src));
+    prefix |= static_cast<rank_key>(digit) << shift;
+    mask |= rank_key{255} << shift;
+    if (in_digit == 1) {  // one entry left under the prefix: it is the answer
+      rank_key mine = 0;
+      bool has = false;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (valid[j] && (v[j] & mask) == prefix) {
+          mine = v[j];
+          has = true;
+        }
+      }
+      return __shfl_sync(0xffffffffu, mine, __ffs(__ballot_sync(0xffffffffu, has)) - 1);
+    }
+  }
+  return prefix;
+}
+
+/// Merges row `row`'s survivors into its running top-k (one warp), raises its threshold and
+/// empties its buffer.
+__device__ inline void fknn_merge_row(rank_key* __restrict__ best_row, int k,
+                                      const rank_key* buffer, int count, rank_key* kth_out,
+                                      float* threshold_out, int* count_out, unsigned* hist) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  rank_key v[8];
+  bool valid[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = lane + 32 * j;
+    valid[j] = i < k;
+    v[j] = valid[j] ? best_row[i] : 0;
+    valid[4 + j] = i < count;
+    v[4 + j] = valid[4 + j] ? buffer[i] : 0;
+  }
+  const rank_key kth = fknn_warp_kth(v, valid, k, hist);
+  // Every lane has its entries in registers (the select's shuffles ordered the reads before
+  // these writes). Keys above the k-th keep their order of arrival; the row is sorted at the end.
+  const unsigned below = (1u << lane) - 1u;
+  int base = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const bool take = valid[j] && v[j] > kth;
+    const unsigned ballot = __ballot_sync(0xffffffffu, take);
+    if (take) best_row[base + __popc(ballot & below)] = v[j];
+    base += __popc(ballot);
+  }
+  // Keys equal to the k-th are that one key or copies of the empty key 0 (knn_merge_tile_kernel).
+  for (int i = base + lane; i < k; i += 32) best_row[i] = kth;
+  if (lane == 0) {
+    *kth_out = kth;
+    *threshold_out = kth == 0 ? -INFINITY : rank_key_score(kth);
+    *count_out = 0;
+  }
+}
+
+/// Running top-k (unsorted rank keys, m x k) of every query over all n keys; see the file
+/// comment. Queries and keys: 16-byte aligned rows of D elements at the given pitches (elements,
+/// multiples of 8). Grid: ceil(m / 128) blocks of 256 threads, fknn_shape<D>::smem_bytes.
+template <class T, int D>
+__global__ void __launch_bounds__(fknn_threads, 1)
+    knn_fused_kernel(const T* __restrict__ queries, std::int64_t q_pitch, int m,
+                     const T* __restrict__ keys, std::int64_t k_pitch, int n, int k,
+                     rank_key* __restrict__ best) {
+  using shape = fknn_shape<D>;
+  constexpr int ksteps = D / 16;
+  constexpr int segs = D / 8;  // 16-byte segments per key row
+  extern __shared__ __align__(16) unsigned char fknn_smem[];
+  auto* stage_base = reinterpret_cast<std::uint16_t*>(fknn_smem);
+  auto* buffer = reinterpret_cast<rank_key*>(fknn_smem + shape::buffer_offset);
+  auto* kth_key = buffer + fknn_rows * fknn_buffer;
+  auto* threshold = reinterpret_cast<float*>(kth_key + fknn_rows);
+  auto* count = reinterpret_cast<int*>(threshold + fknn_rows);
+  auto* hist = reinterpret_cast<unsigned*>(count + fknn_rows);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;  // mma fragment coordinates
+  const int wm = warp / shape::warps_n, wn = warp % shape::warps_n;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * fknn_rows;
+  const int chunks = (n + fknn_cols - 1) / fknn_cols;
+
+  // Stage chunk c's keys (rows past n read as zeros and are never pushed).
+  auto load_chunk = [&](int c) {
+    std::uint16_t* dst = stage_base + (c % shape::stages) * (fknn_cols * shape::pitch);
+    for (int s = tid; s < fknn_cols * segs; s += fknn_threads) {
+      const int r = s / segs, col = (s % segs) * 8;
+      const int key = c * fknn_cols + r;
+      const T* src = key < n ? keys + static_cast<std::int64_t>(key) * k_pitch + col : keys;
+      fknn_cp_async(dst + r * shape::pitch + col, src, key < n);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < shape::stages - 1; ++s) {
+    if (s < chunks) load_chunk(s);
+    fknn_cp_commit();
+  }
+
+  // Rows past m never pass (threshold +inf; their zero scores are finite).
+  for (int r = tid; r < fknn_rows; r += fknn_threads) {
+    kth_key[r] = 0;
+    threshold[r] = row0 + r < m ? -INFINITY : INFINITY;
+    count[r] = 0;
+  }
+  for (std::int64_t i = tid; i < std::int64_t{fknn_rows} * k; i += fknn_threads) {
+    if (row0 + i / k < m) best[row0 * k + i] = 0;
+  }
+
+  // This warp's query fragments (A of m16n8k16, row-major): registers for the whole kernel.
+  std::uint32_t a[shape::wm][ksteps][4];
+#pragma unroll
+  for (int mi = 0; mi < shape::wm; ++mi) {
+    const std::int64_t r_lo = row0 + wm * 16 * shape::wm + mi * 16 + g, r_hi = r_lo + 8;
+    const auto* lo = reinterpret_cast<const std::uint32_t*>(queries + r_lo * q_pitch);
+    const auto* hi = reinterpret_cast<const std::uint32_t*>(queries + r_hi * q_pitch);
+#pragma unroll
+    for (int ks = 0; ks < ksteps; ++ks) {
+      a[mi][ks][0] = r_lo < m ? lo[ks * 8 + t] : 0u;
+      a[mi][ks][1] = r_hi < m ? hi[ks * 8 + t] : 0u;
+      a[mi][ks][2] = r_lo < m ? lo[ks * 8 + 4 + t] : 0u;
+      a[mi][ks][3] = r_hi < m ? hi[ks * 8 + 4 + t] : 0u;
+    }
+  }
+
+  for (int c = 0; c < chunks; ++c) {
+    fknn_cp_wait<shape::stages - 2>();
+    __syncthreads();  // chunk c staged; the previous chunk's merges are done
+    if (c + shape::stages - 1 < chunks) load_chunk(c + shape::stages - 1);
+    fknn_cp_commit();
+
+    const auto* stage = reinterpret_cast<const std::uint32_t*>(
+        stage_base + (c % shape::stages) * (fknn_cols * shape::pitch));
+    float acc[shape::wm][shape::ni][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < ksteps; ++ks) {
+#pragma unroll
+      for (int nj = 0; nj < shape::ni; ++nj) {
+        // B of m16n8k16 (column-major 16 x 8) is 8 key rows: two consecutive elements each.
+        const int key_row = wn * shape::ni * 8 + nj * 8 + g;
+        const std::uint32_t* kr = stage + key_row * (shape::pitch / 2) + ks * 8 + t;
+        const std::uint32_t b0 = kr[0], b1 = kr[4];
+#pragma unroll
+        for (int mi = 0; mi < shape::wm; ++mi) fknn_mma<T>(acc[mi][nj], a[mi][ks], b0, b1);
+      }
+    }
+
+    // Filter: a score below the row's threshold cannot enter its top-k. One comparison per row
+    // of this thread's scores (their maximum) decides whether any of them needs a look. While a
+    // row's threshold is -inf (fewer than k keys merged) every score is looked at, since the
+    // maximum skips NaN, which ranks as -inf. Keys past n exist only in the last chunk.
+    const bool full_chunk = (c + 1) * fknn_cols <= n;
+#pragma unroll
+    for (int mi = 0; mi < shape::wm; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = wm * 16 * shape::wm + mi * 16 + g + 8 * h;
+        const float thr = threshold[row];
+        float top = acc[mi][0][2 * h];
+#pragma unroll
+        for (int nj = 0; nj < shape::ni; ++nj) {
+          top = fmaxf(top, fmaxf(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]));
+        }
+        if (top >= thr || thr == -INFINITY) [[unlikely]] {
+          const rank_key thr_key = kth_key[row];
+#pragma unroll
+          for (int nj = 0; nj < shape::ni; ++nj) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float s = acc[mi][nj][2 * h + e];
+              const int key = c * fknn_cols + wn * shape::ni * 8 + nj * 8 + 2 * t + e;
+              if (!(s < thr) && (full_chunk || key < n)) {  // NaN passes, ranks as -inf below
+                const rank_key rk = make_rank_key(s, static_cast<std::uint32_t>(key));
+                if (rk > thr_key) buffer[row * fknn_buffer + atomicAdd(&count[row], 1)] = rk;
+              }
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // survivors and counts visible to the merging warps
+
+    // A row merges when its buffer could not take another chunk, and at the end. Warp w owns
+    // rows w, w + 8, ...: lane l reads row w + 8 l's count, and only rows that need it merge.
+    const bool last = c + 1 == chunks;
+    const int my_count = lane < fknn_rows / 8 ? count[warp + 8 * lane] : 0;
+    unsigned due =
+        __ballot_sync(0xffffffffu, my_count > fknn_buffer - fknn_cols || (last && my_count > 0));
+    while (due != 0) {
+      const int l = __ffs(due) - 1;
+      due &= due - 1;
+      const int row = warp + 8 * l;
+      fknn_merge_row(best + (row0 + row) * k, k, buffer + row * fknn_buffer,
+                     __shfl_sync(0xffffffffu, my_count, l), &kth_key[row], &threshold[row],
+                     &count[row], hist + warp * 256);
+    }
+  }
+}
+
+}  // namespace kvsift::cuda::detail
