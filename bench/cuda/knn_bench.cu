@@ -11,6 +11,7 @@
 // Usage: kvsift-cuda-knn_bench [--m 131072] [--n 131072] [--d 128] [--k 100]
 //                              [--cpu-queries 2048] [--threads 0] [--query-tile 8192]
 //                              [--key-tile 8192] [--sweep 0|1] [--quick 0|1]
+//                              [--fused-min 4096]  (knn_policy::fused_min_queries)
 
 #include <chrono>
 #include <cstdio>
@@ -42,6 +43,7 @@ struct options {
   std::size_t query_tile = 8192, key_tile = 8192;  // knn_policy
   std::size_t sweep = 0;  // 1: only f16 at k, over several tile shapes, then exit
   std::size_t quick = 0;  // 1: only f16 at k (fused, tiled, GEMM alone), then exit
+  std::size_t fused_min = kvsift::cuda::knn_policy{}.fused_min_queries;
 };
 
 options parse(int argc, char** argv) {
@@ -55,7 +57,8 @@ options parse(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--query-tile", o.query_tile),
        kvsift::cuda_bench::size_option("--key-tile", o.key_tile),
        kvsift::cuda_bench::size_option("--sweep", o.sweep),
-       kvsift::cuda_bench::size_option("--quick", o.quick)});
+       kvsift::cuda_bench::size_option("--quick", o.quick),
+       kvsift::cuda_bench::size_option("--fused-min", o.fused_min)});
   return o;
 }
 
@@ -76,7 +79,8 @@ void time_gpu(const char* name, const kvsift::testing::ood_data& data, const opt
   id_t* di = nullptr;
   void* ws = nullptr;
   const kvsift::cuda::knn_policy policy{static_cast<std::int64_t>(o.query_tile),
-                                        static_cast<std::int64_t>(o.key_tile)};
+                                        static_cast<std::int64_t>(o.key_tile), true,
+                                        static_cast<std::int64_t>(o.fused_min)};
   const std::size_t bytes = kvsift::cuda::knn_workspace_size(o.m, o.n, k, policy);
   KVSIFT_CUDA_CHECK(cudaMalloc(&dq, q.size() * sizeof(T)));
   KVSIFT_CUDA_CHECK(cudaMalloc(&dk, keys.size() * sizeof(T)));
@@ -97,8 +101,8 @@ void time_gpu(const char* name, const kvsift::testing::ood_data& data, const opt
   kvsift::cuda::knn_policy tiled = policy;
   tiled.fused = false;
   const float tiled_ms = kvsift::cuda_bench::median_ms(
-      [&](cudaStream_t s) { kvsift::cuda::knn(qv, kv, k, ds, di, ws, bytes, h, s, tiled); },
-      stream, 1, 5);
+      [&](cudaStream_t s) { kvsift::cuda::knn(qv, kv, k, ds, di, ws, bytes, h, s, tiled); }, stream,
+      1, 5);
   std::vector<id_t> tiled_ids(o.m * k);
   KVSIFT_CUDA_CHECK(
       cudaMemcpy(tiled_ids.data(), di, tiled_ids.size() * sizeof(id_t), cudaMemcpyDeviceToHost));
@@ -127,8 +131,8 @@ void time_gpu(const char* name, const kvsift::testing::ood_data& data, const opt
       "gpu knn %-4s m=%zu n=%zu d=%zu k=%d tiles %zux%zu: %8.2f ms (%.0f TFLOP/s effective) | "
       "tiled path %8.2f ms (x%.2f) | GEMM alone %8.2f ms (knn x%.2f of it) | same id at the same "
       "rank as tiled %.5f | workspace %.0f MiB\n",
-      name, o.m, o.n, o.d, k, o.query_tile, o.key_tile, knn_ms, tflops, tiled_ms,
-      tiled_ms / knn_ms, gemm_ms, knn_ms / gemm_ms,
+      name, o.m, o.n, o.d, k, o.query_tile, o.key_tile, knn_ms, tflops, tiled_ms, tiled_ms / knn_ms,
+      gemm_ms, knn_ms / gemm_ms,
       static_cast<double>(same_rank) / static_cast<double>(fused_ids.size()),
       static_cast<double>(bytes) / (1 << 20));
   if (ids_out != nullptr) *ids_out = fused_ids;

@@ -122,20 +122,28 @@ TEST_CASE("knn_engine_matches_cpu_edge_shapes", "[cuda][knn]") {
 // per chunk; range 2 makes ties everywhere (the id rule decides), range 40 few. k = 129 takes the
 // tiled path in the same call sequence.
 TEST_CASE("knn_fused_matches_cpu", "[cuda][knn]") {
+  const kvsift::cuda::knn_policy any{.fused_min_queries = 1};  // the fused kernel for few queries
   for (const std::size_t d : {64, 128, 256}) {
-    engine_matches_cpu<kvsift::half>(300, 2500, d, 2, {1, 10, 100, 128, 129}, {});
-    engine_matches_cpu<kvsift::bfloat16>(300, 2500, d, 2, {1, 100, 128}, {});
+    engine_matches_cpu<kvsift::half>(300, 2500, d, 2, {1, 10, 100, 128, 129}, any);
+    engine_matches_cpu<kvsift::bfloat16>(300, 2500, d, 2, {1, 100, 128}, any);
   }
-  engine_matches_cpu<kvsift::half>(129, 4100, 128, 40, {1, 64, 100}, {});
-  engine_matches_cpu<kvsift::half>(5, 100, 64, 3, {100}, {});  // k = n: every key, 2 chunks
-  engine_matches_cpu<kvsift::half>(3, 70, 128, 3, {64}, {});   // k between one and two chunks
-  // Workspace for 256 queries per launch: 600 queries take three launches of the fused kernel.
-  engine_matches_cpu<kvsift::half>(600, 1000, 64, 3, {100}, {128, 256});
+  engine_matches_cpu<kvsift::half>(129, 4100, 128, 40, {1, 64, 100}, any);
+  // Few queries, many keys: the keys are split into slices (10 at k = 100, 19 at k = 10), each
+  // with its own running top-k, merged by the final sort.
+  engine_matches_cpu<kvsift::half>(37, 20000, 128, 3, {1, 10, 100, 128}, any);
+  engine_matches_cpu<kvsift::bfloat16>(37, 20000, 64, 3, {100}, any);
+  engine_matches_cpu<kvsift::half>(5, 100, 64, 3, {100}, any);  // k = n: every key, 2 chunks
+  engine_matches_cpu<kvsift::half>(3, 70, 128, 3, {64}, any);   // k between one and two chunks
+  // A workspace for 440 queries' running results and buffers: 600 queries take two launches of
+  // the fused kernel (384 + 216 queries).
+  engine_matches_cpu<kvsift::half>(600, 1000, 64, 3, {100}, {256, 1024, true, 1});
 }
 
 namespace {
 
-/// knn() through the device entry point with the given policy; ids and scores downloaded.
+/// knn() through the device entry point with the given policy; ids and scores downloaded. With
+/// policy.fused the shapes must take the fused kernel (checked, so that a test meant for it
+/// cannot pass on the tiled path).
 template <class T>
 kvsift::knn_result device_knn(const std::vector<T>& q, const std::vector<T>& keys, std::size_t d,
                               int k, kvsift::cuda::knn_policy policy) {
@@ -145,10 +153,16 @@ kvsift::knn_result device_knn(const std::vector<T>& q, const std::vector<T>& key
   device_buffer<id_t> di(m * k);
   const std::size_t bytes = kvsift::cuda::knn_workspace_size(m, n, k, policy);
   device_buffer<char> ws(bytes);
+  const matrix_view<const T> qv(dq.get(), m, d), kv(dk.get(), n, d);
+  if (policy.fused) {
+    REQUIRE(kvsift::cuda::detail::fused_knn_applies(qv, kv, k, policy, 0));
+    int sms = 0;
+    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    REQUIRE(kvsift::cuda::detail::fused_knn_rows(m, n, k, bytes, 2 * sms).rows > 0);
+  }
   cublasHandle_t h = nullptr;
   REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-  kvsift::cuda::knn(matrix_view<const T>(dq.get(), m, d), matrix_view<const T>(dk.get(), n, d), k,
-                    ds.get(), di.get(), ws.get(), bytes, h, nullptr, policy);
+  kvsift::cuda::knn(qv, kv, k, ds.get(), di.get(), ws.get(), bytes, h, nullptr, policy);
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
   cublasDestroy(h);
   return {m, static_cast<std::size_t>(k), di.download(), ds.download()};
@@ -156,38 +170,49 @@ kvsift::knn_result device_knn(const std::vector<T>& q, const std::vector<T>& key
 
 }  // namespace
 
-// Orders that stress the fused kernel's survivor buffers, against the tiled path: keys whose
-// scores rise with the id (every key beats every threshold: each chunk fills the buffers and
-// rows merge every second chunk), scores that fall with the id (nothing survives after the
-// first chunks), and NaN keys (NaN scores rank as -inf, ties by id, in both paths).
+// Orders and values that stress the fused kernel, against the tiled path on the same data (130
+// queries over 4000 keys run as 2 blocks x 3 key slices):
+// - scores rising with the id: every key beats every threshold, the buffers fill each chunk;
+// - scores falling with the id: nothing survives after the first chunks;
+// - NaN keys among rising ones (NaN scores rank as -inf, ties by id, in both paths);
+// - every real score negative and n = 1000 not a multiple of the 64-key chunk: the last chunk's
+//   zero-filled rows (score 0) must never be taken for keys;
+// - fewer finite keys than k: the rest of each row is NaN keys by id, with score -inf, which
+//   only enter while a row's threshold is -inf.
 TEST_CASE("knn_fused_adversarial_orders_equal_tiled", "[cuda][knn]") {
-  const std::size_t m = 130, n = 4000, d = 64;
+  const std::size_t m = 130, d = 64;
   const int k = 100;
-  std::vector<float> qf(m * d, 0.0f), rising(n * d, 0.0f), falling(n * d, 0.0f);
+  std::vector<float> qf(m * d, 0.0f);
   for (std::size_t i = 0; i < m; ++i) qf[i * d] = static_cast<float>(1 + i % 3);
-  for (std::size_t j = 0; j < n; ++j) {
-    rising[j * d] = static_cast<float>(j / 8);  // ties of 8: the lower id first
-    falling[j * d] = static_cast<float>((n - j) / 8);
-  }
-  std::vector<float> with_nan = rising;
+  const auto keys_of = [&](std::size_t n, auto value) {
+    std::vector<float> v(n * d, 0.0f);
+    for (std::size_t j = 0; j < n; ++j) v[j * d] = value(j);
+    return v;
+  };
+  const std::size_t n = 4000;
+  const auto rising = keys_of(n, [](std::size_t j) { return static_cast<float>(j / 8); });
+  const auto falling = keys_of(n, [&](std::size_t j) { return static_cast<float>((n - j) / 8); });
+  auto with_nan = rising;
   for (std::size_t j = 0; j < n; j += 3) with_nan[j * d + 1] = std::nanf("");
+  const auto negative =
+      keys_of(1000, [](std::size_t j) { return -1.0f - static_cast<float>(j % 5); });
+  const auto mostly_nan =
+      keys_of(600, [](std::size_t j) { return j % 8 == 0 ? 1.0f : std::nanf(""); });  // 75 finite
   kvsift::cuda::knn_policy tiled{};
   tiled.fused = false;
-  for (const auto* keys : {&rising, &falling, &with_nan}) {
-    const auto q16 = convert<kvsift::half>(qf), k16 = convert<kvsift::half>(*keys);
-    const auto fused = device_knn(q16, k16, d, k, {});
-    const auto want = device_knn(q16, k16, d, k, tiled);
-    CHECK(count_mismatched_rows(fused, want) == 0);
+  const auto q16 = convert<kvsift::half>(qf);
+  for (const std::vector<float>* keys : std::initializer_list<const std::vector<float>*>{
+           &rising, &falling, &with_nan, &negative, &mostly_nan}) {
+    const auto k16 = convert<kvsift::half>(*keys);
+    const auto fused = device_knn(q16, k16, d, k, {.fused_min_queries = 1});
+    CHECK(count_mismatched_rows(fused, device_knn(q16, k16, d, k, tiled)) == 0);
+    if (keys == &mostly_nan) {
+      CHECK(fused.ids[0] == 0);
+      CHECK(fused.ids[75] == 1);  // the first NaN key, after the 75 finite ones
+      CHECK(std::isinf(fused.scores[75]));
+    }
+    if (keys == &negative) CHECK(*std::max_element(fused.ids.begin(), fused.ids.end()) < 1000);
   }
-  // NaN keys where fewer than k keys are finite: the rest of the row is NaN keys by id, -inf.
-  std::vector<float> mostly_nan(200 * d, 0.0f);
-  for (std::size_t j = 0; j < 200; ++j) mostly_nan[j * d] = j % 4 == 0 ? 1.0f : std::nanf("");
-  const auto q16 = convert<kvsift::half>(qf), k16 = convert<kvsift::half>(mostly_nan);
-  const auto fused = device_knn(q16, k16, d, k, {});
-  CHECK(count_mismatched_rows(fused, device_knn(q16, k16, d, k, tiled)) == 0);
-  CHECK(fused.ids[0] == 0);
-  CHECK(fused.ids[50] == 1);  // the first NaN key, after the 50 finite ones
-  CHECK(std::isinf(fused.scores[50]));
 }
 
 // The device entry point with strided views, against the CPU engine on the same data.

@@ -52,19 +52,26 @@ namespace kvsift::cuda {
 inline constexpr int max_knn_k = 1024;
 
 /// Tile sizes of the streamed GEMM. The workspace holds one query_tile x key_tile f32 score
-/// block plus query_tile x k running results (8 bytes each). The defaults (8192 x 8192: 256 MiB
-/// of scores) saturate an H100; smaller tiles bound memory further at some speed.
+/// block plus query_tile x k running results (8 bytes each), and at k <= 128 at least what the
+/// fused kernel needs for min(m, 128) queries ((k + 256) x 8 bytes each). The defaults (8192 x
+/// 8192: 256 MiB of scores) saturate an H100; smaller tiles bound memory further at some speed.
 ///
-/// With `fused` (the default), 16-bit elements, d in {64, 128, 256}, k <= `max_fused_knn_k`,
-/// 16-byte aligned data and row strides that are multiples of 8 elements, one kernel computes
+/// With `fused` (the default), at least `fused_min_queries` queries, 16-bit elements, d in
+/// {64, 128, 256}, k <= `max_fused_knn_k`, 16-byte aligned data and row strides that are
+/// multiples of 8 elements, one kernel computes
 /// the scores on tensor cores and selects the top-k without writing a score to memory; the tile
 /// sizes then only size the workspace (the fused kernel runs as many queries per launch as its
-/// running results, k x 8 bytes per query, fit in it). Same results as the tiled path on
-/// integer data; on real data the f32 sums may differ from cuBLAS's in the last bits.
+/// running results and survivor buffers, (k + 256) x 8 bytes per query, fit in it). Same results as
+/// the tiled path on integer data; on real data the f32 sums may differ from cuBLAS's in the last
+/// bits.
 struct knn_policy {
   std::int64_t query_tile = 8192;  ///< queries per GEMM block, >= 1
   std::int64_t key_tile = 8192;    ///< keys per GEMM block, >= 1
   bool fused = true;               ///< use the fused kernel where it applies
+  /// Fewer queries take the tiled path: the fused kernel's merges cost more than the scores'
+  /// round trip there (H200, n = 131072, k = 100: 1024 queries 1.33 ms fused vs 0.68 ms tiled,
+  /// 4096 queries 2.12 vs 2.51 ms; bench/results/h200_knn_fused.txt).
+  std::int64_t fused_min_queries = 4096;
 };
 
 /// Largest k of the fused kernel (`knn_policy::fused`); larger k take the tiled path.

@@ -172,15 +172,18 @@ __global__ void __launch_bounds__(knn_threads)
   for (int i = threadIdx.x; i < k; i += blockDim.x) brow[i] = cand[i];
 }
 
-/// Sorts each row's top-k best first (bitonic sort of `width` = next power of two >= k keys in
-/// shared memory) and writes scores and ids.
+/// Sorts each row's `count` keys best first (bitonic sort of `width` = next power of two >=
+/// count keys in shared memory) and writes the first k scores and ids (k <= count: the fused
+/// path's rows hold one top-k per key slice).
 template <class Key>
 __global__ void __launch_bounds__(1024)
-    knn_finalize_kernel(const Key* __restrict__ best, int k, int width,
+    knn_finalize_kernel(const Key* __restrict__ best, int count, int k, int width,
                         float* __restrict__ out_scores, std::uint32_t* __restrict__ out_ids) {
   extern __shared__ Key a[];
   const std::int64_t row = blockIdx.x;
-  for (int i = threadIdx.x; i < width; i += blockDim.x) a[i] = i < k ? best[row * k + i] : 0;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    a[i] = i < count ? best[row * count + i] : 0;
+  }
   __syncthreads();
   for (int size = 2; size <= width; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
@@ -226,28 +229,6 @@ inline void check_cublas(cublasStatus_t st, const char* expr, const char* file, 
 #define KVSIFT_CUBLAS_CHECK(expr) \
   ::kvsift::cuda::detail::check_cublas((expr), #expr, __FILE__, __LINE__)
 
-struct knn_layout {
-  std::int64_t qt, kt;
-  std::size_t scores_bytes, best_bytes;
-};
-
-inline knn_layout knn_workspace_layout(std::int64_t m, std::int64_t n, int k, const knn_policy& p) {
-  kvsift::detail::require(m > 0, "knn: expected at least one query, got ", m);
-  kvsift::detail::require(n > 0, "knn: expected a non-empty key set, got ", n, " keys");
-  kvsift::detail::require(k > 0 && k <= max_knn_k, "knn: expected 1 <= k <= ", max_knn_k,
-                          ", got k = ", k);
-  kvsift::detail::require(p.query_tile > 0 && p.key_tile > 0,
-                          "knn: expected positive tile sizes, got query_tile = ", p.query_tile,
-                          ", key_tile = ", p.key_tile);
-  knn_layout l{};
-  l.qt = std::min(p.query_tile, m);
-  l.kt = std::min(p.key_tile, n);
-  l.scores_bytes = align_up(static_cast<std::size_t>(l.qt * l.kt) * sizeof(float));
-  l.best_bytes =
-      align_up(static_cast<std::size_t>(l.qt) * static_cast<std::size_t>(k) * sizeof(rank_key));
-  return l;
-}
-
 }  // namespace kvsift::cuda::detail
 
 #include <kvsift/cuda/detail/knn_fused.inl>
@@ -264,7 +245,10 @@ bool fused_knn_applies(matrix_view<const T> queries, matrix_view<const T> keys, 
     return false;
   } else {
     const std::size_t d = keys.cols();
-    if (!policy.fused || k > max_fused_knn_k || (d != 64 && d != 128 && d != 256)) return false;
+    if (!policy.fused || static_cast<std::int64_t>(queries.rows()) < policy.fused_min_queries ||
+        k > max_fused_knn_k || (d != 64 && d != 128 && d != 256)) {
+      return false;
+    }
     const auto aligned = [](const void* p, std::size_t stride) {
       return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && stride % 8 == 0;
     };
@@ -282,17 +266,90 @@ bool fused_knn_applies(matrix_view<const T> queries, matrix_view<const T> keys, 
   }
 }
 
+struct knn_layout {
+  std::int64_t qt, kt;
+  std::size_t scores_bytes, best_bytes;
+  std::size_t bytes;  // the workspace: the tiled path's, or the fused path's minimum if larger
+};
+
+inline knn_layout knn_workspace_layout(std::int64_t m, std::int64_t n, int k, const knn_policy& p) {
+  kvsift::detail::require(m > 0, "knn: expected at least one query, got ", m);
+  kvsift::detail::require(n > 0, "knn: expected a non-empty key set, got ", n, " keys");
+  kvsift::detail::require(k > 0 && k <= max_knn_k, "knn: expected 1 <= k <= ", max_knn_k,
+                          ", got k = ", k);
+  kvsift::detail::require(p.query_tile > 0 && p.key_tile > 0,
+                          "knn: expected positive tile sizes, got query_tile = ", p.query_tile,
+                          ", key_tile = ", p.key_tile);
+  knn_layout l{};
+  l.qt = std::min(p.query_tile, m);
+  l.kt = std::min(p.key_tile, n);
+  l.scores_bytes = align_up(static_cast<std::size_t>(l.qt * l.kt) * sizeof(float));
+  l.best_bytes =
+      align_up(static_cast<std::size_t>(l.qt) * static_cast<std::size_t>(k) * sizeof(rank_key));
+  // The fused path (k <= 128) needs min(m, 128) queries' running results and survivor buffers
+  // at least; the tiled path's workspace holds more unless n is below about 512.
+  l.bytes = l.scores_bytes + l.best_bytes;
+  if (k <= max_fused_knn_k) {
+    const auto rows = static_cast<std::size_t>(std::min<std::int64_t>(m, fknn_rows));
+    l.bytes =
+        std::max(l.bytes, rows * static_cast<std::size_t>(k + fknn_buffer) * sizeof(rank_key));
+  }
+  return l;
+}
+
+/// How the fused kernel covers m queries x n keys: `rows` queries per launch, each launch a grid
+/// of ceil(rows / 128) blocks x `slices` key slices of `slice_keys` keys.
+struct fused_knn_plan {
+  std::int64_t rows = 0;  // 0: the fused kernel cannot run in this workspace
+  int slices = 1;
+  int slice_keys = 0;
+};
+
+/// The plan within a workspace of `bytes` (knn_workspace_size's): per query and slice, k running
+/// results and fknn_buffer survivors of 8 bytes. Few queries are split over key slices until the
+/// grid fills `blocks` (two per SM: the kernel's occupancy), as far as the final sort of
+/// slices x k keys per row (max_knn_k) and slices of at least 16 chunks allow. Whole blocks of
+/// 128 queries, in launches of equal size (a short last launch would leave the GPU idle).
+inline fused_knn_plan fused_knn_rows(std::int64_t m, std::int64_t n, int k, std::size_t bytes,
+                                     std::int64_t blocks) {
+  fused_knn_plan p;
+  if (n >= (std::int64_t{1} << 31) - fknn_cols) return p;
+  const std::int64_t row_blocks = (m + fknn_rows - 1) / fknn_rows;
+  const std::int64_t by_grid = std::max<std::int64_t>(1, blocks / row_blocks);
+  const std::int64_t by_sort = max_knn_k / k;
+  const std::int64_t by_keys = std::max<std::int64_t>(1, n / (16 * fknn_cols));
+  p.slices = static_cast<int>(std::min({by_grid, by_sort, by_keys}));
+  const std::int64_t chunks = (n + fknn_cols - 1) / fknn_cols;
+  p.slice_keys = static_cast<int>((chunks + p.slices - 1) / p.slices * fknn_cols);
+  const std::size_t per_query =
+      static_cast<std::size_t>(p.slices) * static_cast<std::size_t>(k + fknn_buffer) * 8;
+  std::int64_t rows = std::min<std::int64_t>(static_cast<std::int64_t>(bytes / per_query),
+                                             std::int64_t{1} << 30);  // int in the kernel
+  if (rows >= m) {
+    p.rows = m;
+    return p;
+  }
+  rows -= rows % fknn_rows;
+  if (rows == 0) return p;
+  const std::int64_t launches = (m + rows - 1) / rows;
+  const std::int64_t even = (m + launches - 1) / launches;
+  p.rows = std::min(rows, (even + fknn_rows - 1) / fknn_rows * fknn_rows);
+  return p;
+}
+
 /// Launches the fused kernel over queries [q0, q0 + qn) into `best` (qn x k).
 template <class T, int D>
 void launch_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, std::int64_t q0,
-                      std::int64_t qn, int k, rank_key* best, int device, cudaStream_t stream) {
+                      std::int64_t qn, int k, const fused_knn_plan& plan, rank_key* best,
+                      rank_key* buffer, int device, cudaStream_t stream) {
   using shape = fknn_shape<D>;
   allow_shared_memory<knn_fused_kernel<T, D>>(device, static_cast<int>(shape::smem_bytes), true);
-  const auto blocks = static_cast<unsigned>((qn + fknn_rows - 1) / fknn_rows);
-  knn_fused_kernel<T, D><<<blocks, fknn_threads, shape::smem_bytes, stream>>>(
+  const dim3 grid(static_cast<unsigned>((qn + fknn_rows - 1) / fknn_rows),
+                  static_cast<unsigned>(plan.slices));
+  knn_fused_kernel<T, D><<<grid, fknn_threads, shape::smem_bytes, stream>>>(
       queries.row(static_cast<std::size_t>(q0)), static_cast<std::int64_t>(queries.stride()),
       static_cast<int>(qn), keys.data(), static_cast<std::int64_t>(keys.stride()),
-      static_cast<int>(keys.rows()), k, best);
+      static_cast<int>(keys.rows()), plan.slice_keys, k, best, buffer);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -302,8 +359,7 @@ namespace kvsift::cuda {
 
 inline std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k,
                                       const knn_policy& policy) {
-  const auto l = detail::knn_workspace_layout(m, n, k, policy);
-  return l.scores_bytes + l.best_bytes;
+  return detail::knn_workspace_layout(m, n, k, policy).bytes;
 }
 
 template <Element T>
@@ -319,7 +375,7 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   kvsift::detail::require(k <= n, "knn: expected k <= n = ", n, ", got k = ", k);
   kvsift::detail::require(n <= std::int64_t{invalid_id}, "knn: at most ", invalid_id,
                           " keys supported, got ", n);
-  const std::size_t need = l.scores_bytes + l.best_bytes;
+  const std::size_t need = l.bytes;
   kvsift::detail::require(workspace_bytes >= need, "knn: workspace of ", workspace_bytes,
                           " bytes is too small, expected >= ", need);
   kvsift::detail::require(handle != nullptr, "knn: cuBLAS handle is null");
@@ -337,31 +393,39 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   const int finalize_threads = std::max(32, std::min(1024, width));
   const std::size_t finalize_smem = static_cast<std::size_t>(width) * sizeof(detail::rank_key);
 
-  // The fused path needs no score tile: the whole workspace holds running results, so one
-  // launch serves as many queries as fit (the default workspace: 335544 queries at k = 100).
+  // The fused path needs no score tile: the whole workspace holds running results and survivor
+  // buffers, so a launch serves as many queries as fit (default workspace, k = 100: 94336).
   if constexpr (!std::is_same_v<T, float>) {
-    const std::size_t per_query = static_cast<std::size_t>(k) * sizeof(detail::rank_key);
-    std::int64_t fused_rows = std::min<std::int64_t>(static_cast<std::int64_t>(need / per_query),
-                                                     std::int64_t{1} << 30);  // int in the kernel
-    if (fused_rows < m) fused_rows -= fused_rows % detail::fknn_rows;
-    if (fused_rows > 0 && n < (std::int64_t{1} << 31) - detail::fknn_cols &&
-        detail::fused_knn_applies(queries, keys, k, policy, device)) {
+    int sms = 0;
+    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const detail::fused_knn_plan plan = detail::fused_knn_rows(m, n, k, need, 2 * sms);
+    if (plan.rows > 0 && detail::fused_knn_applies(queries, keys, k, policy, device)) {
+      // Running top-k lists (slices x k per query), then the survivor buffers.
       auto* best = static_cast<detail::rank_key*>(workspace);
-      for (std::int64_t q0 = 0; q0 < m; q0 += fused_rows) {
-        const std::int64_t qn = std::min(fused_rows, m - q0);
+      auto* buffer = best + plan.rows * plan.slices * k;
+      const int count = plan.slices * k;
+      int sort_width = 1;
+      while (sort_width < count) sort_width <<= 1;
+      const int sort_threads = std::max(32, std::min(1024, sort_width));
+      const std::size_t sort_smem = static_cast<std::size_t>(sort_width) * sizeof(detail::rank_key);
+      for (std::int64_t q0 = 0; q0 < m; q0 += plan.rows) {
+        const std::int64_t qn = std::min(plan.rows, m - q0);
         switch (keys.cols()) {
           case 64:
-            detail::launch_fused_knn<T, 64>(queries, keys, q0, qn, k, best, device, stream);
+            detail::launch_fused_knn<T, 64>(queries, keys, q0, qn, k, plan, best, buffer, device,
+                                            stream);
             break;
           case 128:
-            detail::launch_fused_knn<T, 128>(queries, keys, q0, qn, k, best, device, stream);
+            detail::launch_fused_knn<T, 128>(queries, keys, q0, qn, k, plan, best, buffer, device,
+                                             stream);
             break;
           default:
-            detail::launch_fused_knn<T, 256>(queries, keys, q0, qn, k, best, device, stream);
+            detail::launch_fused_knn<T, 256>(queries, keys, q0, qn, k, plan, best, buffer, device,
+                                             stream);
         }
         detail::knn_finalize_kernel<detail::rank_key>
-            <<<static_cast<unsigned>(qn), finalize_threads, finalize_smem, stream>>>(
-                best, k, width, out_scores + q0 * k, out_ids + q0 * k);
+            <<<static_cast<unsigned>(qn), sort_threads, sort_smem, stream>>>(
+                best, count, k, sort_width, out_scores + q0 * k, out_ids + q0 * k);
         KVSIFT_CUDA_CHECK(cudaGetLastError());
       }
       return;
@@ -400,7 +464,7 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
     }
     detail::knn_finalize_kernel<detail::rank_key>
         <<<static_cast<unsigned>(qn), finalize_threads, finalize_smem, stream>>>(
-            best, k, width, out_scores + q0 * k, out_ids + q0 * k);
+            best, k, k, width, out_scores + q0 * k, out_ids + q0 * k);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
   }
 }

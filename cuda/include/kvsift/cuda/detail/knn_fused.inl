@@ -29,31 +29,27 @@ namespace kvsift::cuda::detail {
 
 inline constexpr int fknn_rows = 128;     // queries per block
 inline constexpr int fknn_cols = 64;      // keys per chunk
-inline constexpr int fknn_buffer = 128;   // survivors held per row between merges
-inline constexpr int fknn_max_k = 128;    // merge: k + buffer entries in 8 registers per lane
+inline constexpr int fknn_buffer = 256;   // survivors held per row between merges (global)
+inline constexpr int fknn_max_k = 128;    // merge: k + buffer entries in 12 registers per lane
 inline constexpr int fknn_threads = 256;  // 8 warps
 static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after a check");
 
-/// Layout of the fused kernel for dimension D: query rows per warp (16 * WM), pipeline depth,
-/// shared-memory row pitch (D + 8 halves: the 4-byte fragment loads of 8 rows x 4 lanes hit 32
-/// distinct banks) and the dynamic shared-memory size.
+/// Layout of the fused kernel for dimension D. Each warp owns 16 query rows (one m-tile) and
+/// all 64 keys of a chunk, so a row's survivors, count, threshold and merges belong to one warp
+/// and need no block barrier. Staged key rows have a pitch of D + 32 halves (an odd multiple of
+/// 16 words), so the 16-byte fragment loads of a quarter-warp (2 rows x 4 lanes) hit 32 distinct
+/// banks.
 template <int D>
 struct fknn_shape {
   static_assert(D == 64 || D == 128 || D == 256);
-  // Query fragments stay in registers: 2 m-tiles x D / 16 k-steps x 4 registers per thread,
-  // 64 for D = 128. At D = 256 one m-tile per warp keeps them at 64.
-  static constexpr int wm = D <= 128 ? 2 : 1;            // m-tiles (16 rows) per warp
-  static constexpr int warps_m = fknn_rows / (16 * wm);  // 4 or 8
-  static constexpr int warps_n = 8 / warps_m;            // 2 or 1
-  static constexpr int ni = fknn_cols / warps_n / 8;     // n-tiles (8 keys) per warp: 4 or 8
+  static constexpr int ni = fknn_cols / 8;  // n-tiles (8 keys) per warp
   static constexpr int stages = D == 64 ? 4 : D == 128 ? 3 : 2;
-  static constexpr int pitch = D + 8;  // halves per staged key row
+  static constexpr int pitch = D + 32;  // halves per staged key row
   static constexpr std::size_t stage_bytes = std::size_t{fknn_cols} * pitch * 2;
-  static constexpr std::size_t buffer_offset = stages * stage_bytes;
+  static constexpr std::size_t rows_offset = stages * stage_bytes;
   static constexpr std::size_t smem_bytes =
-      buffer_offset + std::size_t{fknn_rows} * fknn_buffer * 8  // survivor buffers
-      + std::size_t{fknn_rows} * (8 + 4 + 4)                    // k-th key, threshold, count
-      + std::size_t{8} * 256 * 4;                               // a radix histogram per warp
+      rows_offset + std::size_t{fknn_rows} * (8 + 4 + 4)  // k-th, threshold, count
+      + std::size_t{8} * 256 * 4;                         // a radix histogram per warp
 };
 
 template <class T>
@@ -89,7 +85,8 @@ __device__ inline void fknn_cp_wait() {
 /// The rank-th largest (1-based) of a warp's entries (v[j] where valid[j], up to 8 per lane),
 /// by an 8-bit radix select over the warp's own histogram; stops as soon as one entry is left
 /// under the prefix. All lanes must call it; rank <= the number of valid entries.
-__device__ inline rank_key fknn_warp_kth(const rank_key (&v)[8], const bool (&valid)[8], int rank,
+template <int N>
+__device__ inline rank_key fknn_warp_kth(const rank_key (&v)[N], const bool (&valid)[N], int rank,
                                          unsigned* hist) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   rank_key prefix = 0, mask = 0;
@@ -97,7 +94,7 @@ __device__ inline rank_key fknn_warp_kth(const rank_key (&v)[8], const bool (&va
     for (int b = 0; b < 8; ++b) hist[lane * 8 + b] = 0;
     __syncwarp();
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < N; ++j) {
       if (valid[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> shift) & 255u], 1u);
     }
     __syncwarp();
@@ -141,7 +138,7 @@ __device__ inline rank_key fknn_warp_kth(const rank_key (&v)[8], const bool (&va
       rank_key mine = 0;
       bool has = false;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < N; ++j) {
         if (valid[j] && (v[j] & mask) == prefix) {
           mine = v[j];
           has = true;
@@ -158,16 +155,22 @@ __device__ inline rank_key fknn_warp_kth(const rank_key (&v)[8], const bool (&va
 __device__ inline void fknn_merge_row(rank_key* __restrict__ best_row, int k,
                                       const rank_key* buffer, int count, rank_key* kth_out,
                                       float* threshold_out, int* count_out, unsigned* hist) {
+  constexpr int from_best = fknn_max_k / 32, from_buffer = fknn_buffer / 32;
+  constexpr int slots = from_best + from_buffer;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  rank_key v[8];
-  bool valid[8];
+  rank_key v[slots];
+  bool valid[slots];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < from_best; ++j) {
     const int i = lane + 32 * j;
     valid[j] = i < k;
     v[j] = valid[j] ? best_row[i] : 0;
-    valid[4 + j] = i < count;
-    v[4 + j] = valid[4 + j] ? buffer[i] : 0;
+  }
+#pragma unroll
+  for (int j = 0; j < from_buffer; ++j) {
+    const int i = lane + 32 * j;
+    valid[from_best + j] = i < count;
+    v[from_best + j] = valid[from_best + j] ? buffer[i] : 0;
   }
   const rank_key kth = fknn_warp_kth(v, valid, k, hist);
   // Every lane has its entries in registers (the select's shuffles ordered the reads before
@@ -175,7 +178,7 @@ __device__ inline void fknn_merge_row(rank_key* __restrict__ best_row, int k,
   const unsigned below = (1u << lane) - 1u;
   int base = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < slots; ++j) {
     const bool take = valid[j] && v[j] > kth;
     const unsigned ballot = __ballot_sync(0xffffffffu, take);
     if (take) best_row[base + __popc(ballot & below)] = v[j];
@@ -190,21 +193,21 @@ __device__ inline void fknn_merge_row(rank_key* __restrict__ best_row, int k,
   }
 }
 
-/// Running top-k (unsorted rank keys, m x k) of every query over all n keys; see the file
-/// comment. Queries and keys: 16-byte aligned rows of D elements at the given pitches (elements,
-/// multiples of 8). Grid: ceil(m / 128) blocks of 256 threads, fknn_shape<D>::smem_bytes.
+/// Running top-k (unsorted rank keys, m x slices x k) of every query over each slice of
+/// `slice_keys` keys (a multiple of 64; blockIdx.y picks the slice); see the file comment. Queries
+/// and keys: 16-byte aligned rows of D elements at the given pitches (elements, multiples of 8).
+/// Grid: ceil(m / 128) blocks of 256 threads, fknn_shape<D>::smem_bytes.
 template <class T, int D>
-__global__ void __launch_bounds__(fknn_threads, 1)
+__global__ void __launch_bounds__(fknn_threads, 2)
     knn_fused_kernel(const T* __restrict__ queries, std::int64_t q_pitch, int m,
-                     const T* __restrict__ keys, std::int64_t k_pitch, int n, int k,
-                     rank_key* __restrict__ best) {
+                     const T* __restrict__ keys, std::int64_t k_pitch, int n_total, int slice_keys,
+                     int k, rank_key* __restrict__ best, rank_key* __restrict__ buffer) {
   using shape = fknn_shape<D>;
   constexpr int ksteps = D / 16;
   constexpr int segs = D / 8;  // 16-byte segments per key row
   extern __shared__ __align__(16) unsigned char fknn_smem[];
   auto* stage_base = reinterpret_cast<std::uint16_t*>(fknn_smem);
-  auto* buffer = reinterpret_cast<rank_key*>(fknn_smem + shape::buffer_offset);
-  auto* kth_key = buffer + fknn_rows * fknn_buffer;
+  auto* kth_key = reinterpret_cast<rank_key*>(fknn_smem + shape::rows_offset);
   auto* threshold = reinterpret_cast<float*>(kth_key + fknn_rows);
   auto* count = reinterpret_cast<int*>(threshold + fknn_rows);
   auto* hist = reinterpret_cast<unsigned*>(count + fknn_rows);
@@ -212,9 +215,17 @@ __global__ void __launch_bounds__(fknn_threads, 1)
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;  // mma fragment coordinates
-  const int wm = warp / shape::warps_n, wn = warp % shape::warps_n;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * fknn_rows;
+  // Key slice blockIdx.y of gridDim.y: its own running top-k and buffer per row, so that few
+  // queries still fill the GPU; the slices' lists are merged by the final sort.
+  const int slices = static_cast<int>(gridDim.y), slice = static_cast<int>(blockIdx.y);
+  const int key0 = slice * slice_keys;
+  const int n = max(0, min(n_total - key0, slice_keys));
+  keys += static_cast<std::int64_t>(key0) * k_pitch;
   const int chunks = (n + fknn_cols - 1) / fknn_cols;
+  const auto list = [&](int row) { return (row0 + row) * slices + slice; };
+  const auto row_best = [&](int row) { return best + list(row) * k; };
+  const auto row_buffer = [&](int row) { return buffer + list(row) * fknn_buffer; };
 
   // Stage chunk c's keys (rows past n read as zeros and are never pushed).
   auto load_chunk = [&](int c) {
@@ -238,23 +249,31 @@ __global__ void __launch_bounds__(fknn_threads, 1)
     threshold[r] = row0 + r < m ? -INFINITY : INFINITY;
     count[r] = 0;
   }
-  for (std::int64_t i = tid; i < std::int64_t{fknn_rows} * k; i += fknn_threads) {
-    if (row0 + i / k < m) best[row0 * k + i] = 0;
+  for (int i = tid; i < fknn_rows * k; i += fknn_threads) {
+    if (row0 + i / k < m) row_best(i / k)[i % k] = 0;
   }
 
-  // This warp's query fragments (A of m16n8k16, row-major): registers for the whole kernel.
-  std::uint32_t a[shape::wm][ksteps][4];
+  // This warp's query fragments (A of m16n8k16, row-major), in registers for the whole kernel.
+  // The dimension is permuted the same way for queries and keys (a dot product does not care):
+  // within each 32 elements, lane t's 8 consecutive elements 8t .. 8t + 7 are its k = 2t, 2t + 1,
+  // 2t + 8, 2t + 9 of two k-steps, so each key fragment pair is one 16-byte load.
+  std::uint32_t a[ksteps][4];
+  {
+    const std::int64_t r_lo = row0 + warp * 16 + g, r_hi = r_lo + 8;
+    const auto* lo = reinterpret_cast<const uint4*>(queries + r_lo * q_pitch);
+    const auto* hi = reinterpret_cast<const uint4*>(queries + r_hi * q_pitch);
 #pragma unroll
-  for (int mi = 0; mi < shape::wm; ++mi) {
-    const std::int64_t r_lo = row0 + wm * 16 * shape::wm + mi * 16 + g, r_hi = r_lo + 8;
-    const auto* lo = reinterpret_cast<const std::uint32_t*>(queries + r_lo * q_pitch);
-    const auto* hi = reinterpret_cast<const std::uint32_t*>(queries + r_hi * q_pitch);
-#pragma unroll
-    for (int ks = 0; ks < ksteps; ++ks) {
-      a[mi][ks][0] = r_lo < m ? lo[ks * 8 + t] : 0u;
-      a[mi][ks][1] = r_hi < m ? hi[ks * 8 + t] : 0u;
-      a[mi][ks][2] = r_lo < m ? lo[ks * 8 + 4 + t] : 0u;
-      a[mi][ks][3] = r_hi < m ? hi[ks * 8 + 4 + t] : 0u;
+    for (int kk = 0; kk < ksteps / 2; ++kk) {
+      const uint4 l = r_lo < m ? lo[kk * 4 + t] : uint4{0, 0, 0, 0};
+      const uint4 h = r_hi < m ? hi[kk * 4 + t] : uint4{0, 0, 0, 0};
+      a[2 * kk][0] = l.x;
+      a[2 * kk][1] = h.x;
+      a[2 * kk][2] = l.y;
+      a[2 * kk][3] = h.y;
+      a[2 * kk + 1][0] = l.z;
+      a[2 * kk + 1][1] = h.z;
+      a[2 * kk + 1][2] = l.w;
+      a[2 * kk + 1][3] = h.w;
     }
   }
 
@@ -264,19 +283,17 @@ __global__ void __launch_bounds__(fknn_threads, 1)
     if (c + shape::stages - 1 < chunks) load_chunk(c + shape::stages - 1);
     fknn_cp_commit();
 
-    const auto* stage = reinterpret_cast<const std::uint32_t*>(
-        stage_base + (c % shape::stages) * (fknn_cols * shape::pitch));
-    float acc[shape::wm][shape::ni][4] = {};
+    const std::uint16_t* stage = stage_base + (c % shape::stages) * (fknn_cols * shape::pitch);
+    float acc[shape::ni][4] = {};
 #pragma unroll
-    for (int ks = 0; ks < ksteps; ++ks) {
+    for (int kk = 0; kk < ksteps / 2; ++kk) {
 #pragma unroll
       for (int nj = 0; nj < shape::ni; ++nj) {
-        // B of m16n8k16 (column-major 16 x 8) is 8 key rows: two consecutive elements each.
-        const int key_row = wn * shape::ni * 8 + nj * 8 + g;
-        const std::uint32_t* kr = stage + key_row * (shape::pitch / 2) + ks * 8 + t;
-        const std::uint32_t b0 = kr[0], b1 = kr[4];
-#pragma unroll
-        for (int mi = 0; mi < shape::wm; ++mi) fknn_mma<T>(acc[mi][nj], a[mi][ks], b0, b1);
+        // B of m16n8k16 (column-major 16 x 8) is 8 key rows; one load serves two k-steps.
+        const uint4 b =
+            *reinterpret_cast<const uint4*>(stage + (nj * 8 + g) * shape::pitch + kk * 32 + 8 * t);
+        fknn_mma<T>(acc[nj], a[2 * kk], b.x, b.y);
+        fknn_mma<T>(acc[nj], a[2 * kk + 1], b.z, b.w);
       }
     }
 
@@ -286,48 +303,46 @@ __global__ void __launch_bounds__(fknn_threads, 1)
     // maximum skips NaN, which ranks as -inf. Keys past n exist only in the last chunk.
     const bool full_chunk = (c + 1) * fknn_cols <= n;
 #pragma unroll
-    for (int mi = 0; mi < shape::wm; ++mi) {
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + g + 8 * h;
+      const float thr = threshold[row];
+      float top = acc[0][2 * h];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = wm * 16 * shape::wm + mi * 16 + g + 8 * h;
-        const float thr = threshold[row];
-        float top = acc[mi][0][2 * h];
+      for (int nj = 0; nj < shape::ni; ++nj) {
+        top = fmaxf(top, fmaxf(acc[nj][2 * h], acc[nj][2 * h + 1]));
+      }
+      if (top >= thr || thr == -INFINITY) [[unlikely]] {
+        const rank_key thr_key = kth_key[row];
 #pragma unroll
         for (int nj = 0; nj < shape::ni; ++nj) {
-          top = fmaxf(top, fmaxf(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]));
-        }
-        if (top >= thr || thr == -INFINITY) [[unlikely]] {
-          const rank_key thr_key = kth_key[row];
 #pragma unroll
-          for (int nj = 0; nj < shape::ni; ++nj) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float s = acc[mi][nj][2 * h + e];
-              const int key = c * fknn_cols + wn * shape::ni * 8 + nj * 8 + 2 * t + e;
-              if (!(s < thr) && (full_chunk || key < n)) {  // NaN passes, ranks as -inf below
-                const rank_key rk = make_rank_key(s, static_cast<std::uint32_t>(key));
-                if (rk > thr_key) buffer[row * fknn_buffer + atomicAdd(&count[row], 1)] = rk;
+          for (int e = 0; e < 2; ++e) {
+            const float s = acc[nj][2 * h + e];
+            const int key = c * fknn_cols + nj * 8 + 2 * t + e;
+            if (!(s < thr) && (full_chunk || key < n)) {  // NaN passes, ranks as -inf below
+              const rank_key rk = make_rank_key(s, static_cast<std::uint32_t>(key0 + key));
+              if (rk > thr_key) {
+                row_buffer(row)[atomicAdd(&count[row], 1)] = rk;
               }
             }
           }
         }
       }
     }
-    __syncthreads();  // survivors and counts visible to the merging warps
+    __syncwarp();  // this warp's survivors and counts are visible to all its lanes
 
-    // A row merges when its buffer could not take another chunk, and at the end. Warp w owns
-    // rows w, w + 8, ...: lane l reads row w + 8 l's count, and only rows that need it merge.
+    // A row merges when its buffer could not take another chunk, and at the end; its warp does
+    // it at once (lane l < 16 reads row 16 w + l's count).
     const bool last = c + 1 == chunks;
-    const int my_count = lane < fknn_rows / 8 ? count[warp + 8 * lane] : 0;
+    const int my_count = lane < 16 ? count[warp * 16 + lane] : 0;
     unsigned due =
         __ballot_sync(0xffffffffu, my_count > fknn_buffer - fknn_cols || (last && my_count > 0));
     while (due != 0) {
       const int l = __ffs(due) - 1;
       due &= due - 1;
-      const int row = warp + 8 * l;
-      fknn_merge_row(best + (row0 + row) * k, k, buffer + row * fknn_buffer,
-                     __shfl_sync(0xffffffffu, my_count, l), &kth_key[row], &threshold[row],
-                     &count[row], hist + warp * 256);
+      const int row = warp * 16 + l;
+      fknn_merge_row(row_best(row), k, row_buffer(row), __shfl_sync(0xffffffffu, my_count, l),
+                     &kth_key[row], &threshold[row], &count[row], hist + warp * 256);
     }
   }
 }
