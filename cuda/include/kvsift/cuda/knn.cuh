@@ -1,22 +1,22 @@
 #pragma once
 // Exact maximum-inner-product kNN on the GPU: step 1 of the RoarGraph build.
 //
-// Two paths. For 16-bit keys of dimension 64, 128 or 256 and k <= 128, one fused kernel computes
-// the scores with tensor cores and keeps each query's running top-k without writing scores to
-// memory (detail/knn_fused.inl; H200, 131072^2 x 128 f16, k = 100: see docs/performance.md).
-// Otherwise scores come from a cuBLAS GEMM (inputs f32 / f16 / bf16, f32 accumulation) computed one
+// Two paths. For 16-bit keys of dimension 64, 128 or 256, k <= 128 and at least 4096 queries,
+// one fused kernel computes the scores with tensor cores and keeps each query's running top-k
+// without writing scores to memory (detail/knn_fused.inl; H200, 131072^2 x 128 f16, k = 100:
+// 30.8 ms against 75.0 ms for the tiled path; docs/performance.md). Otherwise (the tiled path)
+// scores come from a cuBLAS GEMM (inputs f32 / f16 / bf16, f32 accumulation) computed one
 // (query tile x key tile) block at a time, so memory stays bounded by the tile sizes whatever
 // m and n are. After each key tile a merge kernel (one block per query row) folds the tile's
 // scores into the row's running top-k: scores not above the row's current k-th best are
 // dropped on load; survivors collect in shared memory and, when the buffer could overflow or
 // the row ends, go with the running top-k through a block-wide 8-bit radix select. After the
-// first tiles almost every score is dropped on load. One path serves every k <= 1024 (H100,
-// 131072^2 x 128, f16: k = 100 in 2.9x and k = 1000 in 4.7x the time of the GEMM alone; see
-// bench/results/h100_knn_bench.txt); there is no separate register/warp select for small k,
-// which is where more speed would come from. Ranking is exactly the CPU engine's
-// (<kvsift/index/knn.hpp>): higher score first, ties to the lower id, NaN scores as -inf, -0 equal
-// to +0. Every (score, id) pair is packed into one 64-bit key that orders the same way, which makes
-// all keys distinct and the selection deterministic.
+// first tiles almost every score is dropped on load. The tiled path serves every k <= 1024
+// (H100, 131072^2 x 128, f16: k = 100 in 2.9x and k = 1000 in 4.7x the time of the GEMM alone;
+// bench/results/h100_knn_bench.txt). Ranking is exactly the CPU engine's
+// (<kvsift/index/knn.hpp>) on both paths: higher score first, ties to the lower id, NaN scores
+// as -inf, -0 equal to +0. Every (score, id) pair is packed into one 64-bit key that orders the
+// same way, which makes all keys distinct and the selection deterministic.
 //
 // Two entry points:
 // - `knn(...)`: device views in, device outputs; the caller provides the workspace (size it

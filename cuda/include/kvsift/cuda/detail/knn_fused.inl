@@ -10,15 +10,20 @@
 // selection's cost is one comparison per score.
 //
 // Per chunk: keys arrive by cp.async into a ring of shared-memory stages (the load of chunk
-// c + stages - 1 overlaps the products of chunk c); each warp multiplies its rows' query
-// fragments, held in registers for the whole kernel, by the chunk's keys with mma.sync
-// m16n8k16 (f32 accumulation); a score not below the row's threshold (the score of its k-th
-// best so far) is packed into a rank key (knn.inl: same order as the tiled path and the CPU
-// engine) and, if it ranks above the k-th best, appended to the row's survivor buffer in
-// shared memory. A row whose buffer could not take another chunk is merged by one warp: the
-// row's running top-k (global memory, m x k rank keys) and its survivors go through a radix
-// select of the k-th largest, the keys above it are written back and the threshold rises.
-// A buffer of 128 takes two chunks, so no survivor is ever dropped.
+// c + stages - 1 overlaps the products of chunk c); each warp multiplies its 16 rows' query
+// fragments, held in registers for the whole kernel, by the chunk's 64 keys with mma.sync
+// m16n8k16 (f32 accumulation). A thread compares the maximum of its 16 scores of a row with the
+// row's threshold (the score of its k-th best so far); only then does it look at each score,
+// pack it into a rank key (knn.inl: same order as the tiled path and the CPU engine) and, if it
+// ranks above the k-th best, append it to the row's survivor buffer (global memory, 256 per
+// row). A row whose buffer could not take another chunk is merged by its warp: the row's
+// running top-k (global memory, k rank keys) and its survivors go through a radix select of the
+// k-th largest, the keys above it are written back and the threshold rises. A buffer of 256
+// takes the chunk after any check (at most 192 + 64), so no survivor is ever dropped. A row's
+// buffer, count, threshold and merges belong to one warp, so the only block barrier is the
+// stage ring's, and with 70 KiB of shared memory and 128 registers per thread two blocks share
+// an SM and hide each other's waits. Few queries split the keys into slices (blockIdx.y), each
+// with its own running top-k per row; the final sort (knn_finalize_kernel) takes them all.
 
 #include <cuda_runtime.h>
 
@@ -27,11 +32,11 @@
 
 namespace kvsift::cuda::detail {
 
-inline constexpr int fknn_rows = 128;     // queries per block
-inline constexpr int fknn_cols = 64;      // keys per chunk
-inline constexpr int fknn_buffer = 256;   // survivors held per row between merges (global)
-inline constexpr int fknn_max_k = 128;    // merge: k + buffer entries in 12 registers per lane
-inline constexpr int fknn_threads = 256;  // 8 warps
+inline constexpr int fknn_rows = 128;    // queries per block
+inline constexpr int fknn_cols = 64;     // keys per chunk
+inline constexpr int fknn_buffer = 256;  // survivors held per row between merges (global)
+inline constexpr int fknn_max_k = max_fused_knn_k;  // merge: k + buffer in 12 registers a lane
+inline constexpr int fknn_threads = 256;            // 8 warps
 static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after a check");
 
 /// Layout of the fused kernel for dimension D. Each warp owns 16 query rows (one m-tile) and
