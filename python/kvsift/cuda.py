@@ -463,9 +463,12 @@ def build_indexes(keys, train_queries, *, builders=4, nq=100, M=35, L=500, threa
 
 
 def knn(queries, keys, k, *, stream=None):
-    """Exact top-``k`` keys by inner product for every query, on the GPU (cuBLAS GEMM streamed
-    through a bounded workspace, then a per-query selection): the training-query kNN of a
-    RoarGraph build, or a brute-force baseline.
+    """Exact top-``k`` keys by inner product for every query, on the GPU: the training-query kNN
+    of a RoarGraph build, or a brute-force baseline. With 16-bit inputs, dim 64, 128 or 256,
+    k <= 128 and at least 4096 queries one fused kernel scores on tensor cores and selects
+    without writing the scores (H200, 13107 x 131072 x 128 f16: 5.4 ms against 24.6 ms for
+    ``(q @ k.T).topk``); otherwise a cuBLAS GEMM streamed through a bounded workspace, then a
+    per-query selection.
 
     queries: [m, dim], keys: [n, dim], both float32, float16 or bfloat16 (the same dtype;
     16-bit inputs use tensor cores, scores accumulate in float32). 1 <= k <= min(n, 1024).
