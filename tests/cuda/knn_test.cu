@@ -158,7 +158,7 @@ kvsift::knn_result device_knn(const std::vector<T>& q, const std::vector<T>& key
     REQUIRE(kvsift::cuda::detail::fused_knn_applies(qv, kv, k, policy, 0));
     int sms = 0;
     KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    REQUIRE(kvsift::cuda::detail::fused_knn_rows(m, n, k, bytes, 2 * sms).rows > 0);
+    REQUIRE(kvsift::cuda::detail::plan_fused_knn(m, n, k, bytes, 2 * sms).rows > 0);
   }
   cublasHandle_t h = nullptr;
   REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);

@@ -310,7 +310,7 @@ struct fused_knn_plan {
 /// grid fills `blocks` (two per SM: the kernel's occupancy), as far as the final sort of
 /// slices x k keys per row (max_knn_k) and slices of at least 16 chunks allow. Whole blocks of
 /// 128 queries, in launches of equal size (a short last launch would leave the GPU idle).
-inline fused_knn_plan fused_knn_rows(std::int64_t m, std::int64_t n, int k, std::size_t bytes,
+inline fused_knn_plan plan_fused_knn(std::int64_t m, std::int64_t n, int k, std::size_t bytes,
                                      std::int64_t blocks) {
   fused_knn_plan p;
   if (n >= (std::int64_t{1} << 31) - fknn_cols) return p;
@@ -398,7 +398,7 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   if constexpr (!std::is_same_v<T, float>) {
     int sms = 0;
     KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const detail::fused_knn_plan plan = detail::fused_knn_rows(m, n, k, need, 2 * sms);
+    const detail::fused_knn_plan plan = detail::plan_fused_knn(m, n, k, need, 2 * sms);
     if (plan.rows > 0 && detail::fused_knn_applies(queries, keys, k, policy, device)) {
       // Running top-k lists (slices x k per query), then the survivor buffers.
       auto* best = static_cast<detail::rank_key*>(workspace);

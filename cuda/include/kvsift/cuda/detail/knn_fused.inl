@@ -87,7 +87,7 @@ __device__ inline void fknn_cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
-/// The rank-th largest (1-based) of a warp's entries (v[j] where valid[j], up to 8 per lane),
+/// The rank-th largest (1-based) of a warp's entries (v[j] where valid[j], N per lane),
 /// by an 8-bit radix select over the warp's own histogram; stops as soon as one entry is left
 /// under the prefix. All lanes must call it; rank <= the number of valid entries.
 template <int N>
@@ -201,7 +201,8 @@ __device__ inline void fknn_merge_row(rank_key* __restrict__ best_row, int k,
 /// Running top-k (unsorted rank keys, m x slices x k) of every query over each slice of
 /// `slice_keys` keys (a multiple of 64; blockIdx.y picks the slice); see the file comment. Queries
 /// and keys: 16-byte aligned rows of D elements at the given pitches (elements, multiples of 8).
-/// Grid: ceil(m / 128) blocks of 256 threads, fknn_shape<D>::smem_bytes.
+/// Grid: ceil(m / 128) x slices blocks of 256 threads, fknn_shape<D>::smem_bytes. A slice past
+/// the keys (possible when the slices round up) leaves its lists empty (key 0, ranked last).
 template <class T, int D>
 __global__ void __launch_bounds__(fknn_threads, 2)
     knn_fused_kernel(const T* __restrict__ queries, std::int64_t q_pitch, int m,
