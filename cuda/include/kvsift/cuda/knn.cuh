@@ -4,7 +4,7 @@
 // Two paths. For 16-bit keys of dimension 64, 128 or 256, k <= 128 and at least 4096 queries,
 // one fused kernel computes the scores with tensor cores and keeps each query's running top-k
 // without writing scores to memory (detail/knn_fused.inl; H200, 131072^2 x 128 f16, k = 100:
-// 30.8 ms against 75.0 ms for the tiled path; docs/performance.md). Otherwise (the tiled path)
+// 27.7 ms against 74.2 ms for the tiled path; docs/performance.md). Otherwise (the tiled path)
 // scores come from a cuBLAS GEMM (inputs f32 / f16 / bf16, f32 accumulation) computed one
 // (query tile x key tile) block at a time, so memory stays bounded by the tile sizes whatever
 // m and n are. After each key tile a merge kernel (one block per query row) folds the tile's

@@ -13,17 +13,18 @@
 // c + stages - 1 overlaps the products of chunk c); each warp multiplies its 16 rows' query
 // fragments, held in registers for the whole kernel, by the chunk's 64 keys with mma.sync
 // m16n8k16 (f32 accumulation). A thread compares the maximum of its 16 scores of a row with the
-// row's threshold (the score of its k-th best so far); only then does it look at each score,
-// pack it into a rank key (knn.inl: same order as the tiled path and the CPU engine) and, if it
-// ranks above the k-th best, append it to the row's survivor buffer (global memory, 256 per
-// row). A row whose buffer could not take another chunk is merged by its warp: the row's
-// running top-k (global memory, k rank keys) and its survivors go through a radix select of the
-// k-th largest, the keys above it are written back and the threshold rises. A buffer of 256
-// takes the chunk after any check (at most 192 + 64), so no survivor is ever dropped. A row's
-// buffer, count, threshold and merges belong to one warp, so the only block barrier is the
-// stage ring's, and with 70 KiB of shared memory and 128 registers per thread two blocks share
-// an SM and hide each other's waits. Few queries split the keys into slices (blockIdx.y), each
-// with its own running top-k per row; the final sort (knn_finalize_kernel) takes them all.
+// row's threshold (the score of its k-th best so far); only then does it look at its pairs of
+// scores, and at each score of a passing pair: packed into a rank key (knn.inl: same order as
+// the tiled path and the CPU engine), a score that ranks above the k-th best is appended to the
+// row's survivor buffer (global memory, 256 per row). A row whose buffer could not take another
+// chunk is merged by its warp: the row's running top-k (global memory, k rank keys) and its
+// survivors go through a radix select of the k-th largest, the keys above it are written back
+// and the threshold rises. A buffer of 256 takes the chunk after any check (at most 192 + 64),
+// so no survivor is ever dropped. A row's buffer, count, threshold and merges belong to one
+// warp, so the only block barrier is the stage ring's, and with 70 KiB of shared memory and 128
+// registers per thread two blocks share an SM and hide each other's waits. Few queries split
+// the keys into slices (blockIdx.y), each with its own running top-k per row; the final sort
+// (knn_finalize_kernel) takes them all.
 
 #include <cuda_runtime.h>
 
@@ -312,15 +313,19 @@ __global__ void __launch_bounds__(fknn_threads, 2)
     for (int h = 0; h < 2; ++h) {
       const int row = warp * 16 + g + 8 * h;
       const float thr = threshold[row];
-      float top = acc[0][2 * h];
+      const bool open = thr == -INFINITY;  // fewer than k keys merged: NaN must get a look
+      float pair[shape::ni];
+      float top = -INFINITY;
 #pragma unroll
       for (int nj = 0; nj < shape::ni; ++nj) {
-        top = fmaxf(top, fmaxf(acc[nj][2 * h], acc[nj][2 * h + 1]));
+        pair[nj] = fmaxf(acc[nj][2 * h], acc[nj][2 * h + 1]);
+        top = fmaxf(top, pair[nj]);
       }
-      if (top >= thr || thr == -INFINITY) [[unlikely]] {
+      if (top >= thr || open) [[unlikely]] {
         const rank_key thr_key = kth_key[row];
 #pragma unroll
         for (int nj = 0; nj < shape::ni; ++nj) {
+          if (!(pair[nj] >= thr || open)) continue;
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float s = acc[nj][2 * h + e];
