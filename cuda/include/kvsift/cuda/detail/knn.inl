@@ -52,6 +52,51 @@ struct radix_scratch {
   int rank;
 };
 
+/// Where the rank-th largest (1-based) of a 256-bin digit histogram lies: its digit, the count
+/// of that digit, and its rank among the keys with that digit. One warp scans the counts from
+/// the top, lane l owning digits 255 - 8l .. 248 - 8l (exactly one lane's range holds the rank);
+/// all 32 lanes must call it and all get the result. rank <= the histogram's total.
+struct radix_digit {
+  int digit;
+  unsigned count;
+  int rank;
+};
+__device__ inline radix_digit warp_find_digit(const unsigned* hist, int rank) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  unsigned own[8];
+  unsigned sum = 0;
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    own[b] = hist[255 - 8 * lane - b];
+    sum += own[b];
+  }
+  __syncwarp();  // every lane has read the histogram before the caller may clear it
+  unsigned incl = sum;
+  for (int off = 1; off < 32; off <<= 1) {
+    const unsigned x = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += x;
+  }
+  unsigned above = incl - sum;
+  const auto r = static_cast<unsigned>(rank);
+  const bool here = above < r && r <= incl;
+  int digit = 0;
+  unsigned count = 0;
+  if (here) {
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      if (above + own[b] >= r) {
+        digit = 255 - 8 * lane - b;
+        count = own[b];
+        break;
+      }
+      above += own[b];
+    }
+  }
+  const int src = __ffs(__ballot_sync(0xffffffffu, here)) - 1;
+  return {__shfl_sync(0xffffffffu, digit, src), __shfl_sync(0xffffffffu, count, src),
+          static_cast<int>(r - __shfl_sync(0xffffffffu, above, src))};
+}
+
 /// The `rank`-th largest (1-based) of a[0, count), by 8 passes of an 8-bit radix select over
 /// shared memory. Returns the key; `sh.rank` is left as its rank among keys equal to it.
 /// All threads of the block must call it; rank <= count.
@@ -66,34 +111,11 @@ __device__ inline rank_key block_kth_largest(const rank_key* a, int count, int r
       if ((v & mask) == prefix) atomicAdd(&sh.hist[(v >> shift) & 255u], 1u);
     }
     __syncthreads();
-    // The digit holding the rank-th largest: warp 0 scans the 256 counts from the top, lane l
-    // owning digits 255 - 8l .. 248 - 8l; exactly one lane's range holds the rank.
-    if (threadIdx.x < 32) {
-      const int lane = static_cast<int>(threadIdx.x);
-      unsigned own[8];
-      unsigned sum = 0;
-      for (int b = 0; b < 8; ++b) {
-        own[b] = sh.hist[255 - 8 * lane - b];
-        sum += own[b];
-      }
-      unsigned incl = sum;
-      for (int off = 1; off < 32; off <<= 1) {
-        const unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += v;
-      }
-      unsigned above = incl - sum;
-      const auto r = static_cast<unsigned>(rank);
-      if (above < r && r <= incl) {
-        int digit = 248 - 8 * lane;
-        for (int b = 0; b < 8; ++b) {
-          if (above + own[b] >= r) {
-            digit = 255 - 8 * lane - b;
-            break;
-          }
-          above += own[b];
-        }
-        sh.prefix = prefix | (static_cast<rank_key>(digit) << shift);
-        sh.rank = rank - static_cast<int>(above);
+    if (threadIdx.x < 32) {  // warp 0 finds the digit holding the rank-th largest
+      const radix_digit d = warp_find_digit(sh.hist, rank);
+      if (threadIdx.x == 0) {
+        sh.prefix = prefix | (static_cast<rank_key>(d.digit) << shift);
+        sh.rank = d.rank;
       }
     }
     __syncthreads();
@@ -238,32 +260,27 @@ namespace kvsift::cuda::detail {
 /// Whether the fused kernel serves this call (see knn_policy) on `device`: 16-bit elements,
 /// d in {64, 128, 256}, k <= 128, 16-byte aligned rows, compute capability 8.0+ (mma.sync for
 /// bf16) and enough opt-in shared memory (H100/H200: 227 KiB; A100's 163 KiB takes d = 64).
-template <class T>
+template <class T>  // half or bfloat16; knn() asks only for those
 bool fused_knn_applies(matrix_view<const T> queries, matrix_view<const T> keys, int k,
                        const knn_policy& policy, int device) {
-  if constexpr (std::is_same_v<T, float>) {
+  const std::size_t d = keys.cols();
+  if (!policy.fused || static_cast<std::int64_t>(queries.rows()) < policy.fused_min_queries ||
+      k > max_fused_knn_k || (d != 64 && d != 128 && d != 256)) {
     return false;
-  } else {
-    const std::size_t d = keys.cols();
-    if (!policy.fused || static_cast<std::int64_t>(queries.rows()) < policy.fused_min_queries ||
-        k > max_fused_knn_k || (d != 64 && d != 128 && d != 256)) {
-      return false;
-    }
-    const auto aligned = [](const void* p, std::size_t stride) {
-      return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && stride % 8 == 0;
-    };
-    if (!aligned(queries.data(), queries.stride()) || !aligned(keys.data(), keys.stride())) {
-      return false;
-    }
-    int major = 0, smem = 0;
-    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    KVSIFT_CUDA_CHECK(
-        cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    const std::size_t need = d == 64    ? fknn_shape<64>::smem_bytes
-                             : d == 128 ? fknn_shape<128>::smem_bytes
-                                        : fknn_shape<256>::smem_bytes;
-    return major >= 8 && static_cast<std::size_t>(smem) >= need;
   }
+  const auto aligned = [](const void* p, std::size_t stride) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && stride % 8 == 0;
+  };
+  if (!aligned(queries.data(), queries.stride()) || !aligned(keys.data(), keys.stride())) {
+    return false;
+  }
+  int major = 0, smem = 0;
+  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const std::size_t need = d == 64    ? fknn_shape<64>::smem_bytes
+                           : d == 128 ? fknn_shape<128>::smem_bytes
+                                      : fknn_shape<256>::smem_bytes;
+  return major >= 8 && static_cast<std::size_t>(smem) >= need;
 }
 
 struct knn_layout {
@@ -353,6 +370,19 @@ void launch_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, s
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 
+/// Sorts rows [0, rows) of `best` (`count` rank keys each) and writes their first k scores and
+/// ids (knn_finalize_kernel, one block per row).
+inline void launch_knn_finalize(const rank_key* best, int count, int k, std::int64_t rows,
+                                float* out_scores, std::uint32_t* out_ids, cudaStream_t stream) {
+  int width = 1;
+  while (width < count) width <<= 1;
+  const int threads = std::max(32, std::min(1024, width));
+  knn_finalize_kernel<rank_key>
+      <<<static_cast<unsigned>(rows), threads, static_cast<std::size_t>(width) * sizeof(rank_key),
+         stream>>>(best, count, k, width, out_scores, out_ids);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace kvsift::cuda::detail
 
 namespace kvsift::cuda {
@@ -388,26 +418,19 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
   detail::require_device_pointer(out_ids, device, "knn", "out_ids");
   detail::require_device_pointer(workspace, device, "knn", "workspace");
 
-  int width = 1;
-  while (width < k) width <<= 1;
-  const int finalize_threads = std::max(32, std::min(1024, width));
-  const std::size_t finalize_smem = static_cast<std::size_t>(width) * sizeof(detail::rank_key);
-
   // The fused path needs no score tile: the whole workspace holds running results and survivor
   // buffers, so a launch serves as many queries as fit (default workspace, k = 100: 94336).
   if constexpr (!std::is_same_v<T, float>) {
-    int sms = 0;
-    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const detail::fused_knn_plan plan = detail::plan_fused_knn(m, n, k, need, 2 * sms);
-    if (plan.rows > 0 && detail::fused_knn_applies(queries, keys, k, policy, device)) {
+    detail::fused_knn_plan plan;  // rows = 0: the tiled path
+    if (detail::fused_knn_applies(queries, keys, k, policy, device)) {
+      int sms = 0;
+      KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      plan = detail::plan_fused_knn(m, n, k, need, 2 * sms);
+    }
+    if (plan.rows > 0) {
       // Running top-k lists (slices x k per query), then the survivor buffers.
       auto* best = static_cast<detail::rank_key*>(workspace);
       auto* buffer = best + plan.rows * plan.slices * k;
-      const int count = plan.slices * k;
-      int sort_width = 1;
-      while (sort_width < count) sort_width <<= 1;
-      const int sort_threads = std::max(32, std::min(1024, sort_width));
-      const std::size_t sort_smem = static_cast<std::size_t>(sort_width) * sizeof(detail::rank_key);
       for (std::int64_t q0 = 0; q0 < m; q0 += plan.rows) {
         const std::int64_t qn = std::min(plan.rows, m - q0);
         switch (keys.cols()) {
@@ -423,10 +446,8 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
             detail::launch_fused_knn<T, 256>(queries, keys, q0, qn, k, plan, best, buffer, device,
                                              stream);
         }
-        detail::knn_finalize_kernel<detail::rank_key>
-            <<<static_cast<unsigned>(qn), sort_threads, sort_smem, stream>>>(
-                best, count, k, sort_width, out_scores + q0 * k, out_ids + q0 * k);
-        KVSIFT_CUDA_CHECK(cudaGetLastError());
+        detail::launch_knn_finalize(best, plan.slices * k, k, qn, out_scores + q0 * k,
+                                    out_ids + q0 * k, stream);
       }
       return;
     }
@@ -462,10 +483,7 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
               scores, kn, static_cast<int>(kn), static_cast<std::uint32_t>(k0), best, k);
       KVSIFT_CUDA_CHECK(cudaGetLastError());
     }
-    detail::knn_finalize_kernel<detail::rank_key>
-        <<<static_cast<unsigned>(qn), finalize_threads, finalize_smem, stream>>>(
-            best, k, k, width, out_scores + q0 * k, out_ids + q0 * k);
-    KVSIFT_CUDA_CHECK(cudaGetLastError());
+    detail::launch_knn_finalize(best, k, k, qn, out_scores + q0 * k, out_ids + q0 * k, stream);
   }
 }
 

@@ -104,43 +104,11 @@ __device__ inline rank_key fknn_warp_kth(const rank_key (&v)[N], const bool (&va
       if (valid[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> shift) & 255u], 1u);
     }
     __syncwarp();
-    // Lane l owns digits 255 - 8l .. 248 - 8l, scanned from the top as in block_kth_largest.
-    unsigned own[8];
-    unsigned sum = 0;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      own[b] = hist[255 - 8 * lane - b];
-      sum += own[b];
-    }
-    __syncwarp();  // every lane has read the histogram before the next pass clears it
-    unsigned incl = sum;
-    for (int off = 1; off < 32; off <<= 1) {
-      const unsigned x = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += x;
-    }
-    unsigned above = incl - sum;
-    const auto r = static_cast<unsigned>(rank);
-    const bool here = above < r && r <= incl;
-    int digit = 0;
-    unsigned in_digit = 0;
-    if (here) {
-#pragma unroll
-      for (int b = 0; b < 8; ++b) {
-        if (above + own[b] >= r) {
-          digit = 255 - 8 * lane - b;
-          in_digit = own[b];
-          break;
-        }
-        above += own[b];
-      }
-    }
-    const int src = __ffs(__ballot_sync(0xffffffffu, here)) - 1;
-    digit = __shfl_sync(0xffffffffu, digit, src);
-    in_digit = __shfl_sync(0xffffffffu, in_digit, src);
-    rank = static_cast<int>(r - __shfl_sync(0xffffffffu, above, src));
-    prefix |= static_cast<rank_key>(digit) << shift;
+    const radix_digit d = warp_find_digit(hist, rank);
+    rank = d.rank;
+    prefix |= static_cast<rank_key>(d.digit) << shift;
     mask |= rank_key{255} << shift;
-    if (in_digit == 1) {  // one entry left under the prefix: it is the answer
+    if (d.count == 1) {  // one entry left under the prefix: it is the answer
       rank_key mine = 0;
       bool has = false;
 #pragma unroll
