@@ -18,7 +18,7 @@
 //
 // Usage: kvsift-cuda-decode_search_bench [--n 131072] [--d 128] [--requests 32]
 //            [--kv-heads 8] [--group 4] [--distinct 2] [--page 16] [--quick 0|1]
-// --quick 1 sweeps only expand_width 4 and 8 without a degree cap and skips DIPR.
+// --quick 1 sweeps only expand_width 4 to 32 without a degree cap and skips DIPR.
 
 #include <algorithm>
 #include <chrono>
@@ -294,7 +294,8 @@ int main(int argc, char** argv) {
   };
   // (expand_width, degree_cap): the CPU walk, wider expansions, then wide expansions over the
   // sparser subgraph a degree cap reads (the rows' first neighbours).
-  const std::pair<int, int> walks[] = {{1, 0}, {2, 0}, {4, 0}, {8, 0}, {8, 40}, {8, 32}, {8, 24}};
+  const std::pair<int, int> walks[] = {{1, 0},  {2, 0},  {4, 0},  {8, 0}, {16, 0},
+                                       {32, 0}, {8, 40}, {8, 32}, {8, 24}};
   for (const auto& [expand, degree_cap] : walks) {
     if (o.quick != 0 && (expand < 4 || degree_cap != 0)) continue;
     for (const int L : {100, 128, 160, 200, 256, 320, 400}) {

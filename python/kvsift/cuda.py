@@ -311,8 +311,9 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
     within ``beta`` raw score units (unscaled q.k) of the best, exploration beam ``l0``, at
     most ``max_results`` (0 = 64 * l0); ``seed_score`` (float32 [queries], NaN = none) is the
     best score already seen elsewhere (the window). ``metric`` "ip" or "l2".
-    ``expand_width`` (1..8): nodes expanded per step; more cuts the search's sequential steps
-    at some extra scoring. ``degree_cap`` > 0 reads each node's first neighbours only.
+    ``expand_width`` (1..32 for top-k, 1..8 for DIPR): nodes expanded per step; more cuts the
+    search's sequential steps at some extra scoring (16 was the fastest for 256-512 queries at
+    128K tokens on the H200, 8 for 1024). ``degree_cap`` > 0 reads each node's first neighbours only.
     ``id_range=(first, last)``: int32/uint32 [queries] each, only ids in [first, last) are
     returned (the walk crosses the others with the 2-hop rule unless ``walk_through=False``,
     top-k only, which drops them).
@@ -388,7 +389,8 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     h searches graph ``h // (qo_heads // graphs)`` (GQA). k_pages, v_pages, page_table: as
     ``sparse_attention``, page-table row g = KV head g. ``mode`` "topk" (``k`` of a pool of
     ``L``) or "dipr" (keys within ``beta`` raw score units of the best, pool ``l0``, at most
-    ``max_results``); ``expand_width`` nodes expanded per step (1 = the CPU's walk, up to 8);
+    ``max_results``); ``expand_width`` nodes expanded per step (1 = the CPU's walk, up to 32 for
+    top-k, 8 for DIPR);
     ``walk_through=False`` drops window tokens met by the walk instead of walking through
     them (top-k; faster, docs/decode_search.md); ``degree_cap`` > 0 reads each node's first
     neighbours only. Returns ``(o [qo_heads, dim] float32, lse [qo_heads] float32)``: with a

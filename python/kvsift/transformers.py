@@ -144,8 +144,9 @@ class KvsiftCache(DynamicCache):
             logit, scaling * q.k, is within ``beta`` of the best one, the window's best included:
             a token kept has at least exp(-beta) times the best token's weight; at most
             ``max_candidates`` a head, 0 = 64 * l0; ``l0``: the DIPRS exploration capacity).
-        expand_width: graph nodes expanded per step of the GPU search (1..8; 1 = the CPU's walk,
-            more = fewer sequential steps for some extra scoring). Ignored on the CPU.
+        expand_width: graph nodes expanded per step of the GPU search (1..32 with mode "topk",
+            else 1..8; 1 = the CPU's walk, more = fewer sequential steps for some extra
+            scoring). Ignored on the CPU.
         generated_window: None (default) keeps every generated token in the exact window; G >= 1
             keeps the last G exact and inserts each older generated token into the indexes
             (one ``InsertableGraphIndex.insert`` per KV head and token, tens of microseconds
@@ -223,8 +224,10 @@ class KvsiftCache(DynamicCache):
         self.max_candidates = _check_count("max_candidates", max_candidates, 0)
         self.degree_cap = _check_count("degree_cap", degree_cap, 0)
         self.expand_width = _check_count("expand_width", expand_width, 1)
-        if self.expand_width > 8:
-            raise _invalid(f"expand_width must be <= 8, got {self.expand_width}")
+        limit = 32 if self.mode == "topk" else 8
+        if self.expand_width > limit:
+            raise _invalid(
+                f"expand_width must be <= {limit} for {self.mode}, got {self.expand_width}")
         self.generated_window = (
             None
             if generated_window is None

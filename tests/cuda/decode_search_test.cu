@@ -254,6 +254,21 @@ query_batch make_queries(const graph_set& s, std::size_t m, bool seeds, bool fil
   return qb;
 }
 
+/// The first `m` queries of `qb` (d floats each).
+query_batch first_queries(const query_batch& qb, std::size_t m, std::size_t d) {
+  query_batch r;
+  r.q.assign(qb.q.begin(), qb.q.begin() + static_cast<std::ptrdiff_t>(m * d));
+  r.graph.assign(qb.graph.begin(), qb.graph.begin() + static_cast<std::ptrdiff_t>(m));
+  auto head = [m](const auto& v) {
+    return std::remove_cvref_t<decltype(v)>(
+        v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(m, v.size())));
+  };
+  r.seed = head(qb.seed);
+  r.first = head(qb.first);
+  r.last = head(qb.last);
+  return r;
+}
+
 /// Counts queries where the GPU differs from the CPU search (ids, scores, count, vectors
 /// scored; DIPR also best score and capping).
 template <class M, class T>
@@ -552,7 +567,8 @@ TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") 
   };
   for (const setting st :
        {setting{2, false, true}, setting{8, false, true}, setting{2, true, true},
-        setting{8, true, true}, setting{1, true, false}, setting{8, true, false}}) {
+        setting{8, true, true}, setting{1, true, false}, setting{8, true, false},
+        setting{32, false, true}, setting{16, true, true}, setting{32, true, false}}) {
     const int width = st.width;
     const bool use_filter = st.use_filter;
     const query_batch& qb = use_filter ? filtered : plain;
@@ -594,8 +610,8 @@ TEST_CASE("decode_search_wide_walk_matches_cpu_model", "[cuda][decode_search]") 
 }
 
 TEST_CASE("decode_search_block_kernel_equals_warp_kernel", "[cuda][decode_search]") {
-  // Top-k runs on the block kernel (four warps per search) unless warps_per_search = 1. Both
-  // walk the same way and sum each dot product in the same order, so on real-valued keys,
+  // Top-k runs on the block kernel (four or eight warps per search) unless warps_per_search =
+  // 1. All walk the same way and sum each dot product in the same order, so on real-valued keys,
   // where near-ties make any difference in scoring or candidates visible, they must agree bit
   // for bit: ids, scores, counts and vectors scored. The CPU tests above hold the block kernel
   // to beam_search on integer data; this holds the warp kernel's top-k walk to it.
@@ -614,7 +630,9 @@ TEST_CASE("decode_search_block_kernel_equals_warp_kernel", "[cuda][decode_search
   for (const setting st :
        {setting{1, 0, false, true, false, 0}, setting{8, 0, false, true, true, 0},
         setting{4, 20, true, true, true, 0}, setting{8, 0, true, false, false, 0},
-        setting{2, 0, true, true, false, std::int64_t(1) << 19}}) {
+        setting{2, 0, true, true, false, std::int64_t(1) << 19},
+        setting{16, 0, true, true, true, 0}, setting{32, 0, false, true, false, 0},
+        setting{32, 10, true, false, true, std::int64_t(1) << 19}}) {
     auto p = topk(32, 96, kc::graph_metric::inner_product);
     p.expand_width = st.expand;
     p.degree_cap = st.degree_cap;
@@ -626,6 +644,14 @@ TEST_CASE("decode_search_block_kernel_equals_warp_kernel", "[cuda][decode_search
     const gpu_result block = run_gpu<__half>(s, qb, p, st.paged, 16, st.declared_keys);
     p.warps_per_search = 4;
     const gpu_result block4 = run_gpu<__half>(s, qb, p, st.paged, 16, st.declared_keys);
+    p.warps_per_search = 8;
+    const gpu_result block8 = run_gpu<__half>(s, qb, p, st.paged, 16, st.declared_keys);
+    // A batch small enough for eight-warp blocks at once (the default's other choice).
+    const query_batch few = first_queries(qb, 100, s.d);
+    p.warps_per_search = 1;
+    const gpu_result warp_few = run_gpu<__half>(s, few, p, st.paged, 16, st.declared_keys);
+    p.warps_per_search = 0;
+    const gpu_result block_few = run_gpu<__half>(s, few, p, st.paged, 16, st.declared_keys);
     INFO("expand " << st.expand << ", degree_cap " << st.degree_cap << ", filtered " << st.filtered
                    << ", walk_through " << st.walk_through << ", paged " << st.paged);
     CHECK(block.ids == warp.ids);
@@ -634,6 +660,14 @@ TEST_CASE("decode_search_block_kernel_equals_warp_kernel", "[cuda][decode_search
     CHECK(block.scored == warp.scored);
     CHECK(block4.ids == block.ids);
     CHECK(block4.scored == block.scored);
+    CHECK(block8.ids == warp.ids);
+    CHECK(block8.scores == warp.scores);
+    CHECK(block8.counts == warp.counts);
+    CHECK(block8.scored == warp.scored);
+    CHECK(block8.status == 0u);
+    CHECK(block_few.ids == warp_few.ids);
+    CHECK(block_few.scores == warp_few.scores);
+    CHECK(block_few.scored == warp_few.scored);
     CHECK(warp.status == 0u);
     CHECK(block.status == 0u);
     std::size_t full = 0;  // rows that filled: the walks found something to agree on
@@ -849,12 +883,27 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   bad = dipr(1.0f, 8, 0);
   bad.warps_per_search = 4;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "warps_per_search 0 or 1 for DIPR, got 4"));
-  for (const int w : {-1, 2, 8}) {
+  for (const int w : {-1, 2, 16}) {
     bad = p;
     bad.warps_per_search = w;
     CHECK(contains(msg(set, k, qs, 1, bad, out, wb),
-                   ("warps_per_search 0, 1 or 4, got " + std::to_string(w)).c_str()));
+                   ("warps_per_search 0, 1, 4 or 8, got " + std::to_string(w)).c_str()));
   }
+  bad = dipr(1.0f, 8, 0);
+  bad.warps_per_search = 8;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "warps_per_search 0 or 1 for DIPR, got 8"));
+  for (const int w : {0, 33}) {
+    bad = p;
+    bad.expand_width = w;
+    CHECK(contains(msg(set, k, qs, 1, bad, out, wb),
+                   ("1 <= expand_width <= 32, got " + std::to_string(w)).c_str()));
+  }
+  bad = p;
+  bad.expand_width = 32;
+  CHECK(msg(set, k, qs, 1, bad, out, wb) == "(no exception)");
+  bad = dipr(1.0f, 8, 0);
+  bad.expand_width = 9;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "1 <= expand_width <= 8 for DIPR, got 9"));
   CHECK(contains(msg(set, k, qs, 0, p, out, wb), "1 <= queries"));
   CHECK(contains(msg(set, k, qs, 1, p, out, wb - 4), "too small"));
   auto q2 = qs;

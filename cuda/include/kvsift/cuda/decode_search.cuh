@@ -9,10 +9,10 @@
 // rule of `search/detail/graph_walk.hpp`): same seeding, same pool order (higher key first,
 // ties to the lower id), same expansion choice, same stopping rule. With scores that are exact
 // in f32 (small integers) the GPU returns the CPU's results id for id; otherwise only the
-// summation order of the dot products differs. A top-k search runs on a block of four warps
-// (its step's row-id loads, visited-set updates, scoring and merge spread over 128 threads; a
-// decode batch leaves only a few searches per SM), a DIPR search on one warp; both walk the same
-// way (see `decode_search_params::warps_per_search`).
+// summation order of the dot products differs. A top-k search runs on a block of four or eight
+// warps (its step's row-id loads, visited-set updates, scoring and merge spread over 128 or 256
+// threads; a decode batch leaves only a few searches per SM), a DIPR search on one warp; all
+// walk the same way (see `decode_search_params::warps_per_search`).
 //
 // Keys are read where they live: either one dense matrix holding every graph's keys, or the
 // head-wise paged K pool through its page table (`paged_kv_ref`), so no second copy of the
@@ -34,6 +34,9 @@ namespace kvsift::cuda {
 /// Largest pool (top-k L, DIPR l0), top-k k and DIPR answer the kernel supports.
 inline constexpr int max_decode_search_L = 1024;
 inline constexpr int max_decode_search_results = 1 << 16;
+/// Largest `decode_search_params::expand_width`: top-k, and DIPR.
+inline constexpr int max_decode_expand_width = 32;
+inline constexpr int max_decode_dipr_expand_width = 8;
 
 /**
  * @brief Device handle of many graphs in one structure (one per (request, KV head)).
@@ -74,13 +77,15 @@ struct decode_search_params {
   graph_metric metric = graph_metric::inner_product;  ///< attention scores are dot products
   int k = 100;                                        ///< top-k: results per query, 1..L
   int L = 128;                                        ///< top-k: pool size, k..max_decode_search_L
-  /// Nodes expanded per step, 1..8. 1 (default) is the CPU's walk: results equal
-  /// `beam_search` / `dipr_search` id for id. Larger values cut the sequential steps of a
-  /// search (the GPU's latency chain) at the price of some extra scoring; results then differ
-  /// from the CPU's in what the walk finds. Top-k expands the best `expand_width` unexpanded
-  /// pool entries together. DIPR expands the best unexpanded beam entries while there are any,
-  /// else the next in-range keys in discovery order that are still within beta of the best
-  /// (a flood of the in-range region without the CPU's best-first heap).
+  /// Nodes expanded per step: 1..max_decode_expand_width (32) for top-k, 1..8 for DIPR. 1
+  /// (default) is the CPU's walk: results equal `beam_search` / `dipr_search` id for id.
+  /// Larger values cut the sequential steps of a search (the GPU's latency chain) at the price
+  /// of some extra scoring; results then differ from the CPU's in what the walk finds. Top-k
+  /// expands the best `expand_width` unexpanded pool entries together. DIPR expands the best
+  /// unexpanded beam entries while there are any, else the next in-range keys in discovery
+  /// order that are still within beta of the best (a flood of the in-range region without the
+  /// CPU's best-first heap). H200, 131072 keys, top-100 at recall@100 >= 0.95: 16 was the
+  /// fastest for 256-512 searches, 8 for 1024 (docs/decode_search.md).
   int expand_width = 1;
   float beta = 1.0f;  ///< DIPR: range width in raw score units (unscaled q.k), finite, >= 0
   int l0 = 64;        ///< DIPR: exploration beam, 1..max_decode_search_L
@@ -102,12 +107,14 @@ struct decode_search_params {
   /// filters need the walk-through to cross the excluded regions. Seeds that fail the filter
   /// are always walked through. DIPR requires true.
   bool walk_through = true;
-  /// Warps that run one search: 1 = a warp per search (every mode); 4 = a block of four warps
-  /// per search (top-k only; the same walk and the same results as 1, bit for bit); 0
-  /// (default) = 4 for top-k, 1 for DIPR. A decode batch leaves the GPU only a few searches per
-  /// SM, so four warps shorten each search's chain of latencies: 512 searches over 131072-key
-  /// graphs at L 256, expand_width 8 took 0.54 ms instead of 0.80 (H200;
-  /// docs/decode_search.md).
+  /// Warps that run one search: 1 = a warp per search (every mode); 4 or 8 = a block of four
+  /// or eight warps per search (top-k only; the same walk and the same results as 1, bit for
+  /// bit); 0 (default) = 1 for DIPR, and for top-k 8 when the batch runs at once with four
+  /// eight-warp blocks per SM (m <= 4 x the SM count), else 4. A decode batch leaves the GPU
+  /// only a few searches per SM, so more warps shorten each search's chain of latencies: 512
+  /// searches over 131072-key graphs at L 256, expand_width 8 took 0.54 ms with four warps
+  /// instead of 0.80 with one, and at expand_width 16 0.411 ms with eight warps against 0.445
+  /// with four (H200; docs/decode_search.md).
   int warps_per_search = 0;
 };
 

@@ -28,9 +28,9 @@ namespace kvsift::cuda {
 /// Per-call parameters of `decode_step`; defaults documented per field.
 struct decode_step_params {
   /// Retrieval: top-k (default k 100, L 128) or DIPR. For top-k, `walk_through = false` and
-  /// `expand_width` 8 are the fast setting: the step's filter only excludes the window, and
-  /// the walk-through of window tokens costs 18% of the step at 128K, B = 16 for no recall
-  /// (docs/decode_search.md).
+  /// `expand_width` 16 (8 from 1024 queries a step) are the fast setting: the step's filter
+  /// only excludes the window, and the walk-through of window tokens cost 31% of the step at
+  /// 128K, B = 16 for no recall (docs/decode_search.md).
   decode_search_params search{};
   int sink = 4;      ///< first tokens of every KV head always attended (attention sinks), >= 0
   int window = 512;  ///< last tokens of every KV head always attended, >= 0

@@ -49,7 +49,21 @@ inline constexpr int ds_warps_per_block = 4;
 // The block kernel (top-k): one search per block of four warps, eight blocks per SM (64
 // registers per thread), so a decode batch of 1024 searches runs at once on 132 SMs.
 inline constexpr int ds_block_threads = 128;
-inline constexpr int ds_block_min_blocks = 8;
+inline constexpr int ds_said_ints = 12;  // the block kernel's block-wide counts (8 warps)
+/// The block kernel's register budget: 64 per thread, 1024 threads per SM (eight blocks of
+/// four warps, or four of eight).
+inline constexpr int ds_block_sm_threads = 1024;
+/// Block-kernel threads per search: eight warps when every search of the launch runs at once
+/// with four such blocks per SM, four warps otherwise (warps_per_search = 0). On the H200 at
+/// 128K tokens, L 256, expand_width 16: 512 searches 0.411 / 0.462 ms with eight warps against
+/// 0.445 / 0.484 ms with four (widths 16 / 8), 256 searches 0.253 against 0.305 ms (width 16,
+/// L 200); 1024 searches need two waves of eight-warp blocks and were slower, 0.770 against
+/// 0.728 ms (docs/decode_search.md).
+inline int ds_block_threads_for(int warps_per_search, std::int64_t m, int sms) {
+  if (warps_per_search == 8) return 256;
+  if (warps_per_search == 4) return 128;
+  return m <= std::int64_t{sms} * (ds_block_sm_threads / 256) ? 256 : 128;
+}
 
 /// Key rows of a dense matrix: graph g's key i is row base + i.
 template <class T>
@@ -88,7 +102,8 @@ struct ds_config {
   float beta = 0.0f;
   int expand = 1;               // top-k: pool entries expanded per step
   bool walk_through = true;     // filtered top-k: failing neighbours walked through (2-hop)
-  bool block = false;           // top-k on decode_search_block_kernel (4 warps per search)
+  bool block = false;           // top-k on decode_search_block_kernel (4 or 8 warps per search)
+  int warps_per_search = 0;     // as asked (0: the launch picks 4 or 8 by the batch size)
   int inc = 0;                  // candidate list length, max(width, 32) * expand
   int cols = 0;                 // neighbours read per row: the width, or degree_cap if smaller
   fast_divider by_cols{};       // block kernel: a step's flat id index -> its node
@@ -101,7 +116,7 @@ struct ds_config {
   int pool2_off = 0;  // candidate list, visited bitset (-1: the bitset is in the workspace)
   int inc_off = 0;
   int visited_off = -1;
-  int said_off = 0;  // block kernel: 8 ints of block-wide counts
+  int said_off = 0;  // block kernel: ds_said_ints ints of block-wide counts
   bool vec = false;
 };
 
@@ -119,8 +134,9 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
         p.max_results == 0 || (p.max_results >= p.l0 && p.max_results <= max_decode_search_results),
         who, ": expected l0 = ", p.l0, " <= max_results <= ", max_decode_search_results,
         " (or 0 for 64 * l0), got ", p.max_results);
-    require(p.expand_width >= 1 && p.expand_width <= 8, who,
-            ": expected 1 <= expand_width <= 8, got ", p.expand_width);
+    require(p.expand_width >= 1 && p.expand_width <= max_decode_dipr_expand_width, who,
+            ": expected 1 <= expand_width <= ", max_decode_dipr_expand_width, " for DIPR, got ",
+            p.expand_width);
     require(p.walk_through, who,
             ": DIPR always walks through filtered-out neighbours; "
             "expected walk_through = true, got false");
@@ -134,8 +150,8 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
     require(p.k >= 1, who, ": expected k >= 1, got ", p.k);
     require(p.L >= p.k && p.L <= max_decode_search_L, who, ": expected k = ", p.k,
             " <= L <= ", max_decode_search_L, ", got L = ", p.L);
-    require(p.expand_width >= 1 && p.expand_width <= 8, who,
-            ": expected 1 <= expand_width <= 8, got ", p.expand_width);
+    require(p.expand_width >= 1 && p.expand_width <= max_decode_expand_width, who,
+            ": expected 1 <= expand_width <= ", max_decode_expand_width, ", got ", p.expand_width);
     c.pool = p.L;
     c.k = p.k;
     c.expand = p.expand_width;
@@ -149,12 +165,14 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
   require(m > 0 && m <= std::int64_t{INT_MAX}, who, ": expected 1 <= queries <= ", INT_MAX,
           ", got ", m);
   require(p.degree_cap >= 0, who, ": expected degree_cap >= 0 (0 = all), got ", p.degree_cap);
-  require(p.warps_per_search == 0 || p.warps_per_search == 1 || (p.warps_per_search == 4 && !dipr),
+  require(p.warps_per_search == 0 || p.warps_per_search == 1 ||
+              ((p.warps_per_search == 4 || p.warps_per_search == 8) && !dipr),
           who,
           dipr ? ": expected warps_per_search 0 or 1 for DIPR, got "
-               : ": expected warps_per_search 0, 1 or 4, got ",
+               : ": expected warps_per_search 0, 1, 4 or 8, got ",
           p.warps_per_search);
   c.block = !dipr && p.warps_per_search != 1;
+  c.warps_per_search = p.warps_per_search;
   c.cols = p.degree_cap == 0 ? set.width : std::min(set.width, p.degree_cap);
   c.by_cols = fast_divider(c.cols);
   c.inc = std::max(set.width, 32) * c.expand;
@@ -1097,29 +1115,29 @@ __device__ __forceinline__ float ds_score_row(const float* q, const T* __restric
   return acc;
 }
 
-/// Top-k with a block of ds_block_threads per search: the same walk as decode_search_kernel
-/// (same seeds, same batches of `expand` nodes, same candidates, so the same pool, ids, scores
-/// and vectors scored), with a step's row-id loads, visited-set updates, scoring and merge
-/// spread over four warps instead of one. A decode batch leaves the GPU 4-8 searches per SM,
-/// so a warp per search leaves most of each SM idle while the search's chain of dependent
-/// latencies runs; four warps shorten every link of that chain. What stays sequential (the
+/// Top-k with a block of NT threads (four or eight warps) per search: the same walk as
+/// decode_search_kernel (same seeds, same batches of `expand` nodes, same candidates, so the
+/// same pool, ids, scores and vectors scored), with a step's row-id loads, visited-set updates,
+/// scoring and merge spread over the block's warps instead of one. A decode batch leaves the
+/// GPU 2-8 searches per SM, so a warp per search leaves most of each SM idle while the search's
+/// chain of dependent latencies runs; more warps shorten every link of that chain (eight when
+/// a wide step's ~200 fresh rows would take a block of four two rounds). What stays sequential (the
 /// seeding, the one-by-one fallback of a filtered step that meets a fresh filtered-out id, the
 /// choice of a step's nodes) runs on warp 0 with the same warp functions as the warp kernel.
 /// One block per running search (grid = slots); block barriers, so every branch around one is
 /// block-uniform.
-template <class T, class Src, bool L2, bool Filtered>
-__global__ void __launch_bounds__(ds_block_threads, ds_block_min_blocks)
+template <class T, class Src, bool L2, bool Filtered, int NT>
+__global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     decode_search_block_kernel(graph_set_ref set, Src src, decode_queries qs, int m, ds_config c,
                                decode_search_outputs out, std::uint32_t* ws) {
   extern __shared__ __align__(16) unsigned char ds_smem[];
   // said[0]: a count gathered by atomics (fresh ids); [1]: a count warp 0 hands to the block;
-  // [2]: warp 0's "no more seeds"; [4, 8): the merge's per-warp counts. (In the dynamic
+  // [2]: warp 0's "no more seeds"; [4, 4 + NT / 32): the merge's per-warp counts. (In the dynamic
   // region: a kernel with static shared memory could not be given the device's whole opt-in
   // size.)
   int* const said = reinterpret_cast<int*>(ds_smem + c.said_off);
   constexpr unsigned full = 0xffffffffu;
-  constexpr int NT = ds_block_threads;
-  static_assert(NT % 32 == 0 && NT / 32 <= 4, "said[4, 8) holds one count per warp");
+  static_assert(NT % 32 == 0 && 4 + NT / 32 <= ds_said_ints, "said[4, ..) holds a count per warp");
   const int rank = static_cast<int>(threadIdx.x);
   const int lane = rank & 31, warp = rank >> 5;
   float* const q = reinterpret_cast<float*>(ds_smem);
@@ -1445,7 +1463,7 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   off = align16(off + sizeof(walk_entry) * static_cast<std::size_t>(c.inc));
   if (c.block) {
     c.said_off = static_cast<int>(off);
-    off += 8 * sizeof(int);
+    off += ds_said_ints * sizeof(int);
   }
   int smem_max = 0, smem_sm = 0, smem_reserved = 0;
   KVSIFT_CUDA_CHECK(
@@ -1477,10 +1495,19 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   auto launch = [&]<bool L2, bool Dipr, bool Filtered>() {
     if constexpr (!Dipr) {
       if (c.block) {
-        constexpr auto kernel = decode_search_block_kernel<T, Src, L2, Filtered>;
-        allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/true);
-        kernel<<<static_cast<unsigned>(c.slots), ds_block_threads, smem, stream>>>(
-            set, src, qs, static_cast<int>(m), c, out, ws);
+        auto run_block = [&]<int NT>() {
+          constexpr auto kernel = decode_search_block_kernel<T, Src, L2, Filtered, NT>;
+          allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/true);
+          kernel<<<static_cast<unsigned>(c.slots), NT, smem, stream>>>(
+              set, src, qs, static_cast<int>(m), c, out, ws);
+        };
+        int sms = 0;
+        KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        if (ds_block_threads_for(c.warps_per_search, m, sms) == 256) {
+          run_block.template operator()<256>();
+        } else {
+          run_block.template operator()<ds_block_threads>();
+        }
         KVSIFT_CUDA_CHECK(cudaGetLastError());
         return;
       }
