@@ -56,6 +56,10 @@ class candidate_pool {
   }
 
   [[nodiscard]] bool has_unexpanded() const noexcept { return cursor_ < data_.size(); }
+  /// An unexpanded candidate among the best `limit`. O(1).
+  [[nodiscard]] bool has_unexpanded(std::size_t limit) const noexcept {
+    return cursor_ < std::min(data_.size(), limit);
+  }
 
   /// The best unexpanded candidate, left in place. Precondition: has_unexpanded().
   [[nodiscard]] const candidate& peek_unexpanded() const noexcept { return data_[cursor_]; }

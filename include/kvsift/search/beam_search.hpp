@@ -26,7 +26,7 @@ namespace kvsift {
 /// Thread safety: safe concurrently on one index with one workspace per thread.
 /// A query holding NaN or Inf returns no results: count 0, every id invalid_id, every score the
 /// metric's worst (checked once at the entry, O(d); its scores would rank arbitrary keys).
-/// @throw invalid_argument if k == 0, L < k, or the outputs are shorter than k;
+/// @throw invalid_argument if k == 0, L < k, expand_limit > L, or the outputs are shorter than k;
 ///        dimension_mismatch for a wrong query length; out_of_range for bad entry ids or a
 ///        predicate referring to ids beyond the index.
 template <Graph G, Predicate P = no_filter>
@@ -37,6 +37,9 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
   detail::require(params.k > 0, "beam_search: k must be > 0, got 0");
   detail::require(params.L >= params.k, "beam_search: expected L >= k = ", params.k,
                   ", got L = ", params.L);
+  detail::require(params.expand_limit <= params.L,
+                  "beam_search: expected expand_limit <= L = ", params.L, " (0 = L), got ",
+                  params.expand_limit);
   detail::require(out_ids.size() >= params.k && out_scores.size() >= params.k,
                   "beam_search: expected outputs of at least k = ", params.k, " entries, got ",
                   out_ids.size(), " ids and ", out_scores.size(), " scores");
@@ -56,13 +59,14 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
     ws.pool.insert(to_key<M>(g.score(query.data(), id)), id);
   };
   detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit);
-  while (ws.pool.has_unexpanded()) {
+  const std::size_t limit = params.expand_limit != 0 ? params.expand_limit : params.L;
+  while (ws.pool.has_unexpanded(limit)) {
     const candidate c = ws.pool.pop_unexpanded();
     // A graph that can prefetch a node's adjacency row (the builder's growing graph: a row
     // there is a separately allocated list) gets the next expansion's row fetched while this
     // expansion scores its neighbours (docs/algorithms.md).
     if constexpr (requires { g.prefetch_neighbors(c.id); }) {
-      if (ws.pool.has_unexpanded()) g.prefetch_neighbors(ws.pool.peek_unexpanded().id);
+      if (ws.pool.has_unexpanded(limit)) g.prefetch_neighbors(ws.pool.peek_unexpanded().id);
     }
     ++stats.hops;
     detail::expand(g, c.id, pred, params.degree_cap, ws, visit);
