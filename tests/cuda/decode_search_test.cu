@@ -116,6 +116,8 @@ struct query_batch {
   std::vector<std::int32_t> graph;
   std::vector<float> seed;                 // NaN = none
   std::vector<std::uint32_t> first, last;  // empty = no filter
+  std::vector<id_t> seeds;                 // m x seeds_ld own entry points (empty = none)
+  int seeds_ld = 0;
 };
 
 struct gpu_result {
@@ -150,6 +152,7 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
   device_buffer<float> dq(qb.q), dseed(qb.seed);
   device_buffer<std::int32_t> dg(qb.graph);
   device_buffer<std::uint32_t> dfirst(qb.first), dlast(qb.last);
+  device_buffer<id_t> dseeds(qb.seeds);
   kc::decode_queries qs;
   qs.q = dq.get();
   qs.ld = static_cast<std::int64_t>(s.d);
@@ -157,6 +160,8 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
   qs.seed_score = qb.seed.empty() ? nullptr : dseed.get();
   qs.filter_first = qb.first.empty() ? nullptr : dfirst.get();
   qs.filter_last = qb.last.empty() ? nullptr : dlast.get();
+  qs.seeds = qb.seeds.empty() ? nullptr : dseeds.get();
+  qs.seeds_ld = qb.seeds_ld;
 
   gpu_result r;
   r.capacity = kc::decode_search_capacity(p);
@@ -254,6 +259,23 @@ query_batch make_queries(const graph_set& s, std::size_t m, bool seeds, bool fil
   return qb;
 }
 
+/// Gives every query of `qb` `ld` seeds: ids of its graph (some the entry points, some
+/// repeated), a third of the slots invalid_id padding.
+void add_seeds(const graph_set& s, query_batch& qb, int ld) {
+  qb.seeds_ld = ld;
+  qb.seeds.clear();
+  for (const std::int32_t g : qb.graph) {
+    const auto n = static_cast<int>(s.sizes[std::size_t(g)]);
+    for (int j = 0; j < ld; ++j) {
+      const int kind = uniform_int(0, 5);
+      id_t e = kvsift::invalid_id;
+      if (n > 0 && kind >= 2) e = id_t(uniform_int(0, n - 1));
+      if (n > 0 && kind == 1) e = s.entries[std::size_t(g) * s.max_entries];
+      qb.seeds.push_back(e);
+    }
+  }
+}
+
 /// The first `m` queries of `qb` (d floats each).
 query_batch first_queries(const query_batch& qb, std::size_t m, std::size_t d) {
   query_batch r;
@@ -266,6 +288,9 @@ query_batch first_queries(const query_batch& qb, std::size_t m, std::size_t d) {
   r.seed = head(qb.seed);
   r.first = head(qb.first);
   r.last = head(qb.last);
+  r.seeds_ld = qb.seeds_ld;
+  r.seeds.assign(qb.seeds.begin(), qb.seeds.begin() + static_cast<std::ptrdiff_t>(
+                                                          qb.seeds.empty() ? 0 : m * qb.seeds_ld));
   return r;
 }
 
@@ -287,6 +312,11 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
     std::vector<float> want_scores;
     std::size_t want_scored = 0;
     float want_best = 0;
+    std::vector<id_t> extra;  // the query's seeds without the padding
+    for (int j = 0; j < qb.seeds_ld; ++j) {
+      const id_t e = qb.seeds[i * std::size_t(qb.seeds_ld) + std::size_t(j)];
+      if (e != kvsift::invalid_id) extra.push_back(e);
+    }
     auto run = [&](const auto& pred) {
       if (dipr) {
         kvsift::dipr_params dp;
@@ -296,7 +326,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         dp.seed_score = qb.seed.empty() ? std::numeric_limits<float>::quiet_NaN() : qb.seed[i];
         dp.degree_cap = std::size_t(p.degree_cap);
         kvsift::dipr_result res;
-        kvsift::dipr_search(g, q, dp, ws, res, pred);
+        kvsift::dipr_search(g, q, dp, ws, res, pred, extra);
         want_ids = res.ids;
         want_scores = res.scores;
         want_scored = res.stats.distance_computations;
@@ -309,7 +339,8 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         bp.k = std::size_t(p.k);
         bp.L = std::size_t(p.L);
         bp.degree_cap = std::size_t(p.degree_cap);
-        const auto st = kvsift::beam_search(g, q, bp, ws, ids, sc, pred);
+        bp.expand_limit = std::size_t(p.expand_limit);
+        const auto st = kvsift::beam_search(g, q, bp, ws, ids, sc, pred, extra);
         ids.resize(st.count);
         sc.resize(st.count);
         want_ids = ids;
@@ -457,6 +488,43 @@ TEST_CASE("decode_search_topk_wide_rows_match_cpu", "[cuda][decode_search]") {
                                                kDense) == 0));
   CHECK((compare<kvsift::inner_product, float>(s, qb, topk(50, 64, kc::graph_metric::inner_product),
                                                kPaged) == 0));
+}
+
+TEST_CASE("decode_search_seeds_and_expand_limit_match_cpu", "[cuda][decode_search]") {
+  // The query's own seeds (the previous decode step's results, in an engine) are visited after
+  // the entry points, as beam_search's / dipr_search's extra_entries; expand_limit expands only
+  // the pool's best entries. Both against the CPU id for id and vectors scored: plain and
+  // filtered, dense and paged, the warp kernel and the block kernel at four and eight warps.
+  const graph_set s = make_set({50, 1200, 4000}, 32, 24, 2);
+  query_batch plain = make_queries(s, 1200, false, false);
+  query_batch ranged = make_queries(s, 1200, false, true);
+  add_seeds(s, plain, 40);
+  add_seeds(s, ranged, 7);
+  for (const int limit : {0, 1, 6, 20, 40}) {
+    auto p = topk(20, 40, kc::graph_metric::inner_product);
+    p.expand_limit = limit;
+    for (const int warps : {1, 4, 8}) {
+      p.warps_per_search = warps;
+      INFO("expand_limit " << limit << ", warps " << warps);
+      CHECK((compare<kvsift::inner_product, float>(s, plain, p, kDense) == 0));
+      CHECK((compare<kvsift::inner_product, __half>(s, ranged, p, kPaged) == 0));
+    }
+  }
+  auto l2 = topk(10, 64, kc::graph_metric::l2);
+  l2.expand_limit = 8;
+  CHECK((compare<kvsift::l2, __nv_bfloat16>(s, plain, l2, kPaged) == 0));
+  CHECK((compare<kvsift::inner_product, float>(s, plain, dipr(3.0f, 16, 0), kDense) == 0));
+  CHECK((compare<kvsift::inner_product, float>(s, ranged, dipr(4.0f, 16, 0), kPaged) == 0));
+  // The seeds change the walk, so the comparison above is not vacuous: fewer vectors are
+  // scored with a small limit and seeds than without seeds.
+  auto small = topk(20, 40, kc::graph_metric::inner_product);
+  small.expand_limit = 6;
+  query_batch bare = plain;
+  bare.seeds.clear();
+  bare.seeds_ld = 0;
+  const gpu_result with = run_gpu<float>(s, plain, small, kDense);
+  const gpu_result without = run_gpu<float>(s, bare, small, kDense);
+  CHECK(with.scored != without.scored);
 }
 
 TEST_CASE("decode_search_filtered_matches_cpu", "[cuda][decode_search]") {
@@ -901,6 +969,31 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   bad = p;
   bad.expand_width = 32;
   CHECK(msg(set, k, qs, 1, bad, out, wb) == "(no exception)");
+  bad = p;
+  bad.expand_limit = 21;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "0 <= expand_limit <= L = 20 (0 = L), got 21"));
+  bad.expand_limit = -1;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "got -1"));
+  bad = dipr(1.0f, 8, 0);
+  bad.expand_limit = 4;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected 0 for DIPR, got 4"));
+  {
+    device_buffer<id_t> seeds(std::size_t(4));
+    auto qx = qs;
+    qx.seeds = seeds.get();
+    CHECK(contains(msg(set, k, qx, 1, p, out, wb), "seeds with seeds_ld >= 1, or neither"));
+    qx.seeds_ld = 4;
+    CHECK(msg(set, k, qx, 1, p, out, wb) == "(no exception)");
+    qx.seeds_ld = kc::max_decode_search_seeds + 1;
+    CHECK(contains(msg(set, k, qx, 1, p, out, wb), "seeds_ld <= 65536, got 65537"));
+    qx.seeds = nullptr;
+    qx.seeds_ld = 3;
+    CHECK(contains(msg(set, k, qx, 1, p, out, wb), "no seeds and seeds_ld = 3"));
+    id_t host_seed = 0;
+    qx.seeds = &host_seed;
+    qx.seeds_ld = 1;
+    CHECK(contains(msg(set, k, qx, 1, p, out, wb), "optional input or output"));
+  }
   bad = dipr(1.0f, 8, 0);
   bad.expand_width = 9;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "1 <= expand_width <= 8 for DIPR, got 9"));

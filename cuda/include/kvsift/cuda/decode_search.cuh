@@ -37,6 +37,8 @@ inline constexpr int max_decode_search_results = 1 << 16;
 /// Largest `decode_search_params::expand_width`: top-k, and DIPR.
 inline constexpr int max_decode_expand_width = 32;
 inline constexpr int max_decode_dipr_expand_width = 8;
+/// Largest `decode_queries::seeds_ld` (a DIPR output row can be passed whole).
+inline constexpr int max_decode_search_seeds = max_decode_search_results;
 
 /**
  * @brief Device handle of many graphs in one structure (one per (request, KV head)).
@@ -116,6 +118,12 @@ struct decode_search_params {
   /// instead of 0.80 with one, and at expand_width 16 0.411 ms with eight warps against 0.445
   /// with four (H200; docs/decode_search.md).
   int warps_per_search = 0;
+  /// Top-k: expand only the best `expand_limit` entries of the pool, 0..L (0 = L: every
+  /// entry), as `beam_search_params::expand_limit` (same results with expand_width 1). Below
+  /// L the search stops after fewer steps; it pays when the walk starts near the answer, with
+  /// `decode_queries::seeds` holding the previous decode step's results (docs/algorithms.md).
+  /// DIPR: must be 0.
+  int expand_limit = 0;
 };
 
 /// The queries of one launch. All pointers are device pointers; optional ones may be null.
@@ -132,6 +140,13 @@ struct decode_queries {
   /// Both or neither.
   const std::uint32_t* filter_first = nullptr;
   const std::uint32_t* filter_last = nullptr;
+  /// Optional [m][seeds_ld]: query i's own entry points, visited after its graph's ones (as
+  /// `beam_search`'s `extra_entries`), e.g. the previous decode step's `ids` of the same
+  /// (request, query head): pass that output with seeds_ld = its capacity. invalid_id entries
+  /// are skipped (padding); an id beyond the graph sets `decode_status_bad_id` and is skipped.
+  /// A seed that fails the filter is walked through, as an entry point is.
+  const id_t* seeds = nullptr;
+  int seeds_ld = 0;  ///< 1..max_decode_search_seeds with seeds, 0 without
 };
 
 /// Status bits ORed into `decode_search_outputs::status` (device, caller zeroes it).
@@ -175,15 +190,16 @@ inline std::size_t decode_search_workspace_size(const graph_set_ref& set, std::i
  * @brief Searches every query over its graph, keys in one dense matrix.
  *
  * Query i searches graph queries.graph[i] with queries.q[i]; results in row i of `out`.
- * Top-k returns min(k, pool) ids best first, as `beam_search` with pool L; DIPR returns every
- * scored key within beta of the best, as `dipr_search` with (beta, l0, max_results,
- * seed_score), in discovery order (sort on the caller's side if order matters; attention does
- * not care). A query holding NaN or Inf returns no results (DIPR best = seed or the worst
- * score), as on the CPU.
+ * Top-k returns min(k, pool) ids best first, as `beam_search` with pool L (and expand_limit,
+ * the query's seeds as extra entries); DIPR returns every scored key within beta of the best,
+ * as `dipr_search` with (beta, l0, max_results, seed_score, the seeds), in discovery order (sort on
+ * the caller's side if order matters; attention does not care). A query holding NaN or Inf returns
+ * no results (DIPR best = seed or the worst score), as on the CPU.
  *
  * @throw kvsift::invalid_argument bad sizes or parameters, a too-small workspace, null
  *        required pointers, host pointers, a stream or pointer of another device, only one of
- *        the two filter arrays
+ *        the two filter arrays, seeds without seeds_ld (or the reverse) or seeds_ld out of
+ *        range
  * @throw kvsift::dimension_mismatch queries.ld < dim
  * @throw kvsift::cuda_error a launch failed
  * @note Work per query O(hops * width * d) like the CPU search; asynchronous on `stream`,

@@ -101,6 +101,7 @@ struct ds_config {
   int capacity = 0;  // output row length: k or max_results
   float beta = 0.0f;
   int expand = 1;               // top-k: pool entries expanded per step
+  int limit = 0;                // pool entries that may be expanded (expand_limit or the pool)
   bool walk_through = true;     // filtered top-k: failing neighbours walked through (2-hop)
   bool block = false;           // top-k on decode_search_block_kernel (4 or 8 warps per search)
   int warps_per_search = 0;     // as asked (0: the launch picks 4 or 8 by the batch size)
@@ -140,7 +141,10 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
     require(p.walk_through, who,
             ": DIPR always walks through filtered-out neighbours; "
             "expected walk_through = true, got false");
+    require(p.expand_limit == 0, who, ": expand_limit is for top-k; expected 0 for DIPR, got ",
+            p.expand_limit);
     c.pool = p.l0;
+    c.limit = p.l0;
     c.expand = p.expand_width;
     c.capacity =
         p.max_results != 0 ? p.max_results : std::min(64 * p.l0, max_decode_search_results);
@@ -152,7 +156,10 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
             " <= L <= ", max_decode_search_L, ", got L = ", p.L);
     require(p.expand_width >= 1 && p.expand_width <= max_decode_expand_width, who,
             ": expected 1 <= expand_width <= ", max_decode_expand_width, ", got ", p.expand_width);
+    require(p.expand_limit >= 0 && p.expand_limit <= p.L, who,
+            ": expected 0 <= expand_limit <= L = ", p.L, " (0 = L), got ", p.expand_limit);
     c.pool = p.L;
+    c.limit = p.expand_limit != 0 ? p.expand_limit : p.L;
     c.k = p.k;
     c.expand = p.expand_width;
     c.walk_through = p.walk_through;
@@ -661,6 +668,15 @@ __device__ inline int ds_seed_ids(const ds_graph_walk& w, std::uint32_t b0, int 
   return min(__popc(b), room);
 }
 
+/// Seed e of query qi over graph g: the graph's entry points first, then the query's seeds.
+__device__ __forceinline__ std::uint32_t ds_seed_id(const graph_set_ref& set,
+                                                    const decode_queries& qs, int g, int qi,
+                                                    int e) {
+  return e < set.max_entries
+             ? set.entries[static_cast<std::size_t>(g) * set.max_entries + e]
+             : qs.seeds[static_cast<std::size_t>(qi) * qs.seeds_ld + (e - set.max_entries)];
+}
+
 /// Query qi's graph g: its first row `base`, key count `n` and filter range [first, last)
 /// (the whole graph without a filter). False when the query cannot run: a bad graph or filter
 /// (status bit) or an empty range (not an error: a context that is all window).
@@ -859,7 +875,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       // The nodes go to the other pool buffer, free until the merge; they are pool entries, so
       // there are at most L of them, and that buffer holds 2L ids.
       std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
-      const int np = ds_pick(pool, cnt, from, c.expand, picks, lane);
+      const int np = ds_pick(pool, min(cnt, c.limit), from, c.expand, picks, lane);
       __syncwarp();
       const int total = np * cols;
       int fresh_n = 0;
@@ -919,7 +935,8 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     // The first pool entry at or after `from` not yet expanded (INT_MAX if none), warp-uniform.
     auto unexpanded_from = [&](int from) {
       int at = INT_MAX;
-      for (int i = from + lane; i < cnt; i += 32) {
+      const int upto = min(cnt, c.limit);  // top-k: only the best expand_limit are expanded
+      for (int i = from + lane; i < upto; i += 32) {
         if ((pool[i].id & walk_expanded) == 0u) {
           at = i;
           break;
@@ -929,10 +946,11 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     };
 
     if (run) {
-      // Seeds: the graph's entry points in order, each visited or walked through.
+      // Seeds: the graph's entry points, then the query's own seeds, in order, each visited or
+      // walked through.
       int seeded_n = 0;
-      for (int e = 0; e < set.max_entries && !capped; ++e) {
-        const std::uint32_t s = set.entries[static_cast<std::size_t>(g) * set.max_entries + e];
+      for (int e = 0; e < set.max_entries + qs.seeds_ld && !capped; ++e) {
+        const std::uint32_t s = ds_seed_id(set, qs, g, qi, e);
         const int nv = ds_seed<Filtered>(gw, s, inc, 0, lane, status);
         seeded_n += nv;
         if (nv > 0) visit(nv);
@@ -1205,20 +1223,23 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     };
 
     if (run) {
-      // Seeds: the entry points in order, each visited or walked through.
+      // Seeds: the entry points, then the query's own seeds, in order, each visited or walked
+      // through.
       int seeded_n = 0;
       int e = 0;  // warp 0's cursor
+      const int seeds_n = set.max_entries + qs.seeds_ld;
+      // A seed adds one candidate, or up to `cols` when it fails the filter (walked through).
+      const int per_seed = Filtered ? cols : 1;
       for (;;) {
         if (warp == 0) {
           int nv = 0;
-          while (e < set.max_entries && nv + cols <= c.inc) {  // a seed adds <= cols
-            const std::uint32_t s = set.entries[static_cast<std::size_t>(g) * set.max_entries + e];
-            nv += ds_seed<Filtered>(gw, s, inc, nv, lane, status);
+          while (e < seeds_n && nv + per_seed <= c.inc) {
+            nv += ds_seed<Filtered>(gw, ds_seed_id(set, qs, g, qi, e), inc, nv, lane, status);
             ++e;
           }
           if (lane == 0) {
             said[1] = nv;
-            said[2] = e >= set.max_entries;
+            said[2] = e >= seeds_n;
           }
         }
         __syncthreads();
@@ -1263,7 +1284,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
         // two: so taken afresh every step).
         std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
         if (warp == 0) {
-          const int np = ds_pick(pool, cnt, 0, c.expand, picks, lane);
+          const int np = ds_pick(pool, min(cnt, c.limit), 0, c.expand, picks, lane);
           if (lane == 0) {
             said[0] = 0;
             said[1] = np;
@@ -1427,6 +1448,11 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
           ": the ids and counts outputs are required");
   require((qs.filter_first == nullptr) == (qs.filter_last == nullptr), who,
           ": expected both filter_first and filter_last, or neither");
+  require((qs.seeds == nullptr) == (qs.seeds_ld == 0), who,
+          ": expected seeds with seeds_ld >= 1, or neither; got ",
+          qs.seeds == nullptr ? "no seeds" : "seeds", " and seeds_ld = ", qs.seeds_ld);
+  require(qs.seeds_ld >= 0 && qs.seeds_ld <= max_decode_search_seeds, who,
+          ": expected 0 <= seeds_ld <= ", max_decode_search_seeds, ", got ", qs.seeds_ld);
   const std::size_t need = static_cast<std::size_t>(c.slots) *
                            static_cast<std::size_t>(c.slot_words) * sizeof(std::uint32_t);
   require(workspace_bytes >= need, who, ": workspace of ", workspace_bytes,
@@ -1442,11 +1468,11 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   require_device_pointer(qs.graph, device, who, "query graphs");
   require_device_pointer(workspace, device, who, "workspace");
   for (const void* o :
-       {static_cast<const void*>(qs.seed_score), static_cast<const void*>(qs.filter_first),
-        static_cast<const void*>(qs.filter_last), static_cast<const void*>(out.ids),
-        static_cast<const void*>(out.scores), static_cast<const void*>(out.counts),
-        static_cast<const void*>(out.best_scores), static_cast<const void*>(out.scored),
-        static_cast<const void*>(out.status)}) {
+       {static_cast<const void*>(qs.seed_score), static_cast<const void*>(qs.seeds),
+        static_cast<const void*>(qs.filter_first), static_cast<const void*>(qs.filter_last),
+        static_cast<const void*>(out.ids), static_cast<const void*>(out.scores),
+        static_cast<const void*>(out.counts), static_cast<const void*>(out.best_scores),
+        static_cast<const void*>(out.scored), static_cast<const void*>(out.status)}) {
     if (o != nullptr) require_device_pointer(o, device, who, "an optional input or output");
   }
   c.d = dim;
