@@ -169,6 +169,7 @@ class RoarGraphIndex:
         entries: Optional[ArrayLike] = None,
         threads: int = 0,
         degree_cap: int = 0,
+        expand_limit: int = 0,
     ) -> SearchResult: ...
     def dipr(
         self,

@@ -250,11 +250,13 @@ void bind_indexes(py::module_& m) {
            "row's first neighbours (as degree_cap does). O(size * width); a copy.")
       .def("search", &graph_search, py::arg("queries"), py::arg("k"), py::kw_only(),
            py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("entries") = py::none(),
-           py::arg("threads") = 0, py::arg("degree_cap") = 0,
+           py::arg("threads") = 0, py::arg("degree_cap") = 0, py::arg("expand_limit") = 0,
            "Approximate top-k (beam search, pool L >= k) of (d,) or (m, d) float32 queries; with "
            "a filter only passing ids are returned (2-hop walk). degree_cap > 0 expands only "
            "each node's first degree_cap neighbours (the builder puts the most useful first): "
-           "fewer vectors scored per hop, at some recall; 0 = all.")
+           "fewer vectors scored per hop, at some recall; 0 = all. expand_limit > 0 (<= L) "
+           "expands only the pool's best expand_limit entries: with entries near the answer "
+           "(the previous decode step's results) far fewer hops; 0 = L.")
       .def("dipr", &graph_dipr, py::arg("query"), py::arg("beta"), py::kw_only(),
            py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
            py::arg("filter") = py::none(), py::arg("entries") = py::none(),

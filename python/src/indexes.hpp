@@ -119,10 +119,11 @@ struct block_output {
 search_result flat_topk(const py_flat& self, const py::handle& queries, std::size_t k,
                         const py::object& filter, std::size_t threads);
 /// Beam search of (d,) or (m, d) queries (pool L), optionally filtered and with extra entries;
-/// degree_cap > 0 expands only each node's first degree_cap neighbours.
+/// degree_cap > 0 expands only each node's first degree_cap neighbours; expand_limit > 0 expands
+/// only the pool's best expand_limit entries.
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
-                           std::size_t threads, std::size_t degree_cap);
+                           std::size_t threads, std::size_t degree_cap, std::size_t expand_limit);
 /// Top-k of every query head of a decode step over one index per KV head (GQA).
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,

@@ -85,13 +85,15 @@ search_result flat_topk(const py_flat& self, const py::handle& queries, std::siz
 
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
-                           std::size_t threads, std::size_t degree_cap) {
+                           std::size_t threads, std::size_t degree_cap, std::size_t expand_limit) {
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
-  const kvsift::beam_search_params p{.k = k,
-                                     .L = bounded_count(L, "search: L"),
-                                     .degree_cap = bounded_count(degree_cap, "search: degree_cap")};
+  const kvsift::beam_search_params p{
+      .k = k,
+      .L = bounded_count(L, "search: L"),
+      .degree_cap = bounded_count(degree_cap, "search: degree_cap"),
+      .expand_limit = bounded_count(expand_limit, "search: expand_limit")};
   return std::visit(
       [&](const auto& index, const auto& pred) {
         return batched_topk(queries, k, threads,

@@ -593,6 +593,33 @@ def test_decode_search_equals_the_cpu_walk(dtype, layout):
         assert r.best[i].item() == cpu.best_score
 
 
+def test_decode_search_seeds_and_expand_limit_equal_the_cpu():
+    # Per-query seeds (the previous step's ids as returned, -1 padding included) and
+    # expand_limit: with expand_width 1 the CPU's search with the same entries and limit.
+    idx, graphs, keys, q, pool, table = search_case(seed=4)
+    group = q.shape[0] // len(idx)
+    qd = torch.from_numpy(q).cuda()
+    first = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20)
+    seeds = first.ids.clone()
+    seeds[:, 7:] = -1  # padding, as a short previous row would have
+    for limit in (0, 2, 8):
+        r = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, seeds=seeds,
+                             expand_limit=limit)
+        cold = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, expand_limit=limit)
+        for i in range(q.shape[0]):
+            own = seeds[i].cpu().numpy()
+            own = own[own >= 0].astype(np.uint32)
+            cpu = idx[i // group].search(q[i], 10, L=20, entries=own, expand_limit=limit)
+            assert np.array_equal(r.ids[i].cpu().numpy(), cpu.ids.astype(np.int32))
+            assert r.scored[i].item() == int(cpu.distance_computations[0])
+        if limit == 2:  # the seeds change the walk: the comparison is not vacuous
+            assert not torch.equal(r.scored, cold.scored)
+    with pytest.raises(Exception, match="seeds: expected int32 or uint32"):
+        kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, seeds=seeds.float())
+    with pytest.raises(Exception, match="expand_limit <= L = 20"):
+        kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, expand_limit=21)
+
+
 def test_decode_search_id_range_and_csr():
     idx, graphs, keys, q, pool, table = search_case(seed=9)
     m, n, group = q.shape[0], keys.shape[1], q.shape[0] // len(idx)

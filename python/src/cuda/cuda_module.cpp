@@ -300,7 +300,8 @@ ops::decode_graphs graphs_of(const tensor& adj, const tensor& off, const tensor&
 
 ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int expand_width,
                                       bool walk_through, int degree_cap, float beta, int l0,
-                                      int max_results, const std::string& metric = "ip") {
+                                      int max_results, const std::string& metric = "ip",
+                                      int expand_limit = 0) {
   require(mode == "topk" || mode == "dipr", "mode: expected 'topk' or 'dipr', got '", mode, "'");
   require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric, "'");
   ops::decode_search_knobs p;
@@ -314,6 +315,7 @@ ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int
   p.beta = beta;
   p.l0 = l0;
   p.max_results = max_results;
+  p.expand_limit = expand_limit;
   return p;
 }
 
@@ -571,9 +573,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
          std::int64_t max_keys, std::int64_t queries, const std::string& mode,
          const std::string& metric, int k, int L, int expand_width, bool walk_through,
-         int degree_cap, float beta, int l0, int max_results) {
+         int degree_cap, float beta, int l0, int max_results, int expand_limit) {
         const auto p = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0,
-                                    max_results, metric);
+                                    max_results, metric, expand_limit);
         const auto g = graph_sizes(graphs, rows, width, max_entries, max_keys);
         return py::make_tuple(ops::decode_search_capacity(p),
                               ops::decode_search_workspace_size(g, queries, p));
@@ -581,7 +583,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
       py::arg("max_keys"), py::arg("queries"), py::arg("mode"), py::arg("metric"), py::arg("k"),
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
-      py::arg("beta"), py::arg("l0"), py::arg("max_results"),
+      py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
       "(result slots per query, bytes of device workspace) of decode_search; raises for bad "
       "parameters (max_keys outside [1, rows] included).");
 
@@ -589,17 +591,18 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       "decode_search",
       [](py::handle adjacency, py::handle row_offset, py::handle entries, std::int64_t max_keys,
          py::handle q, py::object keys, py::object k_pages, py::object page_table, py::handle graph,
-         py::object seed_score, py::object filter_first, py::object filter_last, py::handle ids,
-         py::handle scores, py::handle counts, py::handle scored, py::object best,
+         py::object seed_score, py::object filter_first, py::object filter_last, py::object seeds,
+         py::handle ids, py::handle scores, py::handle counts, py::handle scored, py::object best,
          py::handle workspace, const std::string& mode, const std::string& metric, int k, int L,
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
-         std::intptr_t stream, py::object status) {
+         int expand_limit, std::intptr_t stream, py::object status) {
         const intake in{stream};
         const tensor tadj = in(adjacency, "adjacency");
         const ops::decode_graphs g =
             graphs_of(tadj, in(row_offset, "row_offset"), in(entries, "entries"), max_keys);
-        const ops::decode_search_knobs p = search_knobs(mode, k, L, expand_width, walk_through,
-                                                        degree_cap, beta, l0, max_results, metric);
+        const ops::decode_search_knobs p =
+            search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
+                         metric, expand_limit);
         const tensor tq = in(q, "q");
         require_kind(tq, 'f', 4, "q", "float32");
         require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [queries, dim], got ",
@@ -615,6 +618,15 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         qs.seed_score = optional_vector<float>(seed_score, in, m, "seed_score");
         qs.filter_first = optional_vector<std::uint32_t>(filter_first, in, m, "filter_first");
         qs.filter_last = optional_vector<std::uint32_t>(filter_last, in, m, "filter_last");
+        if (!seeds.is_none()) {
+          const tensor tseeds = in(seeds, "seeds");
+          require<kvsift::dimension_mismatch>(tseeds.ndim() == 2,
+                                              "seeds: expected [queries, seeds per query], got ",
+                                              tseeds.ndim(), " axes");
+          require_u32(tseeds, {m, tseeds.shape[1]}, "seeds");
+          qs.seeds = ptr<std::uint32_t>(tseeds);
+          qs.seeds_ld = kernel_int<int>(tseeds.shape[1], "seeds per query");
+        }
         ops::decode_search_outputs out;
         const tensor ti = in(ids, "ids");
         require_u32(ti, {m, capacity}, "ids");
@@ -667,11 +679,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       },
       py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
       py::arg("q"), py::arg("keys"), py::arg("k_pages"), py::arg("page_table"), py::arg("graph"),
-      py::arg("seed_score"), py::arg("filter_first"), py::arg("filter_last"), py::arg("ids"),
-      py::arg("scores"), py::arg("counts"), py::arg("scored"), py::arg("best"),
+      py::arg("seed_score"), py::arg("filter_first"), py::arg("filter_last"), py::arg("seeds"),
+      py::arg("ids"), py::arg("scores"), py::arg("counts"), py::arg("scored"), py::arg("best"),
       py::arg("workspace"), py::arg("mode"), py::arg("metric"), py::arg("k"), py::arg("L"),
       py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
-      py::arg("l0"), py::arg("max_results"), py::arg("stream"), py::arg("status") = py::none(),
+      py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("stream"),
+      py::arg("status") = py::none(),
       "Low level: the batched GPU graph search into padded rows. Use kvsift.cuda.decode_search.");
 
   m.def(

@@ -179,6 +179,7 @@ kc::decode_search_params search_params(const decode_search_knobs& k) {
   p.beta = k.beta;
   p.l0 = k.l0;
   p.max_results = k.max_results;
+  p.expand_limit = k.expand_limit;
   return p;
 }
 
@@ -225,6 +226,8 @@ kc::decode_queries search_queries(const decode_search_queries& q, int dim) {
   r.seed_score = q.seed_score;
   r.filter_first = q.filter_first;
   r.filter_last = q.filter_last;
+  r.seeds = q.seeds;
+  r.seeds_ld = q.seeds_ld;
   return r;
 }
 

@@ -76,6 +76,7 @@ struct decode_search_knobs {
   float beta = 1.0f;
   int l0 = 64;
   int max_results = 0;
+  int expand_limit = 0;  ///< top-k: pool entries that may be expanded (0 = L)
 };
 
 /// The queries of a decode search (device pointers; the optional ones may be null).
@@ -85,6 +86,8 @@ struct decode_search_queries {
   const float* seed_score = nullptr;
   const std::uint32_t* filter_first = nullptr;
   const std::uint32_t* filter_last = nullptr;
+  const std::uint32_t* seeds = nullptr;  ///< [m][seeds_ld] own entry points, or null
+  int seeds_ld = 0;
 };
 
 /// The outputs of a decode search (device pointers; best and status may be null).
