@@ -384,7 +384,8 @@ def results_to_csr(result, *, stream=None):
 
 def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, L=128,
                 expand_width=1, walk_through=True, degree_cap=0, beta=1.0, l0=64, max_results=0,
-                sink=4, window=512, scale=None, lse_base="e", stream=None, status=None):
+                sink=4, window=512, scale=None, lse_base="e", stream=None, status=None,
+                carry=None, expand_limit=0):
     """One decode step of retrieval attention for one layer, on the GPU: the graph search of
     every query head over its KV head's index (the window excluded), sparse attention over the
     retrieved tokens and over the window (the first ``sink`` and last ``window`` tokens), and
@@ -404,13 +405,19 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     retrieval that finds every middle token, full attention. The workspace comes from q's
     framework's allocator. ``status``: int32 device word, bits of kvsift::cuda's
     decode_status (bad ids, a capped DIPR search).
+
+    ``carry``: int32 [qo_heads, k] (top-k; DIPR: its result capacity) on the device, the warm
+    start: read as each query head's search seeds and overwritten with this step's retrieved
+    ids; start it at -1 (no seeds). With ``expand_limit`` (0..L, 0 = L) below L the search
+    stops after fewer steps; it pays where consecutive queries of a head share many keys
+    (docs/decode_search.md).
     """
     base2 = _check_base(lse_base)
     st = _stream(q, stream)
     heads, dim = int(q.shape[0]), int(q.shape[1])
     adjacency, row_offset, entries, max_keys = graphs
     knobs = (str(mode), int(k), int(L), int(expand_width), bool(walk_through), int(degree_cap),
-             float(beta), int(l0), int(max_results), int(sink), int(window))
+             float(beta), int(l0), int(max_results), int(expand_limit), int(sink), int(window))
     with _on_stream(q, st, stream is not None):
         o = _empty(q, (heads, dim), "float32")
         lse = _empty(q, (heads,), "float32")
@@ -421,7 +428,8 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
         ws = _empty(q, (max(ws_bytes, 1),), "uint8")
         _ext.decode_step(*_dl(adjacency, row_offset, entries), int(max_keys),
                          *_dl(q, k_pages, v_pages, page_table, o, lse, ws), *knobs,
-                         float("nan") if scale is None else float(scale), st, *_dl(status))
+                         float("nan") if scale is None else float(scale), st, *_dl(status),
+                         *_dl(carry))
         if base2:
             lse *= 1.0 / _LN2
     return o, lse

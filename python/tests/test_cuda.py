@@ -517,6 +517,29 @@ def test_decode_step_top_k_attends_the_window_and_the_best_keys():
         assert torch.logsumexp(window, 0).item() - 1e-4 <= lse[h].item() <= full_lse[-1] + 1e-4
 
 
+def test_decode_step_carry_is_the_search_and_its_seeds():
+    # A carry of -1 is the cold step (same output) and comes back holding each head's
+    # retrieved ids (the middle only); passed again it seeds the next step's search, so with
+    # expand_limit 1 the step still finds the same keys (the cold search at that limit does not).
+    n, dim = 600, 64
+    graphs, q, k, v, table, kd, vd = decode_case(torch.float16, seed=5)
+    heads, kk = q.shape[0], 16
+    args = dict(k=kk, L=48, sink=4, window=64, walk_through=False)
+    o, lse = kc.decode_step(graphs, q, k, v, table, **args)
+    carry = torch.full((heads, kk), -1, dtype=torch.int32, device="cuda")
+    o1, lse1 = kc.decode_step(graphs, q, k, v, table, carry=carry, **args)
+    assert torch.equal(o1, o) and torch.equal(lse1, lse)
+    found = carry.clone()
+    assert bool(((found >= 4) & (found < n - 64)).all())
+    o2, _ = kc.decode_step(graphs, q, k, v, table, carry=carry, expand_limit=1, **args)
+    assert torch.equal(torch.sort(carry, 1).values, torch.sort(found, 1).values)
+    cold = torch.full((heads, kk), -1, dtype=torch.int32, device="cuda")
+    kc.decode_step(graphs, q, k, v, table, carry=cold, expand_limit=1, **args)
+    assert not torch.equal(torch.sort(cold, 1).values, torch.sort(found, 1).values)
+    with pytest.raises(Exception, match=r"carry: expected shape \(%d, %d\)" % (heads, kk)):
+        kc.decode_step(graphs, q, k, v, table, carry=carry[:, :4].contiguous(), **args)
+
+
 def test_decode_step_refuses_bad_input():
     graphs, q, k, v, table, _, _ = decode_case(torch.float16, n=200)
     host = kc.GraphSet(*(a.cpu().numpy() for a in graphs[:3]), graphs.max_keys)

@@ -24,12 +24,18 @@ namespace kc = kvsift::cuda;
 struct step_result {
   std::vector<float> o, lse, want_o, want_lse;
   std::uint32_t status = 0;
+  std::vector<id_t> carry;  // the carry after the step (with one)
+  // Per query head, its exact top-k of the retrieval range [sink', n - window) (host, double).
+  std::vector<std::vector<id_t>> exact_middle;
 };
 
 /// Graphs of the given sizes over random f32 keys; each graph a ring (i -> i + 1) plus random
 /// edges, so every token is reachable; entry inside the retrieval range.
+/// `carry` (optional): the step's carry in (seeds), then out; `carry_exact` makes the carry
+/// in the exact top-k of each head's retrieval range instead.
 step_result run_step(const std::vector<int>& sizes, int group, int d,
-                     const kc::decode_step_params& p) {
+                     const kc::decode_step_params& p, const std::vector<id_t>* carry = nullptr,
+                     bool carry_exact = false) {
   const int G = static_cast<int>(sizes.size());
   const int H = G * group;
   const int width = 12, page = 16;
@@ -75,6 +81,29 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   }
   std::vector<float> q(static_cast<std::size_t>(H) * d);
   for (auto& x : q) x = uniform(-2.0f, 2.0f);
+  const int cap = kc::decode_search_capacity(p.search);
+  std::vector<std::vector<id_t>> exact_middle(static_cast<std::size_t>(H));
+  for (int h = 0; h < H; ++h) {
+    const int g = h / group, n = sizes[g];
+    const int lo = std::min(n, p.sink), hi = std::max(lo, n - p.window);
+    std::vector<std::pair<double, id_t>> sc;
+    for (int t = lo; t < hi; ++t) {
+      double acc = 0;
+      for (int j = 0; j < d; ++j) acc += double(q[h * d + j]) * hk[g][t * d + j];
+      sc.push_back({-acc, static_cast<id_t>(t)});
+    }
+    std::sort(sc.begin(), sc.end());
+    for (int j = 0; j < std::min<int>(p.search.k, static_cast<int>(sc.size())); ++j)
+      exact_middle[h].push_back(sc[j].second);
+  }
+  std::vector<id_t> carry_in;
+  if (carry != nullptr) carry_in = *carry;
+  if (carry_exact) {
+    carry_in.assign(static_cast<std::size_t>(H) * cap, kvsift::invalid_id);
+    for (int h = 0; h < H; ++h)
+      std::copy(exact_middle[h].begin(), exact_middle[h].end(), carry_in.begin() + h * cap);
+  }
+  device_buffer<id_t> dcarry(carry_in);
 
   device_buffer<id_t> dadj(adj), dent(ent);
   device_buffer<std::int64_t> doff(off);
@@ -86,10 +115,12 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p);
   device_buffer<char> ws(wb);
   kc::decode_step(set, kv, dq.get(), H, d, o.get(), lse.get(), ws.get(), wb, nullptr, p,
-                  status.get());
+                  status.get(), carry_in.empty() ? nullptr : dcarry.get());
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
 
   step_result r;
+  if (!carry_in.empty()) r.carry = dcarry.download();
+  r.exact_middle = exact_middle;
   r.o = o.download();
   r.lse = lse.download();
   r.status = status.download()[0];
@@ -152,6 +183,61 @@ TEST_CASE("decode_step_dipr_with_infinite_beta_equals_full_attention", "[cuda][d
   p.search.l0 = 1000;
   p.search.max_results = 4096;
   CHECK(mismatches(run_step({700, 10}, 2, 64, p)) == 0);
+}
+
+TEST_CASE("decode_step_carry_warm_starts_the_search", "[cuda][decode_step]") {
+  // The carry is read as the search's seeds and overwritten with its results. An empty carry
+  // (all invalid_id) is the cold step, bit for bit; a carry holding each head's exact top-k
+  // with expand_limit 1 returns exactly those (the cold search at that limit does not).
+  kc::decode_step_params p;
+  p.sink = 4;
+  p.window = 32;
+  p.search.k = 10;
+  p.search.L = 20;
+  const std::vector<int> sizes{1500, 40, 2500};
+  const int group = 2, H = 6, cap = 10;
+  rng().seed(21);
+  const step_result cold = run_step(sizes, group, 64, p);
+  rng().seed(21);
+  const std::vector<id_t> empty(std::size_t(H) * cap, kvsift::invalid_id);
+  const step_result warm0 = run_step(sizes, group, 64, p, &empty);
+  CHECK(warm0.o == cold.o);
+  CHECK(warm0.lse == cold.lse);
+  for (int h = 0; h < H; ++h) {  // the carry now holds the step's retrieval: in range, distinct
+    const int n = sizes[h / group];
+    std::vector<id_t> row;
+    for (int j = 0; j < cap; ++j) {
+      const id_t id = warm0.carry[h * cap + j];
+      if (id == kvsift::invalid_id) continue;
+      CHECK((id >= 4 && static_cast<int>(id) < n - 32));
+      row.push_back(id);
+    }
+    std::sort(row.begin(), row.end());
+    CHECK(std::adjacent_find(row.begin(), row.end()) == row.end());
+    CHECK(row.size() == std::min<std::size_t>(cap, std::size_t(std::max(0, n - 36))));
+  }
+  p.search.expand_limit = 1;
+  int cold_missed = 0;
+  for (const bool seeded : {false, true}) {
+    rng().seed(22);
+    const step_result r = run_step(sizes, group, 64, p, seeded ? nullptr : &empty, seeded);
+    CHECK(r.status == 0u);
+    for (int h = 0; h < H; ++h) {
+      std::vector<id_t> got;
+      for (int j = 0; j < cap; ++j) {
+        if (r.carry[h * cap + j] != kvsift::invalid_id) got.push_back(r.carry[h * cap + j]);
+      }
+      std::vector<id_t> want = r.exact_middle[h];
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      if (seeded) {
+        CHECK(got == want);
+      } else {
+        cold_missed += got == want ? 0 : 1;
+      }
+    }
+  }
+  CHECK(cold_missed > 0);  // without the seeds the limited search misses: the check bites
 }
 
 TEST_CASE("decode_step_rejects_bad_input", "[cuda][decode_step]") {

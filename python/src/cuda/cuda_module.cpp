@@ -321,10 +321,11 @@ ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int
 
 ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int expand_width,
                                   bool walk_through, int degree_cap, float beta, int l0,
-                                  int max_results, int sink, int window, float scale) {
+                                  int max_results, int expand_limit, int sink, int window,
+                                  float scale) {
   ops::decode_step_knobs p;
-  p.search =
-      search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results);
+  p.search = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0,
+                          max_results, "ip", expand_limit);
   p.sink = sink;
   p.window = window;
   p.scale = scale;
@@ -514,17 +515,18 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
          std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
          int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
-         int max_results, int sink, int window) {
+         int max_results, int expand_limit, int sink, int window) {
         return ops::decode_step_workspace_size(
             graph_sizes(graphs, rows, width, max_entries, max_keys), as_int(qo_heads, "qo_heads"),
             as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                       sink, window, std::numeric_limits<float>::quiet_NaN()));
+                       expand_limit, sink, window, std::numeric_limits<float>::quiet_NaN()));
       },
       py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
       py::arg("max_keys"), py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"),
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
-      py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("sink"), py::arg("window"),
+      py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
+      py::arg("sink"), py::arg("window"),
       "Bytes of device workspace decode_step needs for a graph set of `graphs` graphs over an "
       "adjacency of `rows` x `width`; raises for bad parameters (max_keys outside [1, rows] "
       "included).");
@@ -535,7 +537,8 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle q, py::handle k_pages, py::handle v_pages, py::handle page_table, py::handle o,
          py::handle lse, py::handle workspace, const std::string& mode, int k, int L,
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
-         int sink, int window, float scale, std::intptr_t stream, py::object status) {
+         int expand_limit, int sink, int window, float scale, std::intptr_t stream,
+         py::object status, py::object carry) {
         const intake in{stream};
         const ops::decode_graphs g =
             graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
@@ -553,19 +556,27 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         if (!status.is_none()) st = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const ops::decode_step_knobs p =
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                       sink, window, scale);
+                       expand_limit, sink, window, scale);
+        std::uint32_t* carry_ids = nullptr;
+        if (!carry.is_none()) {
+          const tensor tc = in(carry, "carry");
+          require_u32(tc, {qo_heads, ops::decode_search_capacity(p.search)}, "carry");
+          carry_ids = ptr<std::uint32_t>(tc);
+        }
         py::gil_scoped_release release;
         ops::decode_step(kt, g, ptr(tk), ptr(tv), tk.shape[0], as_int(tk.shape[1], "page_size"),
                          ptr<std::int32_t>(tp), as_int(tp.shape[1], "max_pages_per_head"),
                          ptr<float>(tq), as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
-                         ptr<float>(to), ptr<float>(tl), ptr(tw), bytes_of(tw), p, st, stream);
+                         ptr<float>(to), ptr<float>(tl), ptr(tw), bytes_of(tw), p, st, stream,
+                         carry_ids);
       },
       py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
       py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("page_table"), py::arg("o"),
       py::arg("lse"), py::arg("workspace"), py::arg("mode"), py::arg("k"), py::arg("L"),
       py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
-      py::arg("l0"), py::arg("max_results"), py::arg("sink"), py::arg("window"), py::arg("scale"),
-      py::arg("stream"), py::arg("status") = py::none(),
+      py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("sink"),
+      py::arg("window"), py::arg("scale"), py::arg("stream"), py::arg("status") = py::none(),
+      py::arg("carry") = py::none(),
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(

@@ -146,7 +146,8 @@ void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const vo
                  std::int64_t num_pages, int page_size, const std::int32_t* page_table,
                  int max_pages_per_head, const float* q, int qo_heads, int dim, float* out_o,
                  float* out_lse, void* workspace, std::size_t workspace_bytes,
-                 const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream);
+                 const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream,
+                 std::uint32_t* carry = nullptr);
 
 /// kvsift::cuda::knn_workspace_size with the default tiles.
 std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k);

@@ -144,7 +144,9 @@ struct decode_queries {
   /// `beam_search`'s `extra_entries`), e.g. the previous decode step's `ids` of the same
   /// (request, query head): pass that output with seeds_ld = its capacity. invalid_id entries
   /// are skipped (padding); an id beyond the graph sets `decode_status_bad_id` and is skipped.
-  /// A seed that fails the filter is walked through, as an entry point is.
+  /// A seed that fails the filter is walked through, as an entry point is. May be the same
+  /// memory as the output `ids` (seeds_ld = the capacity): each search reads its own row's
+  /// seeds before it writes that row, and no other row's.
   const id_t* seeds = nullptr;
   int seeds_ld = 0;  ///< 1..max_decode_search_seeds with seeds, 0 without
 };

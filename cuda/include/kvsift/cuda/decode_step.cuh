@@ -62,6 +62,13 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  * @param out_o    device, [num_qo_heads][head_dim] f32
  * @param out_lse  device, [num_qo_heads] f32
  * @param status   optional device word (caller zeroes): decode_search's status bits
+ * @param carry    optional device [num_qo_heads][decode_search_capacity(p.search)] ids, the
+ *                 warm start: read as each query head's search seeds (the previous step's
+ *                 retrieval; invalid_id entries are ignored, so fill it with 0xFF bytes
+ *                 before the first step) and overwritten with this step's retrieved ids. With
+ *                 `p.search.expand_limit` below L the search stops after fewer steps; on real
+ *                 keys that pays where consecutive queries of a head share many keys
+ *                 (docs/decode_search.md).
  * @throw kvsift::invalid_argument kv.num_kv_heads != set.num_graphs, a GQA ratio that does not
  *        divide, a too-small workspace, and whatever decode_search, sparse_attention and
  *        merge_state throw for these arguments
@@ -73,7 +80,7 @@ template <class T>
 void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                  int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p = {},
-                 std::uint32_t* status = nullptr);
+                 std::uint32_t* status = nullptr, id_t* carry = nullptr);
 
 }  // namespace kvsift::cuda
 

@@ -113,7 +113,7 @@ template <class T>
 void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                  int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
-                 std::uint32_t* status) {
+                 std::uint32_t* status, id_t* carry) {
   using kvsift::detail::require;
   const detail::dstep_layout l = detail::dstep_plan(set, num_qo_heads, head_dim, p);
   require(kv.num_kv_heads == set.num_graphs, "decode_step: expected one graph per KV head (",
@@ -132,12 +132,15 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   detail::require_device_pointer(kv.page_table, device, "decode_step", "page table");
   detail::require_device_pointer(out_o, device, "decode_step", "out_o");
   detail::require_device_pointer(out_lse, device, "decode_step", "out_lse");
+  if (carry != nullptr) detail::require_device_pointer(carry, device, "decode_step", "carry");
   auto* base = static_cast<unsigned char*>(workspace);
   auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
   auto* graph = static_cast<std::int32_t*>(at(l.graph));
   auto* first = static_cast<std::uint32_t*>(at(l.first));
   auto* last = static_cast<std::uint32_t*>(at(l.last));
-  auto* ids = static_cast<id_t*>(at(l.ids));
+  // With a carry the search reads its seeds from it and writes its results over them (each
+  // search reads its own row's seeds before it writes that row).
+  auto* ids = carry != nullptr ? carry : static_cast<id_t*>(at(l.ids));
   auto* counts = static_cast<std::uint32_t*>(at(l.counts));
   auto* indptr = static_cast<std::int64_t*>(at(l.indptr));
   auto* indices = static_cast<std::int32_t*>(at(l.indices));
@@ -162,6 +165,10 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   qs.graph = graph;
   qs.filter_first = first;
   qs.filter_last = last;
+  if (carry != nullptr) {
+    qs.seeds = carry;
+    qs.seeds_ld = l.capacity;
+  }
   decode_search_outputs out;
   out.ids = ids;
   out.counts = counts;
