@@ -324,8 +324,8 @@ ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int exp
                                   int max_results, int expand_limit, int sink, int window,
                                   float scale) {
   ops::decode_step_knobs p;
-  p.search = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0,
-                          max_results, "ip", expand_limit);
+  p.search = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
+                          "ip", expand_limit);
   p.sink = sink;
   p.window = window;
   p.scale = scale;
