@@ -22,6 +22,18 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// `count` elements of T in device memory (cudaMalloc'd, at least one), freed at scope exit.
+template <class T>
+struct dev {
+  T* p = nullptr;
+  explicit dev(std::size_t count) {
+    KVSIFT_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
+  }
+  ~dev() { cudaFree(p); }
+  dev(const dev&) = delete;
+  dev& operator=(const dev&) = delete;
+};
+
 /// One "--name value" command-line option and how it sets its field.
 struct option_spec {
   const char* name;

@@ -51,24 +51,13 @@ namespace {
 using kvsift::id_t;
 using kvsift::matrix_view;
 namespace kc = kvsift::cuda;
+using kvsift::cuda_bench::dev;
 using kvsift::cuda_bench::make_head;
 using kvsift::cuda_bench::seconds_since;
 
 struct options {
   std::size_t n = 131072, d = 128, requests = 32, kv_heads = 8, group = 4, distinct = 2, page = 16;
   std::size_t quick = 0;  // 1: only the wide top-k walks, no DIPR (iterating on the kernel)
-};
-
-/// cudaMalloc'd memory freed at scope exit.
-template <class T>
-struct dev {
-  T* p = nullptr;
-  explicit dev(std::size_t count) {
-    KVSIFT_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
-  }
-  ~dev() { cudaFree(p); }
-  dev(const dev&) = delete;
-  dev& operator=(const dev&) = delete;
 };
 
 }  // namespace

@@ -40,17 +40,7 @@ namespace {
 using kvsift::id_t;
 using kvsift::matrix_view;
 namespace kc = kvsift::cuda;
-
-template <class T>
-struct dev {
-  T* p = nullptr;
-  explicit dev(std::size_t count) {
-    KVSIFT_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
-  }
-  ~dev() { cudaFree(p); }
-  dev(const dev&) = delete;
-  dev& operator=(const dev&) = delete;
-};
+using kvsift::cuda_bench::dev;
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;

@@ -2,28 +2,23 @@
 only the pool's best expand_limit entries. With entries (seeds) holding the answer any limit
 returns it; a small limit makes far fewer hops; L is the classic search; above L is refused."""
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
 import kvsift as ks
 
-N, D, K, L = 6000, 32, 10, 40
+sys.path.insert(0, os.path.dirname(__file__))
+from clustered_keys import K, clustered_case  # noqa: E402
+
+L = 40
 
 
 @pytest.fixture(scope="module")
 def setup():
-    rng = np.random.default_rng(5)
-    centers = rng.standard_normal((24, D)).astype(np.float32) * 2.0
-    keys = centers[rng.integers(0, 24, N)] + rng.standard_normal((N, D)).astype(np.float32)
-    keys = np.ascontiguousarray(keys, dtype=np.float32)
-    queries = keys[rng.integers(0, N, 600)] * 0.5 + rng.standard_normal((600, D)).astype(
-        np.float32
-    )
-    queries = np.ascontiguousarray(queries, dtype=np.float32)
-    graph = ks.RoarGraphIndex(keys, queries[:500], nq=20, M=32, L=100, threads=2)
-    test = queries[500:]
-    exact = ks.FlatIndex(keys).topk(test, K).ids
-    return graph, test, exact
+    return clustered_case(5, 600)[1:]
 
 
 def test_limit_L_is_the_classic_search(setup):
