@@ -47,7 +47,8 @@ namespace kvsift::cuda::detail {
 
 inline constexpr int ds_warps_per_block = 4;
 // The block kernel (top-k): one search per block of four warps, eight blocks per SM (64
-// registers per thread), so a decode batch of 1024 searches runs at once on 132 SMs.
+// registers per thread), so a decode batch of 1024 searches runs at once on 132 SMs; or, for
+// batches of at most four searches per SM, a block of eight warps, four blocks per SM.
 inline constexpr int ds_block_threads = 128;
 inline constexpr int ds_said_ints = 12;  // the block kernel's block-wide counts (8 warps)
 /// The block kernel's register budget: 64 per thread, 1024 threads per SM (eight blocks of
@@ -57,8 +58,8 @@ inline constexpr int ds_block_sm_threads = 1024;
 /// with four such blocks per SM, four warps otherwise (warps_per_search = 0). On the H200 at
 /// 128K tokens, L 256, expand_width 16: 512 searches 0.411 / 0.462 ms with eight warps against
 /// 0.445 / 0.484 ms with four (widths 16 / 8), 256 searches 0.253 against 0.305 ms (width 16,
-/// L 200); 1024 searches need two waves of eight-warp blocks and were slower, 0.770 against
-/// 0.728 ms (docs/decode_search.md).
+/// L 200); 1024 searches need two waves of eight-warp blocks: 0.840 ms at width 8, L 256,
+/// against 0.696 ms with four warps (docs/decode_search.md).
 inline int ds_block_threads_for(int warps_per_search, std::int64_t m, int sms) {
   if (warps_per_search == 8) return 256;
   if (warps_per_search == 4) return 128;
