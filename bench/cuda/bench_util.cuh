@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include <kvsift/cuda/error.cuh>
@@ -48,6 +49,11 @@ inline option_spec size_option(const char* name, std::size_t& field) {
 /// An option that sets a double field.
 inline option_spec double_option(const char* name, double& field) {
   return {name, [&field](const char* v) { field = std::strtod(v, nullptr); }};
+}
+
+/// An option that sets a std::string field (the value as given).
+inline option_spec string_option(const char* name, std::string& field) {
+  return {name, [&field](const char* v) { field = v; }};
 }
 
 /// Parses "--name value" pairs; an unknown option or a missing value exits with status 2.

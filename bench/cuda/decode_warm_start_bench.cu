@@ -59,13 +59,11 @@ std::vector<std::string> split(const std::string& s) {
 int main(int argc, char** argv) {
   std::string keys_path, train_path, eval_paths;
   std::size_t requests = 16, steps = 60;
-  auto text = [](const char* name, std::string& field) {
-    return kvsift::cuda_bench::option_spec{name, [&field](const char* v) { field = v; }};
-  };
+  using kvsift::cuda_bench::string_option;
   kvsift::cuda_bench::parse_options(
       argc, argv,
-      {text("--keys", keys_path), text("--train", train_path), text("--eval", eval_paths),
-       kvsift::cuda_bench::size_option("--requests", requests),
+      {string_option("--keys", keys_path), string_option("--train", train_path),
+       string_option("--eval", eval_paths), kvsift::cuda_bench::size_option("--requests", requests),
        kvsift::cuda_bench::size_option("--steps", steps)});
   if (keys_path.empty() || train_path.empty() || eval_paths.empty()) {
     std::fprintf(stderr,
