@@ -1103,7 +1103,12 @@ __device__ __forceinline__ float ds_score_row(const float* q, const T* __restric
   if (!vec) return walk_score<L2>(q, a, d, false);
   constexpr int V = vec_size_v<T>;
   static_assert(V % 4 == 0, "the query is read as float4");
-  constexpr int U = 8;
+  // Four 16-byte loads in flight per round, not eight: at 64 registers per thread eight
+  // spilled (the eight-warp paged kernel 52 / 84 bytes of spill stores / loads, none with
+  // four), and without the spills the search is faster although a row of 128 f16 takes four
+  // rounds instead of two (H200, 512 searches, L 256, width 16: 0.399 against 0.423 ms, the
+  // decode step 0.473 against 0.502 ms; docs/decode_search.md).
+  constexpr int U = 4;
   float acc = 0.0f;
   for (int j0 = 0; j0 < d; j0 += U * V) {
     uint4 ra[U];
