@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
                                        {32, 0}, {8, 40}, {8, 32}, {8, 24}};
   for (const auto& [expand, degree_cap] : walks) {
     if (o.quick != 0 && (expand < 4 || degree_cap != 0)) continue;
-    for (const int L : {100, 128, 160, 200, 256, 320, 400}) {
+    for (const int L : {100, 128, 160, 200, 224, 256, 320, 400}) {
       kc::decode_search_params p;
       p.k = K;
       p.L = L;
