@@ -1,5 +1,5 @@
-// The composed decode step (search -> CSR -> sparse attention over retrieved tokens + window
-// attention -> merge) against full attention in double precision: with a pool that holds every
+// The composed decode step (search -> one token list of window + retrieved tokens -> sparse
+// attention over it) against full attention in double precision: with a pool that holds every
 // middle token, retrieval finds them all, and window + retrieval is exactly all tokens, so the
 // output must equal full attention. A head whose context is all window (retrieval empty) and
 // GQA sharing are in the same batch.

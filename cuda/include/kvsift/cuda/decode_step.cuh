@@ -3,13 +3,15 @@
 // stream and no host synchronisation:
 //
 //   decode_search over each KV head's graph, the static window excluded by an id range
-//   -> decode_results_to_csr -> sparse_attention over the retrieved tokens
-//   -> sparse_attention over the static window (the first `sink` tokens and the last `window`)
-//   -> merge_state of the two partial states (exact log-sum-exp merge).
+//   -> one token list per query head: the static window (the first `sink` tokens and the
+//      last `window`) followed by the retrieved tokens
+//   -> sparse_attention over that list.
 //
-// The two token sets are disjoint by construction, so the merged state is exactly attention
-// over their union: with a retrieval that finds every middle token it equals full attention
-// (tests/cuda/decode_step_test.cu checks this against a double-precision reference).
+// The two token sets are disjoint by construction, so this is attention over their union, the
+// same as attending to each set and merging the two states with merge_state (what this step
+// did before: two passes, a merge and three more launches; one pass is faster,
+// docs/decode_search.md). With a retrieval that finds every middle token it equals full
+// attention (tests/cuda/decode_step_test.cu checks this against a double-precision reference).
 
 #include <cuda_runtime.h>
 
@@ -19,7 +21,6 @@
 
 #include <kvsift/cuda/decode_search.cuh>
 #include <kvsift/cuda/error.cuh>
-#include <kvsift/cuda/merge.cuh>
 #include <kvsift/cuda/paged_kv_ref.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
 
@@ -70,9 +71,9 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  *                 keys that pays where consecutive queries of a head share many keys
  *                 (docs/decode_search.md).
  * @throw kvsift::invalid_argument kv.num_kv_heads != set.num_graphs, a GQA ratio that does not
- *        divide, a too-small workspace, and whatever decode_search, sparse_attention and
- *        merge_state throw for these arguments
- * @note Six launches plus the search's and the attention's; asynchronous; never allocates.
+ *        divide, a too-small workspace, and whatever decode_search and sparse_attention throw
+ *        for these arguments
+ * @note Three launches plus the search's and the attention's; asynchronous; never allocates.
  *       Work: the search (see decode_search) plus O((k + sink + window) * head_dim) per query
  *       head. Thread safety: no state; concurrent calls need separate workspaces and outputs.
  */

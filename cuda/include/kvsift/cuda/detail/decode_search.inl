@@ -1392,19 +1392,23 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
   if (lane == 0 && status != 0u && out.status != nullptr) atomicOr(out.status, status);
 }
 
-/// indptr[0] = 0, indptr[i + 1] = indptr[i] + min(counts[i], capacity). One block.
+/// indptr[0] = 0, indptr[i + 1] = indptr[i] + min(counts[i], capacity) (+ extra[i] when
+/// extra is not null: decode_step's window tokens ahead of the retrieved ones). One block.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    ds_scan_kernel(const std::uint32_t* counts, std::int64_t m, int capacity,
-                   std::int64_t* indptr) {
+    ds_scan_kernel(const std::uint32_t* counts, std::int64_t m, int capacity, std::int64_t* indptr,
+                   const std::uint32_t* extra = nullptr) {
   __shared__ std::int64_t part[Threads];
   const int t = static_cast<int>(threadIdx.x);
   const std::int64_t per = (m + Threads - 1) / Threads;
   const std::int64_t lo = t * per < m ? t * per : m;
   const std::int64_t hi = lo + per < m ? lo + per : m;
+  auto row = [&](std::int64_t i) -> std::int64_t {
+    return min(counts[i], static_cast<std::uint32_t>(capacity)) +
+           (extra != nullptr ? extra[i] : 0u);
+  };
   std::int64_t sum = 0;
-  for (std::int64_t i = lo; i < hi; ++i)
-    sum += min(counts[i], static_cast<std::uint32_t>(capacity));
+  for (std::int64_t i = lo; i < hi; ++i) sum += row(i);
   part[t] = sum;
   __syncthreads();
   for (int o = 1; o < Threads; o <<= 1) {  // Hillis-Steele inclusive scan
@@ -1416,7 +1420,7 @@ __global__ void __launch_bounds__(Threads)
   std::int64_t run = part[t] - sum;
   if (t == 0) indptr[0] = 0;
   for (std::int64_t i = lo; i < hi; ++i) {
-    run += min(counts[i], static_cast<std::uint32_t>(capacity));
+    run += row(i);
     indptr[i + 1] = run;
   }
 }

@@ -1,7 +1,8 @@
 #pragma once
 // Host dispatch behind <kvsift/cuda/decode_step.cuh> (internal): one preparation kernel (graph
 // of each query head, its retrieval range, its window token list), then the library's own
-// decode_search, CSR compaction, sparse_attention and merge_state.
+// decode_search, the window + retrieved token lists (ds_scan_kernel, a compaction) and one
+// sparse_attention pass.
 
 #include <cuda_runtime.h>
 
@@ -44,11 +45,33 @@ __global__ void dstep_prepare_kernel(const std::int64_t* row_offset, int heads, 
   }
 }
 
+/// Row i of the step's token list: its window ids win_ids[i * wcap, + win_counts[i]), then its
+/// retrieved ids ids[i * cap, + min(counts[i], cap)), at indptr[i] (ds_scan_kernel with the
+/// window counts as `extra`). One list per query head, so one attention pass and no merge.
+template <class Id>
+__global__ void dstep_union_compact_kernel(const Id* win_ids, const std::uint32_t* win_counts,
+                                           int wcap, const Id* ids, const std::uint32_t* counts,
+                                           int cap, std::int64_t m, const std::int64_t* indptr,
+                                           std::int32_t* indices) {
+  const std::int64_t row = std::int64_t{wcap} + cap;
+  const std::int64_t total = m * row;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = t / row, j = t % row;
+    const std::int64_t wn = win_counts[i];
+    if (j < wcap) {
+      if (j < wn) indices[indptr[i] + j] = static_cast<std::int32_t>(win_ids[i * wcap + j]);
+    } else if (j - wcap <
+               static_cast<std::int64_t>(min(counts[i], static_cast<std::uint32_t>(cap)))) {
+      indices[indptr[i] + wn + (j - wcap)] = static_cast<std::int32_t>(ids[i * cap + (j - wcap)]);
+    }
+  }
+}
+
 /// Carves the workspace into pieces aligned to `workspace_alignment`, in a fixed order.
 struct dstep_layout {
   std::size_t graph = 0, first = 0, last = 0, ids = 0, counts = 0, indptr = 0, indices = 0;
-  std::size_t win_ids = 0, win_counts = 0, win_indptr = 0, win_indices = 0;
-  std::size_t o_r = 0, lse_r = 0, o_w = 0, lse_w = 0, search_ws = 0, attn_ws = 0, total = 0;
+  std::size_t win_ids = 0, win_counts = 0, search_ws = 0, attn_ws = 0, total = 0;
   std::size_t search_bytes = 0, attn_bytes = 0;
   int capacity = 0;
 };
@@ -68,7 +91,6 @@ inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim
   const auto H = static_cast<std::size_t>(heads);
   const auto cap = static_cast<std::size_t>(l.capacity);
   const auto wcap = static_cast<std::size_t>(p.sink + p.window);
-  const auto d = static_cast<std::size_t>(head_dim);
   std::size_t at = 0;
   auto take = [&](std::size_t bytes) {
     const std::size_t here = at;
@@ -81,15 +103,9 @@ inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim
   l.ids = take(H * cap * sizeof(id_t));
   l.counts = take(H * 4);
   l.indptr = take((H + 1) * 8);
-  l.indices = take(H * cap * 4);
+  l.indices = take(H * (cap + wcap) * 4);
   l.win_ids = take(H * wcap * sizeof(id_t));
   l.win_counts = take(H * 4);
-  l.win_indptr = take((H + 1) * 8);
-  l.win_indices = take(H * wcap * 4);
-  l.o_r = take(H * d * 4);
-  l.lse_r = take(H * 4);
-  l.o_w = take(H * d * 4);
-  l.lse_w = take(H * 4);
   l.search_bytes = decode_search_workspace_size(set, heads, p.search);
   l.search_ws = take(l.search_bytes);
   sparse_attention_params ap;
@@ -126,8 +142,8 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   detail::require_stream_on(stream, device, "decode_step");
   detail::require_device_pointer(set.row_offset, device, "decode_step", "row offsets");
   detail::require_device_pointer(workspace, device, "decode_step", "workspace");
-  // decode_search checks q and the K pages; the attention and merge below run unchecked on
-  // the workspace and these.
+  // decode_search checks q and the K pages; the list building and the attention below run unchecked
+  // on the workspace and these.
   detail::require_device_pointer(kv.v_pages, device, "decode_step", "v_pages");
   detail::require_device_pointer(kv.page_table, device, "decode_step", "page table");
   detail::require_device_pointer(out_o, device, "decode_step", "out_o");
@@ -146,12 +162,6 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   auto* indices = static_cast<std::int32_t*>(at(l.indices));
   auto* win_ids = static_cast<id_t*>(at(l.win_ids));
   auto* win_counts = static_cast<std::uint32_t*>(at(l.win_counts));
-  auto* win_indptr = static_cast<std::int64_t*>(at(l.win_indptr));
-  auto* win_indices = static_cast<std::int32_t*>(at(l.win_indices));
-  auto* o_r = static_cast<float*>(at(l.o_r));
-  auto* lse_r = static_cast<float*>(at(l.lse_r));
-  auto* o_w = static_cast<float*>(at(l.o_w));
-  auto* lse_w = static_cast<float*>(at(l.lse_w));
 
   const int group = num_qo_heads / set.num_graphs;
   detail::dstep_prepare_kernel<id_t><<<static_cast<unsigned>(num_qo_heads), 128, 0, stream>>>(
@@ -174,19 +184,25 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   out.counts = counts;
   out.status = status;
   decode_search(set, kv, qs, num_qo_heads, p.search, out, at(l.search_ws), l.search_bytes, stream);
-  decode_results_to_csr(ids, counts, num_qo_heads, l.capacity, indptr, indices, stream);
-  decode_results_to_csr(win_ids, win_counts, num_qo_heads, p.sink + p.window, win_indptr,
-                        win_indices, stream);
+  // One token list per query head, window then retrieved (disjoint: the search's range
+  // excludes the window), and one attention pass over it: the same attention as two passes
+  // and an exact merge of their states, with three launches fewer and no partial states
+  // written and read back (docs/decode_search.md).
+  const int wcap = p.sink + p.window;
+  detail::ds_scan_kernel<1024>
+      <<<1, 1024, 0, stream>>>(counts, num_qo_heads, l.capacity, indptr, win_counts);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  const std::int64_t slots = std::int64_t{num_qo_heads} * (l.capacity + wcap);
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((slots + 255) / 256, 8192));
+  detail::dstep_union_compact_kernel<id_t><<<blocks, 256, 0, stream>>>(
+      win_ids, win_counts, wcap, ids, counts, l.capacity, num_qo_heads, indptr, indices);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
 
   sparse_attention_params ap;
   ap.scale = p.scale;
   void* aw = l.attn_bytes > 0 ? at(l.attn_ws) : nullptr;
-  detail::run_sparse_attention(q, num_qo_heads, head_dim, kv, indptr, indices, o_r, lse_r, aw,
+  detail::run_sparse_attention(q, num_qo_heads, head_dim, kv, indptr, indices, out_o, out_lse, aw,
                                l.attn_bytes, stream, ap, {}, false);
-  detail::run_sparse_attention(q, num_qo_heads, head_dim, kv, win_indptr, win_indices, o_w, lse_w,
-                               aw, l.attn_bytes, stream, ap, {}, false);
-  detail::merge_pair(o_r, lse_r, o_w, lse_w, out_o, out_lse, 1, num_qo_heads, head_dim, stream,
-                     merge_policy{}, nullptr, false);
 }
 
 }  // namespace kvsift::cuda
