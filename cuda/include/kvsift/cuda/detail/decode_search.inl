@@ -1106,8 +1106,8 @@ __device__ __forceinline__ float ds_score_row(const float* q, const T* __restric
   // Four 16-byte loads in flight per round, not eight: at 64 registers per thread eight
   // spilled (the eight-warp paged kernel 52 / 84 bytes of spill stores / loads, none with
   // four), and without the spills the search is faster although a row of 128 f16 takes four
-  // rounds instead of two (H200, 512 searches, L 256, width 16: 0.399 against 0.423 ms, the
-  // decode step 0.473 against 0.502 ms; docs/decode_search.md).
+  // rounds instead of two (H200, 512 searches, L 256, width 16: 0.397 against 0.418 ms, the
+  // decode step 0.476 against 0.492 ms, alternated; docs/decode_search.md).
   constexpr int U = 4;
   float acc = 0.0f;
   for (int j0 = 0; j0 < d; j0 += U * V) {
