@@ -387,10 +387,10 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
                 sink=4, window=512, scale=None, lse_base="e", stream=None, status=None,
                 carry=None, expand_limit=0):
     """One decode step of retrieval attention for one layer, on the GPU: the graph search of
-    every query head over its KV head's index (the window excluded), sparse attention over the
-    retrieved tokens and over the window (the first ``sink`` and last ``window`` tokens), and
-    the exact log-sum-exp merge of the two. Each stage is a launch or two on one stream, with
-    no host synchronisation.
+    every query head over its KV head's index (the window excluded), then one sparse attention
+    pass over the window (the first ``sink`` and last ``window`` tokens) and the retrieved
+    tokens together (disjoint sets: attention over their union). Each stage is a launch or two
+    on one stream, with no host synchronisation.
 
     graphs: a ``GraphSet`` (``graph_set(indexes)``) with its three arrays on the
     device; graph g indexes every token of KV head g. q: [qo_heads, dim] float32; query head

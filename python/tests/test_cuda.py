@@ -482,7 +482,7 @@ def decode_case(dtype, n=600, kv_heads=2, group=4, dim=64, page=16, seed=11):
 @pytest.mark.parametrize("expand_width", [1, 8])
 def test_decode_step_with_full_retrieval_is_full_attention(dtype, expand_width):
     # A pool as large as the middle (every token but the window) retrieves all of it, so window
-    # + retrieval + merge must be attention over every token.
+    # + retrieval (one attention pass over both) must be attention over every token.
     n, group, dim = 600, 4, 64
     graphs, q, k, v, table, kd, vd = decode_case(dtype)
     middle = n - 4 - 64
