@@ -22,6 +22,7 @@
 
 #include <kvsift/core/metric.hpp>
 #include <kvsift/core/vector_store.hpp>
+#include <kvsift/index/knn.hpp>
 #include <kvsift/index/roargraph_builder.hpp>
 #include <kvsift/io/vector_io.hpp>
 #include <kvsift/search/beam_search.hpp>
@@ -87,18 +88,16 @@ int main(int argc, char** argv) {
               layer.c_str(), n, tv.rows(), stride,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), cap);
   search_workspace ws;
-  std::vector<float> sc(n);
-  std::vector<id_t> order(n), ids(k);
+  std::vector<id_t> ids(k);
   std::vector<float> scores(k);
   for (std::size_t h = 0; h < Q.size(); ++h) {
+    // The exact top-k of the evaluated positions, by the library's exact kNN.
+    const matrix_view<const float> eval = Q[h]->view().row_range(ntrain, neval);
+    const knn_result truth = cpu_knn_engine{}.search(eval, K.view(), k);
     std::vector<std::vector<id_t>> exact(neval);
     for (std::size_t e = 0; e < neval; ++e) {
-      const float* q = Q[h]->view().row(ntrain + e);
-      for (std::size_t i = 0; i < n; ++i) sc[i] = inner_product::score(q, K.view().row(i), d);
-      for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<id_t>(i);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](id_t a, id_t b) { return sc[a] != sc[b] ? sc[a] > sc[b] : a < b; });
-      exact[e].assign(order.begin(), order.begin() + k);
+      const auto row = truth.row_ids(e);
+      exact[e].assign(row.begin(), row.end());
       std::sort(exact[e].begin(), exact[e].end());
     }
     for (const bool warm : {false, true}) {
@@ -107,7 +106,7 @@ int main(int argc, char** argv) {
         double hit = 0, scored = 0;
         std::vector<id_t> prev;
         for (std::size_t e = 0; e < neval; ++e) {
-          const float* q = Q[h]->view().row(ntrain + e);
+          const float* q = eval.row(e);
           const beam_search_params p{k, L, cap, warm ? E : 0};
           const auto st = beam_search(g, std::span<const float>(q, d), p, ws, std::span<id_t>(ids),
                                       std::span<float>(scores), no_filter{},
