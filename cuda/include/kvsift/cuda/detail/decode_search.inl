@@ -1425,17 +1425,42 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
+/// Row i of a CSR token list, at indptr[i]: an optional leading list lead[i * lead_cap,
+/// + lead_counts[i]) (decode_step's window tokens), then the padded result row
+/// ids[i * cap, + min(counts[i], cap)).
 template <class Id>
 __global__ void ds_compact_kernel(const Id* ids, const std::uint32_t* counts, std::int64_t m,
-                                  int capacity, const std::int64_t* indptr, std::int32_t* indices) {
-  const std::int64_t total = m * capacity;
+                                  int cap, const std::int64_t* indptr, std::int32_t* indices,
+                                  const Id* lead, const std::uint32_t* lead_counts, int lead_cap) {
+  const std::int64_t row = std::int64_t{lead_cap} + cap;
+  const std::int64_t total = m * row;
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = t / capacity, j = t % capacity;
-    if (j < static_cast<std::int64_t>(counts[i])) {
-      indices[indptr[i] + j] = static_cast<std::int32_t>(ids[t]);
+    const std::int64_t i = t / row, j = t % row;
+    const std::int64_t ln = lead_cap > 0 ? std::int64_t{lead_counts[i]} : 0;
+    if (j < lead_cap) {
+      if (j < ln) indices[indptr[i] + j] = static_cast<std::int32_t>(lead[i * lead_cap + j]);
+    } else if (j - lead_cap <
+               static_cast<std::int64_t>(min(counts[i], static_cast<std::uint32_t>(cap)))) {
+      indices[indptr[i] + ln + (j - lead_cap)] =
+          static_cast<std::int32_t>(ids[i * cap + (j - lead_cap)]);
     }
   }
+}
+
+/// Padded result rows (optionally behind a leading list per row, see ds_compact_kernel) to
+/// CSR: the one-block scan, then the compaction. Arguments checked by the callers.
+inline void ds_rows_to_csr(const id_t* ids, const std::uint32_t* counts, std::int64_t m,
+                           int capacity, std::int64_t* indptr, std::int32_t* indices,
+                           cudaStream_t stream, const id_t* lead = nullptr,
+                           const std::uint32_t* lead_counts = nullptr, int lead_cap = 0) {
+  ds_scan_kernel<1024><<<1, 1024, 0, stream>>>(counts, m, capacity, indptr, lead_counts);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  const std::int64_t slots = m * (std::int64_t{lead_cap} + capacity);
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((slots + 255) / 256, 8192));
+  ds_compact_kernel<id_t><<<blocks, 256, 0, stream>>>(ids, counts, m, capacity, indptr, indices,
+                                                      lead, lead_counts, lead_cap);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T, class Src>
@@ -1641,13 +1666,7 @@ inline void decode_results_to_csr(const id_t* ids, const std::uint32_t* counts, 
   detail::require_device_pointer(counts, device, who, "counts");
   detail::require_device_pointer(indptr, device, who, "indptr");
   detail::require_device_pointer(indices, device, who, "indices");
-  detail::ds_scan_kernel<1024><<<1, 1024, 0, stream>>>(counts, m, capacity, indptr);
-  KVSIFT_CUDA_CHECK(cudaGetLastError());
-  const std::int64_t total = m * capacity;
-  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 8192));
-  detail::ds_compact_kernel<id_t>
-      <<<blocks, 256, 0, stream>>>(ids, counts, m, capacity, indptr, indices);
-  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  detail::ds_rows_to_csr(ids, counts, m, capacity, indptr, indices, stream);
 }
 
 }  // namespace kvsift::cuda

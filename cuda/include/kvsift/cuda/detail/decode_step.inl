@@ -1,8 +1,8 @@
 #pragma once
 // Host dispatch behind <kvsift/cuda/decode_step.cuh> (internal): one preparation kernel (graph
 // of each query head, its retrieval range, its window token list), then the library's own
-// decode_search, the window + retrieved token lists (ds_scan_kernel, a compaction) and one
-// sparse_attention pass.
+// decode_search, the window + retrieved token lists (ds_rows_to_csr, the window ahead of each
+// row) and one sparse_attention pass.
 
 #include <cuda_runtime.h>
 
@@ -42,29 +42,6 @@ __global__ void dstep_prepare_kernel(const std::int64_t* row_offset, int heads, 
       t = lo + (j - s);
     }
     win_ids[static_cast<std::size_t>(h) * cap + j] = t < 0 ? invalid_id : static_cast<Id>(t);
-  }
-}
-
-/// Row i of the step's token list: its window ids win_ids[i * wcap, + win_counts[i]), then its
-/// retrieved ids ids[i * cap, + min(counts[i], cap)), at indptr[i] (ds_scan_kernel with the
-/// window counts as `extra`). One list per query head, so one attention pass and no merge.
-template <class Id>
-__global__ void dstep_union_compact_kernel(const Id* win_ids, const std::uint32_t* win_counts,
-                                           int wcap, const Id* ids, const std::uint32_t* counts,
-                                           int cap, std::int64_t m, const std::int64_t* indptr,
-                                           std::int32_t* indices) {
-  const std::int64_t row = std::int64_t{wcap} + cap;
-  const std::int64_t total = m * row;
-  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = t / row, j = t % row;
-    const std::int64_t wn = win_counts[i];
-    if (j < wcap) {
-      if (j < wn) indices[indptr[i] + j] = static_cast<std::int32_t>(win_ids[i * wcap + j]);
-    } else if (j - wcap <
-               static_cast<std::int64_t>(min(counts[i], static_cast<std::uint32_t>(cap)))) {
-      indices[indptr[i] + wn + (j - wcap)] = static_cast<std::int32_t>(ids[i * cap + (j - wcap)]);
-    }
   }
 }
 
@@ -188,15 +165,8 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   // excludes the window), and one attention pass over it: the same attention as two passes
   // and an exact merge of their states, with three launches fewer and no partial states
   // written and read back (docs/decode_search.md).
-  const int wcap = p.sink + p.window;
-  detail::ds_scan_kernel<1024>
-      <<<1, 1024, 0, stream>>>(counts, num_qo_heads, l.capacity, indptr, win_counts);
-  KVSIFT_CUDA_CHECK(cudaGetLastError());
-  const std::int64_t slots = std::int64_t{num_qo_heads} * (l.capacity + wcap);
-  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((slots + 255) / 256, 8192));
-  detail::dstep_union_compact_kernel<id_t><<<blocks, 256, 0, stream>>>(
-      win_ids, win_counts, wcap, ids, counts, l.capacity, num_qo_heads, indptr, indices);
-  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  detail::ds_rows_to_csr(ids, counts, num_qo_heads, l.capacity, indptr, indices, stream, win_ids,
+                         win_counts, p.sink + p.window);
 
   sparse_attention_params ap;
   ap.scale = p.scale;
