@@ -57,6 +57,11 @@ index (the flat scan always runs as the baseline):
   --insert-query-candidates C  inserted keys are scored against at most C training queries,
                  found through the key -> query lists of their nearest keys (default 512;
                  0 = all, the exact lists; graph_insert_params::query_candidates)
+  --insert-holders H  record at most H training queries per key in the key -> query lists
+                 (default 128; 0 = all; graph_insert_params::holder_capacity)
+  --insert-rule queries|graph  queries (default): the full rule; graph: candidates from the
+                 graph search alone, no training query scored or list updated (the rule of
+                 the GPU insert; graph_insert_params::query_neighbors 0, update_query_knn off)
   --save-index F / --load-index F   store / reuse the built graph
   --save-train-knn F  write the training-query->key exact kNN the build uses (.ibin: uint32 m,
                  uint32 nq, m*nq ids; the RoarGraph reference's --learn_base_nn_path)
@@ -110,6 +115,8 @@ struct options {
   std::size_t insert_query_lists = 0;  // graph_insert_params::query_knn_lists
   // graph_insert_params::query_candidates; unset: the library's default
   std::optional<std::size_t> insert_query_candidates;
+  std::optional<std::size_t> insert_holders;  // graph_insert_params::holder_capacity
+  std::string insert_rule = "queries";        // or "graph": no training query takes part
   std::size_t degree_cap = 0;    // graph searches expand at most this many neighbours (0 = all)
   std::size_t entry_window = 0;  // extra search entries: the first and last W keys (0 = none)
   std::size_t n = 32768, dim = 128, eval = 0;
@@ -231,6 +238,10 @@ inline options parse(int argc, char** argv) {
       o.insert_query_lists = parse_size(a, v);
     else if (a == "--insert-query-candidates")
       o.insert_query_candidates = parse_size(a, v);
+    else if (a == "--insert-holders")
+      o.insert_holders = parse_size(a, v);
+    else if (a == "--insert-rule")
+      o.insert_rule = v;
     else if (a == "--threads")
       o.build.threads = parse_size(a, v);
     else if (a == "--query")
@@ -407,6 +418,17 @@ inline options parse(int argc, char** argv) {
   if (o.insert_query_candidates && o.insert_fraction == 0) {
     usage_error("--insert-query-candidates: expected it with --insert-fraction, got " +
                 std::to_string(*o.insert_query_candidates) + " without");
+  }
+  if (o.insert_holders && o.insert_fraction == 0) {
+    usage_error("--insert-holders: expected it with --insert-fraction, got " +
+                std::to_string(*o.insert_holders) + " without");
+  }
+  if (o.insert_rule != "queries" && o.insert_rule != "graph") {
+    usage_error("--insert-rule: expected queries or graph, got " + o.insert_rule);
+  }
+  if (o.insert_rule != "queries" && o.insert_fraction == 0) {
+    usage_error("--insert-rule: expected it with --insert-fraction, got " + o.insert_rule +
+                " without");
   }
   if (o.train_fraction < 0 || o.train_fraction >= 1) {
     usage_error("--train-fraction: expected a value in [0, 1), got " +

@@ -169,6 +169,11 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
                    100 * (1 - o.insert_fraction));
       kvsift::graph_insert_params ip{.query_knn_lists = o.insert_query_lists};
       ip.query_candidates = o.insert_query_candidates.value_or(ip.query_candidates);
+      ip.holder_capacity = o.insert_holders.value_or(ip.holder_capacity);
+      if (o.insert_rule == "graph") {
+        ip.query_neighbors = 0;
+        ip.update_query_knn = false;
+      }
       const auto ins = kvsift_bench::build_then_insert<M>(
           w.keys.cview(), w.train.cview(), o.insert_fraction, positional, o.build, ip);
       info << "insert: built on " << ins.base_keys << " keys / " << ins.base_train
@@ -179,9 +184,14 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
            << (o.insert_query_lists == 0 ? std::string("all it beats")
                                          : std::to_string(o.insert_query_lists))
            << "; training queries scored per insert: "
-           << (ip.query_candidates == 0
+           << (o.insert_rule == "graph" ? std::string("none (--insert-rule graph)")
+               : ip.query_candidates == 0
                    ? std::string("all")
-                   : "<= " + std::to_string(ip.query_candidates) + " (key -> query lists)")
+                   : "<= " + std::to_string(ip.query_candidates) + " (key -> query lists, " +
+                         (ip.holder_capacity == 0
+                              ? std::string("every holder")
+                              : "<= " + std::to_string(ip.holder_capacity) + " per key") +
+                         ")")
            << "\n";
       // Build of the prefix plus every insert; the insertable graph keeps the training queries
       // and their kNN lists for its insert rule, counted with the graph.

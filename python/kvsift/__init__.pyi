@@ -211,6 +211,7 @@ class InsertableGraphIndex:
         query_neighbors: int = 4,
         query_knn_lists: int = 0,
         query_candidates: int = 512,
+        holder_capacity: int = 128,
     ) -> None: ...
     @property
     def size(self) -> int: ...

@@ -312,7 +312,7 @@ void bind_indexes(py::module_& m) {
       .def(py::init([](const py::handle& keys, const py::handle& train, std::size_t nq,
                        std::size_t M, std::size_t L, std::size_t threads, std::size_t insert_L,
                        std::size_t query_neighbors, std::size_t query_knn_lists,
-                       std::size_t query_candidates) {
+                       std::size_t query_candidates, std::size_t holder_capacity) {
              kvsift::roargraph_params p;
              p.nq = bounded_count(nq, "InsertableGraphIndex: nq");
              p.M = bounded_count(M, "InsertableGraphIndex: M");
@@ -323,16 +323,20 @@ void bind_indexes(py::module_& m) {
              ip.query_neighbors = query_neighbors;
              ip.query_knn_lists = query_knn_lists;
              ip.query_candidates = query_candidates;
+             ip.holder_capacity = holder_capacity;
              return make_insertable(keys, train, p, ip);
            }),
            py::arg("keys"), py::arg("train_queries"), py::kw_only(), py::arg("nq") = 100,
            py::arg("M") = 35, py::arg("L") = 500, py::arg("threads") = 0, py::arg("insert_L") = 48,
            py::arg("query_neighbors") = 4, py::arg("query_knn_lists") = 0,
            py::arg("query_candidates") = kvsift::graph_insert_params{}.query_candidates,
+           py::arg("holder_capacity") = kvsift::graph_insert_params{}.holder_capacity,
            "query_candidates: an inserted key is scored against at most this many training "
            "queries, those whose kNN lists hold the keys its graph search finds (0: every "
-           "query, and the lists stay exact). query_knn_lists: only the nearest T of the "
-           "scored queries' lists take the key (0: all it beats).")
+           "query, and the lists stay exact). holder_capacity: per key, at most this many of "
+           "the queries whose lists hold it are recorded for that gathering (0: all). "
+           "query_knn_lists: only the nearest T of the scored queries' lists take the key (0: "
+           "all it beats).")
       .def_property_readonly("size", &py_insertable::size)
       .def("insert", &insertable_insert, py::arg("keys"),
            "Inserts float32 keys (count, d) in order; returns the id of the first. All keys are "

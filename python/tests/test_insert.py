@@ -115,3 +115,23 @@ def test_query_candidates_bounds_the_queries_scored(data):
     np.testing.assert_array_equal(grown(), grown(query_candidates=512))
     with pytest.raises(TypeError):
         ks.InsertableGraphIndex(keys[:1000], queries[:100], query_candidates=-1)
+
+
+def test_holder_capacity_caps_the_key_to_query_lists(data):
+    # holder_capacity = H records at most H training queries per key for the gathering: a
+    # cap below what the keys hold changes what is gathered (another graph), one above it
+    # does not, and 0 is every holder.
+    keys, queries = data
+    def grown(**kw):
+        g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1,
+                                    query_candidates=16, **kw)
+        g.insert(keys[1000:1300])
+        r = g.search(np.ascontiguousarray(queries[300:340]), 10, L=40)
+        return np.concatenate([r.ids.ravel(), r.distance_computations])
+
+    every = grown()
+    np.testing.assert_array_equal(grown(holder_capacity=0), every)
+    np.testing.assert_array_equal(grown(holder_capacity=100), every)
+    assert not np.array_equal(grown(holder_capacity=1), every)
+    with pytest.raises(TypeError):
+        ks.InsertableGraphIndex(keys[:1000], queries[:100], holder_capacity=-1)

@@ -461,6 +461,80 @@ TEST_CASE("insert: query_candidates scores only the queries on the found keys' l
   REQUIRE(entered >= m * nq / 10);
 }
 
+TEST_CASE("insert: holder_capacity caps the key -> query lists as its model does",
+          "[index][insert]") {
+  // The model of the test above with capped key -> query lists, kept the way the index keeps
+  // them: at construction a key records its first H holders (ascending); an inserted key
+  // records the first H lists it enters; a query that drops a key leaves its list (if
+  // recorded) and nobody takes the freed entry. Every list must match the model's, which only
+  // holds if the gathering reads exactly the capped lists.
+  constexpr std::size_t n = 1000, base = 700, m = integer_data::m, nq = integer_data::nq;
+  constexpr std::size_t cap = 40, L = 48, H = 4;
+  const integer_data data(n, 13);
+  const auto kv = data.key_view();
+  auto g = data.build(base, {.L = L, .query_candidates = cap, .holder_capacity = H});
+  auto model = data.lists(base);  // (-score, id), best first
+  std::vector<std::vector<std::size_t>> holders(n);
+  std::size_t truncated = 0;
+  for (std::size_t q = 0; q < m; ++q) {
+    for (const auto& e : model[q]) {
+      if (holders[e.second].size() < H) {
+        holders[e.second].push_back(q);
+      } else {
+        ++truncated;
+      }
+    }
+  }
+  for (auto& h : holders) std::sort(h.begin(), h.end());
+  kvsift::search_workspace ws;
+  std::vector<id_t> found(L);
+  std::vector<float> dist(L);
+  std::size_t x_truncated = 0;
+  for (std::size_t x = base; x < n; ++x) {
+    const auto snap = g.snapshot();
+    const kvsift::graph_index<kvsift::owning_store<float>, kvsift::l2> euclid(
+        snap.store(), snap.max_degree(),
+        std::vector<id_t>(snap.adjacency().begin(), snap.adjacency().end()),
+        std::vector<id_t>(snap.entry_points().begin(), snap.entry_points().end()));
+    const auto st = kvsift::beam_search(euclid, kv.row_span(x), {L, L}, ws, std::span<id_t>(found),
+                                        std::span<float>(dist));
+    std::vector<std::size_t> gathered;
+    for (std::size_t f = 0; f < st.count && gathered.size() < cap; ++f) {
+      for (const std::size_t q : holders[found[f]]) {
+        if (std::find(gathered.begin(), gathered.end(), q) != gathered.end()) continue;
+        gathered.push_back(q);
+        if (gathered.size() == cap) break;
+      }
+    }
+    std::sort(gathered.begin(), gathered.end());
+    for (const std::size_t q : gathered) {
+      const std::pair<int, id_t> e{-data.dot(q, x), static_cast<id_t>(x)};
+      if (!(e < model[q].back())) continue;
+      auto& h = holders[model[q].back().second];
+      h.erase(std::remove(h.begin(), h.end(), q), h.end());
+      if (holders[x].size() < H) {
+        holders[x].push_back(q);
+      } else {
+        ++x_truncated;
+      }
+      model[q].back() = e;
+      std::sort(model[q].begin(), model[q].end());
+    }
+    g.insert(kv.row_range(x, 1));
+  }
+  const kvsift::knn_result knn = g.query_knn();
+  std::size_t mismatches = 0;
+  for (std::size_t q = 0; q < m; ++q) {
+    for (std::size_t j = 0; j < nq; ++j) mismatches += knn.ids[q * nq + j] != model[q][j].second;
+  }
+  CHECK(mismatches == 0);
+  // The cap must bind, at construction and for inserted keys.
+  INFO("holders left out at construction: " << truncated << ", by inserted keys: "
+                                             << x_truncated);
+  REQUIRE(truncated >= m * nq / 10);
+  REQUIRE(x_truncated >= (n - base) / 4);
+}
+
 TEST_CASE("insert: a full row ends as the build's re-pruning with the new key leaves it",
           "[index][insert]") {
   // The build's rule, replayed outside the index (detail::rng_prune) for every full row among

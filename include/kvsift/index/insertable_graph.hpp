@@ -92,6 +92,17 @@ struct graph_insert_params {
   /// recall@100 0.955 / 0.997 at pool 100 / 200, the scan's 0.870 / 0.982, a rebuild's
   /// 0.952 / 0.995 (docs/algorithms.md).
   std::size_t query_candidates = 512;
+  /// With `query_candidates`: H > 0 records at most H queries per key in its key -> query
+  /// list (its lowest-numbered holders when the list was made: at construction, or as the
+  /// key entered lists during its insert; a query that drops the key frees its entry, and no
+  /// later holder takes it). 0 = every holder. The cap keeps a hub (the attention sink sits
+  /// in most lists) from filling the C gathered queries with its own holders alone, and it
+  /// bounds the index at n x H ids, a fixed-size table (the GPU insert's). Gemma-3 32K, last
+  /// 20% inserted, recall@100 at pool 100: layer 11 H = 16 / 32 / 64 / 128 / 256 / every
+  /// 0.8976 / 0.9066 / 0.9647 / **0.9676** / 0.9615 / 0.9564 (rebuild 0.9519); layer 17
+  /// 128: 0.9731, every: 0.9671 (rebuild 0.9781); synthetic OOD recall@10 at pool 20 0.7740
+  /// against 0.7825 (docs/algorithms.md).
+  std::size_t holder_capacity = 128;
   /// Fill pruned lists up to their degree with pruned candidates, as the build does
   /// (`roargraph_params::connectivity_fill`).
   bool fill = true;
@@ -209,6 +220,10 @@ class insertable_graph {
   void update_lists(id_t x);
   void link_back(id_t x, std::span<const id_t> chosen);
   void reprune_row(id_t y, id_t x);
+  [[nodiscard]] std::size_t holder_cap() const noexcept {
+    return params_.holder_capacity != 0 ? params_.holder_capacity
+                                        : std::numeric_limits<std::size_t>::max();
+  }
 
   std::size_t dim_ = 0, R_ = 0, degree_ = 0;
   graph_insert_params params_{};

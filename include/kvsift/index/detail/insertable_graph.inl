@@ -211,11 +211,15 @@ requires std::same_as<typename Store::value_type, T> insertable_graph<T, M>::ins
     worst_key_[i] = list[0].key;
   }
   if (params.query_candidates > 0) {  // the kNN lists read backwards: key -> its lists
+    const std::size_t hcap = holder_cap();
     holders_.resize(n);
     for (std::size_t i = 0; i < m; ++i) {
       for (std::size_t j = 0; j < k; ++j) {
         const id_t id = knn_[i * k + j].id;
-        if (id != invalid_id) holders_[id].push_back(static_cast<id_t>(i));
+        // Queries in ascending order, so a capped list keeps a key's lowest holders.
+        if (id != invalid_id && holders_[id].size() < hcap) {
+          holders_[id].push_back(static_cast<id_t>(i));
+        }
       }
     }
     gathered_.assign(m, 0);
@@ -381,7 +385,7 @@ void insertable_graph<T, M>::update_lists(id_t x) {
   if (index) {  // x's backward list, sized to the lists it enters: the walk allocates nothing
     std::size_t enters = 0;
     for (const std::uint32_t j : offered_) enters += qkeys_[j] > worst_key_[qids_[j]] ? 1 : 0;
-    holders_.back().reserve(enters);
+    holders_.back().reserve(std::min(enters, holder_cap()));
   }
   id_t last_pivot = invalid_id;
   for (const std::uint32_t j : offered_) {
@@ -393,10 +397,13 @@ void insertable_graph<T, M>::update_lists(id_t x) {
     scored_id* list = &knn_[std::size_t{i} * nq_];
     const scored_id nx{qkeys_[j], x};
     if (index && list[0].id != invalid_id) {  // the replaced key no longer holds this list
+      // (A capped list may not have recorded it.)
       std::vector<id_t>& h = holders_[list[0].id];
-      h.erase(std::lower_bound(h.begin(), h.end(), i));
+      const auto at = std::lower_bound(h.begin(), h.end(), i);
+      if (at != h.end() && *at == i) h.erase(at);
     }
-    if (index) holders_.back().push_back(i);  // ascending: the walk is in query order
+    // Ascending: the walk is in query order, and a capped list keeps the lowest queries.
+    if (index && holders_.back().size() < holder_cap()) holders_.back().push_back(i);
     detail::replace_worst(list, nq_, nx);
     worst_key_[i] = list[0].key;
     if (ranks_before(nx, best_[i])) best_[i] = nx;
