@@ -529,8 +529,7 @@ TEST_CASE("insert: holder_capacity caps the key -> query lists as its model does
   }
   CHECK(mismatches == 0);
   // The cap must bind, at construction and for inserted keys.
-  INFO("holders left out at construction: " << truncated << ", by inserted keys: "
-                                             << x_truncated);
+  INFO("holders left out at construction: " << truncated << ", by inserted keys: " << x_truncated);
   REQUIRE(truncated >= m * nq / 10);
   REQUIRE(x_truncated >= (n - base) / 4);
 }
