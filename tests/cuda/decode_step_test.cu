@@ -33,16 +33,19 @@ struct step_result {
 /// edges, so every token is reachable; entry inside the retrieval range.
 /// `carry` (optional): the step's carry in (seeds), then out; `carry_exact` makes the carry
 /// in the exact top-k of each head's retrieval range instead.
+/// `spare` > 0: each graph gets that many rows beyond its keys (room to grow; linked among
+/// themselves, their tokens holding large keys and values) and `graph_set_ref::sizes` says how
+/// many are keys; the step must neither retrieve nor attend to the spare ones.
 step_result run_step(const std::vector<int>& sizes, int group, int d,
                      const kc::decode_step_params& p, const std::vector<id_t>* carry = nullptr,
-                     bool carry_exact = false) {
+                     bool carry_exact = false, int spare = 0) {
   const int G = static_cast<int>(sizes.size());
   const int H = G * group;
   const int width = 12, page = 16;
-  const int max_n = *std::max_element(sizes.begin(), sizes.end());
+  const int max_n = *std::max_element(sizes.begin(), sizes.end()) + spare;
   const int max_pages = (max_n + page - 1) / page;
   std::vector<std::int64_t> off{0};
-  for (const int n : sizes) off.push_back(off.back() + n);
+  for (const int n : sizes) off.push_back(off.back() + n + spare);
   std::vector<id_t> adj(static_cast<std::size_t>(off.back()) * width, kvsift::invalid_id);
   std::vector<id_t> ent(static_cast<std::size_t>(G), kvsift::invalid_id);
   std::vector<float> keys, vals;
@@ -61,19 +64,25 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
         row[j] = v;
       }
     }
+    for (int i = n; i < n + spare; ++i) {
+      adj[(off[g] + i) * width] = static_cast<id_t>(i - 1);
+      adj[(off[g] + i) * width + 1] = static_cast<id_t>(i + 1 < n + spare ? i + 1 : 0);
+    }
     ent[g] = static_cast<id_t>(std::min(n - 1, p.sink + 1));
-    for (int t = 0; t < (n + page - 1) / page; ++t) table[g * max_pages + t] = pages++;
+    for (int t = 0; t < (n + spare + page - 1) / page; ++t) table[g * max_pages + t] = pages++;
   }
   keys.resize(static_cast<std::size_t>(pages) * page * d, 1e30f);
   vals.resize(keys.size(), 1e30f);
   std::vector<std::vector<float>> hk(G), hv(G);
   for (int g = 0; g < G; ++g) {
-    for (int t = 0; t < sizes[g]; ++t) {
+    for (int t = 0; t < sizes[g] + spare; ++t) {
       const std::size_t at =
           (static_cast<std::size_t>(table[g * max_pages + t / page]) * page + t % page) * d;
       for (int j = 0; j < d; ++j) {
-        keys[at + j] = uniform(-1.0f, 1.0f);
-        vals[at + j] = uniform(-1.0f, 1.0f);
+        const bool key = t < sizes[g];
+        keys[at + j] = key ? uniform(-1.0f, 1.0f) : 3.0f;
+        vals[at + j] = key ? uniform(-1.0f, 1.0f) : 100.0f;
+        if (!key) continue;
         hk[g].push_back(keys[at + j]);
         hv[g].push_back(vals[at + j]);
       }
@@ -110,7 +119,10 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   device_buffer<float> dk(keys), dv(vals), dq(q), o(static_cast<std::size_t>(H) * d), lse(H);
   device_buffer<std::int32_t> dt(table);
   device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0});
+  std::vector<std::uint32_t> held(sizes.begin(), sizes.end());
+  device_buffer<std::uint32_t> dsizes(held);
   kc::graph_set_ref set{dadj.get(), doff.get(), dent.get(), G, width, 1, max_n};
+  if (spare > 0) set.sizes = dsizes.get();
   kc::paged_kv_ref<float> kv{dk.get(), dv.get(), pages, page, d, dt.get(), G, max_pages};
   const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p);
   device_buffer<char> ws(wb);
@@ -170,6 +182,28 @@ TEST_CASE("decode_step_full_retrieval_equals_full_attention", "[cuda][decode_ste
   CHECK(r.status == 0u);
   p.search.expand_width = 4;  // the wider walk finds everything too at this pool
   CHECK(mismatches(run_step({500, 800}, 2, 128, p)) == 0);
+}
+
+TEST_CASE("decode_step_searches_and_attends_only_the_keys_a_grown_graph_holds",
+          "[cuda][decode_step]") {
+  // Graphs with room to grow (graph_set_ref::sizes < rows): the spare rows are reachable and
+  // their tokens would dominate attention, so reading past the sizes shows in the output.
+  kc::decode_step_params p;
+  p.sink = 4;
+  p.window = 32;
+  p.search.k = 1000;
+  p.search.L = 1000;
+  const step_result r = run_step({300, 30, 1000}, 4, 64, p, nullptr, false, 40);
+  CHECK(mismatches(r) == 0);
+  CHECK(r.status == 0u);
+  // Seeds in the spare rows are ids beyond the graph: skipped and flagged, the output exact.
+  const int cap = kc::decode_search_capacity(p.search);
+  std::vector<id_t> seeds(static_cast<std::size_t>(3 * 4) * cap, kvsift::invalid_id);
+  const id_t first_spare[] = {300, 30, 1000};
+  for (int h = 0; h < 12; ++h) seeds[static_cast<std::size_t>(h) * cap] = first_spare[h / 4] + 5;
+  const step_result s = run_step({300, 30, 1000}, 4, 64, p, &seeds, false, 40);
+  CHECK(mismatches(s) == 0);
+  CHECK((s.status & kc::decode_status_bad_id) != 0u);
 }
 
 TEST_CASE("decode_step_dipr_with_infinite_beta_equals_full_attention", "[cuda][decode_step]") {

@@ -44,7 +44,7 @@ inline constexpr int max_decode_search_seeds = max_decode_search_results;
  * @brief Device handle of many graphs in one structure (one per (request, KV head)).
  *
  * Graph g owns the adjacency rows [row_offset[g], row_offset[g + 1]): key i of graph g has its
- * neighbours (ids local to graph g, < n_g = row_offset[g + 1] - row_offset[g]) in row
+ * neighbours (ids local to graph g, < n_g = row_offset[g + 1] - row_offset[g], or sizes[g]) in row
  * row_offset[g] + i, padded with invalid_id. Its entry points are entries[g * max_entries ..],
  * padded with invalid_id (a graph's search seeds all of them, like `graph_index`).
  * Trivially copyable; all pointers are device pointers.
@@ -59,6 +59,11 @@ struct graph_set_ref {
   /// Largest n_g (host-known; sizes the per-search visited sets). Graphs larger than this are
   /// a device-side error (status bit `decode_status_bad_graph`).
   std::int64_t max_keys = 0;
+  /// Optional [num_graphs] (device): graph g holds sizes[g] keys, at most its
+  /// row_offset[g + 1] - row_offset[g] rows; the rows beyond are room to grow in place
+  /// (`graph_insert` appends a key per graph and increments its size). Null: every row is a
+  /// key. A size beyond the rows is a device-side error (`decode_status_bad_graph`).
+  const std::uint32_t* sizes = nullptr;
 };
 
 /// Keys of every graph in one dense matrix: key i of graph g is row row_offset[g] + i (the

@@ -678,6 +678,14 @@ __device__ __forceinline__ std::uint32_t ds_seed_id(const graph_set_ref& set,
              : qs.seeds[static_cast<std::size_t>(qi) * qs.seeds_ld + (e - set.max_entries)];
 }
 
+/// Keys of graph g (sizes[g], or all its rows), or -1 when sizes[g] exceeds its rows.
+__device__ __forceinline__ std::int64_t ds_graph_keys(const graph_set_ref& set, int g) {
+  const std::int64_t rows = set.row_offset[g + 1] - set.row_offset[g];
+  if (set.sizes == nullptr) return rows;
+  const std::int64_t n = set.sizes[g];
+  return n <= rows ? n : -1;
+}
+
 /// Query qi's graph g: its first row `base`, key count `n` and filter range [first, last)
 /// (the whole graph without a filter). False when the query cannot run: a bad graph or filter
 /// (status bit) or an empty range (not an error: a context that is all window).
@@ -688,7 +696,7 @@ __device__ bool ds_query_graph(const graph_set_ref& set, const Src& src, const d
   bool ok = g >= 0 && g < set.num_graphs;
   if (ok) {
     base = set.row_offset[g];
-    n = set.row_offset[g + 1] - base;
+    n = ds_graph_keys(set, g);
     ok = base >= 0 && n >= 0 && n <= set.max_keys && n <= src.capacity(g);
   }
   if (!ok) status |= decode_status_bad_graph;
@@ -1497,6 +1505,7 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   require_stream_on(stream, device, who);
   require_device_pointer(set.adjacency, device, who, "adjacency");
   require_device_pointer(set.row_offset, device, who, "row offsets");
+  if (set.sizes != nullptr) require_device_pointer(set.sizes, device, who, "graph sizes");
   require_device_pointer(set.entries, device, who, "entries");
   require_device_pointer(keys_ptr, device, who, "keys");
   require_device_pointer(qs.q, device, who, "queries");

@@ -18,13 +18,15 @@ namespace kvsift::cuda::detail {
 /// Per query head h: graph = h / group, retrieval range [sink', w_lo) and the window ids
 /// [0, sink') + [w_lo, n) padded to sink + window, with their count.
 template <class Id>
-__global__ void dstep_prepare_kernel(const std::int64_t* row_offset, int heads, int group, int sink,
-                                     int window, std::int32_t* graph, std::uint32_t* first,
-                                     std::uint32_t* last, Id* win_ids, std::uint32_t* win_counts) {
+__global__ void dstep_prepare_kernel(graph_set_ref set, int heads, int group, int sink, int window,
+                                     std::int32_t* graph, std::uint32_t* first, std::uint32_t* last,
+                                     Id* win_ids, std::uint32_t* win_counts) {
   const int h = static_cast<int>(blockIdx.x);
   if (h >= heads) return;
   const int g = h / group;
-  const std::int64_t n = row_offset[g + 1] - row_offset[g];
+  // A bad size (the search flags it) leaves the head with no tokens rather than reading past
+  // the graph's rows.
+  const std::int64_t n = ds_graph_keys(set, g) < 0 ? 0 : ds_graph_keys(set, g);
   const std::int64_t s = n < sink ? n : sink;
   const std::int64_t lo = n - window > s ? n - window : s;
   const int cap = sink + window;
@@ -118,6 +120,9 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
   detail::require_stream_on(stream, device, "decode_step");
   detail::require_device_pointer(set.row_offset, device, "decode_step", "row offsets");
+  if (set.sizes != nullptr) {
+    detail::require_device_pointer(set.sizes, device, "decode_step", "graph sizes");
+  }
   detail::require_device_pointer(workspace, device, "decode_step", "workspace");
   // decode_search checks q and the K pages; the list building and the attention below run unchecked
   // on the workspace and these.
@@ -142,8 +147,7 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
 
   const int group = num_qo_heads / set.num_graphs;
   detail::dstep_prepare_kernel<id_t><<<static_cast<unsigned>(num_qo_heads), 128, 0, stream>>>(
-      set.row_offset, num_qo_heads, group, p.sink, p.window, graph, first, last, win_ids,
-      win_counts);
+      set, num_qo_heads, group, p.sink, p.window, graph, first, last, win_ids, win_counts);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 
   decode_queries qs;
