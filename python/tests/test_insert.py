@@ -78,18 +78,22 @@ def test_search_heads_takes_insertable_indexes(data):
     np.testing.assert_array_equal(r.ids[2:], b.search(q[2:], 10, L=40).ids)
 
 
+def grown_walk(data, **kw):
+    """Index of 1000 keys grown by 300 inserts with settings `kw`, then searched: the ids found
+    and the keys scored (the walk, not only its answers: these agree on such easy data)."""
+    keys, queries = data
+    g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1, **kw)
+    g.insert(keys[1000:1300])
+    r = g.search(np.ascontiguousarray(queries[300:340]), 10, L=40)
+    return np.concatenate([r.ids.ravel(), r.distance_computations])
+
+
 def test_query_knn_lists_limits_the_upkeep(data):
     # query_knn_lists = T offers each inserted key only to its T nearest training queries'
     # kNN lists (an approximation with fewer reverse edges: a different graph); T >= the
     # training queries is the exact upkeep, the same graph as the default.
-    keys, queries = data
     def grown(**kw):
-        g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1,
-                                    query_candidates=0, **kw)
-        g.insert(keys[1000:1300])
-        r = g.search(np.ascontiguousarray(queries[300:340]), 10, L=40)
-        # The walk (keys scored), not only its answers: these agree on such easy data.
-        return np.concatenate([r.ids.ravel(), r.distance_computations])
+        return grown_walk(data, query_candidates=0, **kw)
 
     exact = grown()
     np.testing.assert_array_equal(grown(query_knn_lists=100), exact)
@@ -103,10 +107,7 @@ def test_query_candidates_bounds_the_queries_scored(data):
     # the scan too; each setting is deterministic.
     keys, queries = data
     def grown(**kw):
-        g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1, **kw)
-        g.insert(keys[1000:1300])
-        r = g.search(np.ascontiguousarray(queries[300:340]), 10, L=40)
-        return np.concatenate([r.ids.ravel(), r.distance_computations])
+        return grown_walk(data, **kw)
 
     scan = grown(query_candidates=0)
     capped = grown(query_candidates=8)
@@ -123,11 +124,7 @@ def test_holder_capacity_caps_the_key_to_query_lists(data):
     # does not, and 0 is every holder.
     keys, queries = data
     def grown(**kw):
-        g = ks.InsertableGraphIndex(keys[:1000], queries[:100], nq=20, M=8, L=48, threads=1,
-                                    query_candidates=16, **kw)
-        g.insert(keys[1000:1300])
-        r = g.search(np.ascontiguousarray(queries[300:340]), 10, L=40)
-        return np.concatenate([r.ids.ravel(), r.distance_computations])
+        return grown_walk(data, query_candidates=16, **kw)
 
     every = grown()
     np.testing.assert_array_equal(grown(holder_capacity=0), every)

@@ -400,6 +400,57 @@ TEST_CASE("insert: query_knn_lists offers a new key only to its T nearest querie
   CHECK(std::ranges::equal(a.adjacency(), b.adjacency()));
 }
 
+namespace {
+
+/// The insert's graph search from key x of `kv` (Euclidean, pool L, over a copy of g's graph):
+/// the found keys, nearest first.
+std::vector<id_t> insert_search(const kvsift::insertable_graph<float>& g,
+                                kvsift::matrix_view<const float> kv, std::size_t x, std::size_t L) {
+  const auto snap = g.snapshot();
+  const kvsift::graph_index<kvsift::owning_store<float>, kvsift::l2> euclid(
+      snap.store(), snap.max_degree(),
+      std::vector<id_t>(snap.adjacency().begin(), snap.adjacency().end()),
+      std::vector<id_t>(snap.entry_points().begin(), snap.entry_points().end()));
+  kvsift::search_workspace ws;
+  std::vector<id_t> found(L);
+  std::vector<float> dist(L);
+  const auto st = kvsift::beam_search(euclid, kv.row_span(x), {L, L}, ws, std::span<id_t>(found),
+                                      std::span<float>(dist));
+  found.resize(st.count);
+  return found;
+}
+
+/// The queries on the `holders` lists of the found keys, nearest key first, list order inside a
+/// key, until `cap`.
+std::vector<std::size_t> gather(const std::vector<id_t>& found,
+                                const std::vector<std::vector<std::size_t>>& holders,
+                                std::size_t cap) {
+  std::vector<std::size_t> gathered;
+  for (std::size_t f = 0; f < found.size() && gathered.size() < cap; ++f) {
+    for (const std::size_t q : holders[found[f]]) {
+      if (std::find(gathered.begin(), gathered.end(), q) != gathered.end()) continue;
+      gathered.push_back(q);
+      if (gathered.size() == cap) break;
+    }
+  }
+  return gathered;
+}
+
+/// Lists of `g` that differ from the model's, entry by entry.
+std::size_t list_mismatches(const kvsift::insertable_graph<float>& g,
+                            const std::vector<std::vector<std::pair<int, id_t>>>& model) {
+  const kvsift::knn_result knn = g.query_knn();
+  std::size_t mismatches = 0;
+  for (std::size_t q = 0; q < knn.rows; ++q) {
+    for (std::size_t j = 0; j < knn.k; ++j) {
+      mismatches += knn.ids[q * knn.k + j] != model[q][j].second;
+    }
+  }
+  return mismatches;
+}
+
+}  // namespace
+
 TEST_CASE("insert: query_candidates scores only the queries on the found keys' lists",
           "[index][insert]") {
   // Integer data again (every score exact). Model of the query-side index: before each insert
@@ -415,30 +466,14 @@ TEST_CASE("insert: query_candidates scores only the queries on the found keys' l
   auto g = data.build(base, {.L = L, .query_candidates = cap});
   REQUIRE(g.memory().query_index >= m * nq * sizeof(id_t));
   auto model = data.lists(base);  // (-score, id), best first
-  kvsift::search_workspace ws;
-  std::vector<id_t> found(L);
-  std::vector<float> dist(L);
   std::size_t capped = 0, entered = 0;
   for (std::size_t x = base; x < n; ++x) {
-    const auto snap = g.snapshot();
-    const kvsift::graph_index<kvsift::owning_store<float>, kvsift::l2> euclid(
-        snap.store(), snap.max_degree(),
-        std::vector<id_t>(snap.adjacency().begin(), snap.adjacency().end()),
-        std::vector<id_t>(snap.entry_points().begin(), snap.entry_points().end()));
-    const auto st = kvsift::beam_search(euclid, kv.row_span(x), {L, L}, ws, std::span<id_t>(found),
-                                        std::span<float>(dist));
+    const std::vector<id_t> found = insert_search(g, kv, x, L);
     std::vector<std::vector<std::size_t>> holders(x);
     for (std::size_t q = 0; q < m; ++q) {
       for (const auto& e : model[q]) holders[e.second].push_back(q);  // ascending q
     }
-    std::vector<std::size_t> gathered;
-    for (std::size_t f = 0; f < st.count && gathered.size() < cap; ++f) {
-      for (const std::size_t q : holders[found[f]]) {
-        if (std::find(gathered.begin(), gathered.end(), q) != gathered.end()) continue;
-        gathered.push_back(q);
-        if (gathered.size() == cap) break;
-      }
-    }
+    const std::vector<std::size_t> gathered = gather(found, holders, cap);
     capped += gathered.size() == cap;
     for (const std::size_t q : gathered) {
       const std::pair<int, id_t> e{-data.dot(q, x), static_cast<id_t>(x)};
@@ -449,12 +484,7 @@ TEST_CASE("insert: query_candidates scores only the queries on the found keys' l
     }
     g.insert(kv.row_range(x, 1));
   }
-  const kvsift::knn_result knn = g.query_knn();
-  std::size_t mismatches = 0;
-  for (std::size_t q = 0; q < m; ++q) {
-    for (std::size_t j = 0; j < nq; ++j) mismatches += knn.ids[q * nq + j] != model[q][j].second;
-  }
-  CHECK(mismatches == 0);
+  CHECK(list_mismatches(g, model) == 0);
   // The cap must bind and the lists must move, or the model would check nothing of either.
   INFO("inserts that reached the cap: " << capped << ", lists entered: " << entered);
   REQUIRE(capped >= (n - base) / 4);
@@ -486,26 +516,9 @@ TEST_CASE("insert: holder_capacity caps the key -> query lists as its model does
     }
   }
   for (auto& h : holders) std::sort(h.begin(), h.end());
-  kvsift::search_workspace ws;
-  std::vector<id_t> found(L);
-  std::vector<float> dist(L);
   std::size_t x_truncated = 0;
   for (std::size_t x = base; x < n; ++x) {
-    const auto snap = g.snapshot();
-    const kvsift::graph_index<kvsift::owning_store<float>, kvsift::l2> euclid(
-        snap.store(), snap.max_degree(),
-        std::vector<id_t>(snap.adjacency().begin(), snap.adjacency().end()),
-        std::vector<id_t>(snap.entry_points().begin(), snap.entry_points().end()));
-    const auto st = kvsift::beam_search(euclid, kv.row_span(x), {L, L}, ws, std::span<id_t>(found),
-                                        std::span<float>(dist));
-    std::vector<std::size_t> gathered;
-    for (std::size_t f = 0; f < st.count && gathered.size() < cap; ++f) {
-      for (const std::size_t q : holders[found[f]]) {
-        if (std::find(gathered.begin(), gathered.end(), q) != gathered.end()) continue;
-        gathered.push_back(q);
-        if (gathered.size() == cap) break;
-      }
-    }
+    std::vector<std::size_t> gathered = gather(insert_search(g, kv, x, L), holders, cap);
     std::sort(gathered.begin(), gathered.end());
     for (const std::size_t q : gathered) {
       const std::pair<int, id_t> e{-data.dot(q, x), static_cast<id_t>(x)};
@@ -522,12 +535,7 @@ TEST_CASE("insert: holder_capacity caps the key -> query lists as its model does
     }
     g.insert(kv.row_range(x, 1));
   }
-  const kvsift::knn_result knn = g.query_knn();
-  std::size_t mismatches = 0;
-  for (std::size_t q = 0; q < m; ++q) {
-    for (std::size_t j = 0; j < nq; ++j) mismatches += knn.ids[q * nq + j] != model[q][j].second;
-  }
-  CHECK(mismatches == 0);
+  CHECK(list_mismatches(g, model) == 0);
   // The cap must bind, at construction and for inserted keys.
   INFO("holders left out at construction: " << truncated << ", by inserted keys: " << x_truncated);
   REQUIRE(truncated >= m * nq / 10);
