@@ -4,10 +4,11 @@
 // Three launches per call: a preparation kernel (each graph's new key widened to f32 and
 // checked), decode_search (the Euclidean walk from every new key, the CPU insert's search), and
 // the insert kernel, one block per graph. The insert kernel keeps its working lists in the
-// workspace (global memory, L2-resident: a graph's are a few KiB), so its shared memory is only
-// a few counters whatever the sizes; each step that the CPU runs in an order that matters
-// (gathering queries, pruning, building the reverse-edge targets, x's pivot edges) runs on one
-// warp in that order, the others on every warp.
+// workspace (global memory, L2-resident: a graph's are tens of KiB); shared memory holds only
+// what is searched repeatedly, the reverse-edge targets and the gathered-query bitset (at most
+// 34 KiB whatever the sizes, so no opt-in above 48 KiB is needed). Each step that the CPU runs
+// in an order that matters (gathering queries, pruning, building the reverse-edge targets, x's
+// pivot edges) runs on one warp in that order, the others on every warp.
 
 #include <cuda_runtime.h>
 
@@ -99,7 +100,7 @@ inline bi_layout bi_plan(const graph_set_ref& set, int dim, const batch_insert_s
   const auto R = static_cast<std::size_t>(set.width);
   l.x = take(static_cast<std::size_t>(dim) * 4);
   l.skip = take(4);
-  l.bits = take(static_cast<std::size_t>(l.words) * 4);
+  l.bits = take(static_cast<std::size_t>(l.words) * 4);  // when it does not fit shared memory
   l.qids = take(C * 4);
   l.qkeys = take(C * 4);
   l.cids = take(mc * 4);
@@ -125,16 +126,10 @@ inline bi_layout bi_plan(const graph_set_ref& set, int dim, const batch_insert_s
   l.found = take_all(G * static_cast<std::size_t>(p.L) * 4);
   l.found_counts = take_all(G * 4);
   l.qgraph = take_all(G * 4);
-  graph_set_ref probe = set;
-  l.search_bytes = decode_search_workspace_size(probe, set.num_graphs, bi_search_params(p));
+  l.search_bytes = decode_search_workspace_size(set, set.num_graphs, bi_search_params(p));
   l.search_ws = take_all(l.search_bytes);
   l.total = t;
   return l;
-}
-
-template <class A>
-__device__ __forceinline__ float bi_f32(A v) {
-  return to_f32(v);
 }
 
 /// Raw score (dot, or squared distance) of two rows, lanes over the dimension, summed across
@@ -144,7 +139,7 @@ __device__ float bi_warp_score(const A* a, const B* b, int d, int lane) {
   constexpr unsigned full = 0xffffffffu;
   if (a == nullptr || b == nullptr) return __int_as_float(0x7fc00000);
   float acc = 0.0f;
-  for (int j = lane; j < d; j += 32) acc = walk_accumulate<L2>(acc, bi_f32(a[j]), bi_f32(b[j]));
+  for (int j = lane; j < d; j += 32) acc = walk_accumulate<L2>(acc, to_f32(a[j]), to_f32(b[j]));
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(full, acc, o);
   return acc;
 }
