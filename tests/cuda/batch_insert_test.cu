@@ -153,6 +153,33 @@ struct gpu_case {
   [[nodiscard]] kc::dense_keys_ref<T> key_ref() const {
     return {keys.get(), static_cast<std::int64_t>(d), static_cast<int>(d)};
   }
+
+  // The same keys in a head-wise paged pool (pages of 16 tokens in a scrambled order).
+  static constexpr int page = 16;
+  device_buffer<T> pages;
+  device_buffer<std::int32_t> table;
+  int num_pages = 0, max_pages = 0;
+  void make_pages(const std::vector<one_graph>& gs) {
+    max_pages = static_cast<int>((n + page - 1) / page);
+    num_pages = static_cast<int>(G) * max_pages;
+    std::vector<std::int32_t> t(static_cast<std::size_t>(num_pages));
+    for (int i = 0; i < num_pages; ++i) t[static_cast<std::size_t>(i)] = (i * 7 + 3) % num_pages;
+    std::vector<T> k(static_cast<std::size_t>(num_pages) * page * d, from_float<T>(0.0f));
+    for (std::size_t g = 0; g < G; ++g) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto pg = static_cast<std::size_t>(t[g * max_pages + i / page]);
+        for (std::size_t j = 0; j < d; ++j) {
+          k[(pg * page + i % page) * d + j] = from_float<T>(gs[g].keys[i * d + j]);
+        }
+      }
+    }
+    pages = device_buffer<T>(k);
+    table = device_buffer<std::int32_t>(t);
+  }
+  [[nodiscard]] kc::paged_kv_ref<T> paged_ref() const {
+    return {pages.get(),         pages.get(), num_pages,           page,
+            static_cast<int>(d), table.get(), static_cast<int>(G), max_pages};
+  }
 };
 
 kvsift::graph_insert_params cpu_params(const kc::batch_insert_params& p, int H) {
@@ -200,18 +227,23 @@ std::size_t mismatches(const gpu_case<T>& c, const std::vector<one_graph>& gs) {
 }
 
 template <class T>
-void check_against_cpu(std::size_t d, const kc::batch_insert_params& p, int H) {
+void check_against_cpu(std::size_t d, const kc::batch_insert_params& p, int H, bool paged = false) {
   constexpr std::size_t n = 620, base = 500;
   const auto ip = cpu_params(p, H);
   std::vector<one_graph> gs;
   gs.emplace_back(n, d, base, 3u, ip);
   gs.emplace_back(n, d, base, 5u, ip);
   gpu_case<T> c(gs, base, H);
+  if (paged) c.make_pages(gs);
   const std::size_t bytes = kc::batch_insert_workspace_size(c.set, static_cast<int>(d), c.st, p);
   device_buffer<unsigned char> ws(bytes);
   std::size_t total = 0, checks = 0;
   for (std::size_t i = base; i < n; ++i) {
-    kc::batch_insert(c.set, c.key_ref(), c.st, p, ws.get(), bytes, nullptr, c.status.get());
+    if (paged) {
+      kc::batch_insert(c.set, c.paged_ref(), c.st, p, ws.get(), bytes, nullptr, c.status.get());
+    } else {
+      kc::batch_insert(c.set, c.key_ref(), c.st, p, ws.get(), bytes, nullptr, c.status.get());
+    }
     for (auto& g : gs) g.cpu.insert(kvsift::matrix_view<const float>{g.keys.data() + i * d, 1, d});
     if ((i - base) % 10 == 9 || i + 1 == n) {
       KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -220,7 +252,7 @@ void check_against_cpu(std::size_t d, const kc::batch_insert_params& p, int H) {
     }
   }
   INFO("d " << d << ", H " << H << ", C " << p.query_candidates << ", lists " << p.update_query_knn
-            << ", t " << p.query_neighbors);
+            << ", t " << p.query_neighbors << ", paged " << paged);
   CHECK(checks == 12);
   CHECK(total == 0);
   CHECK(c.status.download()[0] == 0u);
@@ -237,10 +269,11 @@ kc::batch_insert_params small_params() {
 
 TEST_CASE("batch_insert_matches_cpu_insert", "[cuda][batch_insert]") {
   const kc::batch_insert_params p = small_params();
-  check_against_cpu<float>(24, p, 8);   // 16-byte row loads
-  check_against_cpu<float>(18, p, 8);   // scalar row loads
-  check_against_cpu<__half>(24, p, 8);  // f16 keys (integers are exact)
-  check_against_cpu<float>(24, p, 64);  // the cap on key -> query lists rarely binds
+  check_against_cpu<float>(24, p, 8);         // 16-byte row loads
+  check_against_cpu<float>(18, p, 8);         // scalar row loads
+  check_against_cpu<__half>(24, p, 8);        // f16 keys (integers are exact)
+  check_against_cpu<float>(24, p, 64);        // the cap on key -> query lists rarely binds
+  check_against_cpu<__half>(24, p, 8, true);  // keys in a paged pool, as a KV cache holds them
 }
 
 TEST_CASE("batch_insert_matches_cpu_rule_variants", "[cuda][batch_insert]") {
@@ -300,6 +333,12 @@ TEST_CASE("batch_insert_skips_bad_keys_and_full_graphs", "[cuda][batch_insert][b
                    (void)kc::batch_insert_workspace_size(c.set, static_cast<int>(d), c.st, bad);
                  }),
                  "degree"));
+  bad = p;
+  bad.expand_width = 0;
+  CHECK(contains(message_of([&] {
+                   (void)kc::batch_insert_workspace_size(c.set, static_cast<int>(d), c.st, bad);
+                 }),
+                 "expand_width"));
   bad = p;
   bad.query_candidates = 0;
   CHECK(contains(message_of([&] {
