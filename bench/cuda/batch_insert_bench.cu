@@ -16,7 +16,8 @@
 // copy 0 of the first G.
 //
 // Usage: kvsift-cuda-batch_insert_bench --keys K --queries Q [--fraction 0.2]
-//            [--graphs 1,8,64] [--holders 128] [--candidates 512] [--threads 16]
+//            [--graphs 1,8,64] [--expand-widths 1,8] [--holders 128] [--candidates 512] [--threads
+//            16]
 
 #include <algorithm>
 #include <chrono>
@@ -70,28 +71,32 @@ double recall(const G& g, matrix_view<const float> q, const kvsift::knn_result& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string keys_path, queries_path, graphs_list = "1,8,64";
+  std::string keys_path, queries_path, graphs_list = "1,8,64", widths_list = "1";
   double fraction = 0.2;
   std::size_t holders = 128, candidates = 512, threads = 16;
   using namespace kvsift::cuda_bench;
   parse_options(argc, argv,
                 {string_option("--keys", keys_path), string_option("--queries", queries_path),
                  double_option("--fraction", fraction), string_option("--graphs", graphs_list),
-                 size_option("--holders", holders), size_option("--candidates", candidates),
-                 size_option("--threads", threads)});
+                 string_option("--expand-widths", widths_list), size_option("--holders", holders),
+                 size_option("--candidates", candidates), size_option("--threads", threads)});
   if (keys_path.empty() || queries_path.empty() || !(fraction > 0 && fraction < 0.5)) {
     std::fprintf(stderr,
                  "usage: %s --keys K --queries Q [--fraction F in (0, 0.5)] [--graphs 1,8,64] "
-                 "[--holders H] [--candidates C] [--threads T]\n",
+                 "[--expand-widths 1,8] [--holders H] [--candidates C] [--threads T]\n",
                  argv[0]);
     return 2;
   }
-  std::vector<std::size_t> graph_counts;
-  for (std::size_t at = 0; at < graphs_list.size();) {
-    const std::size_t c = graphs_list.find(',', at);
-    graph_counts.push_back(std::stoul(graphs_list.substr(at, c - at)));
-    at = c == std::string::npos ? graphs_list.size() : c + 1;
-  }
+  const auto numbers = [](const std::string& list) {
+    std::vector<std::size_t> out;
+    for (std::size_t at = 0; at < list.size();) {
+      const std::size_t c = list.find(',', at);
+      out.push_back(std::stoul(list.substr(at, c - at)));
+      at = c == std::string::npos ? list.size() : c + 1;
+    }
+    return out;
+  };
+  const std::vector<std::size_t> graph_counts = numbers(graphs_list), widths = numbers(widths_list);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bench_setup setup;
   if (!start_bench(setup)) return 0;
@@ -149,118 +154,124 @@ int main(int argc, char** argv) {
       kc::make_insert_lists(knn.ids, knn.scores, m, knn.k, n, static_cast<int>(holders));
   kc::batch_insert_params gp;
   gp.query_candidates = static_cast<int>(candidates);
-  std::printf("\n%8s %14s %16s %12s\n", "graphs", "ms per launch", "us per key", "vs CPU");
-  double gpu_r100 = 0, gpu_r200 = 0, same_rows = 0;
-  for (std::size_t gi = 0; gi < graph_counts.size(); ++gi) {
-    const std::size_t G = graph_counts[gi];
-    dev<float> kd(G * n * d), qd(G * m * d), kk(G * m * knn.k), wk(G * m), bk(G * m);
-    dev<id_t> adj(G * n * R), ent(G * built.entry_points().size()), ki(G * m * knn.k), bi(G * m),
-        hd(G * n * holders);
-    dev<std::uint32_t> sz(G), hc(G * n), status(1);
-    dev<std::int64_t> off(G + 1), qoff(G + 1);
-    std::vector<id_t> a(n * R, kvsift::invalid_id);
-    std::copy(built.adjacency().begin(), built.adjacency().end(), a.begin());
-    const std::vector<float> kv(all.data(), all.data() + n * d),
-        qv(train.data(), train.data() + m * d);
-    const std::vector<id_t> ev(built.entry_points().begin(), built.entry_points().end());
-    std::vector<std::int64_t> o, qo;
-    for (std::size_t g = 0; g <= G; ++g) {
-      o.push_back(static_cast<std::int64_t>(g * n));
-      qo.push_back(static_cast<std::int64_t>(g * m));
-    }
-    for (std::size_t g = 0; g < G; ++g) {
-      upload(kd.p + g * n * d, kv);
-      upload(qd.p + g * m * d, qv);
-      upload(adj.p + g * n * R, a);
-      upload(ent.p + g * ev.size(), ev);
-      upload(ki.p + g * m * knn.k, lists.knn_ids);
-      upload(kk.p + g * m * knn.k, lists.knn_keys);
-      upload(wk.p + g * m, lists.worst_key);
-      upload(bk.p + g * m, lists.best_key);
-      upload(bi.p + g * m, lists.best_id);
-      upload(hd.p + g * n * holders, lists.holders);
-      upload(hc.p + g * n, lists.holder_counts);
-    }
-    upload(sz.p, std::vector<std::uint32_t>(G, static_cast<std::uint32_t>(base)));
-    upload(off.p, o);
-    upload(qoff.p, qo);
-    KVSIFT_CUDA_CHECK(cudaMemset(status.p, 0, 4));
-    kc::graph_set_ref set{adj.p,
-                          off.p,
-                          ent.p,
-                          static_cast<int>(G),
-                          static_cast<int>(R),
-                          static_cast<int>(ev.size()),
-                          static_cast<std::int64_t>(n),
-                          sz.p};
-    kc::batch_insert_state_ref st{adj.p,
-                                  sz.p,
-                                  qd.p,
-                                  static_cast<std::int64_t>(d),
-                                  qoff.p,
-                                  static_cast<std::int64_t>(m),
-                                  static_cast<int>(knn.k),
-                                  ki.p,
-                                  kk.p,
-                                  wk.p,
-                                  bi.p,
-                                  bk.p,
-                                  hd.p,
-                                  hc.p,
-                                  static_cast<int>(holders)};
-    const std::size_t bytes = kc::batch_insert_workspace_size(set, static_cast<int>(d), st, gp);
-    dev<unsigned char> ws(bytes);
-    const kc::dense_keys_ref<float> keys_ref{kd.p, static_cast<std::int64_t>(d),
-                                             static_cast<int>(d)};
-    cudaEvent_t e0, e1;
-    KVSIFT_CUDA_CHECK(cudaEventCreate(&e0));
-    KVSIFT_CUDA_CHECK(cudaEventCreate(&e1));
-    KVSIFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-    for (std::size_t i = base; i < n; ++i) {
-      kc::batch_insert(set, keys_ref, st, gp, ws.p, bytes, stream, status.p);
-    }
-    KVSIFT_CUDA_CHECK(cudaEventRecord(e1, stream));
-    KVSIFT_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    const double per_launch = ms / static_cast<double>(n - base);
-    std::uint32_t st_word = 0, size0 = 0;
-    KVSIFT_CUDA_CHECK(cudaMemcpy(&st_word, status.p, 4, cudaMemcpyDeviceToHost));
-    KVSIFT_CUDA_CHECK(cudaMemcpy(&size0, sz.p, 4, cudaMemcpyDeviceToHost));
-    std::printf("%8zu %14.3f %16.2f %11.1fx%s\n", G, per_launch,
-                per_launch * 1e3 / static_cast<double>(G),
-                cpu_mean / (per_launch * 1e3 / static_cast<double>(G)),
-                st_word != 0 || size0 != n ? "  (status set or sizes short!)" : "");
-    if (gi == 0) {
-      std::vector<id_t> got(n * R);
-      KVSIFT_CUDA_CHECK(
-          cudaMemcpy(got.data(), adj.p, got.size() * sizeof(id_t), cudaMemcpyDeviceToHost));
-      std::size_t same = 0;
-      for (std::size_t r = 0; r < n; ++r) {
-        const auto nb = cpu.neighbors(static_cast<id_t>(r));
-        same += std::equal(nb.begin(), nb.end(), got.begin() + r * R) &&
-                        (nb.size() == R || got[r * R + nb.size()] == kvsift::invalid_id)
-                    ? 1
-                    : 0;
+  std::printf("\n%6s %8s %14s %16s %12s\n", "width", "graphs", "ms per launch", "us per key",
+              "vs CPU");
+  std::vector<double> gpu_r100(widths.size()), gpu_r200(widths.size()), same_rows(widths.size());
+  for (std::size_t wi = 0; wi < widths.size(); ++wi) {
+    for (std::size_t gi = 0; gi < graph_counts.size(); ++gi) {
+      const std::size_t G = graph_counts[gi];
+      gp.expand_width = static_cast<int>(widths[wi]);
+      dev<float> kd(G * n * d), qd(G * m * d), kk(G * m * knn.k), wk(G * m), bk(G * m);
+      dev<id_t> adj(G * n * R), ent(G * built.entry_points().size()), ki(G * m * knn.k), bi(G * m),
+          hd(G * n * holders);
+      dev<std::uint32_t> sz(G), hc(G * n), status(1);
+      dev<std::int64_t> off(G + 1), qoff(G + 1);
+      std::vector<id_t> a(n * R, kvsift::invalid_id);
+      std::copy(built.adjacency().begin(), built.adjacency().end(), a.begin());
+      const std::vector<float> kv(all.data(), all.data() + n * d),
+          qv(train.data(), train.data() + m * d);
+      const std::vector<id_t> ev(built.entry_points().begin(), built.entry_points().end());
+      std::vector<std::int64_t> o, qo;
+      for (std::size_t g = 0; g <= G; ++g) {
+        o.push_back(static_cast<std::int64_t>(g * n));
+        qo.push_back(static_cast<std::int64_t>(g * m));
       }
-      same_rows = static_cast<double>(same) / static_cast<double>(n);
-      const kvsift::graph_index<kvsift::view_store<float>> gg(kvsift::view_store<float>(all), R,
-                                                              std::move(got), ev);
-      gpu_r100 = recall(gg, eval, exact, 100);
-      gpu_r200 = recall(gg, eval, exact, 200);
+      for (std::size_t g = 0; g < G; ++g) {
+        upload(kd.p + g * n * d, kv);
+        upload(qd.p + g * m * d, qv);
+        upload(adj.p + g * n * R, a);
+        upload(ent.p + g * ev.size(), ev);
+        upload(ki.p + g * m * knn.k, lists.knn_ids);
+        upload(kk.p + g * m * knn.k, lists.knn_keys);
+        upload(wk.p + g * m, lists.worst_key);
+        upload(bk.p + g * m, lists.best_key);
+        upload(bi.p + g * m, lists.best_id);
+        upload(hd.p + g * n * holders, lists.holders);
+        upload(hc.p + g * n, lists.holder_counts);
+      }
+      upload(sz.p, std::vector<std::uint32_t>(G, static_cast<std::uint32_t>(base)));
+      upload(off.p, o);
+      upload(qoff.p, qo);
+      KVSIFT_CUDA_CHECK(cudaMemset(status.p, 0, 4));
+      kc::graph_set_ref set{adj.p,
+                            off.p,
+                            ent.p,
+                            static_cast<int>(G),
+                            static_cast<int>(R),
+                            static_cast<int>(ev.size()),
+                            static_cast<std::int64_t>(n),
+                            sz.p};
+      kc::batch_insert_state_ref st{adj.p,
+                                    sz.p,
+                                    qd.p,
+                                    static_cast<std::int64_t>(d),
+                                    qoff.p,
+                                    static_cast<std::int64_t>(m),
+                                    static_cast<int>(knn.k),
+                                    ki.p,
+                                    kk.p,
+                                    wk.p,
+                                    bi.p,
+                                    bk.p,
+                                    hd.p,
+                                    hc.p,
+                                    static_cast<int>(holders)};
+      const std::size_t bytes = kc::batch_insert_workspace_size(set, static_cast<int>(d), st, gp);
+      dev<unsigned char> ws(bytes);
+      const kc::dense_keys_ref<float> keys_ref{kd.p, static_cast<std::int64_t>(d),
+                                               static_cast<int>(d)};
+      cudaEvent_t e0, e1;
+      KVSIFT_CUDA_CHECK(cudaEventCreate(&e0));
+      KVSIFT_CUDA_CHECK(cudaEventCreate(&e1));
+      KVSIFT_CUDA_CHECK(cudaEventRecord(e0, stream));
+      for (std::size_t i = base; i < n; ++i) {
+        kc::batch_insert(set, keys_ref, st, gp, ws.p, bytes, stream, status.p);
+      }
+      KVSIFT_CUDA_CHECK(cudaEventRecord(e1, stream));
+      KVSIFT_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      const double per_launch = ms / static_cast<double>(n - base);
+      std::uint32_t st_word = 0, size0 = 0;
+      KVSIFT_CUDA_CHECK(cudaMemcpy(&st_word, status.p, 4, cudaMemcpyDeviceToHost));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(&size0, sz.p, 4, cudaMemcpyDeviceToHost));
+      std::printf("%6zu %8zu %14.3f %16.2f %11.1fx%s\n", widths[wi], G, per_launch,
+                  per_launch * 1e3 / static_cast<double>(G),
+                  cpu_mean / (per_launch * 1e3 / static_cast<double>(G)),
+                  st_word != 0 || size0 != n ? "  (status set or sizes short!)" : "");
+      if (gi == 0) {
+        std::vector<id_t> got(n * R);
+        KVSIFT_CUDA_CHECK(
+            cudaMemcpy(got.data(), adj.p, got.size() * sizeof(id_t), cudaMemcpyDeviceToHost));
+        std::size_t same = 0;
+        for (std::size_t r = 0; r < n; ++r) {
+          const auto nb = cpu.neighbors(static_cast<id_t>(r));
+          same += std::equal(nb.begin(), nb.end(), got.begin() + r * R) &&
+                          (nb.size() == R || got[r * R + nb.size()] == kvsift::invalid_id)
+                      ? 1
+                      : 0;
+        }
+        same_rows[wi] = static_cast<double>(same) / static_cast<double>(n);
+        const kvsift::graph_index<kvsift::view_store<float>> gg(kvsift::view_store<float>(all), R,
+                                                                std::move(got), ev);
+        gpu_r100[wi] = recall(gg, eval, exact, 100);
+        gpu_r200[wi] = recall(gg, eval, exact, 200);
+      }
+      KVSIFT_CUDA_CHECK(cudaEventDestroy(e0));
+      KVSIFT_CUDA_CHECK(cudaEventDestroy(e1));
     }
-    KVSIFT_CUDA_CHECK(cudaEventDestroy(e0));
-    KVSIFT_CUDA_CHECK(cudaEventDestroy(e1));
   }
   std::printf("\nCPU insert (one thread): mean %.1f us per key, p50 %.1f\n", cpu_mean, cpu_p50);
-  std::printf("rows of the GPU graph equal to the CPU's: %.4f (summation order differs)\n",
-              same_rows);
   std::printf("\nrecall@100 at pool 100 / 200 (holders %zu, candidates %zu):\n", holders,
               candidates);
   std::printf("  rebuild (%.1f s on %zu threads)  %.4f / %.4f\n", rebuild_s, threads,
               recall(rebuild, eval, exact, 100), recall(rebuild, eval, exact, 200));
   std::printf("  CPU insert                       %.4f / %.4f\n", recall(cpu, eval, exact, 100),
               recall(cpu, eval, exact, 200));
-  std::printf("  GPU batch_insert                 %.4f / %.4f\n", gpu_r100, gpu_r200);
+  for (std::size_t wi = 0; wi < widths.size(); ++wi) {
+    std::printf(
+        "  GPU batch_insert, expand_width %2zu %.4f / %.4f (rows equal to the CPU's: %.4f)\n",
+        widths[wi], gpu_r100[wi], gpu_r200[wi], same_rows[wi]);
+  }
   return 0;
 }

@@ -53,8 +53,8 @@ inline decode_search_params bi_search_params(const batch_insert_params& p) {
   s.metric = graph_metric::l2;
   s.k = p.L;
   s.L = p.L;
-  s.expand_width = 1;      // the CPU's walk
-  s.warps_per_search = 0;  // a block per search when few run at once: the same walk
+  s.expand_width = p.expand_width;  // 1: the CPU's walk
+  s.warps_per_search = 0;           // a block per search when few run at once: the same walk
   return s;
 }
 
@@ -65,6 +65,8 @@ inline bi_layout bi_plan(const graph_set_ref& set, int dim, const batch_insert_s
   require(set.width >= 1 && set.width <= max_graph_search_width, who,
           ": expected 1 <= adjacency width <= ", max_graph_search_width, ", got ", set.width);
   require(dim >= 1, who, ": expected a positive key dimension, got ", dim);
+  require(p.expand_width >= 1 && p.expand_width <= max_decode_expand_width, who,
+          ": expected 1 <= expand_width <= ", max_decode_expand_width, ", got ", p.expand_width);
   require(p.L >= 1 && p.L <= max_decode_search_L, who, ": expected 1 <= L <= ", max_decode_search_L,
           ", got ", p.L);
   require(p.degree >= 0 && p.degree <= set.width, who,
