@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
       dev<float> kd(G * n * d), qd(G * m * d), kk(G * m * knn.k), wk(G * m), bk(G * m);
       dev<id_t> adj(G * n * R), ent(G * built.entry_points().size()), ki(G * m * knn.k), bi(G * m),
           hd(G * n * holders);
-      dev<std::uint32_t> sz(G), hc(G * n), status(1);
+      dev<std::uint32_t> sz(G), hc(G * n), lo(G * n), status(1);
       dev<std::int64_t> off(G + 1), qoff(G + 1);
       std::vector<id_t> a(n * R, kvsift::invalid_id);
       std::copy(built.adjacency().begin(), built.adjacency().end(), a.begin());
@@ -188,6 +188,7 @@ int main(int argc, char** argv) {
         upload(bi.p + g * m, lists.best_id);
         upload(hd.p + g * n * holders, lists.holders);
         upload(hc.p + g * n, lists.holder_counts);
+        upload(lo.p + g * n, lists.layouts);
       }
       upload(sz.p, std::vector<std::uint32_t>(G, static_cast<std::uint32_t>(base)));
       upload(off.p, o);
@@ -216,6 +217,7 @@ int main(int argc, char** argv) {
                                     hd.p,
                                     hc.p,
                                     static_cast<int>(holders)};
+      st.layouts = lo.p;
       const std::size_t bytes = kc::batch_insert_workspace_size(set, static_cast<int>(d), st, gp);
       dev<unsigned char> ws(bytes);
       const kc::dense_keys_ref<float> keys_ref{kd.p, static_cast<std::int64_t>(d),

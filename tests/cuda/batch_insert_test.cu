@@ -70,7 +70,7 @@ struct gpu_case {
   device_buffer<T> keys;
   device_buffer<float> queries, knn_keys, worst, best_key;
   device_buffer<id_t> adj, entries, knn_ids, best_id, holders;
-  device_buffer<std::uint32_t> sizes, holder_counts, status;
+  device_buffer<std::uint32_t> sizes, holder_counts, layouts, status;
   device_buffer<std::int64_t> offsets_d, qoffsets_d;
   kc::graph_set_ref set;
   kc::batch_insert_state_ref st;
@@ -84,7 +84,7 @@ struct gpu_case {
     std::vector<T> k;
     std::vector<float> q, kk, wk, bk;
     std::vector<id_t> a(G * n * R, kvsift::invalid_id), e, ki, bi, h;
-    std::vector<std::uint32_t> sz, hc;
+    std::vector<std::uint32_t> sz, hc, lo;
     std::size_t max_entries = 0;
     for (const auto& g : gs) max_entries = std::max(max_entries, g.built.entry_points().size());
     for (std::size_t gi = 0; gi < G; ++gi) {
@@ -107,6 +107,7 @@ struct gpu_case {
       bi.insert(bi.end(), l.best_id.begin(), l.best_id.end());
       h.insert(h.end(), l.holders.begin(), l.holders.end());
       hc.insert(hc.end(), l.holder_counts.begin(), l.holder_counts.end());
+      lo.insert(lo.end(), l.layouts.begin(), l.layouts.end());
       sz.push_back(static_cast<std::uint32_t>(base));
     }
     offsets.push_back(static_cast<std::int64_t>(G * n));
@@ -123,6 +124,7 @@ struct gpu_case {
     holders = device_buffer<id_t>(h);
     sizes = device_buffer<std::uint32_t>(sz);
     holder_counts = device_buffer<std::uint32_t>(hc);
+    layouts = device_buffer<std::uint32_t>(lo);
     status = device_buffer<std::uint32_t>(std::vector<std::uint32_t>{0});
     offsets_d = device_buffer<std::int64_t>(offsets);
     qoffsets_d = device_buffer<std::int64_t>(qoffsets);
@@ -149,6 +151,7 @@ struct gpu_case {
     st.holders = holders.get();
     st.holder_counts = holder_counts.get();
     st.holder_capacity = holder_cap;
+    st.layouts = layouts.get();
   }
   [[nodiscard]] kc::dense_keys_ref<T> key_ref() const {
     return {keys.get(), static_cast<std::int64_t>(d), static_cast<int>(d)};
@@ -227,7 +230,8 @@ std::size_t mismatches(const gpu_case<T>& c, const std::vector<one_graph>& gs) {
 }
 
 template <class T>
-void check_against_cpu(std::size_t d, const kc::batch_insert_params& p, int H, bool paged = false) {
+void check_against_cpu(std::size_t d, const kc::batch_insert_params& p, int H, bool paged = false,
+                       bool layouts = true) {
   constexpr std::size_t n = 620, base = 500;
   const auto ip = cpu_params(p, H);
   std::vector<one_graph> gs;
@@ -235,6 +239,7 @@ void check_against_cpu(std::size_t d, const kc::batch_insert_params& p, int H, b
   gs.emplace_back(n, d, base, 5u, ip);
   gpu_case<T> c(gs, base, H);
   if (paged) c.make_pages(gs);
+  if (!layouts) c.st.layouts = nullptr;  // every full row re-pruned
   const std::size_t bytes = kc::batch_insert_workspace_size(c.set, static_cast<int>(d), c.st, p);
   device_buffer<unsigned char> ws(bytes);
   std::size_t total = 0, checks = 0;
@@ -252,7 +257,7 @@ void check_against_cpu(std::size_t d, const kc::batch_insert_params& p, int H, b
     }
   }
   INFO("d " << d << ", H " << H << ", C " << p.query_candidates << ", lists " << p.update_query_knn
-            << ", t " << p.query_neighbors << ", paged " << paged);
+            << ", t " << p.query_neighbors << ", paged " << paged << ", layouts " << layouts);
   CHECK(checks == 12);
   CHECK(total == 0);
   CHECK(c.status.download()[0] == 0u);
@@ -274,6 +279,7 @@ TEST_CASE("batch_insert_matches_cpu_insert", "[cuda][batch_insert]") {
   check_against_cpu<__half>(24, p, 8);        // f16 keys (integers are exact)
   check_against_cpu<float>(24, p, 64);        // the cap on key -> query lists rarely binds
   check_against_cpu<__half>(24, p, 8, true);  // keys in a paged pool, as a KV cache holds them
+  check_against_cpu<float>(24, p, 8, false, false);  // no row layouts: every full row re-pruned
 }
 
 TEST_CASE("batch_insert_matches_cpu_rule_variants", "[cuda][batch_insert]") {

@@ -23,7 +23,8 @@
 // Measured on the H200 (Gemma-3 32K layer 11, the last 20% of the keys inserted, G copies of
 // the graph per launch; docs/algorithms.md): 1.80 ms per launch for one graph, 2.35 ms for 64
 // (37 us per key, 19x one CPU thread's insert in the same run); recall equal to the CPU insert's.
-// With `expand_width` 8: 1.49 ms and 1.79 ms (28 us per key), recall within 0.004.
+// With the row layouts (`batch_insert_state_ref::layouts`) 1.35 / 1.87 ms, the same graph; with
+// them and `expand_width` 8 1.03 / 1.31 ms (20.5 us per key), recall within 0.004.
 // A launch is a chain of dependent steps: run it off the decode step's critical path (its own
 // stream), not inside it.
 //
@@ -100,6 +101,12 @@ struct batch_insert_state_ref {
   id_t* holders = nullptr;                     ///< [rows][holder_capacity]
   std::uint32_t* holder_counts = nullptr;      ///< [rows]
   int holder_capacity = 128;                   ///< H, 1..max_insert_holders
+  /// Optional [rows]: per full row, how many of its leading edges its last re-pruning kept
+  /// (its layout: those, then the fill, each in rank order), 0xFFFFFFFF when unknown (all of
+  /// them at first: `insert_lists::layouts`). With it, a full row that x cannot join among the
+  /// kept edges is settled with a few distances instead of an O(R^2 d) re-pruning, as the CPU
+  /// does (same graph); null: every full row is re-pruned.
+  std::uint32_t* layouts = nullptr;
 };
 
 /// One graph's list arrays as `batch_insert_state_ref` holds them (host vectors to upload at
@@ -110,6 +117,7 @@ struct insert_lists {
   std::vector<id_t> best_id;
   std::vector<id_t> holders;  ///< rows x H (rows = the graph's capacity)
   std::vector<std::uint32_t> holder_counts;
+  std::vector<std::uint32_t> layouts;  ///< rows, all unknown (0xFFFFFFFF)
 };
 
 /**

@@ -32,6 +32,7 @@ namespace kvsift::cuda::detail {
 // bench/results/h200_batch_insert_threads.txt).
 inline constexpr int bi_threads = 1024;
 inline constexpr int bi_smem_words = 4096;
+inline constexpr std::uint32_t bi_unknown_layout = 0xffffffffu;
 inline constexpr int bi_warps = bi_threads / 32;
 
 /// Byte offsets of one graph's scratch in the workspace (all 16-byte aligned), and the sizes
@@ -192,12 +193,12 @@ __device__ __forceinline__ int bi_append(bool take, std::uint32_t v, std::uint32
 
 /// RNG pruning of sorted candidates (ids[0, n), keys = minus the squared distance to the pivot)
 /// to `degree`, filled with pruned ones in rank order when `fill`: `rng_prune`'s rule, on one
-/// warp (bi_rows_at_once kept rows per round of loads). Writes kept[0, return); dropped is
-/// scratch.
+/// warp (bi_rows_at_once kept rows per round of loads). Writes kept[0, return) (the RNG-kept
+/// ones first, their count in *rng_kept); dropped is scratch.
 template <class T, class Src>
 __device__ int bi_prune(const Src& src, int g, std::int64_t base, int d, const std::uint32_t* ids,
                         const float* keys, int n, int degree, bool fill, std::uint32_t* kept,
-                        std::uint32_t* dropped, int lane) {
+                        std::uint32_t* dropped, int lane, int* rng_kept = nullptr) {
   constexpr int U = bi_rows_at_once;
   int nk = 0, nd = 0;
   for (int i = 0; i < n && nk < degree; ++i) {
@@ -229,6 +230,7 @@ __device__ int bi_prune(const Src& src, int g, std::int64_t base, int d, const s
     }
     __syncwarp();
   }
+  if (rng_kept != nullptr) *rng_kept = nk;
   const int fills = fill ? min(min(nd, degree), degree - nk) : 0;
   for (int i = lane; i < fills; i += 32) kept[nk + i] = dropped[i];
   __syncwarp();
@@ -347,6 +349,7 @@ __global__ void __launch_bounds__(bi_threads)
   const std::int64_t qbase = st.query_offset[g];
   const std::int64_t m = st.query_offset[g + 1] - qbase;
   const bool need_queries = lay.t > 0 || update_lists;
+  std::uint32_t* layouts = st.layouts;
   auto row_of = [&](std::uint32_t i) { return src.row(g, base, i); };
   auto holders_of = [&](std::uint32_t key) {
     return st.holders + static_cast<std::size_t>(base + key) * static_cast<std::size_t>(H);
@@ -485,6 +488,7 @@ __global__ void __launch_bounds__(bi_threads)
     if (lane == 0) {
       s_nk = nk;
       st.holder_counts[base + x] = 0;
+      if (layouts != nullptr) layouts[base + x] = bi_unknown_layout;
       s_linked = 0;
     }
   }
@@ -602,14 +606,82 @@ __global__ void __launch_bounds__(bi_threads)
     if (deg < R) {
       if (lane == 0) {
         row_y[deg] = x;
+        if (layouts != nullptr) layouts[base + y] = bi_unknown_layout;
         s_linked = 1;
       }
       __syncwarp();
       continue;
     }
-    // A full row: the build's re-pruning with x as one more candidate (RNG in rank order
-    // around y, filled to R).
     const T* ry = row_of(y);
+    // A full row laid out as its last re-pruning left it (RNG-kept edges, then the fill, each
+    // in rank order around y): while x is occluded by a kept edge ranking before it, the
+    // re-pruning would keep the kept edges and drop the farthest of the fill and x, so a few
+    // distances decide (the CPU's link_back, edge for edge); otherwise re-prune.
+    const std::uint32_t kept = layouts != nullptr && fill ? layouts[base + y] : bi_unknown_layout;
+    if (kept != bi_unknown_layout) {
+      float sx = 0.0f;
+      {
+        const T* one[1] = {ry};
+        float dist[1];
+        bi_warp_l2<1>(row_of(x), one, d, lane, dist);
+        sx = walk_key<true>(dist[0]);
+      }
+      bool occluded = false, stop = false;
+      for (int j0 = 0; j0 < static_cast<int>(kept) && !occluded && !stop; j0 += bi_rows_at_once) {
+        const T* rows[bi_rows_at_once];
+        float dy[bi_rows_at_once], dx[bi_rows_at_once];
+#pragma unroll
+        for (int u = 0; u < bi_rows_at_once; ++u) {
+          rows[u] = j0 + u < static_cast<int>(kept) ? row_of(row_y[j0 + u]) : nullptr;
+        }
+        bi_warp_l2<bi_rows_at_once>(ry, rows, d, lane, dy);
+        bi_warp_l2<bi_rows_at_once>(row_of(x), rows, d, lane, dx);
+#pragma unroll
+        for (int u = 0; u < bi_rows_at_once; ++u) {
+          if (occluded || stop || j0 + u >= static_cast<int>(kept)) continue;
+          if (!bi_better(walk_key<true>(dy[u]), row_y[j0 + u], sx, x)) {
+            stop = true;
+          } else {
+            occluded = walk_key<true>(dx[u]) > sx;
+          }
+        }
+      }
+      if (occluded) {
+        // x is pruned: it goes if R edges were kept or the fill's last edge ranks before it;
+        // otherwise the last goes and x takes its rank among the fill.
+        if (kept < static_cast<std::uint32_t>(R)) {
+          for (int j0 = static_cast<int>(kept); j0 < R; j0 += bi_rows_at_once) {
+            const T* rows[bi_rows_at_once];
+            float dist[bi_rows_at_once];
+#pragma unroll
+            for (int u = 0; u < bi_rows_at_once; ++u) {
+              rows[u] = j0 + u < R ? row_of(row_y[j0 + u]) : nullptr;
+            }
+            bi_warp_l2<bi_rows_at_once>(ry, rows, d, lane, dist);
+            if (lane < bi_rows_at_once && j0 + lane < R) {
+#pragma unroll
+              for (int u = 0; u < bi_rows_at_once; ++u) {
+                if (u == lane) ukey[j0 + u] = walk_key<true>(dist[u]);
+              }
+            }
+          }
+          __syncwarp();
+          if (lane == 0 && !bi_better(ukey[R - 1], row_y[R - 1], sx, x)) {
+            int pos = R - 1;
+            for (; pos > static_cast<int>(kept) && !bi_better(ukey[pos - 1], row_y[pos - 1], sx, x);
+                 --pos) {
+              row_y[pos] = row_y[pos - 1];
+            }
+            row_y[pos] = x;
+            s_linked = 1;
+          }
+          __syncwarp();
+        }
+        continue;
+      }
+    }
+    // The build's re-pruning with x as one more candidate (RNG in rank order around y, filled
+    // to R); it records the row's new layout.
     for (int j = lane; j <= R; j += 32) uid[j] = j < R ? row_y[j] : x;
     __syncwarp();
     for (int j0 = 0; j0 <= R; j0 += bi_rows_at_once) {
@@ -630,7 +702,10 @@ __global__ void __launch_bounds__(bi_threads)
     __syncwarp();
     bi_rank_sort(ukey, uid, R + 1, rskey, rsid, lane, 32);
     __syncwarp();
-    const int nr = bi_prune<T>(src, g, base, d, rsid, rskey, R + 1, R, fill, rkept, rdropped, lane);
+    int rng_kept = 0;
+    const int nr =
+        bi_prune<T>(src, g, base, d, rsid, rskey, R + 1, R, fill, rkept, rdropped, lane, &rng_kept);
+    if (layouts != nullptr && lane == 0) layouts[base + y] = static_cast<std::uint32_t>(rng_kept);
     bool took = false;
     for (int j = lane; j < R; j += 32) {
       const std::uint32_t v = j < nr ? rkept[j] : invalid_id;
@@ -648,7 +723,10 @@ __global__ void __launch_bounds__(bi_threads)
       const std::uint32_t y = targets[0];
       id_t* row_y = st.adjacency + static_cast<std::size_t>(base + y) * R;
       const int deg = bi_row_degree(row_y, R, lane);
-      if (lane == 0 && deg > 0) row_y[deg - 1] = x;
+      if (lane == 0 && deg > 0) {
+        row_y[deg - 1] = x;
+        if (layouts != nullptr) layouts[base + y] = bi_unknown_layout;
+      }
       __syncwarp();
     }
     id_t* row_x = st.adjacency + static_cast<std::size_t>(base + x) * R;
@@ -700,6 +778,7 @@ void batch_insert_launch(const graph_set_ref& set, const Src& src, int dim, bool
     require_device_pointer(ptrs[i], device, who, names[i]);
   }
   if (status != nullptr) require_device_pointer(status, device, who, "status");
+  if (st.layouts != nullptr) require_device_pointer(st.layouts, device, who, "layouts");
   auto* ws = static_cast<unsigned char*>(workspace);
   const auto G = static_cast<unsigned>(set.num_graphs);
   bi_prepare_kernel<T><<<G, 128, 0, stream>>>(set, src, l, ws, status);
@@ -757,6 +836,7 @@ inline insert_lists make_insert_lists(const std::vector<id_t>& ids,
   r.best_id.resize(m);
   r.holders.assign(rows * H, invalid_id);
   r.holder_counts.assign(rows, 0);
+  r.layouts.assign(rows, detail::bi_unknown_layout);
   const auto rank = [](float k1, id_t i1, float k2, id_t i2) {
     return k1 > k2 || (k1 == k2 && i1 < i2);
   };
