@@ -618,7 +618,7 @@ __global__ void __launch_bounds__(bi_threads)
     // re-pruning would keep the kept edges and drop the farthest of the fill and x, so a few
     // distances decide (the CPU's link_back, edge for edge); otherwise re-prune.
     const std::uint32_t kept = layouts != nullptr && fill ? layouts[base + y] : bi_unknown_layout;
-    if (kept != bi_unknown_layout) {
+    if (kept <= static_cast<std::uint32_t>(R)) {  // known (a corrupt count > R re-prunes)
       float sx = 0.0f;
       {
         const T* one[1] = {ry};
