@@ -23,8 +23,9 @@
 // Measured on the H200 (Gemma-3 32K layer 11, the last 20% of the keys inserted, G copies of
 // the graph per launch; docs/algorithms.md): 1.80 ms per launch for one graph, 2.35 ms for 64
 // (37 us per key, 19x one CPU thread's insert in the same run); recall equal to the CPU insert's.
-// With the row layouts (`batch_insert_state_ref::layouts`) 1.35 / 1.87 ms, the same graph; with
-// them and `expand_width` 8 1.03 / 1.31 ms (20.5 us per key), recall within 0.004.
+// Since then (full rows settled from `batch_insert_state_ref::layouts`, x's pruning on the whole
+// block): 1.29 / 1.85 ms, the same graph; with `expand_width` 8 as well 0.97 / 1.27 ms (19.8 us
+// per key), recall within 0.004.
 // A launch is a chain of dependent steps: run it off the decode step's critical path (its own
 // stream), not inside it.
 //

@@ -8,7 +8,8 @@
 // what is searched repeatedly, the reverse-edge targets and the gathered-query bitset (at most
 // 34 KiB whatever the sizes, so no opt-in above 48 KiB is needed). Each step that the CPU runs
 // in an order that matters (gathering queries, pruning, building the reverse-edge targets, x's
-// pivot edges) runs on one warp in that order, the others on every warp.
+// pivot edges) is decided on one warp in that order; its distances, and the other steps, run on
+// every warp.
 
 #include <cuda_runtime.h>
 
@@ -39,7 +40,7 @@ inline constexpr int bi_warps = bi_threads / 32;
 /// the kernel needs.
 struct bi_layout {
   std::size_t x = 0, skip = 0, bits = 0, qids = 0, qkeys = 0, cids = 0, ckeys = 0, sids = 0,
-              skeys = 0, ent = 0, piv = 0, kept = 0, dropped = 0, warp = 0;
+              skeys = 0, ent = 0, piv = 0, kept = 0, dropped = 0, dk = 0, db = 0, warp = 0;
   std::size_t warp_bytes = 0, graph_bytes = 0;
   std::size_t found = 0, found_counts = 0, qgraph = 0, search_ws = 0, search_bytes = 0;
   std::size_t total = 0;
@@ -114,6 +115,9 @@ inline bi_layout bi_plan(const graph_set_ref& set, int dim, const batch_insert_s
   l.piv = take(C * 4);
   l.kept = take(R * 4);
   l.dropped = take(R * 4);
+  // x's pruning in batches: each member's distances to the kept ids and to the members before it.
+  l.dk = take(static_cast<std::size_t>(bi_warps) * static_cast<std::size_t>(l.degree) * 4);
+  l.db = take(static_cast<std::size_t>(bi_warps) * bi_warps * 4);
   // Per warp, a row's re-pruning: R + 1 candidates (ids, keys) unsorted and sorted, kept and
   // dropped lists.
   l.warp_bytes = bi_align((R + 1) * 16) + 2 * bi_align(R * 4);
@@ -237,6 +241,90 @@ __device__ int bi_prune(const Src& src, int g, std::int64_t base, int d, const s
   return nk + fills;
 }
 
+/// `bi_prune` on the whole block, for x's own candidates (up to query_neighbors x nq + L of
+/// them): candidates in batches of bi_warps, warp w scoring batch member w against the ids kept
+/// so far (dk) and against the members before it (db), all at once; warp 0 then decides the
+/// batch in order, a member dropped if a kept id or a member kept earlier in the batch is closer
+/// to it than the pivot is. The same decisions as bi_prune, in batches of parallel distances
+/// instead of a chain of them. Every thread calls it; returns the kept count (kept[0, return)).
+template <class T, class Src>
+__device__ int bi_prune_block(const Src& src, int g, std::int64_t base, int d,
+                              const std::uint32_t* ids, const float* keys, int n, int degree,
+                              bool fill, std::uint32_t* kept, std::uint32_t* dropped, float* dk,
+                              float* db, int* s_counts, int warp, int lane) {
+  constexpr unsigned full = 0xffffffffu;
+  constexpr int U = bi_rows_at_once;
+  int nk = 0, nd = 0;
+  for (int b0 = 0; b0 < n && nk < degree; b0 += bi_warps) {
+    const int bn = min(bi_warps, n - b0);
+    if (warp < bn) {
+      const T* rc = src.row(g, base, ids[b0 + warp]);
+      for (int k0 = 0; k0 < nk; k0 += U) {
+        const T* rows[U];
+        float dist[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          rows[u] = k0 + u < nk ? src.row(g, base, kept[k0 + u]) : nullptr;
+        bi_warp_l2<U>(rc, rows, d, lane, dist);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (lane == u && k0 + u < nk) dk[warp * degree + k0 + u] = walk_key<true>(dist[u]);
+        }
+      }
+      for (int j0 = 0; j0 < warp; j0 += U) {
+        const T* rows[U];
+        float dist[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          rows[u] = j0 + u < warp ? src.row(g, base, ids[b0 + j0 + u]) : nullptr;
+        }
+        bi_warp_l2<U>(rc, rows, d, lane, dist);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (lane == u && j0 + u < warp) db[warp * bi_warps + j0 + u] = walk_key<true>(dist[u]);
+        }
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int old = nk;
+      unsigned taken = 0;  // batch members kept
+      for (int i = 0; i < bn && nk < degree; ++i) {
+        const float ki = keys[b0 + i];
+        bool closer = false;
+        for (int k = lane; k < old; k += 32) closer = closer || dk[i * degree + k] > ki;
+        if (lane < i && ((taken >> lane) & 1u) != 0u)
+          closer = closer || db[i * bi_warps + lane] > ki;
+        const bool drop = __any_sync(full, closer);
+        if (!drop) {
+          if (lane == 0) kept[nk] = ids[b0 + i];
+          taken |= 1u << i;
+          ++nk;
+        } else {
+          if (lane == 0 && nd < degree) dropped[nd] = ids[b0 + i];
+          ++nd;
+        }
+        __syncwarp();
+      }
+      if (lane == 0) {
+        s_counts[0] = nk;
+        s_counts[1] = nd;
+      }
+    }
+    __syncthreads();
+    nk = s_counts[0];
+    nd = s_counts[1];
+  }
+  __syncthreads();  // every warp has read the counts before warp 0 overwrites them
+  if (warp == 0) {
+    const int fills = fill ? min(min(nd, degree), degree - nk) : 0;
+    for (int i = lane; i < fills; i += 32) kept[nk + i] = dropped[i];
+    if (lane == 0) s_counts[0] = nk + fills;
+  }
+  __syncthreads();
+  return s_counts[0];
+}
+
 /// Sorts n (key, id) pairs best first by counting each one's rank (n^2 comparisons split over
 /// `threads` threads starting at `t`); pairs equal in key and id keep their input order.
 __device__ inline void bi_rank_sort(const float* keys, const std::uint32_t* ids, int n,
@@ -336,12 +424,15 @@ __global__ void __launch_bounds__(bi_threads)
   auto* piv = reinterpret_cast<std::uint32_t*>(w + lay.piv);
   auto* kept = reinterpret_cast<std::uint32_t*>(w + lay.kept);
   auto* dropped = reinterpret_cast<std::uint32_t*>(w + lay.dropped);
+  auto* dk = reinterpret_cast<float*>(w + lay.dk);
+  auto* db = reinterpret_cast<float*>(w + lay.db);
   const std::uint32_t* found =
       reinterpret_cast<const std::uint32_t*>(ws + lay.found) + static_cast<std::size_t>(g) * lay.L;
   const int fc = min(
       static_cast<int>(reinterpret_cast<const std::uint32_t*>(ws + lay.found_counts)[g]), lay.L);
 
-  __shared__ int s_ng, s_nc, s_nk, s_nent, s_ntg, s_linked;
+  __shared__ int s_ng, s_nc, s_nent, s_ntg, s_linked;
+  __shared__ int s_counts[3];
   __shared__ std::uint32_t s_top[8];
   const int d = lay.d, R = set.width, H = st.holder_capacity, nq = st.nq;
   const std::int64_t base = set.row_offset[g];
@@ -479,21 +570,22 @@ __global__ void __launch_bounds__(bi_threads)
       }
       nu += __popc(b);
     }
-    __syncwarp();
-    const int nk =
-        bi_prune<T>(src, g, base, d, cids, ckeys, nu, lay.degree, fill, kept, dropped, lane);
+    if (lane == 0) s_counts[2] = nu;
+  }
+  __syncthreads();
+  const int nk = bi_prune_block<T>(src, g, base, d, cids, ckeys, s_counts[2], lay.degree, fill,
+                                   kept, dropped, dk, db, s_counts, warp, lane);
+  if (warp == 0) {
     id_t* row_x = st.adjacency + static_cast<std::size_t>(base + x) * R;
     for (int j = lane; j < R; j += 32) row_x[j] = j < nk ? kept[j] : invalid_id;
     for (int j = lane; j < nk; j += 32) targets[j] = kept[j];
     if (lane == 0) {
-      s_nk = nk;
       st.holder_counts[base + x] = 0;
       if (layouts != nullptr) layouts[base + x] = bi_unknown_layout;
       s_linked = 0;
     }
   }
   __syncthreads();
-  const int nk = s_nk;
 
   // 4. The lists x beats take it, in place of their worst entry.
   if (update_lists) {
