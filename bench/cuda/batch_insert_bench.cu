@@ -89,10 +89,10 @@ int main(int argc, char** argv) {
   }
   const auto numbers = [](const std::string& list) {
     std::vector<std::size_t> out;
-    for (std::size_t at = 0; at < list.size();) {
-      const std::size_t c = list.find(',', at);
-      out.push_back(std::stoul(list.substr(at, c - at)));
-      at = c == std::string::npos ? list.size() : c + 1;
+    const std::vector<std::string> items = split_list(list);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      // A trailing comma (or an empty list) ends the list; an empty item inside it is an error.
+      if (!(items[i].empty() && i + 1 == items.size())) out.push_back(std::stoul(items[i]));
     }
     return out;
   };

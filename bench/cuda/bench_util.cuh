@@ -56,6 +56,19 @@ inline option_spec string_option(const char* name, std::string& field) {
   return {name, [&field](const char* v) { field = v; }};
 }
 
+/// The comma-separated items of `s`, in order (empty items kept: "a,,b" gives three).
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const std::size_t c = s.find(',', at);
+    out.push_back(s.substr(at, c == std::string::npos ? std::string::npos : c - at));
+    if (c == std::string::npos) break;
+    at = c + 1;
+  }
+  return out;
+}
+
 /// Parses "--name value" pairs; an unknown option or a missing value exits with status 2.
 inline void parse_options(int argc, char** argv, std::initializer_list<option_spec> specs) {
   for (int i = 1; i < argc; i += 2) {

@@ -42,18 +42,6 @@ using kvsift::matrix_view;
 namespace kc = kvsift::cuda;
 using kvsift::cuda_bench::dev;
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (at <= s.size()) {
-    const std::size_t c = s.find(',', at);
-    out.push_back(s.substr(at, c == std::string::npos ? std::string::npos : c - at));
-    if (c == std::string::npos) break;
-    at = c + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,7 +68,7 @@ int main(int argc, char** argv) {
   const auto keys32 = kvsift::read_vectors(kvsift::file_path(keys_path));
   const auto train = kvsift::read_vectors(kvsift::file_path(train_path));
   std::vector<kvsift::dense_matrix<float>> evals;
-  for (const auto& e : split(eval_paths))
+  for (const auto& e : kvsift::cuda_bench::split_list(eval_paths))
     evals.push_back(kvsift::read_vectors(kvsift::file_path(e)));
   const std::size_t n = keys32.rows(), d = keys32.cols(), H = evals.size();
   for (const auto& e : evals) {
