@@ -182,6 +182,26 @@ __device__ void bi_warp_l2(const T* c, const T* const (&r)[U], int d, int lane, 
 
 inline constexpr int bi_rows_at_once = 4;
 
+/// out[j] = the rank key (minus the squared distance) of row c against key ids[j], for
+/// j < count: bi_rows_at_once rows per round of loads, lane u writing row u's key. Every lane
+/// of the warp calls it.
+template <class T, class Src>
+__device__ void bi_l2_keys(const Src& src, int g, std::int64_t base, const T* c,
+                           const std::uint32_t* ids, int count, int d, int lane, float* out) {
+  constexpr int U = bi_rows_at_once;
+  for (int j0 = 0; j0 < count; j0 += U) {
+    const T* rows[U];
+    float dist[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) rows[u] = j0 + u < count ? src.row(g, base, ids[j0 + u]) : nullptr;
+    bi_warp_l2<U>(c, rows, d, lane, dist);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (lane == u && j0 + u < count) out[j0 + u] = walk_key<true>(dist[u]);
+    }
+  }
+}
+
 /// (k1, i1) ranks before (k2, i2): higher key first, ties to the lower id.
 __device__ __forceinline__ bool bi_better(float k1, std::uint32_t i1, float k2, std::uint32_t i2) {
   return k1 > k2 || (k1 == k2 && i1 < i2);
@@ -253,37 +273,13 @@ __device__ int bi_prune_block(const Src& src, int g, std::int64_t base, int d,
                               bool fill, std::uint32_t* kept, std::uint32_t* dropped, float* dk,
                               float* db, int* s_counts, int warp, int lane) {
   constexpr unsigned full = 0xffffffffu;
-  constexpr int U = bi_rows_at_once;
   int nk = 0, nd = 0;
   for (int b0 = 0; b0 < n && nk < degree; b0 += bi_warps) {
     const int bn = min(bi_warps, n - b0);
     if (warp < bn) {
       const T* rc = src.row(g, base, ids[b0 + warp]);
-      for (int k0 = 0; k0 < nk; k0 += U) {
-        const T* rows[U];
-        float dist[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          rows[u] = k0 + u < nk ? src.row(g, base, kept[k0 + u]) : nullptr;
-        bi_warp_l2<U>(rc, rows, d, lane, dist);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (lane == u && k0 + u < nk) dk[warp * degree + k0 + u] = walk_key<true>(dist[u]);
-        }
-      }
-      for (int j0 = 0; j0 < warp; j0 += U) {
-        const T* rows[U];
-        float dist[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          rows[u] = j0 + u < warp ? src.row(g, base, ids[b0 + j0 + u]) : nullptr;
-        }
-        bi_warp_l2<U>(rc, rows, d, lane, dist);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (lane == u && j0 + u < warp) db[warp * bi_warps + j0 + u] = walk_key<true>(dist[u]);
-        }
-      }
+      bi_l2_keys<T>(src, g, base, rc, kept, nk, d, lane, dk + warp * degree);
+      bi_l2_keys<T>(src, g, base, rc, ids + b0, warp, d, lane, db + warp * bi_warps);
     }
     __syncthreads();
     if (warp == 0) {
@@ -742,21 +738,8 @@ __global__ void __launch_bounds__(bi_threads)
         // x is pruned: it goes if R edges were kept or the fill's last edge ranks before it;
         // otherwise the last goes and x takes its rank among the fill.
         if (kept < static_cast<std::uint32_t>(R)) {
-          for (int j0 = static_cast<int>(kept); j0 < R; j0 += bi_rows_at_once) {
-            const T* rows[bi_rows_at_once];
-            float dist[bi_rows_at_once];
-#pragma unroll
-            for (int u = 0; u < bi_rows_at_once; ++u) {
-              rows[u] = j0 + u < R ? row_of(row_y[j0 + u]) : nullptr;
-            }
-            bi_warp_l2<bi_rows_at_once>(ry, rows, d, lane, dist);
-            if (lane < bi_rows_at_once && j0 + lane < R) {
-#pragma unroll
-              for (int u = 0; u < bi_rows_at_once; ++u) {
-                if (u == lane) ukey[j0 + u] = walk_key<true>(dist[u]);
-              }
-            }
-          }
+          bi_l2_keys<T>(src, g, base, ry, row_y + kept, R - static_cast<int>(kept), d, lane,
+                        ukey + kept);
           __syncwarp();
           if (lane == 0 && !bi_better(ukey[R - 1], row_y[R - 1], sx, x)) {
             int pos = R - 1;
@@ -776,21 +759,7 @@ __global__ void __launch_bounds__(bi_threads)
     // to R); it records the row's new layout.
     for (int j = lane; j <= R; j += 32) uid[j] = j < R ? row_y[j] : x;
     __syncwarp();
-    for (int j0 = 0; j0 <= R; j0 += bi_rows_at_once) {
-      const T* rows[bi_rows_at_once];
-      float dist[bi_rows_at_once];
-#pragma unroll
-      for (int u = 0; u < bi_rows_at_once; ++u) {
-        rows[u] = j0 + u <= R ? row_of(uid[j0 + u]) : nullptr;
-      }
-      bi_warp_l2<bi_rows_at_once>(ry, rows, d, lane, dist);
-      if (lane < bi_rows_at_once && j0 + lane <= R) {
-#pragma unroll
-        for (int u = 0; u < bi_rows_at_once; ++u) {
-          if (u == lane) ukey[j0 + u] = walk_key<true>(dist[u]);
-        }
-      }
-    }
+    bi_l2_keys<T>(src, g, base, ry, uid, R + 1, d, lane, ukey);
     __syncwarp();
     bi_rank_sort(ukey, uid, R + 1, rskey, rsid, lane, 32);
     __syncwarp();

@@ -26,7 +26,8 @@ __global__ void dstep_prepare_kernel(graph_set_ref set, int heads, int group, in
   const int g = h / group;
   // A bad size (the search flags it) leaves the head with no tokens rather than reading past
   // the graph's rows.
-  const std::int64_t n = ds_graph_keys(set, g) < 0 ? 0 : ds_graph_keys(set, g);
+  const std::int64_t keys = ds_graph_keys(set, g);
+  const std::int64_t n = keys < 0 ? 0 : keys;
   const std::int64_t s = n < sink ? n : sink;
   const std::int64_t lo = n - window > s ? n - window : s;
   const int cap = sink + window;
