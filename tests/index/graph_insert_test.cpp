@@ -339,6 +339,11 @@ TEST_CASE("insert: training kNN lists stay the exact top-nq over all keys, ties 
   const kvsift::knn_result knn = g.query_knn();
   REQUIRE(knn.rows == m);
   REQUIRE(knn.k == nq);
+  // The lists' queries, as the GPU insert's state reads them: the build's, unchanged.
+  const auto tq = g.training_queries();
+  REQUIRE(tq.rows() == m);
+  REQUIRE(tq.cols() == integer_data::d);
+  CHECK(std::equal(data.queries.begin(), data.queries.end(), tq.row(0)));
   std::size_t mismatches = 0, inserted_entries = 0;
   const auto all = data.lists(n);  // the brute force over every key
   for (std::size_t q = 0; q < m; ++q) {

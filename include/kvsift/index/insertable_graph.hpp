@@ -210,6 +210,14 @@ class insertable_graph {
   /// needs to continue from this state. O(m nq log nq); thread safety as the searches.
   [[nodiscard]] knn_result query_knn() const;
 
+  /// The training queries the kNN lists belong to (m x d, f32, row i = query i of
+  /// `query_knn()`). With `query_knn()` and the graph it is the state the GPU insert
+  /// (`kvsift::cuda::batch_insert`) continues from. O(1); a view valid until the object is
+  /// destroyed or assigned (inserts do not move it).
+  [[nodiscard]] matrix_view<const float> training_queries() const noexcept {
+    return {queries_.data(), m_, dim_};
+  }
+
   /// A `graph_index` over a copy of the current keys and graph (to save it with graph_io, or
   /// to search it without the insert state). O(n d + n max_degree).
   [[nodiscard]] graph_index<owning_store<T>, M> snapshot() const;
