@@ -13,39 +13,61 @@ __all__ = ["GraphSet", "graph_set"]
 
 class GraphSet(NamedTuple):
     """RoarGraph indexes stacked for ``kvsift.cuda.decode_step``: graph g is rows
-    ``row_offset[g] : row_offset[g + 1]`` of ``adjacency``."""
+    ``row_offset[g] : row_offset[g + 1]`` of ``adjacency``, of which it holds the first
+    ``sizes[g]`` keys (all of them when ``sizes`` is None; the rest are room to grow into with
+    ``kvsift.cuda.batch_insert``)."""
 
-    adjacency: Any  #: int32 [total keys, width]: row u = u's neighbours, -1 (0xFFFFFFFF) pads
+    adjacency: Any  #: int32 [total rows, width]: row u = u's neighbours, -1 (0xFFFFFFFF) pads
     row_offset: Any  #: int64 [graphs + 1]
     entries: Any  #: int32 [graphs, max entry points], -1 pads
-    max_keys: int  #: keys of the largest graph
+    max_keys: int  #: rows of the largest graph
+    sizes: Any = None  #: int32 [graphs]: keys graph g holds now, or None (every row)
+
+    def map(self, f) -> "GraphSet":
+        """The same set with ``f`` applied to every array (e.g. ``lambda a:
+        torch.from_numpy(a).cuda()`` to move it to the device)."""
+        return GraphSet(f(self.adjacency), f(self.row_offset), f(self.entries), self.max_keys,
+                        None if self.sizes is None else f(self.sizes))
 
 
-def graph_set(indexes: Iterable[Any], *, width: int = 0) -> GraphSet:
-    """Stacks RoarGraphIndex objects (one per (request, KV head), in the order of the page
-    table's rows) into a GraphSet of NumPy arrays. Move them to the device with your framework,
-    e.g. ``GraphSet(*(torch.from_numpy(a).cuda() for a in gs[:3]), gs.max_keys)``. ``width``
+def graph_set(indexes: Iterable[Any], *, width: int = 0, capacity: int = 0) -> GraphSet:
+    """Stacks RoarGraphIndex or InsertableGraphIndex objects (one per (request, KV head), in the
+    order of the page table's rows) into a GraphSet of NumPy arrays. Move them to the device
+    with your framework, e.g. ``gs.map(lambda a: torch.from_numpy(a).cuda())``. ``width``
     cuts or pads every row to that many neighbours (0 = the largest max_degree; the GPU search
-    reads at most 256). O(total keys * width); copies.
+    reads at most 256). ``capacity`` > 0 gives every graph that many rows, its keys first and
+    the rest empty, and sets ``sizes``: room for ``kvsift.cuda.batch_insert`` to add generated
+    keys in place (graph g's key i is then key row ``g * capacity + i``). O(graphs * rows *
+    width); copies.
 
-    Raises ValueError for no indexes or a negative width, TypeError for objects that are not
-    RoarGraphIndex.
+    Raises ValueError for no indexes, a negative width or a capacity below an index's size,
+    TypeError for objects that are not graph indexes.
     """
     idx = list(indexes)
     if not idx:
         raise ValueError("graph_set: expected at least one RoarGraphIndex, got none")
     for i in idx:
         if not hasattr(i, "adjacency"):
-            raise TypeError(f"graph_set: expected RoarGraphIndex objects, got {type(i).__name__}")
+            raise TypeError("graph_set: expected RoarGraphIndex or InsertableGraphIndex objects, "
+                            f"got {type(i).__name__}")
     if int(width) < 0:
         raise ValueError(f"graph_set: expected width >= 0 (0 = max_degree), got {width}")
     w = int(width) or max(max(i.max_degree for i in idx), 1)
     sizes = [int(i.size) for i in idx]
-    adjacency = np.concatenate([np.asarray(i.adjacency(width=w)) for i in idx]).view(np.int32)
+    cap = int(capacity)
+    if cap < 0 or (cap and cap < max(sizes)):
+        raise ValueError(f"graph_set: expected capacity 0 or >= every index's size (largest "
+                         f"{max(sizes)}), got {capacity}")
+    rows = [cap] * len(idx) if cap else sizes
+    adjacency = np.full((sum(rows), w), -1, dtype=np.int32)
     row_offset = np.zeros(len(idx) + 1, dtype=np.int64)
-    row_offset[1:] = np.cumsum(sizes)
+    row_offset[1:] = np.cumsum(rows)
+    for g, i in enumerate(idx):
+        start = int(row_offset[g])
+        adjacency[start: start + sizes[g]] = np.asarray(i.adjacency(width=w)).view(np.int32)
     eps = [np.asarray(i.entry_points) for i in idx]
     entries = np.full((len(idx), max(max(len(e) for e in eps), 1)), -1, dtype=np.int32)
     for g, e in enumerate(eps):
         entries[g, : len(e)] = e.view(np.int32)
-    return GraphSet(adjacency, row_offset, entries, max(max(sizes), 1))
+    key_counts = np.asarray(sizes, dtype=np.int32) if cap else None
+    return GraphSet(adjacency, row_offset, entries, max(max(rows), 1), key_counts)

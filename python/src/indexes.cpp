@@ -68,30 +68,40 @@ py_graph load_roargraph(const std::filesystem::path& path, const py::handle& key
   return {py::reinterpret_borrow<py::object>(keys_h), std::move(keys), std::move(index)};
 }
 
-/// RoarGraphIndex.adjacency: the rows cut or padded (0xFFFFFFFF) to `width` (0 = max_degree).
+/// A graph's rows cut or padded (0xFFFFFFFF) to `width` (0 = max_degree), uint32 [size, width]
+/// (RoarGraphIndex.adjacency and InsertableGraphIndex.adjacency; `what` names the caller).
+template <class Graph>
+py::array_t<std::uint32_t> adjacency_table(const Graph& g, std::int64_t width, const char* what) {
+  // Bounded so that a typo cannot ask for terabytes: 2^16 is far above any graph's degree.
+  require(width >= 0 && width <= (std::int64_t{1} << 16), what,
+          ": expected 0 <= width <= 65536 (0 = max_degree ", g.max_degree(), "), got ", width);
+  const std::size_t w =
+      width == 0 ? std::max<std::size_t>(g.max_degree(), 1) : static_cast<std::size_t>(width);
+  const std::size_t n = g.size();
+  (void)kvsift::checked_mul(n, w, sizeof(std::uint32_t), "adjacency bytes");
+  py::array_t<std::uint32_t> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(w)});
+  std::uint32_t* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    std::fill(dst, dst + n * w, kvsift::invalid_id);
+    for (std::size_t u = 0; u < n; ++u) {
+      const auto row = g.neighbors(static_cast<kvsift::id_t>(u));
+      std::copy_n(row.begin(), std::min(row.size(), w), dst + u * w);
+    }
+  }
+  return out;
+}
+
+/// The entry points as uint32 [count].
+py::array_t<std::uint32_t> entry_array(std::span<const kvsift::id_t> e) {
+  py::array_t<std::uint32_t> out(static_cast<py::ssize_t>(e.size()));
+  std::copy(e.begin(), e.end(), out.mutable_data());
+  return out;
+}
+
 py::array_t<std::uint32_t> graph_adjacency(const py_graph& self, std::int64_t width) {
   return std::visit(
-      [&](const auto& g) {
-        // Bounded so that a typo cannot ask for terabytes: 2^16 is far above any graph's degree.
-        require(width >= 0 && width <= (std::int64_t{1} << 16),
-                "RoarGraphIndex.adjacency: expected 0 <= width <= 65536 (0 = max_degree ",
-                g.max_degree(), "), got ", width);
-        const std::size_t w =
-            width == 0 ? std::max<std::size_t>(g.max_degree(), 1) : static_cast<std::size_t>(width);
-        const std::size_t n = g.size();
-        (void)kvsift::checked_mul(n, w, sizeof(std::uint32_t), "adjacency bytes");
-        py::array_t<std::uint32_t> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(w)});
-        std::uint32_t* dst = out.mutable_data();
-        {
-          py::gil_scoped_release release;
-          std::fill(dst, dst + n * w, kvsift::invalid_id);
-          for (std::size_t u = 0; u < n; ++u) {
-            const auto row = g.neighbors(static_cast<kvsift::id_t>(u));
-            std::copy_n(row.begin(), std::min(row.size(), w), dst + u * w);
-          }
-        }
-        return out;
-      },
+      [&](const auto& g) { return adjacency_table(g, width, "RoarGraphIndex.adjacency"); },
       self.index());
 }
 
@@ -172,6 +182,33 @@ id_t insertable_insert(py_insertable& self, const py::handle& keys_h) {
   return self.insert(k);
 }
 
+constexpr auto dim_of = [](const auto& i) { return i.dim(); };
+constexpr auto max_degree_of = [](const auto& i) { return i.max_degree(); };
+
+py::tuple insertable_query_knn(const py_insertable& self) {
+  kvsift::knn_result r;
+  {
+    py::gil_scoped_release release;
+    r = self.read([](const auto& i) { return i.query_knn(); });
+  }
+  const auto rows = static_cast<py::ssize_t>(r.rows), k = static_cast<py::ssize_t>(r.k);
+  py::array_t<std::uint32_t> ids({rows, k});
+  py::array_t<float> scores({rows, k});
+  std::copy(r.ids.begin(), r.ids.end(), ids.mutable_data());
+  std::copy(r.scores.begin(), r.scores.end(), scores.mutable_data());
+  return py::make_tuple(ids, scores);
+}
+
+py::array_t<float> insertable_train_queries(const py_insertable& self) {
+  return self.read([](const auto& i) {
+    const auto q = i.training_queries();
+    py::array_t<float> out(
+        {static_cast<py::ssize_t>(q.rows()), static_cast<py::ssize_t>(q.cols())});
+    std::copy_n(q.row(0), q.rows() * q.cols(), out.mutable_data());
+    return out;
+  });
+}
+
 }  // namespace
 
 void bind_indexes(py::module_& m) {
@@ -233,14 +270,8 @@ void bind_indexes(py::module_& m) {
       .def_property_readonly(
           "entry_points",
           [](const py_graph& g) {
-            return std::visit(
-                [](const auto& i) {
-                  const auto e = i.entry_points();
-                  py::array_t<std::uint32_t> out(static_cast<py::ssize_t>(e.size()));
-                  std::copy(e.begin(), e.end(), out.mutable_data());
-                  return out;
-                },
-                g.index());
+            return std::visit([](const auto& i) { return entry_array(i.entry_points()); },
+                              g.index());
           },
           "The search's entry points (uint32), the first one the entry point.")
       .def("adjacency", &graph_adjacency, py::kw_only(), py::arg("width") = 0,
@@ -338,6 +369,33 @@ void bind_indexes(py::module_& m) {
            "query_knn_lists: only the nearest T of the scored queries' lists take the key (0: "
            "all it beats).")
       .def_property_readonly("size", &py_insertable::size)
+      .def_property_readonly("dim", [](const py_insertable& g) { return g.read(dim_of); })
+      .def_property_readonly("max_degree",
+                             [](const py_insertable& g) { return g.read(max_degree_of); })
+      .def_property_readonly(
+          "entry_points",
+          [](const py_insertable& g) {
+            return g.read([](const auto& i) { return entry_array(i.entry_points()); });
+          },
+          "The search's entry points (uint32), the build's (inserted keys never become entries).")
+      .def(
+          "adjacency",
+          [](const py_insertable& g, std::int64_t width) {
+            return g.read([&](const auto& i) {
+              return adjacency_table(i, width, "InsertableGraphIndex.adjacency");
+            });
+          },
+          py::kw_only(), py::arg("width") = 0,
+          "The graph as a fixed-width table, as RoarGraphIndex.adjacency (kvsift.cuda.graph_set "
+          "and insert_state stack these). O(size * width); a copy.")
+      .def("query_knn", &insertable_query_knn,
+           "The training queries' kNN lists as they stand (the build's, updated by every insert): "
+           "(ids uint32 [m, nq], scores float32 [m, nq]), row i = query i's keys best first, raw "
+           "inner products; missing entries 0xFFFFFFFF. With train_queries() and the graph it is "
+           "the state kvsift.cuda.insert_state hands to the GPU insert. O(m nq log nq); a copy.")
+      .def("train_queries", &insertable_train_queries,
+           "The training queries of the build (float32 [m, d], a copy), row i = query i of "
+           "query_knn().")
       .def("insert", &insertable_insert, py::arg("keys"),
            "Inserts float32 keys (count, d) in order; returns the id of the first. All keys are "
            "checked (dimension, NaN/Inf, id space) before any is inserted.")

@@ -76,6 +76,46 @@ def test_graph_set_stacks_the_indexes(indexes):
     assert graph_set(indexes, width=3).adjacency.shape == (470, 3)
 
 
+def test_graph_set_with_capacity_leaves_empty_rows_and_sizes(indexes):
+    # Room to grow into (kvsift.cuda.batch_insert): every graph gets `capacity` rows, its own
+    # first, the rest empty; sizes says how many keys each holds.
+    gs = graph_set(indexes, capacity=320)
+    w = max(i.max_degree for i in indexes)
+    assert gs.adjacency.shape == (640, w) and gs.row_offset.tolist() == [0, 320, 640]
+    assert gs.max_keys == 320 and gs.sizes.dtype == np.int32 and gs.sizes.tolist() == [300, 170]
+    for g, idx in enumerate(indexes):
+        rows = gs.adjacency[320 * g : 320 * (g + 1)]
+        assert np.array_equal(rows[: idx.size].view(np.uint32), idx.adjacency(width=w))
+        assert np.all(rows[idx.size :] == -1)
+    assert graph_set(indexes).sizes is None  # without capacity every row is a key
+    moved = gs.map(lambda a: a.copy())
+    assert moved.max_keys == 320 and np.array_equal(moved.sizes, gs.sizes)
+    with pytest.raises(ValueError, match="capacity"):
+        graph_set(indexes, capacity=299)
+
+
+def test_insertable_index_exposes_its_graph_and_insert_state():
+    # What kvsift.cuda.insert_state reads: the graph as a table, its entry points, the training
+    # queries and their kNN lists as they stand after inserts.
+    rng = np.random.default_rng(4)
+    keys = rng.standard_normal((260, 16)).astype(np.float32)
+    train = rng.standard_normal((70, 16)).astype(np.float32)
+    idx = ks.InsertableGraphIndex(keys[:200], train, nq=10, M=6, L=40, threads=1,
+                                  query_candidates=0)  # every list stays exact
+    idx.insert(keys[200:])
+    adj = idx.adjacency()
+    assert adj.shape == (260, idx.max_degree) and idx.dim == 16
+    assert np.all(adj[adj != 0xFFFFFFFF] < 260)
+    assert idx.entry_points.dtype == np.uint32 and np.all(idx.entry_points < 200)
+    assert np.array_equal(idx.train_queries(), train)
+    ids, scores = idx.query_knn()
+    assert ids.shape == scores.shape == (70, 10)
+    want = np.argsort(-(train @ keys.T), axis=1, kind="stable")[:, :10]
+    # Exact lists (scores best first) over every key, inserted ones included: compare scores.
+    assert np.allclose(scores, np.take_along_axis(train @ keys.T, want, 1), atol=1e-4)
+    assert idx.adjacency(width=3).shape == (260, 3)
+
+
 def test_bad_input_is_refused(indexes):
     with pytest.raises(ValueError, match="at least one"):
         graph_set([])
