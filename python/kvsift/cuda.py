@@ -27,7 +27,9 @@ the C++ API does. Needs the extension ``kvsift._kvsift_cuda``: build the package
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+
+import numpy as np
+from typing import Any, NamedTuple
 
 try:
     from . import _kvsift_cuda as _ext
@@ -46,7 +48,8 @@ _LN2 = math.log(2.0)
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention",
            "decode_search", "DecodeSearchResult", "results_to_csr", "decode_step", "GraphSet",
-           "graph_set", "build_index", "build_indexes", "knn",
+           "graph_set", "InsertState", "insert_state", "batch_insert", "build_index",
+           "build_indexes", "knn",
            "gather_pages", "scatter_pages", "BucketedLRU", "LruStep", "OffloadedKV", "CudaError",
            "current_device"]
 
@@ -279,6 +282,15 @@ class DecodeSearchResult(NamedTuple):
     best: object  #: float32 [queries]: DIPR's best raw score seen (seed included); None for top-k
 
 
+def _graph_fields(graphs):
+    """(adjacency, row_offset, entries, max_keys, sizes) of a GraphSet or a plain 4- or 5-tuple."""
+    fields = tuple(graphs)
+    if len(fields) not in (4, 5):
+        raise ValueError("graphs: expected a GraphSet (adjacency, row_offset, entries, max_keys"
+                         f"[, sizes]), got {len(fields)} fields")
+    return fields if len(fields) == 5 else fields + (None,)
+
+
 def _arange_groups(like, m, groups):
     """int32 [m]: query i -> graph i // (m // groups), in `like`'s framework (GQA order)."""
     if _is_torch(like):
@@ -335,7 +347,7 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
     """
     st = _stream(q, stream)
     m = int(q.shape[0])
-    adjacency, row_offset, entries, max_keys = graphs
+    adjacency, row_offset, entries, max_keys, sizes = _graph_fields(graphs)
     num_graphs = int(entries.shape[0])
     if (keys is None) == (pages is None):
         got = "neither" if keys is None else "both"
@@ -363,7 +375,7 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
         _ext.decode_search(*_dl(adjacency, row_offset, entries), int(max_keys),
                            *_dl(q, keys, k_pages, page_table, graph, seed_score, first, last,
                                 seeds, ids, scores, counts, scored, best, ws),
-                           *knobs, st, *_dl(status))
+                           *knobs, st, *_dl(status, sizes))
     return DecodeSearchResult(ids, scores, counts, scored, best)
 
 
@@ -415,7 +427,7 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     base2 = _check_base(lse_base)
     st = _stream(q, stream)
     heads, dim = int(q.shape[0]), int(q.shape[1])
-    adjacency, row_offset, entries, max_keys = graphs
+    adjacency, row_offset, entries, max_keys, sizes = _graph_fields(graphs)
     knobs = (str(mode), int(k), int(L), int(expand_width), bool(walk_through), int(degree_cap),
              float(beta), int(l0), int(max_results), int(expand_limit), int(sink), int(window))
     with _on_stream(q, st, stream is not None):
@@ -428,11 +440,153 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
         ws = _empty(q, (max(ws_bytes, 1),), "uint8")
         _ext.decode_step(*_dl(adjacency, row_offset, entries), int(max_keys),
                          *_dl(q, k_pages, v_pages, page_table, o, lse, ws), *knobs,
-                         float("nan") if scale is None else float(scale), st, *_dl(status),
-                         *_dl(carry))
+                         float("nan") if scale is None else float(scale), st,
+                         *_dl(status, carry, sizes))
         if base2:
             lse *= 1.0 / _LN2
     return o, lse
+
+
+class InsertState(NamedTuple):
+    """The query side ``batch_insert`` keeps per graph (``insert_state`` makes it on the host;
+    ``state.map(lambda a: torch.from_numpy(a).cuda())`` moves it): the training queries of
+    every graph's build, their kNN lists as they stand, and per key row the queries whose lists
+    hold it. Row numbering follows the GraphSet made with the same ``capacity``."""
+
+    queries: Any  #: float32 [training queries of all graphs, dim]
+    query_offset: Any  #: int64 [graphs + 1]: graph g's queries are rows [off[g], off[g + 1])
+    max_queries: int  #: the most training queries of one graph
+    knn_ids: Any  #: int32 [queries, nq]: each query's kNN keys (graph-local ids), -1 empty
+    knn_keys: Any  #: float32 [queries, nq]: their rank keys (inner product, or -l2)
+    worst_key: Any  #: float32 [queries]
+    best_id: Any  #: int32 [queries]: the list's best key (its pivot)
+    best_key: Any  #: float32 [queries]
+    holders: Any  #: int32 [rows, holder_capacity]: key -> query lists, ascending, -1 removed
+    holder_counts: Any  #: int32 [rows]
+    layouts: Any  #: int32 [rows]: per full row, edges its last pruning kept (-1 unknown)
+
+    def map(self, f) -> "InsertState":
+        """The same state with ``f`` applied to every array (e.g. to move it to the device)."""
+        return InsertState(*(v if isinstance(v, int) else f(v) for v in self))
+
+
+def insert_state(indexes, *, capacity, holder_capacity=128, train=None, metric="ip"):
+    """The query side of ``batch_insert`` for graphs stacked by ``graph_set(indexes,
+    capacity=capacity)``, as NumPy arrays (an ``InsertState``). From ``InsertableGraphIndex``
+    objects it is their own state (training queries and kNN lists as they stand), so the GPU
+    continues where the CPU index is: with equal parameters the GPU inserts give the CPU's graph
+    id for id on data whose scores are exact. For ``RoarGraphIndex`` objects (e.g. from
+    ``build_index``) pass ``train``: one ``(queries float32 [m, d], knn_ids [m, nq], knn_scores
+    float32 [m, nq])`` per index, the build's training queries and their kNN over its keys
+    (raw scores, as ``kvsift.cuda.knn`` returns them). ``holder_capacity``: the key -> query
+    list length H (as ``InsertableGraphIndex(holder_capacity=)``, 1..1024). O(queries * nq +
+    graphs * capacity * H) host work and memory.
+
+    Raises ValueError for a capacity below an index's size, a bad H or a missing ``train``,
+    and when the per-graph arrays disagree in dimension or list length.
+    """
+    idx = list(indexes)
+    if not idx:
+        raise ValueError("insert_state: expected at least one index, got none")
+    cap = int(capacity)
+    sizes = [int(i.size) for i in idx]
+    if cap < max(sizes):
+        raise ValueError(f"insert_state: expected capacity >= every index's size (largest "
+                         f"{max(sizes)}), got {capacity}")
+    if train is None:
+        missing = [type(i).__name__ for i in idx if not hasattr(i, "query_knn")]
+        if missing:
+            raise ValueError(f"insert_state: {missing[0]} keeps no training queries; pass "
+                             "train=[(queries, knn_ids, knn_scores), ...], one per index")
+        train = [(i.train_queries(), *i.query_knn()) for i in idx]
+    train = list(train)
+    if len(train) != len(idx):
+        raise ValueError(f"insert_state: expected one train entry per index ({len(idx)}), "
+                         f"got {len(train)}")
+    parts = []
+    for g, (q, ids, scores) in enumerate(train):
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        ids = np.asarray(ids)
+        ids = np.ascontiguousarray(ids.view(np.uint32) if ids.dtype == np.int32
+                                   else ids.astype(np.uint32))
+        if q.ndim != 2 or ids.ndim != 2 or q.shape[0] != ids.shape[0]:
+            raise ValueError(f"insert_state: graph {g}: expected queries [m, dim] and kNN ids "
+                             f"[m, nq] (one query per kNN row), got shapes {q.shape} and "
+                             f"{ids.shape}")
+        lists = _ext.make_insert_lists(ids, np.ascontiguousarray(scores, dtype=np.float32), cap,
+                                       int(holder_capacity), str(metric))
+        parts.append((q, lists))
+    dims = {q.shape[1] for q, _ in parts}
+    nqs = {lst["knn_ids"].shape[1] for _, lst in parts}
+    if len(dims) != 1 or len(nqs) != 1:
+        raise ValueError(f"insert_state: expected one query dimension and one kNN length for "
+                         f"all graphs, got dims {sorted(dims)} and lengths {sorted(nqs)}")
+    counts = [q.shape[0] for q, _ in parts]
+    offset = np.zeros(len(idx) + 1, dtype=np.int64)
+    offset[1:] = np.cumsum(counts)
+
+    def cat(name, as_int=False):
+        a = np.concatenate([lst[name] for _, lst in parts])
+        return a.view(np.int32) if as_int else a
+
+    return InsertState(np.concatenate([q for q, _ in parts]), offset, max(counts),
+                       cat("knn_ids", True), cat("knn_keys"), cat("worst_key"),
+                       cat("best_id", True), cat("best_key"), cat("holders", True),
+                       cat("holder_counts", True), cat("layouts", True))
+
+
+def batch_insert(graphs, state, keys=None, *, pages=None, degree=0, L=48, expand_width=1,
+                 query_neighbors=4, query_candidates=512, update_query_knn=True, fill=True,
+                 metric="ip", stream=None, status=None):
+    """One generated key into every graph of a decode step, in one launch (RoarGraph's update
+    rule as ``InsertableGraphIndex.insert`` runs it; ``kvsift::cuda::batch_insert``). Graph g's
+    new key is key ``sizes[g]``, which you have already stored where the searches read keys:
+    ``keys`` (dense [adjacency rows, dim], graph g's key i at row ``row_offset[g] + i``) or
+    ``pages=(k_pages, page_table)`` (token ``sizes[g]`` of page-table row g; f32, f16 or
+    bf16). The graphs' adjacency, ``sizes`` and the state change in place; a graph with no spare
+    row, or whose key holds NaN/Inf or sits on an unmapped page, is left as it is and sets a bit
+    in ``status`` (int32 device word: 1 << 16 no room, 1 << 17 bad key, besides decode_search's
+    bits).
+
+    graphs: a ``GraphSet`` from ``graph_set(indexes, capacity=...)`` (it needs ``sizes``),
+    state: the ``InsertState`` from ``insert_state`` with the same capacity, both on the device.
+    Parameters as ``InsertableGraphIndex``: ``L`` (its ``insert_L``), ``query_neighbors``,
+    ``query_candidates`` (1..4096); ``degree`` 0 = width / 2 (the CPU's max_degree / 2 when
+    the set's width is the graphs' max_degree). ``expand_width`` > 1 widens the graph search's
+    steps (faster launches, another graph: docs/algorithms.md); 1 is the CPU's walk, whose
+    graph equals the CPU insert's. Asynchronous on the stream, workspace from the state's
+    framework; run it on a stream of its own beside the decode step (it must not overlap a
+    search of the same graphs).
+
+    Raises ValueError for bad parameters or shapes (naming the expected values).
+    """
+    adjacency, row_offset, entries, max_keys, sizes = _graph_fields(graphs)
+    if sizes is None:
+        raise ValueError("batch_insert: the graphs have no sizes; make them with "
+                         "graph_set(indexes, capacity=...) to leave room for new keys")
+    if (keys is None) == (pages is None):
+        got = "neither" if keys is None else "both"
+        raise ValueError("batch_insert: expected the keys either dense (keys=) or paged "
+                         f"(pages=(k_pages, page_table)), got {got}")
+    k_pages, page_table = (None, None) if pages is None else pages
+    like = state.queries
+    st = _stream(like, stream)
+    dim = int((keys if keys is not None else k_pages).shape[-1])
+    knobs = (int(degree), int(L), int(expand_width), int(query_neighbors), int(query_candidates),
+             bool(update_query_knn), bool(fill), str(metric))
+    ws_bytes = _ext.batch_insert_workspace_size(
+        int(entries.shape[0]), int(adjacency.shape[0]), int(adjacency.shape[1]),
+        int(entries.shape[1]), int(max_keys), dim, int(state.max_queries),
+        int(state.knn_ids.shape[1]) if len(state.knn_ids.shape) == 2 else 0,
+        int(state.holders.shape[1]) if len(state.holders.shape) == 2 else 0, *knobs)
+    with _on_stream(like, st, stream is not None):
+        ws = _empty(like, (max(ws_bytes, 1),), "uint8")
+        _ext.batch_insert(*_dl(adjacency, row_offset, entries), int(max_keys),
+                          *_dl(sizes, keys, k_pages, page_table, state.queries,
+                               state.query_offset), int(state.max_queries),
+                          *_dl(state.knn_ids, state.knn_keys, state.worst_key, state.best_id,
+                               state.best_key, state.holders, state.holder_counts,
+                               state.layouts, ws), *knobs, st, *_dl(status))
 
 
 def build_index(keys, train_queries, *, nq=100, M=35, L=500, threads=0, seed=2024):

@@ -224,7 +224,8 @@ def test_bad_input_is_refused_with_the_fix_named():
 
 
 @pytest.mark.parametrize("block,result", [("cuda-merge", "v"), ("cuda-knn", "scores"),
-                                          ("cuda-decode-step", "o"), ("cuda-decode-search", "ids")])
+                                          ("cuda-decode-step", "o"), ("cuda-decode-search", "ids"),
+                                          ("cuda-batch-insert", "result")])
 def test_readme_cuda_blocks_run_as_written(block, result):
     """python/README.md's `<!-- pytest: cuda-... -->` blocks, run as written."""
     from pathlib import Path
@@ -235,7 +236,8 @@ def test_readme_cuda_blocks_run_as_written(block, result):
     snippet = readme[start : readme.index("```", start)]
     scope = {}
     exec(compile(snippet, f"python/README.md:{block}", "exec"), scope)
-    assert scope[result].is_cuda
+    out = scope[result]
+    assert (out.ids if hasattr(out, "ids") else out).is_cuda
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -707,6 +709,160 @@ def test_decode_search_refuses_bad_input():
     for bad in (0, 10**9):
         with pytest.raises(Exception, match="max_keys"):
             kc.decode_search(kc.GraphSet(*graphs[:3], bad), qd, dense)
+
+
+def insert_case(n=500, base=350, graphs=2, dim=16, m=121, seed=21, H=8, C=64):
+    """Integer keys and training queries (every score exact in f32): one InsertableGraphIndex per
+    graph over its first `base` keys, with caps on the gathered queries (C) and on the key ->
+    query lists (H) that bind; the keys also as shuffled pages (page-table row g = graph g)."""
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(-4, 5, size=(graphs, n, dim)).astype(np.float32)
+    train = rng.integers(-4, 5, size=(graphs, m, dim)).astype(np.float32)
+    cpu = [kvsift.InsertableGraphIndex(keys[g, :base], train[g], nq=20, M=6, L=32, threads=1,
+                                       insert_L=24, query_candidates=C, holder_capacity=H)
+           for g in range(graphs)]
+    page = 16
+    per = (n + page - 1) // page
+    pool = torch.zeros(graphs * per + 3, page, dim)
+    table = torch.from_numpy(rng.permutation(graphs * per + 3)[: graphs * per]).view(graphs, per)
+    for g in range(graphs):
+        for p in range(per):
+            rows = torch.from_numpy(keys[g, p * page : min(n, (p + 1) * page)])
+            pool[table[g, p], : rows.shape[0]] = rows
+    return keys, cpu, pool.cuda(), table.to(torch.int32).cuda()
+
+
+def _dev(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+def test_batch_insert_equals_the_cpu_insert(layout):
+    # With the CPU's walk (expand_width 1) and exact scores, one launch per key into both graphs
+    # must leave each graph, its size and its training queries' kNN lists as the CPU insert
+    # leaves them, id for id; the grown graphs then search as the CPU's grown index does.
+    n, base, m, H, C = 500, 350, 121, 8, 64
+    keys, cpu, pool, table = insert_case(n, base, m=m, H=H, C=C)
+    G, dim = keys.shape[0], keys.shape[2]
+    graphs = kc.graph_set(cpu, capacity=n).map(_dev)
+    state = kc.insert_state(cpu, capacity=n, holder_capacity=H).map(_dev)
+    assert graphs.sizes.tolist() == [base] * G and state.max_queries == m
+    # Every key is stored up front: key i of graph g is part of it only once sizes[g] > i.
+    where = (dict(keys=_dev(keys.reshape(-1, dim))) if layout == "dense"
+             else dict(pages=(pool, table)))
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for i in range(base, n):
+        kc.batch_insert(graphs, state, **where, L=24, query_candidates=C, status=status)
+        for g in range(G):
+            cpu[g].insert(keys[g, i : i + 1])
+    torch.cuda.synchronize()
+    assert status.item() == 0
+    assert graphs.sizes.tolist() == [n] * G
+    adj = graphs.adjacency.cpu().numpy()
+    knn = state.knn_ids.cpu().numpy()
+    for g in range(G):
+        want = cpu[g].adjacency(width=adj.shape[1]).view(np.int32)
+        assert np.array_equal(adj[g * n : (g + 1) * n], want), f"graph {g}"
+        ids, _ = cpu[g].query_knn()  # the GPU keeps a list in any order
+        assert np.array_equal(np.sort(knn[g * m : (g + 1) * m], 1), np.sort(ids.view(np.int32), 1))
+    rng = np.random.default_rng(3)
+    q = rng.integers(-4, 5, size=(G * 4, dim)).astype(np.float32)
+    r = kc.decode_search(graphs, _dev(q), **where, k=10, L=20)
+    for i in range(q.shape[0]):
+        want = cpu[i // 4].search(q[i], 10, L=20)
+        assert np.array_equal(r.ids[i].cpu().numpy(), want.ids.astype(np.int32))
+
+
+def test_batch_insert_skips_full_graphs_and_bad_keys():
+    # A graph with no spare row, or whose new key is NaN, is left as it is (sizes, rows and
+    # lists unchanged) and flags the status; the other graph of the launch is inserted.
+    n, base = 300, 250
+    keys, cpu, _, _ = insert_case(n, base)
+    dim = keys.shape[2]
+    graphs = kc.graph_set(cpu, capacity=base + 1).map(_dev)  # room for one key per graph
+    state = kc.insert_state(cpu, capacity=base + 1).map(_dev)
+    dense = np.zeros((2 * (base + 1), dim), dtype=np.float32)
+    for g in range(2):
+        dense[g * (base + 1) : (g + 1) * (base + 1)] = keys[g, : base + 1]
+    dense[2 * base + 1] = np.nan  # graph 1's new key
+    kd = _dev(dense)
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    before = graphs.adjacency[base + 1 :].clone()
+    kc.batch_insert(graphs, state, kd, status=status)
+    torch.cuda.synchronize()
+    assert graphs.sizes.tolist() == [base + 1, base]
+    assert status.item() & (1 << 17) and not status.item() & (1 << 16)
+    assert torch.equal(graphs.adjacency[base + 1 :], before)
+    status.zero_()
+    kc.batch_insert(graphs, state, kd, status=status)  # graph 0 is full now
+    torch.cuda.synchronize()
+    assert graphs.sizes.tolist() == [base + 1, base]
+    assert status.item() & (1 << 16)
+
+
+def test_batch_insert_refuses_bad_input():
+    keys, cpu, pool, table = insert_case(300, 250)
+    dim = keys.shape[2]
+    graphs = kc.graph_set(cpu, capacity=300).map(_dev)
+    state = kc.insert_state(cpu, capacity=300).map(_dev)
+    kd = _dev(keys.reshape(-1, dim))
+    with pytest.raises(ValueError, match="no sizes"):
+        kc.batch_insert(graphs._replace(sizes=None), state, kd)
+    with pytest.raises(ValueError, match="neither"):
+        kc.batch_insert(graphs, state)
+    with pytest.raises(ValueError, match="both"):
+        kc.batch_insert(graphs, state, kd, pages=(pool, table))
+    other = kc.insert_state(cpu, capacity=310).map(_dev)  # another capacity: other key rows
+    with pytest.raises(ValueError, match="holders"):
+        kc.batch_insert(graphs, other, kd)
+    with pytest.raises(ValueError, match="keys"):
+        kc.batch_insert(graphs, state, kd[:-1])
+    with pytest.raises(ValueError, match="L"):
+        kc.batch_insert(graphs, state, kd, L=0)
+    with pytest.raises(ValueError, match="query_candidates"):
+        kc.batch_insert(graphs, state, kd, query_candidates=5000)
+    with pytest.raises(ValueError, match="sizes"):
+        kc.batch_insert(graphs._replace(sizes=graphs.sizes[:1]), state, kd)
+    with pytest.raises(ValueError, match="capacity"):
+        kc.graph_set(cpu, capacity=100)
+    with pytest.raises(ValueError, match="capacity"):
+        kc.insert_state(cpu, capacity=100)
+    with pytest.raises(ValueError, match="holder_capacity"):
+        kc.insert_state(cpu, capacity=300, holder_capacity=0)
+    plain = [kvsift.RoarGraphIndex(keys[0, :250], keys[1, :60], nq=10, M=6, L=32, threads=1)]
+    with pytest.raises(ValueError, match="train"):
+        kc.insert_state(plain, capacity=300)
+    # A RoarGraphIndex with its build's training kNN passed in is accepted.
+    lists = cpu[0].query_knn()  # over the same 250 keys
+    with pytest.raises(ValueError, match="one query per kNN row"):
+        kc.insert_state(plain, capacity=300, train=[(keys[1, :60], *lists)])
+    st = kc.insert_state(plain, capacity=300, train=[(cpu[0].train_queries(), *lists)])
+    assert st.max_queries == 121 and st.holders.shape == (300, 128)
+
+
+def test_decode_step_honours_graph_sizes():
+    # Graphs with spare rows (graph_set(capacity=)) hold only their first sizes[g] tokens: the
+    # step (its window is the last tokens of sizes[g]) and the search must be those of the same
+    # graphs stacked without spare rows, bit for bit, whatever the spare pages hold.
+    n, cap, group, dim = 400, 480, 4, 64
+    k, v, table, kd, vd = paged(cap, 2, dim, 16, torch.float32, 13)
+    g = torch.Generator(device="cuda").manual_seed(14)
+    q = torch.randn(2 * group, dim, device="cuda", generator=g)
+    idx = []
+    for h in range(2):
+        train = np.repeat(q[h * group : (h + 1) * group].cpu().numpy(), 40, 0)
+        train = train + 0.3 * np.random.default_rng(h).standard_normal(train.shape).astype(np.float32)
+        idx.append(kvsift.RoarGraphIndex(kd[h, :n].cpu().numpy(), train, nq=20, M=16, L=80,
+                                         threads=1))
+    grown = kc.graph_set(idx, capacity=cap).map(_dev)
+    plain = kc.graph_set(idx).map(_dev)
+    for kw in (dict(k=50, L=100), dict(k=n - 68, L=n - 68)):
+        o, lse = kc.decode_step(grown, q, k, v, table, sink=4, window=64, **kw)
+        o2, lse2 = kc.decode_step(plain, q, k, v, table, sink=4, window=64, **kw)
+        assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    r = kc.decode_search(grown, q, pages=(k, table), k=20, L=40)
+    r2 = kc.decode_search(plain, q, pages=(k, table), k=20, L=40)
+    assert torch.equal(r.ids, r2.ids) and torch.equal(r.scored, r2.scored)
 
 
 @pytest.mark.parametrize("key_dtype", [np.float32, np.float16])

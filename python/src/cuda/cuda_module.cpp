@@ -10,6 +10,7 @@
 // Checks before any launch: device memory (kDLCUDA) on the current device, dtypes, shapes,
 // contiguous row-major layout. Device-side data (lse values, token ids) is checked by the
 // kernels through the optional `status` word, as in C++.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <array>
@@ -350,6 +351,15 @@ void require_u32(const tensor& t, const std::vector<std::int64_t>& shape, const 
   require_shape(t, shape, what);
 }
 
+/// The optional `sizes` of a graph set (int32/uint32 [graphs]: keys each graph holds, rows past
+/// it spare), or null (every row).
+std::uint32_t* graph_key_counts(const py::object& sizes, const intake& in, int graphs) {
+  if (sizes.is_none()) return nullptr;
+  const tensor t = in(sizes, "sizes");
+  require_u32(t, {graphs}, "sizes");
+  return ptr<std::uint32_t>(t);
+}
+
 /// An optional [m] tensor of the given kind (f32 or 32-bit ids), or null.
 template <class T>
 T* optional_vector(const py::object& h, const intake& in, std::int64_t m, const char* what) {
@@ -362,6 +372,210 @@ T* optional_vector(const py::object& h, const intake& in, std::int64_t m, const 
     require_u32(t, {m}, what);
   }
   return ptr<T>(t);
+}
+
+/// An f32 or 32-bit id tensor of the given shape, as `what` (a batch_insert state array).
+template <class T>
+T* state_array(const tensor& t, const std::vector<std::int64_t>& shape, const char* what) {
+  if constexpr (std::is_same_v<T, float>) {
+    require_kind(t, 'f', 4, what, "float32");
+    require_shape(t, shape, what);
+  } else {
+    require_u32(t, shape, what);
+  }
+  return ptr<T>(t);
+}
+
+ops::insert_knobs insert_knobs(int degree, int L, int expand_width, int query_neighbors,
+                               int query_candidates, bool update_query_knn, bool fill,
+                               const std::string& metric) {
+  require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric, "'");
+  ops::insert_knobs p;
+  p.degree = degree;
+  p.L = L;
+  p.expand_width = expand_width;
+  p.query_neighbors = query_neighbors;
+  p.query_candidates = query_candidates;
+  p.update_query_knn = update_query_knn;
+  p.fill = fill;
+  p.l2 = metric == "l2";
+  return p;
+}
+
+template <class T>
+py::array_t<T> to_numpy(const std::vector<T>& v, std::vector<py::ssize_t> shape) {
+  py::array_t<T> a(shape);
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+void bind_batch_insert(py::module_& m) {
+  m.def(
+      "make_insert_lists",
+      [](const py::array_t<std::uint32_t, py::array::c_style | py::array::forcecast>& ids,
+         const py::array_t<float, py::array::c_style | py::array::forcecast>& scores,
+         std::int64_t rows, int holder_capacity, const std::string& metric) {
+        require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric,
+                "'");
+        require<kvsift::dimension_mismatch>(
+            ids.ndim() == 2, "knn ids: expected [queries, nq], got ", ids.ndim(), " axes");
+        const auto m_ = static_cast<std::size_t>(ids.shape(0));
+        const auto nq = static_cast<std::size_t>(ids.shape(1));
+        require<kvsift::dimension_mismatch>(
+            scores.ndim() == 2 && static_cast<std::size_t>(scores.shape(0)) == m_ &&
+                static_cast<std::size_t>(scores.shape(1)) == nq,
+            "knn scores: expected the ids' shape (", m_, ", ", nq, ")");
+        require(rows >= 1, "rows: expected >= 1, got ", rows);
+        std::vector<std::uint32_t> vi(ids.data(), ids.data() + ids.size());
+        std::vector<float> vs(scores.data(), scores.data() + scores.size());
+        ops::insert_lists l;
+        {
+          py::gil_scoped_release release;
+          l = ops::make_insert_lists(vi, vs, m_, nq, static_cast<std::size_t>(rows),
+                                     holder_capacity, metric == "l2");
+        }
+        const auto qm = static_cast<py::ssize_t>(m_), qk = static_cast<py::ssize_t>(nq);
+        const auto r = static_cast<py::ssize_t>(rows);
+        py::dict d;
+        d["knn_ids"] = to_numpy(l.knn_ids, {qm, qk});
+        d["knn_keys"] = to_numpy(l.knn_keys, {qm, qk});
+        d["worst_key"] = to_numpy(l.worst_key, {qm});
+        d["best_id"] = to_numpy(l.best_id, {qm});
+        d["best_key"] = to_numpy(l.best_key, {qm});
+        d["holders"] = to_numpy(l.holders, {r, static_cast<py::ssize_t>(holder_capacity)});
+        d["holder_counts"] = to_numpy(l.holder_counts, {r});
+        d["layouts"] = to_numpy(l.layouts, {r});
+        return d;
+      },
+      py::arg("knn_ids"), py::arg("knn_scores"), py::arg("rows"), py::arg("holder_capacity"),
+      py::arg("metric"),
+      "Host: one graph's batch_insert list arrays (dict of numpy arrays) from its training kNN. "
+      "Use kvsift.cuda.insert_state.");
+
+  m.def(
+      "batch_insert_workspace_size",
+      [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
+         std::int64_t max_keys, std::int64_t dim, std::int64_t max_queries, int nq,
+         int holder_capacity, int degree, int L, int expand_width, int query_neighbors,
+         int query_candidates, bool update_query_knn, bool fill, const std::string& metric) {
+        const auto g = graph_sizes(graphs, rows, width, max_entries, max_keys);
+        ops::insert_state st;
+        st.max_queries = max_queries;
+        st.nq = nq;
+        st.holder_capacity = holder_capacity;
+        return ops::batch_insert_workspace_size(
+            g, as_int(dim, "dim"), st,
+            insert_knobs(degree, L, expand_width, query_neighbors, query_candidates,
+                         update_query_knn, fill, metric));
+      },
+      py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
+      py::arg("max_keys"), py::arg("dim"), py::arg("max_queries"), py::arg("nq"),
+      py::arg("holder_capacity"), py::arg("degree"), py::arg("L"), py::arg("expand_width"),
+      py::arg("query_neighbors"), py::arg("query_candidates"), py::arg("update_query_knn"),
+      py::arg("fill"), py::arg("metric"),
+      "Bytes of device workspace batch_insert needs; raises for bad parameters.");
+
+  m.def(
+      "batch_insert",
+      [](py::handle adjacency, py::handle row_offset, py::handle entries, std::int64_t max_keys,
+         py::handle sizes, py::object keys, py::object k_pages, py::object page_table,
+         py::handle queries, py::handle query_offset, std::int64_t max_queries, py::handle knn_ids,
+         py::handle knn_keys, py::handle worst_key, py::handle best_id, py::handle best_key,
+         py::handle holders, py::handle holder_counts, py::object layouts, py::handle workspace,
+         int degree, int L, int expand_width, int query_neighbors, int query_candidates,
+         bool update_query_knn, bool fill, const std::string& metric, std::intptr_t stream,
+         py::object status) {
+        const intake in{stream};
+        const tensor tadj = in(adjacency, "adjacency");
+        ops::decode_graphs g =
+            graphs_of(tadj, in(row_offset, "row_offset"), in(entries, "entries"), max_keys);
+        g.sizes = state_array<std::uint32_t>(in(sizes, "sizes"), {g.num_graphs}, "sizes");
+        const std::int64_t rows = tadj.shape[0];
+        const ops::insert_knobs p = insert_knobs(degree, L, expand_width, query_neighbors,
+                                                 query_candidates, update_query_knn, fill, metric);
+        ops::insert_state st;
+        const tensor tq = in(queries, "queries");
+        require_kind(tq, 'f', 4, "queries", "float32");
+        require<kvsift::dimension_mismatch>(
+            tq.ndim() == 2, "queries: expected [training queries, dim], got ", tq.ndim(), " axes");
+        const std::int64_t nqueries = tq.shape[0];
+        st.queries = ptr<float>(tq);
+        st.query_ld = tq.shape[1];
+        const tensor to = in(query_offset, "query_offset");
+        require_kind(to, 'i', 8, "query_offset", "int64");
+        require_shape(to, {g.num_graphs + std::int64_t{1}}, "query_offset");
+        st.query_offset = ptr<std::int64_t>(to);
+        require(max_queries >= 1 && max_queries <= nqueries,
+                "max_queries: expected 1 <= ", "max_queries <= ", nqueries,
+                " (the training queries' rows), got ", max_queries);
+        st.max_queries = max_queries;
+        const tensor tki = in(knn_ids, "knn_ids");
+        require<kvsift::dimension_mismatch>(tki.ndim() == 2, "knn_ids: expected [", nqueries,
+                                            ", nq], got ", tki.ndim(), " axes");
+        st.nq = as_int(tki.shape[1], "nq");
+        st.knn_ids = state_array<std::uint32_t>(tki, {nqueries, st.nq}, "knn_ids");
+        st.knn_keys = state_array<float>(in(knn_keys, "knn_keys"), {nqueries, st.nq}, "knn_keys");
+        st.worst_key = state_array<float>(in(worst_key, "worst_key"), {nqueries}, "worst_key");
+        st.best_id = state_array<std::uint32_t>(in(best_id, "best_id"), {nqueries}, "best_id");
+        st.best_key = state_array<float>(in(best_key, "best_key"), {nqueries}, "best_key");
+        const tensor th = in(holders, "holders");
+        require<kvsift::dimension_mismatch>(th.ndim() == 2 && th.shape[0] == rows,
+                                            "holders: expected [", rows,
+                                            " (the adjacency's rows), holder_capacity]");
+        st.holder_capacity = as_int(th.shape[1], "holder_capacity");
+        st.holders = state_array<std::uint32_t>(th, {rows, th.shape[1]}, "holders");
+        st.holder_counts =
+            state_array<std::uint32_t>(in(holder_counts, "holder_counts"), {rows}, "holder_counts");
+        if (!layouts.is_none()) {
+          st.layouts = state_array<std::uint32_t>(in(layouts, "layouts"), {rows}, "layouts");
+        }
+        std::uint32_t* stat = nullptr;
+        if (!status.is_none()) stat = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
+        const tensor tw = in(workspace, "workspace");
+        require(keys.is_none() != k_pages.is_none(),
+                "batch_insert: expected the keys either dense (keys) or paged (k_pages and "
+                "page_table), got ",
+                keys.is_none() ? "neither" : "both");
+        if (!keys.is_none()) {
+          const tensor tk = in(keys, "keys");
+          const ops::dtype kt = value_type(tk, "keys");
+          require<kvsift::dimension_mismatch>(tk.ndim() == 2 && tk.shape[0] == rows,
+                                              "keys: expected [", rows,
+                                              " (the adjacency's rows), dim]");
+          py::gil_scoped_release release;
+          ops::batch_insert_dense(kt, g, ptr(tk), as_int(tk.shape[1], "dim"), st, p, ptr(tw),
+                                  bytes_of(tw), stream, stat);
+          return;
+        }
+        require(!page_table.is_none(), "batch_insert: k_pages needs page_table");
+        const tensor tk = in(k_pages, "k_pages");
+        const tensor tp = in(page_table, "page_table");
+        const ops::dtype kt = value_type(tk, "k_pages");
+        require<kvsift::dimension_mismatch>(tk.ndim() == 3,
+                                            "k_pages: expected [num_pages, page_size, dim], got ",
+                                            tk.ndim(), " axes");
+        require_kind(tp, 'i', 4, "page_table", "int32");
+        require<kvsift::dimension_mismatch>(tp.ndim() == 2,
+                                            "page_table: expected [graphs, max_pages_per_head], "
+                                            "got ",
+                                            tp.ndim(), " axes");
+        py::gil_scoped_release release;
+        ops::batch_insert_paged(kt, g, ptr(tk), tk.shape[0], as_int(tk.shape[1], "page_size"),
+                                as_int(tk.shape[2], "dim"), ptr<std::int32_t>(tp),
+                                as_int(tp.shape[0], "page_table rows"),
+                                as_int(tp.shape[1], "max_pages_per_head"), st, p, ptr(tw),
+                                bytes_of(tw), stream, stat);
+      },
+      py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
+      py::arg("sizes"), py::arg("keys"), py::arg("k_pages"), py::arg("page_table"),
+      py::arg("queries"), py::arg("query_offset"), py::arg("max_queries"), py::arg("knn_ids"),
+      py::arg("knn_keys"), py::arg("worst_key"), py::arg("best_id"), py::arg("best_key"),
+      py::arg("holders"), py::arg("holder_counts"), py::arg("layouts"), py::arg("workspace"),
+      py::arg("degree"), py::arg("L"), py::arg("expand_width"), py::arg("query_neighbors"),
+      py::arg("query_candidates"), py::arg("update_query_knn"), py::arg("fill"), py::arg("metric"),
+      py::arg("stream"), py::arg("status") = py::none(),
+      "Low level: one key into every graph (kvsift::cuda::batch_insert). Use "
+      "kvsift.cuda.batch_insert.");
 }
 
 }  // namespace
@@ -538,11 +752,11 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle lse, py::handle workspace, const std::string& mode, int k, int L,
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
          int expand_limit, int sink, int window, float scale, std::intptr_t stream,
-         py::object status, py::object carry) {
+         py::object status, py::object carry, py::object sizes) {
         const intake in{stream};
-        const ops::decode_graphs g =
-            graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
-                      in(entries, "entries"), max_keys);
+        ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
+                                         in(entries, "entries"), max_keys);
+        g.sizes = graph_key_counts(sizes, in, g.num_graphs);
         const paged_call c =
             paged_intake(in, q, k_pages, v_pages, page_table, o, lse, "decode_step");
         const tensor &tq = c.q, &tk = c.k, &tv = c.v, &tp = c.table, &to = c.o, &tl = c.lse;
@@ -576,7 +790,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
       py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("sink"),
       py::arg("window"), py::arg("scale"), py::arg("stream"), py::arg("status") = py::none(),
-      py::arg("carry") = py::none(),
+      py::arg("carry") = py::none(), py::arg("sizes") = py::none(),
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(
@@ -606,11 +820,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle ids, py::handle scores, py::handle counts, py::handle scored, py::object best,
          py::handle workspace, const std::string& mode, const std::string& metric, int k, int L,
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
-         int expand_limit, std::intptr_t stream, py::object status) {
+         int expand_limit, std::intptr_t stream, py::object status, py::object sizes) {
         const intake in{stream};
         const tensor tadj = in(adjacency, "adjacency");
-        const ops::decode_graphs g =
+        ops::decode_graphs g =
             graphs_of(tadj, in(row_offset, "row_offset"), in(entries, "entries"), max_keys);
+        g.sizes = graph_key_counts(sizes, in, g.num_graphs);
         const ops::decode_search_knobs p =
             search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                          metric, expand_limit);
@@ -695,8 +910,10 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("workspace"), py::arg("mode"), py::arg("metric"), py::arg("k"), py::arg("L"),
       py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
       py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("stream"),
-      py::arg("status") = py::none(),
+      py::arg("status") = py::none(), py::arg("sizes") = py::none(),
       "Low level: the batched GPU graph search into padded rows. Use kvsift.cuda.decode_search.");
+
+  bind_batch_insert(m);
 
   m.def(
       "decode_results_to_csr",

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <kvsift/cuda/batch_insert.cuh>
 #include <kvsift/cuda/bucketed_lru.cuh>
 #include <kvsift/cuda/decode_step.cuh>
 #include <kvsift/cuda/error.cuh>
@@ -164,6 +165,7 @@ kc::graph_set_ref graph_ref(const decode_graphs& g) {
   r.width = g.width;
   r.max_entries = g.max_entries;
   r.max_keys = g.max_keys;
+  r.sizes = g.sizes;
   return r;
 }
 
@@ -528,6 +530,106 @@ void offloaded_attention(dtype t, const offloaded_layer& l, const float* q, int 
     kc::offloaded_attention<T>(offloaded_ref(l, sizeof(T)), q, qo_heads, indptr, ids, max_ids,
                                out_o, out_lse, workspace, workspace_bytes, as_stream(stream), p,
                                status);
+  });
+}
+
+}  // namespace kvsift_python::cuda_ops
+
+namespace kvsift_python::cuda_ops {
+
+insert_lists make_insert_lists(const std::vector<std::uint32_t>& ids,
+                               const std::vector<float>& scores, std::size_t m, std::size_t nq,
+                               std::size_t rows, int holder_capacity, bool l2) {
+  insert_lists r;
+  translating_errors([&] {
+    kc::insert_lists l =
+        kc::make_insert_lists(ids, scores, m, nq, rows, holder_capacity,
+                              l2 ? kc::graph_metric::l2 : kc::graph_metric::inner_product);
+    r.knn_ids = std::move(l.knn_ids);
+    r.knn_keys = std::move(l.knn_keys);
+    r.worst_key = std::move(l.worst_key);
+    r.best_key = std::move(l.best_key);
+    r.best_id = std::move(l.best_id);
+    r.holders = std::move(l.holders);
+    r.holder_counts = std::move(l.holder_counts);
+    r.layouts = std::move(l.layouts);
+  });
+  return r;
+}
+
+namespace {
+
+kc::batch_insert_state_ref insert_state_ref(const decode_graphs& g, const insert_state& s) {
+  kc::batch_insert_state_ref r;
+  r.adjacency = const_cast<kvsift::id_t*>(g.adjacency);
+  r.sizes = g.sizes;
+  r.queries = s.queries;
+  r.query_ld = s.query_ld;
+  r.query_offset = s.query_offset;
+  r.max_queries = s.max_queries;
+  r.nq = s.nq;
+  r.knn_ids = s.knn_ids;
+  r.knn_keys = s.knn_keys;
+  r.worst_key = s.worst_key;
+  r.best_id = s.best_id;
+  r.best_key = s.best_key;
+  r.holders = s.holders;
+  r.holder_counts = s.holder_counts;
+  r.holder_capacity = s.holder_capacity;
+  r.layouts = s.layouts;
+  return r;
+}
+
+kc::batch_insert_params insert_params(const insert_knobs& k) {
+  kc::batch_insert_params p;
+  p.degree = k.degree;
+  p.L = k.L;
+  p.expand_width = k.expand_width;
+  p.query_neighbors = k.query_neighbors;
+  p.query_candidates = k.query_candidates;
+  p.update_query_knn = k.update_query_knn;
+  p.fill = k.fill;
+  p.metric = k.l2 ? kc::graph_metric::l2 : kc::graph_metric::inner_product;
+  return p;
+}
+
+}  // namespace
+
+std::size_t batch_insert_workspace_size(const decode_graphs& g, int dim, const insert_state& st,
+                                        const insert_knobs& p) {
+  std::size_t bytes = 0;
+  translating_errors([&] {
+    bytes = kc::batch_insert_workspace_size(graph_ref(g), dim, insert_state_ref(g, st),
+                                            insert_params(p));
+  });
+  return bytes;
+}
+
+void batch_insert_dense(dtype t, const decode_graphs& g, const void* keys, int dim,
+                        const insert_state& st, const insert_knobs& p, void* workspace,
+                        std::size_t workspace_bytes, std::intptr_t stream, std::uint32_t* status) {
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    kc::dense_keys_ref<T> ref;
+    ref.keys = static_cast<const T*>(keys);
+    ref.ld = dim;
+    ref.dim = dim;
+    kc::batch_insert(graph_ref(g), ref, insert_state_ref(g, st), insert_params(p), workspace,
+                     workspace_bytes, as_stream(stream), status);
+  });
+}
+
+void batch_insert_paged(dtype t, const decode_graphs& g, const void* k_pages,
+                        std::int64_t num_pages, int page_size, int dim,
+                        const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
+                        const insert_state& st, const insert_knobs& p, void* workspace,
+                        std::size_t workspace_bytes, std::intptr_t stream, std::uint32_t* status) {
+  with_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto ref = paged_ref<T>(k_pages, k_pages, num_pages, page_size, dim, page_table, kv_heads,
+                                  max_pages_per_head);
+    kc::batch_insert(graph_ref(g), ref, insert_state_ref(g, st), insert_params(p), workspace,
+                     workspace_bytes, as_stream(stream), status);
   });
 }
 

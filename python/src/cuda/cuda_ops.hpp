@@ -62,6 +62,9 @@ struct decode_graphs {
   int width = 0;
   int max_entries = 0;
   std::int64_t max_keys = 0;
+  /// [num_graphs] keys each graph holds (rows past it are spare), or null: every row.
+  /// Writable: batch_insert increments it.
+  std::uint32_t* sizes = nullptr;
 };
 
 /// kvsift::cuda::decode_search_params as plain fields.
@@ -148,6 +151,66 @@ void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const vo
                  float* out_lse, void* workspace, std::size_t workspace_bytes,
                  const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream,
                  std::uint32_t* carry = nullptr);
+
+/// One graph's list arrays from kvsift::cuda::make_insert_lists (host vectors).
+struct insert_lists {
+  std::vector<std::uint32_t> knn_ids, best_id, holders, holder_counts, layouts;
+  std::vector<float> knn_keys, worst_key, best_key;
+};
+
+/// kvsift::cuda::make_insert_lists: the list arrays of one graph from its training kNN (ids and
+/// raw scores, m x nq) for a graph of `rows` rows.
+insert_lists make_insert_lists(const std::vector<std::uint32_t>& ids,
+                               const std::vector<float>& scores, std::size_t m, std::size_t nq,
+                               std::size_t rows, int holder_capacity, bool l2);
+
+/// kvsift::cuda::batch_insert_state_ref as device pointers (adjacency and sizes are the
+/// graphs').
+struct insert_state {
+  const float* queries = nullptr;  ///< [query_offset[G]][query_ld]
+  std::int64_t query_ld = 0;
+  const std::int64_t* query_offset = nullptr;  ///< [G + 1]
+  std::int64_t max_queries = 0;
+  int nq = 0;
+  std::uint32_t* knn_ids = nullptr;
+  float* knn_keys = nullptr;
+  float* worst_key = nullptr;
+  std::uint32_t* best_id = nullptr;
+  float* best_key = nullptr;
+  std::uint32_t* holders = nullptr;
+  std::uint32_t* holder_counts = nullptr;
+  int holder_capacity = 0;
+  std::uint32_t* layouts = nullptr;  ///< or null
+};
+
+/// kvsift::cuda::batch_insert_params as plain fields.
+struct insert_knobs {
+  int degree = 0;
+  int L = 48;
+  int expand_width = 1;
+  int query_neighbors = 4;
+  int query_candidates = 512;
+  bool update_query_knn = true;
+  bool fill = true;
+  bool l2 = false;
+};
+
+/// kvsift::cuda::batch_insert_workspace_size (only the state's sizes are read).
+std::size_t batch_insert_workspace_size(const decode_graphs& g, int dim, const insert_state& st,
+                                        const insert_knobs& p);
+
+/// kvsift::cuda::batch_insert with graph g's keys at rows row_offset[g].. of one dense
+/// [rows][dim] matrix.
+void batch_insert_dense(dtype t, const decode_graphs& g, const void* keys, int dim,
+                        const insert_state& st, const insert_knobs& p, void* workspace,
+                        std::size_t workspace_bytes, std::intptr_t stream, std::uint32_t* status);
+
+/// kvsift::cuda::batch_insert with the keys in head-wise paged K memory.
+void batch_insert_paged(dtype t, const decode_graphs& g, const void* k_pages,
+                        std::int64_t num_pages, int page_size, int dim,
+                        const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
+                        const insert_state& st, const insert_knobs& p, void* workspace,
+                        std::size_t workspace_bytes, std::intptr_t stream, std::uint32_t* status);
 
 /// kvsift::cuda::knn_workspace_size with the default tiles.
 std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k);
