@@ -360,6 +360,48 @@ std::uint32_t* graph_key_counts(const py::object& sizes, const intake& in, int g
   return ptr<std::uint32_t>(t);
 }
 
+/// The keys of a decode search or insert, where they live: `keys` dense [rows, dim], or
+/// `k_pages` [num_pages, page_size, dim] with an int32 `page_table` [graphs, max_pages_per_head]
+/// (exactly one of the two; dim < 0 takes the keys' own).
+ops::graph_keys graph_keys_of(const intake& in, const py::object& keys, const py::object& k_pages,
+                              const py::object& page_table, std::int64_t rows, std::int64_t dim,
+                              const char* who) {
+  require(keys.is_none() != k_pages.is_none(), who,
+          ": expected the keys either dense (keys) or paged (k_pages and page_table), got ",
+          keys.is_none() ? "neither" : "both");
+  ops::graph_keys r;
+  if (!keys.is_none()) {
+    const tensor tk = in(keys, "keys");
+    r.type = value_type(tk, "keys");
+    require<kvsift::dimension_mismatch>(tk.ndim() == 2, "keys: expected [rows, dim], got ",
+                                        tk.ndim(), " axes");
+    require_shape(tk, {rows, dim < 0 ? tk.shape[1] : dim}, "keys");
+    r.dense = ptr(tk);
+    r.dim = as_int(tk.shape[1], "dim");
+    return r;
+  }
+  require(!page_table.is_none(), who, ": k_pages needs page_table");
+  const tensor tk = in(k_pages, "k_pages");
+  const tensor tp = in(page_table, "page_table");
+  r.type = value_type(tk, "k_pages");
+  require<kvsift::dimension_mismatch>(tk.ndim() == 3 && (dim < 0 || tk.shape[2] == dim),
+                                      "k_pages: expected [num_pages, page_size, dim]",
+                                      dim < 0 ? "" : " with q's dim ",
+                                      dim < 0 ? "" : std::to_string(dim));
+  require_kind(tp, 'i', 4, "page_table", "int32");
+  require<kvsift::dimension_mismatch>(tp.ndim() == 2,
+                                      "page_table: expected [graphs, max_pages_per_head], got ",
+                                      tp.ndim(), " axes");
+  r.k_pages = ptr(tk);
+  r.num_pages = tk.shape[0];
+  r.page_size = as_int(tk.shape[1], "page_size");
+  r.dim = as_int(tk.shape[2], "dim");
+  r.page_table = ptr<std::int32_t>(tp);
+  r.table_rows = as_int(tp.shape[0], "page_table rows");
+  r.max_pages_per_head = as_int(tp.shape[1], "max_pages_per_head");
+  return r;
+}
+
 /// An optional [m] tensor of the given kind (f32 or 32-bit ids), or null.
 template <class T>
 T* optional_vector(const py::object& h, const intake& in, std::int64_t m, const char* what) {
@@ -532,39 +574,10 @@ void bind_batch_insert(py::module_& m) {
         std::uint32_t* stat = nullptr;
         if (!status.is_none()) stat = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const tensor tw = in(workspace, "workspace");
-        require(keys.is_none() != k_pages.is_none(),
-                "batch_insert: expected the keys either dense (keys) or paged (k_pages and "
-                "page_table), got ",
-                keys.is_none() ? "neither" : "both");
-        if (!keys.is_none()) {
-          const tensor tk = in(keys, "keys");
-          const ops::dtype kt = value_type(tk, "keys");
-          require<kvsift::dimension_mismatch>(tk.ndim() == 2 && tk.shape[0] == rows,
-                                              "keys: expected [", rows,
-                                              " (the adjacency's rows), dim]");
-          py::gil_scoped_release release;
-          ops::batch_insert_dense(kt, g, ptr(tk), as_int(tk.shape[1], "dim"), st, p, ptr(tw),
-                                  bytes_of(tw), stream, stat);
-          return;
-        }
-        require(!page_table.is_none(), "batch_insert: k_pages needs page_table");
-        const tensor tk = in(k_pages, "k_pages");
-        const tensor tp = in(page_table, "page_table");
-        const ops::dtype kt = value_type(tk, "k_pages");
-        require<kvsift::dimension_mismatch>(tk.ndim() == 3,
-                                            "k_pages: expected [num_pages, page_size, dim], got ",
-                                            tk.ndim(), " axes");
-        require_kind(tp, 'i', 4, "page_table", "int32");
-        require<kvsift::dimension_mismatch>(tp.ndim() == 2,
-                                            "page_table: expected [graphs, max_pages_per_head], "
-                                            "got ",
-                                            tp.ndim(), " axes");
+        const ops::graph_keys kk =
+            graph_keys_of(in, keys, k_pages, page_table, rows, -1, "batch_insert");
         py::gil_scoped_release release;
-        ops::batch_insert_paged(kt, g, ptr(tk), tk.shape[0], as_int(tk.shape[1], "page_size"),
-                                as_int(tk.shape[2], "dim"), ptr<std::int32_t>(tp),
-                                as_int(tp.shape[0], "page_table rows"),
-                                as_int(tp.shape[1], "max_pages_per_head"), st, p, ptr(tw),
-                                bytes_of(tw), stream, stat);
+        ops::batch_insert(g, kk, st, p, ptr(tw), bytes_of(tw), stream, stat);
       },
       py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
       py::arg("sizes"), py::arg("keys"), py::arg("k_pages"), py::arg("page_table"),
@@ -871,37 +884,10 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         if (!status.is_none())
           out.status = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const tensor tw = in(workspace, "workspace");
-        require(keys.is_none() != k_pages.is_none(),
-                "decode_search: expected the keys either dense (keys) or paged (k_pages and "
-                "page_table), got ",
-                keys.is_none() ? "neither" : "both");
-        if (!keys.is_none()) {
-          const tensor tk = in(keys, "keys");
-          const ops::dtype kt = value_type(tk, "keys");
-          require_shape(tk, {tadj.shape[0], dim}, "keys");
-          py::gil_scoped_release release;
-          ops::decode_search_dense(kt, g, ptr(tk), as_int(dim, "dim"), qs, m, p, out, ptr(tw),
-                                   bytes_of(tw), stream);
-          return;
-        }
-        require(!page_table.is_none(), "decode_search: k_pages needs page_table");
-        const tensor tk = in(k_pages, "k_pages");
-        const tensor tp = in(page_table, "page_table");
-        const ops::dtype kt = value_type(tk, "k_pages");
-        require<kvsift::dimension_mismatch>(
-            tk.ndim() == 3 && tk.shape[2] == dim,
-            "k_pages: expected [num_pages, page_size, dim] with q's dim ", dim);
-        require_kind(tp, 'i', 4, "page_table", "int32");
-        require<kvsift::dimension_mismatch>(tp.ndim() == 2,
-                                            "page_table: expected [graphs, max_pages_per_head], "
-                                            "got ",
-                                            tp.ndim(), " axes");
+        const ops::graph_keys kk =
+            graph_keys_of(in, keys, k_pages, page_table, tadj.shape[0], dim, "decode_search");
         py::gil_scoped_release release;
-        ops::decode_search_paged(kt, g, ptr(tk), tk.shape[0], as_int(tk.shape[1], "page_size"),
-                                 as_int(dim, "dim"), ptr<std::int32_t>(tp),
-                                 as_int(tp.shape[0], "page_table rows"),
-                                 as_int(tp.shape[1], "max_pages_per_head"), qs, m, p, out, ptr(tw),
-                                 bytes_of(tw), stream);
+        ops::decode_search(g, kk, qs, m, p, out, ptr(tw), bytes_of(tw), stream);
       },
       py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
       py::arg("q"), py::arg("keys"), py::arg("k_pages"), py::arg("page_table"), py::arg("graph"),

@@ -262,33 +262,34 @@ std::size_t decode_search_workspace_size(const decode_graphs& g, std::int64_t m,
   return bytes;
 }
 
-void decode_search_dense(dtype t, const decode_graphs& g, const void* keys, int dim,
-                         const decode_search_queries& q, std::int64_t m,
-                         const decode_search_knobs& p, const decode_search_outputs& out,
-                         void* workspace, std::size_t workspace_bytes, std::intptr_t stream) {
-  with_type(t, [&](auto* tag) {
+namespace {
+
+/// Calls f with the keys as the kvsift::cuda reference of their element type: dense_keys_ref<T>
+/// or paged_kv_ref<T> (V aliases K: the searches and inserts read K only).
+template <class F>
+void with_keys(const graph_keys& k, F&& f) {
+  with_type(k.type, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    kc::dense_keys_ref<T> ref;
-    ref.keys = static_cast<const T*>(keys);
-    ref.ld = dim;
-    ref.dim = dim;
-    kc::decode_search(graph_ref(g), ref, search_queries(q, dim), m, search_params(p),
-                      search_outputs(out), workspace, workspace_bytes, as_stream(stream));
+    if (k.dense != nullptr) {
+      kc::dense_keys_ref<T> ref;
+      ref.keys = static_cast<const T*>(k.dense);
+      ref.ld = k.dim;
+      ref.dim = k.dim;
+      f(ref);
+    } else {
+      f(paged_ref<T>(k.k_pages, k.k_pages, k.num_pages, k.page_size, k.dim, k.page_table,
+                     k.table_rows, k.max_pages_per_head));
+    }
   });
 }
 
-void decode_search_paged(dtype t, const decode_graphs& g, const void* k_pages,
-                         std::int64_t num_pages, int page_size, int dim,
-                         const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
-                         const decode_search_queries& q, std::int64_t m,
-                         const decode_search_knobs& p, const decode_search_outputs& out,
-                         void* workspace, std::size_t workspace_bytes, std::intptr_t stream) {
-  with_type(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    // The search reads K only; V is the same pool so that the reference is complete.
-    const auto ref = paged_ref<T>(k_pages, k_pages, num_pages, page_size, dim, page_table, kv_heads,
-                                  max_pages_per_head);
-    kc::decode_search(graph_ref(g), ref, search_queries(q, dim), m, search_params(p),
+}  // namespace
+
+void decode_search(const decode_graphs& g, const graph_keys& keys, const decode_search_queries& q,
+                   std::int64_t m, const decode_search_knobs& p, const decode_search_outputs& out,
+                   void* workspace, std::size_t workspace_bytes, std::intptr_t stream) {
+  with_keys(keys, [&](const auto& ref) {
+    kc::decode_search(graph_ref(g), ref, search_queries(q, keys.dim), m, search_params(p),
                       search_outputs(out), workspace, workspace_bytes, as_stream(stream));
   });
 }
@@ -605,29 +606,10 @@ std::size_t batch_insert_workspace_size(const decode_graphs& g, int dim, const i
   return bytes;
 }
 
-void batch_insert_dense(dtype t, const decode_graphs& g, const void* keys, int dim,
-                        const insert_state& st, const insert_knobs& p, void* workspace,
-                        std::size_t workspace_bytes, std::intptr_t stream, std::uint32_t* status) {
-  with_type(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    kc::dense_keys_ref<T> ref;
-    ref.keys = static_cast<const T*>(keys);
-    ref.ld = dim;
-    ref.dim = dim;
-    kc::batch_insert(graph_ref(g), ref, insert_state_ref(g, st), insert_params(p), workspace,
-                     workspace_bytes, as_stream(stream), status);
-  });
-}
-
-void batch_insert_paged(dtype t, const decode_graphs& g, const void* k_pages,
-                        std::int64_t num_pages, int page_size, int dim,
-                        const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
-                        const insert_state& st, const insert_knobs& p, void* workspace,
-                        std::size_t workspace_bytes, std::intptr_t stream, std::uint32_t* status) {
-  with_type(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const auto ref = paged_ref<T>(k_pages, k_pages, num_pages, page_size, dim, page_table, kv_heads,
-                                  max_pages_per_head);
+void batch_insert(const decode_graphs& g, const graph_keys& keys, const insert_state& st,
+                  const insert_knobs& p, void* workspace, std::size_t workspace_bytes,
+                  std::intptr_t stream, std::uint32_t* status) {
+  with_keys(keys, [&](const auto& ref) {
     kc::batch_insert(graph_ref(g), ref, insert_state_ref(g, st), insert_params(p), workspace,
                      workspace_bytes, as_stream(stream), status);
   });

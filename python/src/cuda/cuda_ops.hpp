@@ -110,21 +110,24 @@ int decode_search_capacity(const decode_search_knobs& p);
 std::size_t decode_search_workspace_size(const decode_graphs& g, std::int64_t m,
                                          const decode_search_knobs& p);
 
-/// kvsift::cuda::decode_search with the keys of graph g at rows row_offset[g].. of one dense
-/// [rows][dim] matrix.
-void decode_search_dense(dtype t, const decode_graphs& g, const void* keys, int dim,
-                         const decode_search_queries& q, std::int64_t m,
-                         const decode_search_knobs& p, const decode_search_outputs& out,
-                         void* workspace, std::size_t workspace_bytes, std::intptr_t stream);
+/// Where a graph set's keys live: rows row_offset[g].. of one dense [rows][dim] matrix
+/// (`dense`), or head-wise paged K memory whose page-table row g holds graph g's keys.
+struct graph_keys {
+  dtype type = dtype::f32;
+  int dim = 0;
+  const void* dense = nullptr;    ///< [rows][dim], or null: paged
+  const void* k_pages = nullptr;  ///< [num_pages][page_size][dim]
+  std::int64_t num_pages = 0;
+  int page_size = 0;
+  const std::int32_t* page_table = nullptr;  ///< [table_rows][max_pages_per_head]
+  int table_rows = 0;
+  int max_pages_per_head = 0;
+};
 
-/// kvsift::cuda::decode_search with the keys in head-wise paged K memory (page-table row g =
-/// graph g's keys).
-void decode_search_paged(dtype t, const decode_graphs& g, const void* k_pages,
-                         std::int64_t num_pages, int page_size, int dim,
-                         const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
-                         const decode_search_queries& q, std::int64_t m,
-                         const decode_search_knobs& p, const decode_search_outputs& out,
-                         void* workspace, std::size_t workspace_bytes, std::intptr_t stream);
+/// kvsift::cuda::decode_search over the keys where they live.
+void decode_search(const decode_graphs& g, const graph_keys& keys, const decode_search_queries& q,
+                   std::int64_t m, const decode_search_knobs& p, const decode_search_outputs& out,
+                   void* workspace, std::size_t workspace_bytes, std::intptr_t stream);
 
 /// kvsift::cuda::decode_results_to_csr: padded rows to indptr [m + 1] / indices [m * capacity].
 void decode_results_to_csr(const std::uint32_t* ids, const std::uint32_t* counts, std::int64_t m,
@@ -199,18 +202,10 @@ struct insert_knobs {
 std::size_t batch_insert_workspace_size(const decode_graphs& g, int dim, const insert_state& st,
                                         const insert_knobs& p);
 
-/// kvsift::cuda::batch_insert with graph g's keys at rows row_offset[g].. of one dense
-/// [rows][dim] matrix.
-void batch_insert_dense(dtype t, const decode_graphs& g, const void* keys, int dim,
-                        const insert_state& st, const insert_knobs& p, void* workspace,
-                        std::size_t workspace_bytes, std::intptr_t stream, std::uint32_t* status);
-
-/// kvsift::cuda::batch_insert with the keys in head-wise paged K memory.
-void batch_insert_paged(dtype t, const decode_graphs& g, const void* k_pages,
-                        std::int64_t num_pages, int page_size, int dim,
-                        const std::int32_t* page_table, int kv_heads, int max_pages_per_head,
-                        const insert_state& st, const insert_knobs& p, void* workspace,
-                        std::size_t workspace_bytes, std::intptr_t stream, std::uint32_t* status);
+/// kvsift::cuda::batch_insert: key sizes[g] of every graph g, read where the keys live.
+void batch_insert(const decode_graphs& g, const graph_keys& keys, const insert_state& st,
+                  const insert_knobs& p, void* workspace, std::size_t workspace_bytes,
+                  std::intptr_t stream, std::uint32_t* status);
 
 /// kvsift::cuda::knn_workspace_size with the default tiles.
 std::size_t knn_workspace_size(std::int64_t m, std::int64_t n, int k);
