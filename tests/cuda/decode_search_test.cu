@@ -340,6 +340,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         bp.L = std::size_t(p.L);
         bp.degree_cap = std::size_t(p.degree_cap);
         bp.expand_limit = std::size_t(p.expand_limit);
+        bp.max_hops = std::size_t(p.max_hops);
         const auto st = kvsift::beam_search(g, q, bp, ws, ids, sc, pred, extra);
         ids.resize(st.count);
         sc.resize(st.count);
@@ -527,6 +528,44 @@ TEST_CASE("decode_search_seeds_and_expand_limit_match_cpu", "[cuda][decode_searc
   CHECK(with.scored != without.scored);
 }
 
+TEST_CASE("decode_search_max_hops_matches_cpu", "[cuda][decode_search]") {
+  // max_hops stops a top-k walk after that many expanded nodes: with expand_width 1 the CPU's
+  // beam_search with the same cap, id for id and vectors scored (warp kernel, block kernel at
+  // four and eight warps; plain and filtered, dense and paged, seeds too).
+  const graph_set s = make_set({50, 1200, 4000}, 32, 24, 2);
+  query_batch plain = make_queries(s, 1200, false, false);
+  query_batch ranged = make_queries(s, 1200, false, true);
+  add_seeds(s, ranged, 7);
+  for (const int hops : {1, 3, 10, 25}) {
+    auto p = topk(20, 40, kc::graph_metric::inner_product);
+    p.max_hops = hops;
+    for (const int warps : {1, 4, 8}) {
+      p.warps_per_search = warps;
+      INFO("max_hops " << hops << ", warps " << warps);
+      CHECK((compare<kvsift::inner_product, float>(s, plain, p, kDense) == 0));
+      CHECK((compare<kvsift::inner_product, __half>(s, ranged, p, kPaged) == 0));
+    }
+  }
+  // The cap binds: a search capped at 10 hops scores fewer vectors than one without a cap,
+  // and a wide walk (16 nodes a step) capped at 24 hops takes two steps, the second of 8.
+  auto p = topk(20, 40, kc::graph_metric::inner_product);
+  const gpu_result free_walk = run_gpu<float>(s, plain, p, kDense);
+  p.max_hops = 10;
+  const gpu_result capped = run_gpu<float>(s, plain, p, kDense);
+  std::uint64_t a = 0, b = 0;
+  for (std::size_t i = 0; i < capped.scored.size(); ++i) {
+    a += capped.scored[i];
+    b += free_walk.scored[i];
+  }
+  CHECK(a < b);
+  p.expand_width = 16;
+  p.max_hops = 24;
+  const gpu_result two_steps = run_gpu<float>(s, plain, p, kDense);
+  p.max_hops = 32;
+  const gpu_result full_steps = run_gpu<float>(s, plain, p, kDense);
+  CHECK(two_steps.scored != full_steps.scored);
+}
+
 TEST_CASE("decode_search_filtered_matches_cpu", "[cuda][decode_search]") {
   // id ranges: the static window excluded, a selective prefix (2-hop walk and the fallback
   // seeding), random ranges.
@@ -703,6 +742,9 @@ TEST_CASE("decode_search_block_kernel_equals_warp_kernel", "[cuda][decode_search
         setting{32, 10, true, false, true, std::int64_t(1) << 19}}) {
     auto p = topk(32, 96, kc::graph_metric::inner_product);
     p.expand_width = st.expand;
+    // A hop cap that ends most searches mid-step (not a multiple of the width) for the wide
+    // settings: the last step takes fewer nodes in both kernels.
+    p.max_hops = st.expand >= 8 ? 3 * st.expand + 5 : 0;
     p.degree_cap = st.degree_cap;
     p.walk_through = st.walk_through;
     const query_batch& qb = st.filtered ? ranged : plain;
@@ -977,6 +1019,13 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   bad = dipr(1.0f, 8, 0);
   bad.expand_limit = 4;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected 0 for DIPR, got 4"));
+  bad = dipr(1.0f, 8, 0);
+  bad.max_hops = 7;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb),
+                 "max_hops is for top-k; expected 0 for DIPR, got 7"));
+  bad = p;
+  bad.max_hops = -1;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected max_hops >= 0 (0 = no cap), got -1"));
   {
     device_buffer<id_t> seeds(std::size_t(4));
     auto qx = qs;

@@ -1,7 +1,8 @@
 // beam_search_params::expand_limit: only the best E entries of the pool are expanded. Checked
 // against a model of that rule written out plainly (a sorted vector, no cursor), id for id, score
 // for score, hops and vectors scored, seeded and not; E = L must be the classic search; seeds
-// holding the exact answer must return it whatever E.
+// holding the exact answer must return it whatever E. beam_search_params::max_hops (the walk
+// stops after that many expansions) against the same model.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -27,7 +28,7 @@ struct model_result {
 /// the best L entries visited (higher score first, ties to the lower id).
 template <class G>
 model_result model(const G& g, std::span<const float> q, std::size_t k, std::size_t L,
-                   std::size_t limit, std::span<const id_t> seeds) {
+                   std::size_t limit, std::span<const id_t> seeds, std::size_t max_hops = 0) {
   struct entry {
     float score;
     id_t id;
@@ -48,7 +49,7 @@ model_result model(const G& g, std::span<const float> q, std::size_t k, std::siz
   };
   for (const id_t e : g.entry_points()) visit(e);
   for (const id_t s : seeds) visit(s);
-  for (;;) {
+  while (max_hops == 0 || r.hops < max_hops) {
     entry* next = nullptr;
     for (std::size_t i = 0; i < std::min(limit, pool.size()) && next == nullptr; ++i) {
       if (!pool[i].expanded) next = &pool[i];
@@ -98,6 +99,38 @@ TEST_CASE("expand_limit: beam_search equals the model of the rule", "[search][be
       CHECK(differ == 0);
       // The limit is what bounds the walk: far fewer hops than a full pool's at small limits.
       if (limit <= 4) CHECK(hops < f.eval.rows() * L / 2);
+    }
+  }
+}
+
+TEST_CASE("max_hops: beam_search stops after that many expansions, as the model",
+          "[search][beam][expand]") {
+  const auto& f = fx();
+  const std::size_t k = 10, L = 40;
+  kvsift::search_workspace ws;
+  std::vector<id_t> ids(k);
+  std::vector<float> sc(k);
+  for (const std::size_t cap : {1ul, 5ul, 20ul, 60ul}) {
+    for (const std::size_t limit : {0ul, 10ul}) {
+      std::size_t differ = 0, capped = 0;
+      for (std::size_t i = 0; i < f.eval.rows(); ++i) {
+        const auto q = f.eval.row_span(i);
+        const auto free_walk =
+            kvsift::beam_search(f.graph, q, {.k = k, .L = L, .expand_limit = limit}, ws, ids, sc);
+        const auto st = kvsift::beam_search(
+            f.graph, q, {.k = k, .L = L, .expand_limit = limit, .max_hops = cap}, ws, ids, sc);
+        const model_result m = model(f.graph, q, k, L, limit != 0 ? limit : L, {}, cap);
+        const bool same = st.count == m.ids.size() && st.hops == m.hops &&
+                          st.distance_computations == m.scored &&
+                          std::equal(m.ids.begin(), m.ids.end(), ids.begin()) &&
+                          std::equal(m.scores.begin(), m.scores.end(), sc.begin());
+        differ += same ? 0 : 1;
+        CHECK(st.hops == std::min(cap, free_walk.hops));
+        capped += free_walk.hops > cap ? 1 : 0;
+      }
+      INFO("max_hops " << cap << ", expand_limit " << limit);
+      CHECK(differ == 0);
+      if (cap <= 5) CHECK(capped == f.eval.rows());  // the cap binds for every query there
     }
   }
 }

@@ -26,6 +26,7 @@ namespace kvsift {
 /// Thread safety: safe concurrently on one index with one workspace per thread.
 /// A query holding NaN or Inf returns no results: count 0, every id invalid_id, every score the
 /// metric's worst (checked once at the entry, O(d); its scores would rank arbitrary keys).
+/// params.max_hops > 0 stops the walk after that many expansions.
 /// @throw invalid_argument if k == 0, L < k, expand_limit > L, or the outputs are shorter than k;
 ///        dimension_mismatch for a wrong query length; out_of_range for bad entry ids or a
 ///        predicate referring to ids beyond the index.
@@ -60,7 +61,7 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
   };
   detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit);
   const std::size_t limit = params.expand_limit != 0 ? params.expand_limit : params.L;
-  while (ws.pool.has_unexpanded(limit)) {
+  while (ws.pool.has_unexpanded(limit) && (params.max_hops == 0 || stats.hops < params.max_hops)) {
     const candidate c = ws.pool.pop_unexpanded();
     // A graph that can prefetch a node's adjacency row (the builder's growing graph: a row
     // there is a separately allocated list) gets the next expansion's row fetched while this

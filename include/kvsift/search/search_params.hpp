@@ -32,6 +32,11 @@ struct beam_search_params {
   /// at 32K tokens (docs/algorithms.md); without such seeds recall falls as fast as the
   /// keys scored. <= L.
   std::size_t expand_limit = 0;
+  /// Expand at most this many nodes (0 = no cap): the search stops after `max_hops` hops and
+  /// returns the best k of its pool. A cap bounds the longest walks; a batch that waits for
+  /// its slowest search (the GPU's decode search, `kvsift::cuda::decode_search_params::
+  /// max_hops`, the same rule) gains from it the most (docs/decode_search.md).
+  std::size_t max_hops = 0;
 };
 
 /// Per-call parameters of DIPR search. Scores are raw metric scores (for inner product: the

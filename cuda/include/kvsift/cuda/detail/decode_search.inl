@@ -103,6 +103,7 @@ struct ds_config {
   float beta = 0.0f;
   int expand = 1;               // top-k: pool entries expanded per step
   int limit = 0;                // pool entries that may be expanded (expand_limit or the pool)
+  int max_hops = 0;             // top-k: nodes a search may expand (0 = no cap)
   bool walk_through = true;     // filtered top-k: failing neighbours walked through (2-hop)
   bool block = false;           // top-k on decode_search_block_kernel (4 or 8 warps per search)
   int warps_per_search = 0;     // as asked (0: the launch picks 4 or 8 by the batch size)
@@ -144,6 +145,7 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
             "expected walk_through = true, got false");
     require(p.expand_limit == 0, who, ": expand_limit is for top-k; expected 0 for DIPR, got ",
             p.expand_limit);
+    require(p.max_hops == 0, who, ": max_hops is for top-k; expected 0 for DIPR, got ", p.max_hops);
     c.pool = p.l0;
     c.limit = p.l0;
     c.expand = p.expand_width;
@@ -159,9 +161,11 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
             ": expected 1 <= expand_width <= ", max_decode_expand_width, ", got ", p.expand_width);
     require(p.expand_limit >= 0 && p.expand_limit <= p.L, who,
             ": expected 0 <= expand_limit <= L = ", p.L, " (0 = L), got ", p.expand_limit);
+    require(p.max_hops >= 0, who, ": expected max_hops >= 0 (0 = no cap), got ", p.max_hops);
     c.pool = p.L;
     c.limit = p.expand_limit != 0 ? p.expand_limit : p.L;
     c.k = p.k;
+    c.max_hops = p.max_hops;
     c.expand = p.expand_width;
     c.walk_through = p.walk_through;
     c.capacity = p.k;
@@ -880,11 +884,11 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     // nodes are expanded one by one with the CPU's rule. Either way the step gathers what the
     // CPU's expansions of the same nodes would. With walk_through = false no chunk is checked:
     // failing ids are marked and dropped at the compaction.
-    auto expand_batch = [&](int from) {
+    auto expand_batch = [&](int from, int want, int& np) {
       // The nodes go to the other pool buffer, free until the merge; they are pool entries, so
       // there are at most L of them, and that buffer holds 2L ids.
       std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
-      const int np = ds_pick(pool, min(cnt, c.limit), from, c.expand, picks, lane);
+      np = ds_pick(pool, min(cnt, c.limit), from, want, picks, lane);
       __syncwarp();
       const int total = np * cols;
       int fresh_n = 0;
@@ -977,6 +981,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
       }
 
+      int hops = 0;  // top-k: nodes expanded (max_hops)
       for (;;) {
         if (capped) break;
         int pick = unexpanded_from(0);
@@ -1052,9 +1057,12 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           if ((was >> (next & 31u)) & 1u) continue;  // reached through both parts
         } else {
           // The best `expand` unexpanded entries in pool order, their fresh neighbours visited
-          // as one batch (expand = 1 is the CPU's walk).
-          if (pick == INT_MAX) break;
-          const int nv = expand_batch(pick);
+          // as one batch (expand = 1 is the CPU's walk), while the hop cap leaves any.
+          const int want = c.max_hops != 0 ? min(c.expand, c.max_hops - hops) : c.expand;
+          if (pick == INT_MAX || want <= 0) break;
+          int np = 0;
+          const int nv = expand_batch(pick, want, np);
+          hops += np;
           if (nv > 0) visit(nv);
           continue;
         }
@@ -1293,12 +1301,14 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
       // sorts them); a filtered step that meets a fresh filtered-out id is redone one node
       // after the other by warp 0 (the walk-through depends on that order), as in the warp
       // kernel.
-      for (;;) {
+      for (int hops = 0;;) {
         // The step's nodes go to the other pool buffer, free until the merge (which swaps the
         // two: so taken afresh every step).
         std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
+        const int want = c.max_hops != 0 ? min(c.expand, c.max_hops - hops) : c.expand;
+        if (want <= 0) break;
         if (warp == 0) {
-          const int np = ds_pick(pool, min(cnt, c.limit), 0, c.expand, picks, lane);
+          const int np = ds_pick(pool, min(cnt, c.limit), 0, want, picks, lane);
           if (lane == 0) {
             said[0] = 0;
             said[1] = np;
@@ -1307,6 +1317,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
         __syncthreads();
         const int np = said[1];
         if (np == 0) break;
+        hops += np;
         const int total = np * cols;
         constexpr int U = 5;  // row ids per thread in flight: 8 rows of 70 in one chunk
         bool redo = false;
