@@ -645,6 +645,28 @@ def test_decode_search_seeds_and_expand_limit_equal_the_cpu():
         kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, expand_limit=21)
 
 
+def test_decode_search_max_hops_caps_the_walk():
+    # max_hops stops each top-k walk after that many expanded nodes (the C++ tests hold it to
+    # the CPU's capped search id for id): a cap above every walk changes nothing, a small one
+    # scores fewer vectors for every query; decode_step takes it too; DIPR and a negative cap
+    # are refused.
+    idx, graphs, keys, q, pool, table = search_case()
+    qd = torch.from_numpy(q).cuda()
+    where = dict(pages=(pool, table))
+    free = kc.decode_search(graphs, qd, **where, k=10, L=40)
+    huge = kc.decode_search(graphs, qd, **where, k=10, L=40, max_hops=100000)
+    assert torch.equal(free.ids, huge.ids) and torch.equal(free.scored, huge.scored)
+    capped = kc.decode_search(graphs, qd, **where, k=10, L=40, max_hops=3)
+    assert bool((capped.scored < free.scored).all())
+    wide = kc.decode_search(graphs, qd, **where, k=10, L=40, expand_width=8, max_hops=12)
+    assert bool((wide.scored <= kc.decode_search(graphs, qd, **where, k=10, L=40,
+                                                 expand_width=8).scored).all())
+    with pytest.raises(ValueError, match="max_hops >= 0"):
+        kc.decode_search(graphs, qd, **where, k=10, L=40, max_hops=-1)
+    with pytest.raises(ValueError, match="max_hops is for top-k"):
+        kc.decode_search(graphs, qd, **where, mode="dipr", max_hops=5)
+
+
 def test_decode_search_id_range_and_csr():
     idx, graphs, keys, q, pool, table = search_case(seed=9)
     m, n, group = q.shape[0], keys.shape[1], q.shape[0] // len(idx)
@@ -863,6 +885,10 @@ def test_decode_step_honours_graph_sizes():
     r = kc.decode_search(grown, q, pages=(k, table), k=20, L=40)
     r2 = kc.decode_search(plain, q, pages=(k, table), k=20, L=40)
     assert torch.equal(r.ids, r2.ids) and torch.equal(r.scored, r2.scored)
+    # The step passes max_hops on to its search: a tight cap retrieves other tokens.
+    o_cap, _ = kc.decode_step(plain, q, k, v, table, sink=4, window=64, k=50, L=100, max_hops=2)
+    o_free, _ = kc.decode_step(plain, q, k, v, table, sink=4, window=64, k=50, L=100)
+    assert not torch.equal(o_cap, o_free)
 
 
 @pytest.mark.parametrize("key_dtype", [np.float32, np.float16])

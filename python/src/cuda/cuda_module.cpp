@@ -302,7 +302,7 @@ ops::decode_graphs graphs_of(const tensor& adj, const tensor& off, const tensor&
 ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int expand_width,
                                       bool walk_through, int degree_cap, float beta, int l0,
                                       int max_results, const std::string& metric = "ip",
-                                      int expand_limit = 0) {
+                                      int expand_limit = 0, int max_hops = 0) {
   require(mode == "topk" || mode == "dipr", "mode: expected 'topk' or 'dipr', got '", mode, "'");
   require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric, "'");
   ops::decode_search_knobs p;
@@ -317,16 +317,17 @@ ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int
   p.l0 = l0;
   p.max_results = max_results;
   p.expand_limit = expand_limit;
+  p.max_hops = max_hops;
   return p;
 }
 
 ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int expand_width,
                                   bool walk_through, int degree_cap, float beta, int l0,
-                                  int max_results, int expand_limit, int sink, int window,
-                                  float scale) {
+                                  int max_results, int expand_limit, int max_hops, int sink,
+                                  int window, float scale) {
   ops::decode_step_knobs p;
   p.search = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                          "ip", expand_limit);
+                          "ip", expand_limit, max_hops);
   p.sink = sink;
   p.window = window;
   p.scale = scale;
@@ -742,18 +743,19 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
          std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
          int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
-         int max_results, int expand_limit, int sink, int window) {
+         int max_results, int expand_limit, int max_hops, int sink, int window) {
         return ops::decode_step_workspace_size(
             graph_sizes(graphs, rows, width, max_entries, max_keys), as_int(qo_heads, "qo_heads"),
             as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                       expand_limit, sink, window, std::numeric_limits<float>::quiet_NaN()));
+                       expand_limit, max_hops, sink, window,
+                       std::numeric_limits<float>::quiet_NaN()));
       },
       py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
       py::arg("max_keys"), py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"),
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
-      py::arg("sink"), py::arg("window"),
+      py::arg("max_hops"), py::arg("sink"), py::arg("window"),
       "Bytes of device workspace decode_step needs for a graph set of `graphs` graphs over an "
       "adjacency of `rows` x `width`; raises for bad parameters (max_keys outside [1, rows] "
       "included).");
@@ -764,7 +766,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle q, py::handle k_pages, py::handle v_pages, py::handle page_table, py::handle o,
          py::handle lse, py::handle workspace, const std::string& mode, int k, int L,
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
-         int expand_limit, int sink, int window, float scale, std::intptr_t stream,
+         int expand_limit, int max_hops, int sink, int window, float scale, std::intptr_t stream,
          py::object status, py::object carry, py::object sizes) {
         const intake in{stream};
         ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
@@ -783,7 +785,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         if (!status.is_none()) st = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const ops::decode_step_knobs p =
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                       expand_limit, sink, window, scale);
+                       expand_limit, max_hops, sink, window, scale);
         std::uint32_t* carry_ids = nullptr;
         if (!carry.is_none()) {
           const tensor tc = in(carry, "carry");
@@ -801,9 +803,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("page_table"), py::arg("o"),
       py::arg("lse"), py::arg("workspace"), py::arg("mode"), py::arg("k"), py::arg("L"),
       py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
-      py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("sink"),
-      py::arg("window"), py::arg("scale"), py::arg("stream"), py::arg("status") = py::none(),
-      py::arg("carry") = py::none(), py::arg("sizes") = py::none(),
+      py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("max_hops"),
+      py::arg("sink"), py::arg("window"), py::arg("scale"), py::arg("stream"),
+      py::arg("status") = py::none(), py::arg("carry") = py::none(), py::arg("sizes") = py::none(),
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(
@@ -811,9 +813,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
          std::int64_t max_keys, std::int64_t queries, const std::string& mode,
          const std::string& metric, int k, int L, int expand_width, bool walk_through,
-         int degree_cap, float beta, int l0, int max_results, int expand_limit) {
+         int degree_cap, float beta, int l0, int max_results, int expand_limit, int max_hops) {
         const auto p = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0,
-                                    max_results, metric, expand_limit);
+                                    max_results, metric, expand_limit, max_hops);
         const auto g = graph_sizes(graphs, rows, width, max_entries, max_keys);
         return py::make_tuple(ops::decode_search_capacity(p),
                               ops::decode_search_workspace_size(g, queries, p));
@@ -822,6 +824,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("max_keys"), py::arg("queries"), py::arg("mode"), py::arg("metric"), py::arg("k"),
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
+      py::arg("max_hops"),
       "(result slots per query, bytes of device workspace) of decode_search; raises for bad "
       "parameters (max_keys outside [1, rows] included).");
 
@@ -833,7 +836,8 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle ids, py::handle scores, py::handle counts, py::handle scored, py::object best,
          py::handle workspace, const std::string& mode, const std::string& metric, int k, int L,
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
-         int expand_limit, std::intptr_t stream, py::object status, py::object sizes) {
+         int expand_limit, int max_hops, std::intptr_t stream, py::object status,
+         py::object sizes) {
         const intake in{stream};
         const tensor tadj = in(adjacency, "adjacency");
         ops::decode_graphs g =
@@ -841,7 +845,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         g.sizes = graph_key_counts(sizes, in, g.num_graphs);
         const ops::decode_search_knobs p =
             search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                         metric, expand_limit);
+                         metric, expand_limit, max_hops);
         const tensor tq = in(q, "q");
         require_kind(tq, 'f', 4, "q", "float32");
         require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [queries, dim], got ",
@@ -895,8 +899,8 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("ids"), py::arg("scores"), py::arg("counts"), py::arg("scored"), py::arg("best"),
       py::arg("workspace"), py::arg("mode"), py::arg("metric"), py::arg("k"), py::arg("L"),
       py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
-      py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("stream"),
-      py::arg("status") = py::none(), py::arg("sizes") = py::none(),
+      py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("max_hops"),
+      py::arg("stream"), py::arg("status") = py::none(), py::arg("sizes") = py::none(),
       "Low level: the batched GPU graph search into padded rows. Use kvsift.cuda.decode_search.");
 
   bind_batch_insert(m);

@@ -182,6 +182,7 @@ kc::decode_search_params search_params(const decode_search_knobs& k) {
   p.l0 = k.l0;
   p.max_results = k.max_results;
   p.expand_limit = k.expand_limit;
+  p.max_hops = k.max_hops;
   return p;
 }
 

@@ -80,6 +80,7 @@ struct decode_search_knobs {
   int l0 = 64;
   int max_results = 0;
   int expand_limit = 0;  ///< top-k: pool entries that may be expanded (0 = L)
+  int max_hops = 0;      ///< top-k: nodes a search may expand (0 = no cap)
 };
 
 /// The queries of a decode search (device pointers; the optional ones may be null).
