@@ -27,9 +27,9 @@ the C++ API does. Needs the extension ``kvsift._kvsift_cuda``: build the package
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import numpy as np
-from typing import Any, NamedTuple
 
 try:
     from . import _kvsift_cuda as _ext
