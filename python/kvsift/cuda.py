@@ -291,6 +291,15 @@ def _graph_fields(graphs):
     return fields if len(fields) == 5 else fields + (None,)
 
 
+def _paged_keys(keys, pages, who):
+    """(k_pages, page_table) of `pages`, (None, None) for dense keys; exactly one of the two."""
+    if (keys is None) == (pages is None):
+        got = "neither" if keys is None else "both"
+        raise ValueError(f"{who}: expected the keys either dense (keys=) or paged "
+                         f"(pages=(k_pages, page_table)), got {got}")
+    return (None, None) if pages is None else pages
+
+
 def _arange_groups(like, m, groups):
     """int32 [m]: query i -> graph i // (m // groups), in `like`'s framework (GQA order)."""
     if _is_torch(like):
@@ -355,11 +364,7 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
     m = int(q.shape[0])
     adjacency, row_offset, entries, max_keys, sizes = _graph_fields(graphs)
     num_graphs = int(entries.shape[0])
-    if (keys is None) == (pages is None):
-        got = "neither" if keys is None else "both"
-        raise ValueError("decode_search: expected the keys either dense (keys=) or paged "
-                         f"(pages=(k_pages, page_table)), got {got}")
-    k_pages, page_table = (None, None) if pages is None else pages
+    k_pages, page_table = _paged_keys(keys, pages, "decode_search")
     first, last = (None, None) if id_range is None else id_range
     knobs = (str(mode), str(metric), int(k), int(L), int(expand_width), bool(walk_through),
              int(degree_cap), float(beta), int(l0), int(max_results), int(expand_limit),
@@ -574,11 +579,7 @@ def batch_insert(graphs, state, keys=None, *, pages=None, degree=0, L=48, expand
     if sizes is None:
         raise ValueError("batch_insert: the graphs have no sizes; make them with "
                          "graph_set(indexes, capacity=...) to leave room for new keys")
-    if (keys is None) == (pages is None):
-        got = "neither" if keys is None else "both"
-        raise ValueError("batch_insert: expected the keys either dense (keys=) or paged "
-                         f"(pages=(k_pages, page_table)), got {got}")
-    k_pages, page_table = (None, None) if pages is None else pages
+    k_pages, page_table = _paged_keys(keys, pages, "batch_insert")
     like = state.queries
     st = _stream(like, stream)
     dim = int((keys if keys is not None else k_pages).shape[-1])

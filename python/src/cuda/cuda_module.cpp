@@ -299,15 +299,21 @@ ops::decode_graphs graphs_of(const tensor& adj, const tensor& off, const tensor&
   return g;
 }
 
+/// Whether `metric` is squared l2 ("l2") rather than inner product ("ip"); refuses others.
+bool l2_metric(const std::string& metric) {
+  require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric, "'");
+  return metric == "l2";
+}
+
 ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int expand_width,
                                       bool walk_through, int degree_cap, float beta, int l0,
                                       int max_results, const std::string& metric = "ip",
                                       int expand_limit = 0, int max_hops = 0) {
   require(mode == "topk" || mode == "dipr", "mode: expected 'topk' or 'dipr', got '", mode, "'");
-  require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric, "'");
+  const bool l2 = l2_metric(metric);
   ops::decode_search_knobs p;
   p.dipr = mode == "dipr";
-  p.l2 = metric == "l2";
+  p.l2 = l2;
   p.k = k;
   p.L = L;
   p.expand_width = expand_width;
@@ -352,15 +358,6 @@ void require_u32(const tensor& t, const std::vector<std::int64_t>& shape, const 
   require_shape(t, shape, what);
 }
 
-/// The optional `sizes` of a graph set (int32/uint32 [graphs]: keys each graph holds, rows past
-/// it spare), or null (every row).
-std::uint32_t* graph_key_counts(const py::object& sizes, const intake& in, int graphs) {
-  if (sizes.is_none()) return nullptr;
-  const tensor t = in(sizes, "sizes");
-  require_u32(t, {graphs}, "sizes");
-  return ptr<std::uint32_t>(t);
-}
-
 /// The keys of a decode search or insert, where they live: `keys` dense [rows, dim], or
 /// `k_pages` [num_pages, page_size, dim] with an int32 `page_table` [graphs, max_pages_per_head]
 /// (exactly one of the two; dim < 0 takes the keys' own).
@@ -403,21 +400,8 @@ ops::graph_keys graph_keys_of(const intake& in, const py::object& keys, const py
   return r;
 }
 
-/// An optional [m] tensor of the given kind (f32 or 32-bit ids), or null.
-template <class T>
-T* optional_vector(const py::object& h, const intake& in, std::int64_t m, const char* what) {
-  if (h.is_none()) return nullptr;
-  const tensor t = in(h, what);
-  if constexpr (std::is_same_v<T, float>) {
-    require_kind(t, 'f', 4, what, "float32");
-    require_shape(t, {m}, what);
-  } else {
-    require_u32(t, {m}, what);
-  }
-  return ptr<T>(t);
-}
-
-/// An f32 or 32-bit id tensor of the given shape, as `what` (a batch_insert state array).
+/// An f32 or 32-bit id tensor of the given shape, as `what` (a batch_insert state array, an
+/// optional vector).
 template <class T>
 T* state_array(const tensor& t, const std::vector<std::int64_t>& shape, const char* what) {
   if constexpr (std::is_same_v<T, float>) {
@@ -429,10 +413,16 @@ T* state_array(const tensor& t, const std::vector<std::int64_t>& shape, const ch
   return ptr<T>(t);
 }
 
+/// An optional [m] tensor of the given kind (f32 or 32-bit ids), or null.
+template <class T>
+T* optional_vector(const py::object& h, const intake& in, std::int64_t m, const char* what) {
+  return h.is_none() ? nullptr : state_array<T>(in(h, what), {m}, what);
+}
+
 ops::insert_knobs insert_knobs(int degree, int L, int expand_width, int query_neighbors,
                                int query_candidates, bool update_query_knn, bool fill,
                                const std::string& metric) {
-  require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric, "'");
+  const bool l2 = l2_metric(metric);
   ops::insert_knobs p;
   p.degree = degree;
   p.L = L;
@@ -441,7 +431,7 @@ ops::insert_knobs insert_knobs(int degree, int L, int expand_width, int query_ne
   p.query_candidates = query_candidates;
   p.update_query_knn = update_query_knn;
   p.fill = fill;
-  p.l2 = metric == "l2";
+  p.l2 = l2;
   return p;
 }
 
@@ -458,8 +448,7 @@ void bind_batch_insert(py::module_& m) {
       [](const py::array_t<std::uint32_t, py::array::c_style | py::array::forcecast>& ids,
          const py::array_t<float, py::array::c_style | py::array::forcecast>& scores,
          std::int64_t rows, int holder_capacity, const std::string& metric) {
-        require(metric == "ip" || metric == "l2", "metric: expected 'ip' or 'l2', got '", metric,
-                "'");
+        const bool l2 = l2_metric(metric);
         require<kvsift::dimension_mismatch>(
             ids.ndim() == 2, "knn ids: expected [queries, nq], got ", ids.ndim(), " axes");
         const auto m_ = static_cast<std::size_t>(ids.shape(0));
@@ -475,7 +464,7 @@ void bind_batch_insert(py::module_& m) {
         {
           py::gil_scoped_release release;
           l = ops::make_insert_lists(vi, vs, m_, nq, static_cast<std::size_t>(rows),
-                                     holder_capacity, metric == "l2");
+                                     holder_capacity, l2);
         }
         const auto qm = static_cast<py::ssize_t>(m_), qk = static_cast<py::ssize_t>(nq);
         const auto r = static_cast<py::ssize_t>(rows);
@@ -572,8 +561,7 @@ void bind_batch_insert(py::module_& m) {
         if (!layouts.is_none()) {
           st.layouts = state_array<std::uint32_t>(in(layouts, "layouts"), {rows}, "layouts");
         }
-        std::uint32_t* stat = nullptr;
-        if (!status.is_none()) stat = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
+        auto* const stat = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const tensor tw = in(workspace, "workspace");
         const ops::graph_keys kk =
             graph_keys_of(in, keys, k_pages, page_table, rows, -1, "batch_insert");
@@ -771,7 +759,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         const intake in{stream};
         ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
                                          in(entries, "entries"), max_keys);
-        g.sizes = graph_key_counts(sizes, in, g.num_graphs);
+        g.sizes = optional_vector<std::uint32_t>(sizes, in, g.num_graphs, "sizes");
         const paged_call c =
             paged_intake(in, q, k_pages, v_pages, page_table, o, lse, "decode_step");
         const tensor &tq = c.q, &tk = c.k, &tv = c.v, &tp = c.table, &to = c.o, &tl = c.lse;
@@ -842,7 +830,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         const tensor tadj = in(adjacency, "adjacency");
         ops::decode_graphs g =
             graphs_of(tadj, in(row_offset, "row_offset"), in(entries, "entries"), max_keys);
-        g.sizes = graph_key_counts(sizes, in, g.num_graphs);
+        g.sizes = optional_vector<std::uint32_t>(sizes, in, g.num_graphs, "sizes");
         const ops::decode_search_knobs p =
             search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                          metric, expand_limit, max_hops);

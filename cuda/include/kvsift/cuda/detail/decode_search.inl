@@ -442,6 +442,12 @@ __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, i
   return min(L, cnt + keep_n);
 }
 
+/// Nodes the next step of a top-k walk may expand: `expand`, or fewer when the hop cap
+/// (max_hops, 0 = none) leaves fewer after `hops` expansions; 0 ends the walk.
+__device__ inline int ds_step_nodes(const ds_config& c, int hops) {
+  return c.max_hops != 0 ? min(c.expand, c.max_hops - hops) : c.expand;
+}
+
 /// A step's nodes, run by one warp: the first `expand` unexpanded entries of pool[from, cnt)
 /// are marked expanded and their ids written to picks[0, np); returns np. The caller syncs
 /// before another warp reads `picks`.
@@ -1058,7 +1064,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         } else {
           // The best `expand` unexpanded entries in pool order, their fresh neighbours visited
           // as one batch (expand = 1 is the CPU's walk), while the hop cap leaves any.
-          const int want = c.max_hops != 0 ? min(c.expand, c.max_hops - hops) : c.expand;
+          const int want = ds_step_nodes(c, hops);
           if (pick == INT_MAX || want <= 0) break;
           int np = 0;
           const int nv = expand_batch(pick, want, np);
@@ -1305,7 +1311,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
         // The step's nodes go to the other pool buffer, free until the merge (which swaps the
         // two: so taken afresh every step).
         std::uint32_t* const picks = reinterpret_cast<std::uint32_t*>(other);
-        const int want = c.max_hops != 0 ? min(c.expand, c.max_hops - hops) : c.expand;
+        const int want = ds_step_nodes(c, hops);
         if (want <= 0) break;
         if (warp == 0) {
           const int np = ds_pick(pool, min(cnt, c.limit), 0, want, picks, lane);
