@@ -789,7 +789,10 @@ TEST_CASE("decode_search_block_kernel_equals_warp_kernel", "[cuda][decode_search
 TEST_CASE("decode_search_wider_expansion_returns_true_scores", "[cuda][decode_search]") {
   // expand_width > 1 walks differently from the CPU: check what must still hold (distinct
   // ids of the query's graph, true scores, best first) and that it finds as much of the exact
-  // top-k as the CPU walk (within a small margin) on this data.
+  // top-k as the CPU walk (within a small margin) on this data. The data is seeded here: a
+  // graph whose entries are dead ends (make_set makes some rows empty) returns padding, so the
+  // test must not depend on how many random numbers the tests before it drew.
+  rng().seed(20261123);
   const graph_set s = make_set({2000, 3000}, 32, 24, 2);
   const query_batch qb = make_queries(s, 400, false, false);
   auto p = topk(20, 64, kc::graph_metric::inner_product);
