@@ -436,7 +436,7 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     stops after fewer steps; it pays where consecutive queries of a head share many keys
     (docs/decode_search.md). ``max_hops`` (top-k, 0 = no cap) caps the nodes a search
     expands, as in ``decode_search``: with L 256 and 272 hops the B = 16 step at 131072 tokens
-    took 0.403 ms against torch SDPA's 1.873 ms (H200, docs/decode_search.md).
+    took 0.381-0.387 ms against torch SDPA's 1.897-1.976 ms (H200, docs/decode_search.md).
     """
     base2 = _check_base(lse_base)
     st = _stream(q, stream)
