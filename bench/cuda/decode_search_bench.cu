@@ -296,8 +296,7 @@ int main(int argc, char** argv) {
       chosen_ms = paged_ms;
     }
   };
-  // (expand_width, degree_cap): the CPU walk, wider expansions, then wide expansions over the
-  // sparser subgraph a degree cap reads (the rows' first neighbours).
+  // The step's setting when given (--step-expand): measured alone, no sweep.
   const bool given = o.step_expand != 0;
   if (given) {
     kc::decode_search_params p;
@@ -310,6 +309,8 @@ int main(int argc, char** argv) {
     run(p, label, p.L);
     chosen = p;  // whatever its recall (printed above)
   }
+  // (expand_width, degree_cap): the CPU walk, wider expansions, then wide expansions over the
+  // sparser subgraph a degree cap reads (the rows' first neighbours).
   const std::pair<int, int> walks[] = {{1, 0},  {2, 0},  {4, 0},  {8, 0}, {16, 0},
                                        {32, 0}, {8, 40}, {8, 32}, {8, 24}};
   for (const auto& [expand, degree_cap] : walks) {
