@@ -329,7 +329,7 @@ int main(int argc, char** argv) {
   }
   // Wider pools with a cap on the nodes expanded (decode_search_params::max_hops), in steps of
   // expand_width nodes: the launch waits for its slowest search, which the cap cuts.
-  const int capped[][4] = {{8, 256, 30, 34},  {8, 320, 30, 34},  {16, 256, 15, 18},
+  const int capped[][4] = {{8, 256, 30, 37},  {8, 320, 30, 37},  {16, 256, 15, 18},
                            {16, 320, 15, 18}, {16, 400, 15, 18}, {24, 256, 11, 14},
                            {24, 320, 11, 14}, {32, 256, 9, 12},  {32, 320, 9, 12},
                            {32, 400, 9, 12},  {12, 256, 20, 23}};
