@@ -195,6 +195,13 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
   return c;
 }
 
+/// The fixed combination of a row's four partial sums, (s0 + s2) + (s1 + s3): every path that
+/// holds all four (ds_score_part with one lane per row, ds_score_pair) adds them here, so the
+/// block and warp kernels cannot drift apart; ds_combine_parts reaches the same sum across lanes.
+__device__ __forceinline__ float ds_add_parts(const float (&s)[4]) {
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
 /// The decode kernels' score of a key row (16-byte vectors, d % vec_size_v<T> == 0): four
 /// partial sums, s_p over the vectors v with v % 4 == p in increasing v (each vector's elements
 /// in order), added as (s0 + s2) + (s1 + s3). Four short chains of FMAs instead of one long
@@ -246,7 +253,7 @@ __device__ __forceinline__ float ds_score_part(const float* q, const T* __restri
       }
     }
   }
-  if constexpr (P == 4) return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+  if constexpr (P == 4) return ds_add_parts(acc);
   if constexpr (P == 2) return acc[0] + acc[1];  // s_part + s_(part + 2)
   return acc[0];
 }
@@ -299,8 +306,8 @@ __device__ __forceinline__ void ds_score_pair(const float* q, const T* __restric
         }
       }
     }
-    sa = (acc_a[0] + acc_a[2]) + (acc_a[1] + acc_a[3]);
-    sb = (acc_b[0] + acc_b[2]) + (acc_b[1] + acc_b[3]);
+    sa = ds_add_parts(acc_a);
+    sb = ds_add_parts(acc_b);
     return;
   }
   if (a != nullptr) sa = vec ? ds_score_part<L2, 1>(q, a, d, 0) : walk_score<L2>(q, a, d, false);
