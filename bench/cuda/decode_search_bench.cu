@@ -309,55 +309,55 @@ int main(int argc, char** argv) {
     run(p, label, p.L);
     chosen = p;  // whatever its recall (printed above)
   }
-  // (expand_width, degree_cap): the CPU walk, wider expansions, then wide expansions over the
-  // sparser subgraph a degree cap reads (the rows' first neighbours).
-  const std::pair<int, int> walks[] = {{1, 0},  {2, 0},  {4, 0},  {8, 0}, {16, 0},
-                                       {32, 0}, {8, 40}, {8, 32}, {8, 24}};
-  for (const auto& [expand, degree_cap] : walks) {
-    if (given) break;
-    if (o.quick != 0 && (expand < 4 || degree_cap != 0)) continue;
-    for (const int L : {100, 128, 160, 200, 224, 256, 320, 400}) {
-      kc::decode_search_params p;
-      p.k = K;
-      p.L = L;
-      p.expand_width = expand;
-      p.degree_cap = degree_cap;
-      char label[64];
-      std::snprintf(label, sizeof label, "top-100 expand %d cap %d", expand, degree_cap);
-      run(p, label, L);
+  if (!given) {  // the sweep: every setting below
+    // (expand_width, degree_cap): the CPU walk, wider expansions, then wide expansions over the
+    // sparser subgraph a degree cap reads (the rows' first neighbours).
+    const std::pair<int, int> walks[] = {{1, 0},  {2, 0},  {4, 0},  {8, 0}, {16, 0},
+                                         {32, 0}, {8, 40}, {8, 32}, {8, 24}};
+    for (const auto& [expand, degree_cap] : walks) {
+      if (o.quick != 0 && (expand < 4 || degree_cap != 0)) continue;
+      for (const int L : {100, 128, 160, 200, 224, 256, 320, 400}) {
+        kc::decode_search_params p;
+        p.k = K;
+        p.L = L;
+        p.expand_width = expand;
+        p.degree_cap = degree_cap;
+        char label[64];
+        std::snprintf(label, sizeof label, "top-100 expand %d cap %d", expand, degree_cap);
+        run(p, label, L);
+      }
     }
-  }
-  // Wider pools with a cap on the nodes expanded (decode_search_params::max_hops), in steps of
-  // expand_width nodes: the launch waits for its slowest search, which the cap cuts.
-  const int capped[][4] = {{8, 256, 30, 37},  {8, 320, 30, 37},  {16, 256, 15, 18},
-                           {16, 320, 15, 18}, {16, 400, 15, 18}, {24, 256, 11, 14},
-                           {24, 320, 11, 14}, {32, 256, 9, 12},  {32, 320, 9, 12},
-                           {32, 400, 9, 12},  {12, 256, 20, 23}};
-  for (const auto& [w, L, s0, s1] : capped) {
-    if (given) break;
-    for (int steps = s0; steps <= s1; ++steps) {
-      kc::decode_search_params p;
-      p.k = K;
-      p.L = L;
-      p.expand_width = w;
-      p.max_hops = steps * w;
-      char label[64];
-      std::snprintf(label, sizeof label, "top-100 expand %d hops %d", w, steps * w);
-      run(p, label, L);
+    // Wider pools with a cap on the nodes expanded (decode_search_params::max_hops), in steps of
+    // expand_width nodes: the launch waits for its slowest search, which the cap cuts.
+    const int capped[][4] = {{8, 256, 30, 37},  {8, 320, 30, 37},  {16, 256, 15, 18},
+                             {16, 320, 15, 18}, {16, 400, 15, 18}, {24, 256, 11, 14},
+                             {24, 320, 11, 14}, {32, 256, 9, 12},  {32, 320, 9, 12},
+                             {32, 400, 9, 12},  {12, 256, 20, 23}};
+    for (const auto& [w, L, s0, s1] : capped) {
+      for (int steps = s0; steps <= s1; ++steps) {
+        kc::decode_search_params p;
+        p.k = K;
+        p.L = L;
+        p.expand_width = w;
+        p.max_hops = steps * w;
+        char label[64];
+        std::snprintf(label, sizeof label, "top-100 expand %d hops %d", w, steps * w);
+        run(p, label, L);
+      }
     }
-  }
-  for (const int expand : {1, 4, 8}) {
-    if (o.quick != 0 || given) break;
-    for (const float beta : {0.5f, 1.0f, 1.5f}) {
-      kc::decode_search_params p;
-      p.mode = kc::decode_search_mode::dipr;
-      p.beta = beta;
-      p.l0 = 100;
-      p.max_results = cap_max;
-      p.expand_width = expand;
-      char label[64];
-      std::snprintf(label, sizeof label, "DIPR beta %.1f l0 100 expand %d", beta, expand);
-      run(p, label, 100);
+    for (const int expand : {1, 4, 8}) {
+      if (o.quick != 0) break;
+      for (const float beta : {0.5f, 1.0f, 1.5f}) {
+        kc::decode_search_params p;
+        p.mode = kc::decode_search_mode::dipr;
+        p.beta = beta;
+        p.l0 = 100;
+        p.max_results = cap_max;
+        p.expand_width = expand;
+        char label[64];
+        std::snprintf(label, sizeof label, "DIPR beta %.1f l0 100 expand %d", beta, expand);
+        run(p, label, 100);
+      }
     }
   }
   // 6. The composed decode step (window 512 + 4 sinks + top-100 at the chosen setting)
