@@ -308,8 +308,7 @@ int main(int argc, char** argv) {
     std::snprintf(label, sizeof label, "top-100 expand %d hops %d", p.expand_width, p.max_hops);
     run(p, label, p.L);
     chosen = p;  // whatever its recall (printed above)
-  }
-  if (!given) {  // the sweep: every setting below
+  } else {       // the sweep: every setting below
     // (expand_width, degree_cap): the CPU walk, wider expansions, then wide expansions over the
     // sparser subgraph a degree cap reads (the rows' first neighbours).
     const std::pair<int, int> walks[] = {{1, 0},  {2, 0},  {4, 0},  {8, 0}, {16, 0},
