@@ -55,7 +55,8 @@ def key_set(rng, n, d, topics=1024, key_offset=4.0, noise=0.6, spread=0.2):
                                     + nz * rng.standard_normal((n, d)))
 
     def queries(count, head):
-        return (HEAD_OFFSET[head % 4] * mu_q + HEAD_TOPIC[head % 4] * t[rng.integers(topics, size=count)]
+        topic = t[rng.integers(topics, size=count)]
+        return (HEAD_OFFSET[head % 4] * mu_q + HEAD_TOPIC[head % 4] * topic
                 + 2 * nz * rng.standard_normal((count, d))).astype(np.float32)
 
     return keys.astype(np.float32), queries
