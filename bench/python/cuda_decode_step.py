@@ -10,8 +10,9 @@ each round); kvsift reads the same memory as head-wise pages through an identity
 lacks. The data follows the C++ bench kvsift-cuda-decode_search_bench (kvsift::testing::make_ood
 with gqa_heads.cuh's per-head settings, drawn here with NumPy): keys around a common mean, in
 1024 topics; each query head of a GQA group prefers a topic with its own strength, its mean
-orthogonal to the keys'. `--distinct` key sets, each indexed once on the GPU (build_index, n /
-10 training queries from the group's four heads); pair i holds set i % distinct and its graph.
+orthogonal to the keys'. `--distinct` key sets, each indexed once on the GPU (build_index;
+training queries: 10% of each of the group's heads' n prefill queries, as the C++ bench's
+sample_gqa_queries takes); pair i holds set i % distinct and its graph.
 V is random (the C++ bench aliases V to K, which hides what the step leaves out).
 
 Per round (--rounds), CUDA events over --reps back-to-back calls of the step, then of SDPA: the
@@ -94,7 +95,7 @@ def main():
     made = [key_set(rng, n, d) for _ in range(D)]
     sets = [keys for keys, _ in made]
     t0 = time.perf_counter()
-    indexes = [kc.build_index(keys, np.concatenate([qf(n // 40, j) for j in range(grp)]))
+    indexes = [kc.build_index(keys, np.concatenate([qf(n // 10, j) for j in range(grp)]))
                for keys, qf in made]
     build_s = (time.perf_counter() - t0) / D
     small = kc.graph_set(indexes)
