@@ -8,17 +8,15 @@ import os
 import pathlib
 import re
 import subprocess
-import sys
 
 import pytest
 
-import kvsift as ks
+from bench_scripts import PACKAGE_DIR, ROOT
+from bench_scripts import run_bench as run
 from kvsift import _isa
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOOL = pathlib.Path(os.environ.get("KVSIFT_DECODE_STEP_TOOL",
                                    ROOT / "build" / "bin" / "kvsift-decode_step_cpu"))
-PACKAGE_DIR = str(pathlib.Path(ks.__file__).resolve().parents[1])
 needs_tool = pytest.mark.skipif(not TOOL.exists(), reason=f"{TOOL} not built")
 
 
@@ -27,14 +25,6 @@ def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("decode_step")
     subprocess.run([str(TOOL), "prepare", str(d), "600"], check=True, timeout=300)
     return d
-
-
-def run(script, *args, **env):
-    e = dict(os.environ, PYTHONPATH=PACKAGE_DIR, **env)
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "python" / script), *args], env=e,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
 
 
 @needs_tool

@@ -1105,28 +1105,19 @@ def test_offloaded_attention_reports_and_refuses_bad_input():
     assert int((narrow.slot_of >= 0).sum()) == 0  # refused before anything ran
 
 
-def test_decode_step_bench_against_sdpa_runs_and_reports():
+def test_decode_step_bench_against_sdpa_runs_and_reports(tmp_path):
     # bench/python/cuda_decode_step.py at a tiny size: the step and torch SDPA over one cache.
     # At this size the search is near exact (recall), the step's output is exact attention over
     # the tokens it attends, and every round carries both times.
     import json
-    import os
-    import pathlib
-    import subprocess
-    import sys
-    import tempfile
 
-    root = pathlib.Path(__file__).resolve().parents[2]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "r.json")
-        env = dict(os.environ, PYTHONPATH=str(pathlib.Path(kvsift.__file__).resolve().parents[1]))
-        r = subprocess.run([sys.executable, str(root / "bench" / "python" / "cuda_decode_step.py"),
-                            "--requests", "1", "--n", "4096", "--window", "64", "--k", "20",
-                            "--L", "128", "--expand-width", "4", "--max-hops", "0",
-                            "--rounds", "2", "--reps", "2", "--json", out],
-                           env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr
-        res = json.load(open(out))
+    from bench_scripts import run_bench
+
+    out = tmp_path / "r.json"
+    run_bench("cuda_decode_step.py", "--requests", "1", "--n", "4096", "--window", "64", "--k",
+              "20", "--L", "128", "--expand-width", "4", "--max-hops", "0", "--rounds", "2",
+              "--reps", "2", "--json", str(out))
+    res = json.loads(out.read_text())
     assert res["recall_at_k"] > 0.9
     assert res["max_abs_error_vs_own_tokens"] < 1e-2
     assert 0 < res["softmax_mass_attended"] <= 1 + 1e-6
