@@ -135,9 +135,10 @@ def main():
 
     backends = []
     for name, b in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        fn = sdpa_with(b)
         try:
-            sdpa_with(b)()
-            backends.append((name, sdpa_with(b)))
+            fn()
+            backends.append((name, fn))
         except RuntimeError as e:
             print(f"torch sdpa {name} unavailable: {str(e).splitlines()[0][:100]}")
 
