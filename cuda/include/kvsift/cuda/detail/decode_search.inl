@@ -1539,7 +1539,8 @@ template <class T, class Src>
 void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, bool vec,
                           const void* keys_ptr, const decode_queries& qs, std::int64_t m,
                           const decode_search_params& p, const decode_search_outputs& out,
-                          void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+                          void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                          bool enqueue = true) {
   using kvsift::detail::require;
   constexpr const char* who = "decode_search";
   static_assert(is_supported_element_v<T>,
@@ -1625,6 +1626,8 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   require(smem <= static_cast<std::size_t>(smem_max), who, ": pool ", c.pool, ", d = ", dim,
           " and width ", set.width, " need ", smem,
           " bytes of shared memory per block, the device has ", smem_max);
+  // Every check has passed: a dry run (the sharded calls' first pass) stops here.
+  if (!enqueue) return;
   auto* ws = static_cast<std::uint32_t*>(workspace);
   auto launch = [&]<bool L2, bool Dipr, bool Filtered>() {
     if constexpr (!Dipr) {
@@ -1691,26 +1694,30 @@ inline std::size_t decode_search_workspace_size(const graph_set_ref& set, std::i
          sizeof(std::uint32_t);
 }
 
+namespace detail {
+
+/// decode_search over dense keys; with `enqueue` false, every check and nothing else (the
+/// sharded call's first pass, which refuses a bad shard before any shard is enqueued).
 template <class T>
-void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
-                   const decode_queries& queries, std::int64_t m, const decode_search_params& p,
-                   const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
-                   cudaStream_t stream) {
+void run_decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
+                       const decode_queries& queries, std::int64_t m, const decode_search_params& p,
+                       const decode_search_outputs& out, void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream, bool enqueue) {
   kvsift::detail::require(keys.ld >= keys.dim,
                           "decode_search: expected a key row stride >= dim = ", keys.dim, ", got ",
                           keys.ld);
-  const bool vec = detail::is_aligned16(keys.keys) && keys.dim % detail::vec_size_v<T> == 0 &&
+  const bool vec = is_aligned16(keys.keys) && keys.dim % vec_size_v<T> == 0 &&
                    (keys.ld * static_cast<std::int64_t>(sizeof(T))) % 16 == 0;
-  detail::decode_search_launch<T>(set, detail::ds_dense_source<T>{keys.keys, keys.ld}, keys.dim,
-                                  vec, keys.keys, queries, m, p, out, workspace, workspace_bytes,
-                                  stream);
+  decode_search_launch<T>(set, ds_dense_source<T>{keys.keys, keys.ld}, keys.dim, vec, keys.keys,
+                          queries, m, p, out, workspace, workspace_bytes, stream, enqueue);
 }
 
+/// decode_search over paged keys; `enqueue` as above.
 template <class T>
-void decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
-                   const decode_queries& queries, std::int64_t m, const decode_search_params& p,
-                   const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
-                   cudaStream_t stream) {
+void run_decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
+                       const decode_queries& queries, std::int64_t m, const decode_search_params& p,
+                       const decode_search_outputs& out, void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream, bool enqueue) {
   using kvsift::detail::require;
   require(kv.page_size > 0 && kv.max_pages_per_head > 0 && kv.num_pages > 0,
           "decode_search: expected positive page_size, max_pages_per_head and num_pages, got ",
@@ -1719,10 +1726,29 @@ void decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
           " graphs need as many page-table rows, the view has ", kv.num_kv_heads);
   int device = 0;
   KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
-  detail::require_device_pointer(kv.page_table, device, "decode_search", "page table");
-  const bool vec = detail::is_aligned16(kv.k_pages) && kv.head_dim % detail::vec_size_v<T> == 0;
-  detail::decode_search_launch<T>(set, detail::ds_paged_source<T>{kv}, kv.head_dim, vec, kv.k_pages,
-                                  queries, m, p, out, workspace, workspace_bytes, stream);
+  require_device_pointer(kv.page_table, device, "decode_search", "page table");
+  const bool vec = is_aligned16(kv.k_pages) && kv.head_dim % vec_size_v<T> == 0;
+  decode_search_launch<T>(set, ds_paged_source<T>{kv}, kv.head_dim, vec, kv.k_pages, queries, m, p,
+                          out, workspace, workspace_bytes, stream, enqueue);
+}
+
+}  // namespace detail
+
+template <class T>
+void decode_search(const graph_set_ref& set, const dense_keys_ref<T>& keys,
+                   const decode_queries& queries, std::int64_t m, const decode_search_params& p,
+                   const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
+                   cudaStream_t stream) {
+  detail::run_decode_search(set, keys, queries, m, p, out, workspace, workspace_bytes, stream,
+                            true);
+}
+
+template <class T>
+void decode_search(const graph_set_ref& set, const paged_kv_ref<T>& kv,
+                   const decode_queries& queries, std::int64_t m, const decode_search_params& p,
+                   const decode_search_outputs& out, void* workspace, std::size_t workspace_bytes,
+                   cudaStream_t stream) {
+  detail::run_decode_search(set, kv, queries, m, p, out, workspace, workspace_bytes, stream, true);
 }
 
 inline void decode_results_to_csr(const id_t* ids, const std::uint32_t* counts, std::int64_t m,

@@ -105,13 +105,17 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
   return detail::dstep_plan(set, num_qo_heads, head_dim, p).total;
 }
 
+namespace detail {
+
+/// decode_step; with `enqueue` false it runs every check of the step and of the search and
+/// attention it chains, and launches nothing (the sharded step's first pass).
 template <class T>
-void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
-                 int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
-                 std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
-                 std::uint32_t* status, id_t* carry) {
+void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
+                     int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
+                     std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
+                     std::uint32_t* status, id_t* carry, bool enqueue) {
   using kvsift::detail::require;
-  const detail::dstep_layout l = detail::dstep_plan(set, num_qo_heads, head_dim, p);
+  const dstep_layout l = dstep_plan(set, num_qo_heads, head_dim, p);
   require(kv.num_kv_heads == set.num_graphs, "decode_step: expected one graph per KV head (",
           kv.num_kv_heads, "), got ", set.num_graphs, " graphs");
   require(workspace_bytes >= l.total, "decode_step: workspace of ", workspace_bytes,
@@ -119,19 +123,19 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   require(workspace != nullptr, "decode_step: null workspace");
   int device = 0;
   KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
-  detail::require_stream_on(stream, device, "decode_step");
-  detail::require_device_pointer(set.row_offset, device, "decode_step", "row offsets");
+  require_stream_on(stream, device, "decode_step");
+  require_device_pointer(set.row_offset, device, "decode_step", "row offsets");
   if (set.sizes != nullptr) {
-    detail::require_device_pointer(set.sizes, device, "decode_step", "graph sizes");
+    require_device_pointer(set.sizes, device, "decode_step", "graph sizes");
   }
-  detail::require_device_pointer(workspace, device, "decode_step", "workspace");
+  require_device_pointer(workspace, device, "decode_step", "workspace");
   // decode_search checks q and the K pages; the list building and the attention below run unchecked
   // on the workspace and these.
-  detail::require_device_pointer(kv.v_pages, device, "decode_step", "v_pages");
-  detail::require_device_pointer(kv.page_table, device, "decode_step", "page table");
-  detail::require_device_pointer(out_o, device, "decode_step", "out_o");
-  detail::require_device_pointer(out_lse, device, "decode_step", "out_lse");
-  if (carry != nullptr) detail::require_device_pointer(carry, device, "decode_step", "carry");
+  require_device_pointer(kv.v_pages, device, "decode_step", "v_pages");
+  require_device_pointer(kv.page_table, device, "decode_step", "page table");
+  require_device_pointer(out_o, device, "decode_step", "out_o");
+  require_device_pointer(out_lse, device, "decode_step", "out_lse");
+  if (carry != nullptr) require_device_pointer(carry, device, "decode_step", "carry");
   auto* base = static_cast<unsigned char*>(workspace);
   auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
   auto* graph = static_cast<std::int32_t*>(at(l.graph));
@@ -147,9 +151,11 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   auto* win_counts = static_cast<std::uint32_t*>(at(l.win_counts));
 
   const int group = num_qo_heads / set.num_graphs;
-  detail::dstep_prepare_kernel<id_t><<<static_cast<unsigned>(num_qo_heads), 128, 0, stream>>>(
-      set, num_qo_heads, group, p.sink, p.window, graph, first, last, win_ids, win_counts);
-  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  if (enqueue) {
+    dstep_prepare_kernel<id_t><<<static_cast<unsigned>(num_qo_heads), 128, 0, stream>>>(
+        set, num_qo_heads, group, p.sink, p.window, graph, first, last, win_ids, win_counts);
+    KVSIFT_CUDA_CHECK(cudaGetLastError());
+  }
 
   decode_queries qs;
   qs.q = q;
@@ -165,19 +171,33 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
   out.ids = ids;
   out.counts = counts;
   out.status = status;
-  decode_search(set, kv, qs, num_qo_heads, p.search, out, at(l.search_ws), l.search_bytes, stream);
+  run_decode_search(set, kv, qs, num_qo_heads, p.search, out, at(l.search_ws), l.search_bytes,
+                    stream, enqueue);
   // One token list per query head, window then retrieved (disjoint: the search's range
   // excludes the window), and one attention pass over it: the same attention as two passes
   // and an exact merge of their states, with three launches fewer and no partial states
   // written and read back (docs/decode_search.md).
-  detail::ds_rows_to_csr(ids, counts, num_qo_heads, l.capacity, indptr, indices, stream, win_ids,
-                         win_counts, p.sink + p.window);
+  if (enqueue) {
+    ds_rows_to_csr(ids, counts, num_qo_heads, l.capacity, indptr, indices, stream, win_ids,
+                   win_counts, p.sink + p.window);
+  }
 
   sparse_attention_params ap;
   ap.scale = p.scale;
   void* aw = l.attn_bytes > 0 ? at(l.attn_ws) : nullptr;
-  detail::run_sparse_attention(q, num_qo_heads, head_dim, kv, indptr, indices, out_o, out_lse, aw,
-                               l.attn_bytes, stream, ap, {}, false);
+  run_sparse_attention(q, num_qo_heads, head_dim, kv, indptr, indices, out_o, out_lse, aw,
+                       l.attn_bytes, stream, ap, {}, false, enqueue);
+}
+
+}  // namespace detail
+
+template <class T>
+void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
+                 int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
+                 std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
+                 std::uint32_t* status, id_t* carry) {
+  detail::run_decode_step(set, kv, q, num_qo_heads, head_dim, out_o, out_lse, workspace,
+                          workspace_bytes, stream, p, status, carry, true);
 }
 
 }  // namespace kvsift::cuda

@@ -304,14 +304,16 @@ namespace detail {
 
 /// sparse_attention; with check_devices false the pointers and stream are taken to be the
 /// current device's (for the library's own steps, which checked their inputs once: the checks
-/// are a pointer-attribute query each, host time that a batch-1 step sees).
+/// are a pointer-attribute query each, host time that a batch-1 step sees). With `enqueue`
+/// false it only checks (the dry run of the sharded steps).
 template <class T>
 void run_sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
                           const std::int64_t* token_indptr, const std::int32_t* token_ids,
                           float* out_o, float* out_lse, void* workspace,
                           std::size_t workspace_bytes, cudaStream_t stream,
                           const sparse_attention_params& params,
-                          const sparse_attention_policy& policy, bool check_devices) {
+                          const sparse_attention_policy& policy, bool check_devices,
+                          bool enqueue = true) {
   static_assert(detail::is_supported_element_v<T>,
                 "K/V element type must be float, __half or __nv_bfloat16");
   using kvsift::detail::require;
@@ -364,6 +366,7 @@ void run_sparse_attention(const float* q, int num_qo_heads, int head_dim, const 
     if (needed > 0) require_device_pointer(workspace, device, what, "workspace");
     require_optional_device_pointer(params.status, device, what, "status");
   }
+  if (!enqueue) return;
   const int group_size = num_qo_heads / kv.num_kv_heads;
   switch (head_dim) {
     case 64:
