@@ -376,4 +376,19 @@ TEST_CASE("batch_insert_skips_bad_keys_and_full_graphs", "[cuda][batch_insert][b
                    (void)kc::make_insert_lists({0, 9}, {1.0f, 0.0f}, 1, 2, 4, 8);
                  }),
                  "not below 4"));
+  // Two GPUs: a stream of device 1, and this graph set (device 0's) while device 1 is current.
+  const bool two = with_foreign_stream([&](cudaStream_t foreign) {
+    CHECK(contains(message_of([&] {
+                     kc::batch_insert(c.set, c.key_ref(), c.st, p, ws.get(), bytes, foreign);
+                   }),
+                   "the stream belongs to device 1, expected the current device 0"));
+  });
+  if (two) {
+    KVSIFT_CUDA_CHECK(cudaSetDevice(1));
+    const std::string m = message_of(
+        [&] { kc::batch_insert(c.set, c.key_ref(), c.st, p, ws.get(), bytes, nullptr); });
+    KVSIFT_CUDA_CHECK(cudaSetDevice(0));
+    INFO(m);
+    CHECK(contains(m, "lives on device 0, expected the current device 1"));
+  }
 }

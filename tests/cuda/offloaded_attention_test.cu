@@ -446,6 +446,35 @@ TEST_CASE("offloaded_attention_refuses_bad_arguments_before_any_launch", "[cuda]
                                                                 std::size_t{1} << 41);
                  }),
                  "exceeds 2^40"));
+  // offloaded_reset checks its memory too: a pageable host page table is refused.
+  {
+    std::vector<std::int32_t> host_table(4);
+    auto on_host = L.ref;
+    on_host.page_table = host_table.data();
+    CHECK(contains(message_of([&] { kc::offloaded_reset(on_host, nullptr); }),
+                   "offloaded_reset: page table must be device memory, got a host pointer"));
+  }
+  // Two GPUs: a stream of device 1, and this layer (device 0's) while device 1 is current.
+  auto on = [&](cudaStream_t stream) {
+    return message_of([&] {
+      kc::offloaded_attention<float>(L.ref, q.get(), qo_heads, indptr.get(), ids.get(), 16, o.get(),
+                                     lse.get(), ws.get(), ws_bytes, stream);
+    });
+  };
+  const bool two = with_foreign_stream([&](cudaStream_t foreign) {
+    CHECK(contains(on(foreign), "the stream belongs to device 1, expected the current device 0"));
+    CHECK(contains(message_of([&] { kc::offloaded_reset(L.ref, foreign); }),
+                   "the stream belongs to device 1"));
+  });
+  if (two) {
+    KVSIFT_CUDA_CHECK(cudaSetDevice(1));
+    const std::string m = on(nullptr);
+    const std::string r = message_of([&] { kc::offloaded_reset(L.ref, nullptr); });
+    KVSIFT_CUDA_CHECK(cudaSetDevice(0));
+    INFO(m << " / " << r);
+    CHECK(contains(m, "lives on device 0, expected the current device 1"));
+    CHECK(contains(r, "lives on device 0, expected the current device 1"));
+  }
   // Nothing ran: the LRU state is still empty.
   const auto so = L.slot_of.download();
   CHECK(std::all_of(so.begin(), so.end(), [](auto s) { return s == ~0u; }));

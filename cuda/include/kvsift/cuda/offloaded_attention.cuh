@@ -74,7 +74,8 @@ struct offloaded_attention_params {
 
 /**
  * @brief Empties the LRU state of every pair and points every table entry at the guard page.
- * @throw kvsift::invalid_argument null pointers, capacity or pages out of the LRU's range
+ * @throw kvsift::invalid_argument null pointers, capacity or pages out of the LRU's range, a
+ *        stream, page table or LRU state of another device (or host memory)
  * @throw kvsift::cuda_error a launch failed
  * @note O(pairs * (capacity + pages)); asynchronous.
  */

@@ -206,6 +206,10 @@ inline void offloaded_reset(const offloaded_kv_ref& kv, cudaStream_t stream) {
   require(kv.page_table != nullptr && kv.lru.keys != nullptr && kv.lru.ages != nullptr &&
               kv.lru.slot_of != nullptr,
           "offloaded_reset: null page table or LRU state");
+  const int device = detail::current_device();
+  detail::require_stream_on(stream, device, "offloaded_reset");
+  detail::require_device_pointer(kv.page_table, device, "offloaded_reset", "page table");
+  detail::require_lru_state_on(kv.lru, device, "offloaded_reset");
   const auto guard = static_cast<std::int32_t>(std::uint64_t{kv.lru.pairs} * kv.lru.capacity);
   detail::offload_reset_kernel<<<256, 256, 0, stream>>>(kv.lru, kv.page_table, guard);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
