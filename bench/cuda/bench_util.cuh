@@ -27,10 +27,18 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 template <class T>
 struct dev {
   T* p = nullptr;
+  int device = 0;  // freed there: with two GPUs, the other's memory is not always freed from here
   explicit dev(std::size_t count) {
+    KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
     KVSIFT_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
   }
-  ~dev() { cudaFree(p); }
+  ~dev() {
+    int current = 0;
+    const bool known = cudaGetDevice(&current) == cudaSuccess;
+    if (!known || current != device) cudaSetDevice(device);
+    cudaFree(p);
+    if (known && current != device) cudaSetDevice(current);
+  }
   dev(const dev&) = delete;
   dev& operator=(const dev&) = delete;
 };

@@ -3,10 +3,10 @@
 //
 //  1. Build: --build-heads KV heads of --build-keys keys x d (a GQA group of 4 query heads per
 //     KV head, 10% of their queries sampled for training; synthetic OOD data), built by
-//     build_heads_sharded with --builders builders per GPU: on GPU 0 alone (B builders, and
-//     D x B builders: is it the GPUs or the builder count?), then on GPUs 0..D-1 (D x B
-//     builders, builder s on GPU s mod D, each with its share of the host's cores). The graphs
-//     of every run are compared edge for edge with the first.
+//     build_heads_sharded in each configuration of --configs (GPUs x builders: 1x8 = eight
+//     builders on GPU 0, 2x8 = builder s on GPU s mod 2), each builder with its share of the
+//     host's cores. Every configuration runs twice, alternated; every run's graphs are compared
+//     edge for edge with the first run's, and each run prints where a head's time went.
 //  2. Decode step: --requests requests x 8 KV heads (32 query heads, d = 128) of --n tokens, f16
 //     K/V pages, one GQA-shared index per (request, KV head) (GPU-built over --distinct key sets,
 //     as kvsift-cuda-decode_search_bench). decode_step on GPU 0 over every request, against
@@ -17,8 +17,8 @@
 //     the two are compared.
 //
 // Usage: kvsift-cuda-multi_device_bench [--devices 2] [--build 1] [--build-heads 16]
-//            [--build-keys 131072] [--builders 4] [--threads 0] [--step 1] [--requests 16]
-//            [--n 131072] [--distinct 2] [--expand 16] [--L 256] [--hops 272]
+//            [--build-keys 131072] [--configs 1x4,1x8,2x8,2x16] [--threads 0] [--step 1]
+//            [--requests 16] [--n 131072] [--distinct 2] [--expand 16] [--L 256] [--hops 272]
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <memory>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -56,9 +57,10 @@ using store_t = kvsift::view_store<float>;
 using gpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine>;
 
 struct options {
-  std::size_t devices = 2, build = 1, build_heads = 16, build_keys = 131072, builders = 4;
+  std::size_t devices = 2, build = 1, build_heads = 16, build_keys = 131072;
   std::size_t threads = 0, step = 1, requests = 16, n = 131072, distinct = 2;
   std::size_t expand = 16, L = 256, hops = 272;
+  std::string configs = "1x4,1x8,2x8,2x16";  // GPUs x builders of the build runs
 };
 
 constexpr std::size_t d = 128, kv_heads = 8, group = 4, page = 16;
@@ -94,6 +96,8 @@ void build_part(const options& o, int devices) {
       o.build_heads, o.build_keys, d, group, seconds_since(t0), threads);
   using graphs_t = std::vector<kvsift::graph_index<store_t, kvsift::inner_product>>;
   graphs_t first;
+  // One build over `on_devices` GPUs with `builders` builders; prints its time and, per head
+  // (means over heads, each phase timed inside its builder), where it went.
   auto run = [&](std::size_t on_devices, std::size_t builders) {
     kvsift::roargraph_params p;
     p.threads = std::max<std::size_t>(1, threads / builders);
@@ -101,10 +105,11 @@ void build_part(const options& o, int devices) {
     for (std::size_t s = 0; s < builders; ++s) {
       b.emplace_back(p, kc::knn_engine({.device = static_cast<int>(s % on_devices)}));
     }
+    std::vector<kvsift::roargraph_build_stats> st;
     const auto t = std::chrono::steady_clock::now();
     graphs_t g = kvsift::build_heads_sharded(std::span<const gpu_builder>(b),
                                              std::span<const kvsift::kv_head_job<store_t>>(jobs),
-                                             {.sample_ratio = 0.1});
+                                             {.sample_ratio = 0.1}, &st);
     const double s = seconds_since(t);
     std::size_t differ = 0;
     if (first.empty()) {
@@ -113,26 +118,49 @@ void build_part(const options& o, int devices) {
       for (std::size_t h = 0; h < g.size(); ++h)
         differ += !std::ranges::equal(g[h].adjacency(), first[h].adjacency());
     }
+    kvsift::roargraph_build_stats m;
+    for (const auto& x : st) {
+      m.total_seconds += x.total_seconds;
+      m.knn_seconds += x.knn_seconds;
+      m.projection_seconds += x.projection_seconds;
+      m.connectivity_search_seconds += x.connectivity_search_seconds;
+      m.connectivity_merge_seconds += x.connectivity_merge_seconds;
+      m.repair_seconds += x.repair_seconds;
+    }
+    const double h = static_cast<double>(o.build_heads), ms = 1e3 / h;
     std::printf(
-        "  %zu GPU(s), %2zu builders (%zu threads each): %7.3f s, %6.1f ms per head; "
-        "%zu graphs differ from the first run's\n",
-        on_devices, builders, p.threads, s, 1e3 * s / double(o.build_heads), differ);
+        "  %zu GPU(s), %2zu builders (%2zu threads each): %7.3f s, %6.1f ms per head; %zu graphs "
+        "differ from the first run's\n"
+        "      per head inside its builder (ms): kNN %.0f (helper thread), projection %.0f, step-3 "
+        "searches %.0f, merging %.0f, repair %.0f; total %.0f -> %.1f heads in flight\n",
+        on_devices, builders, p.threads, s, 1e3 * s / h, differ, m.knn_seconds * ms,
+        m.projection_seconds * ms, m.connectivity_search_seconds * ms,
+        m.connectivity_merge_seconds * ms, m.repair_seconds * ms, m.total_seconds * ms,
+        m.total_seconds / s);
     return s;
   };
-  const std::size_t D = static_cast<std::size_t>(devices);
-  // Alternated, so that drift in the host's or the GPUs' state shows.
-  double one_b[2], one_db[2], many[2];
-  for (int rep = 0; rep < 2; ++rep) {
-    one_b[rep] = run(1, o.builders);
-    one_db[rep] = run(1, D * o.builders);
-    many[rep] = run(D, D * o.builders);
+  // Every configuration twice, alternated, so that drift in the host's or the GPUs' state shows.
+  std::vector<std::pair<std::size_t, std::size_t>> configs;
+  for (const auto& c : kvsift::cuda_bench::split_list(o.configs)) {
+    const auto x = c.find('x');
+    configs.emplace_back(std::stoul(c.substr(0, x)), std::stoul(c.substr(x + 1)));
   }
-  const double best_one = std::min({one_b[0], one_b[1], one_db[0], one_db[1]});
-  const double best_many = std::min(many[0], many[1]);
+  std::vector<double> best(configs.size(), 1e30);
+  for (int rep = 0; rep < 2; ++rep) {
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      const auto [g, b] = configs[i];
+      best[i] = std::min(best[i], run(std::min<std::size_t>(g, devices), b));
+    }
+  }
+  double best_one = 1e30, best_many = 1e30;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    (configs[i].first == 1 ? best_one : best_many) =
+        std::min(configs[i].first == 1 ? best_one : best_many, best[i]);
+  }
   std::printf(
-      "build on %zu GPUs: %.3f s (best of 2) against %.3f s on 1 GPU (best of 2 runs x "
-      "{%zu, %zu} builders): x%.2f\n",
-      D, best_many, best_one, o.builders, D * o.builders, best_one / best_many);
+      "build: best on %d GPUs %.3f s against best on 1 GPU %.3f s (each the best of its "
+      "configurations, best of 2 runs): x%.2f\n",
+      devices, best_many, best_one, best_one / best_many);
 }
 
 // --- 2. decode step ------------------------------------------------------------------------------
@@ -376,11 +404,11 @@ int main(int argc, char** argv) {
       argc, argv,
       {cb::size_option("--devices", o.devices), cb::size_option("--build", o.build),
        cb::size_option("--build-heads", o.build_heads),
-       cb::size_option("--build-keys", o.build_keys), cb::size_option("--builders", o.builders),
-       cb::size_option("--threads", o.threads), cb::size_option("--step", o.step),
-       cb::size_option("--requests", o.requests), cb::size_option("--n", o.n),
-       cb::size_option("--distinct", o.distinct), cb::size_option("--expand", o.expand),
-       cb::size_option("--L", o.L), cb::size_option("--hops", o.hops)});
+       cb::size_option("--build-keys", o.build_keys), cb::size_option("--threads", o.threads),
+       cb::size_option("--step", o.step), cb::size_option("--requests", o.requests),
+       cb::size_option("--n", o.n), cb::size_option("--distinct", o.distinct),
+       cb::size_option("--expand", o.expand), cb::size_option("--L", o.L),
+       cb::size_option("--hops", o.hops)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   cb::bench_setup setup;
   if (!cb::start_bench(setup)) return 0;

@@ -323,12 +323,13 @@ TEST_CASE("build_heads_sharded_over_devices_builds_the_cpu_graphs", "[cuda][grap
   const kvsift::build_pipeline_params bp{.sample_ratio = 0.5, .seed = 11};
   const auto cpu = kvsift::build_heads(kvsift::roargraph_builder<>(p), js, bp);
   using gpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kvsift::cuda::knn_engine>;
-  const std::vector<gpu_builder> builders{
-      gpu_builder(p, kvsift::cuda::knn_engine({.device = 0})),
-      gpu_builder(p, kvsift::cuda::knn_engine({.device = second}))};
   std::vector<kvsift::roargraph_build_stats> stats;
-  const auto gpu =
-      kvsift::build_heads_sharded(std::span<const gpu_builder>(builders), js, bp, &stats);
+  auto gpu = [&] {
+    const std::vector<gpu_builder> builders{
+        gpu_builder(p, kvsift::cuda::knn_engine({.device = 0})),
+        gpu_builder(p, kvsift::cuda::knn_engine({.device = second}))};
+    return kvsift::build_heads_sharded(std::span<const gpu_builder>(builders), js, bp, &stats);
+  }();  // the builders (and the engines' device state) are gone here
   REQUIRE(gpu.size() == heads);
   for (std::size_t h = 0; h < heads; ++h) {
     INFO("head " << h);
@@ -336,9 +337,11 @@ TEST_CASE("build_heads_sharded_over_devices_builds_the_cpu_graphs", "[cuda][grap
     CHECK(cpu[h].entry_point() == gpu[h].entry_point());
     CHECK(stats[h].knn_seconds > 0);
   }
+  // The engines' device switches are scoped, their destructors' too (engine state on device 1
+  // freed on this thread once left the caller on device 1).
   int current = -1;
   KVSIFT_CUDA_CHECK(cudaGetDevice(&current));
-  CHECK(current == 0);  // the engines' device switches are scoped
+  CHECK(current == 0);
 }
 
 TEST_CASE("graph_search_rejects_bad_input", "[cuda][graph_search]") {

@@ -368,11 +368,13 @@ TEST_CASE("decode_search_sharded_equals_decode_search_per_shard", "[cuda][sharde
   }
   {  // dense keys (the shard's graphs' keys concatenated), into cleared outputs
     for (const auto* side : {&s, &ref}) {
-      for (const auto& x : *side) {
+      for (const auto& x : *side) {  // cudaMemset needs the memory's own device current
+        KVSIFT_CUDA_CHECK(cudaSetDevice(x->device));
         KVSIFT_CUDA_CHECK(cudaMemset(x->ids.get(), 0xFF, x->ids.size() * sizeof(id_t)));
         KVSIFT_CUDA_CHECK(cudaMemset(x->scores.get(), 0xFF, x->scores.size() * sizeof(float)));
       }
     }
+    KVSIFT_CUDA_CHECK(cudaSetDevice(0));
     std::vector<kc::decode_search_shard<kc::dense_keys_ref<float>>> args;
     for (const auto& x : s) {
       args.push_back({x->device,
@@ -413,7 +415,7 @@ TEST_CASE("decode_step_sharded_refuses_a_bad_shard_before_enqueuing_any", "[cuda
     KVSIFT_CUDA_CHECK(cudaSetDevice(second));
     const std::string m = message_of([&] { kc::decode_step_sharded<float>(args, l.d, p); });
     INFO(m);
-    CHECK(contains(m, "decode_step_sharded: shard 1 ("));
+    CHECK(contains(m, "decode_step_sharded: shard 1"));
     CHECK(contains(m, part.c_str()));
     int current = -1;
     KVSIFT_CUDA_CHECK(cudaGetDevice(&current));
@@ -445,8 +447,12 @@ TEST_CASE("decode_step_sharded_refuses_a_bad_shard_before_enqueuing_any", "[cuda
   if (devices < 2) {
     std::printf("  (one device: the foreign-device shards are not exercised)\n");
   } else {
-    // Shard 1's memory lives on device 1; said to be device 0's, it is refused there.
-    refused(spoil([](auto& a) { a.device = 0; }),
+    // Shard 1's memory lives on device 1; said to be device 0's, it is refused there (with the
+    // default stream in place of its own, device 1's stream, so that the memory is checked).
+    refused(spoil([](auto& a) {
+              a.device = 0;
+              a.stream = nullptr;
+            }),
             "lives on device 1, expected the current device 0");
     // Its device right but a stream of device 0.
     cudaStream_t other = nullptr;

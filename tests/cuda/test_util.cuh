@@ -44,28 +44,29 @@ class device_buffer {
  public:
   device_buffer() = default;
   explicit device_buffer(std::size_t n) : n_(n) {
+    KVSIFT_CUDA_CHECK(cudaGetDevice(&device_));
     if (n > 0) KVSIFT_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
   }
   explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) { upload(host); }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
-  device_buffer(device_buffer&& other) noexcept : p_(other.p_), n_(other.n_) {
+  device_buffer(device_buffer&& other) noexcept
+      : p_(other.p_), n_(other.n_), device_(other.device_) {
     other.p_ = nullptr;
     other.n_ = 0;
   }
   device_buffer& operator=(device_buffer&& other) noexcept {
     if (this != &other) {
-      if (p_ != nullptr) cudaFree(p_);
+      release();
       p_ = other.p_;
       n_ = other.n_;
+      device_ = other.device_;
       other.p_ = nullptr;
       other.n_ = 0;
     }
     return *this;
   }
-  ~device_buffer() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
+  ~device_buffer() { release(); }
   void upload(const std::vector<T>& host) {
     if (!host.empty()) {
       KVSIFT_CUDA_CHECK(
@@ -83,8 +84,21 @@ class device_buffer {
   [[nodiscard]] std::size_t size() const { return n_; }
 
  private:
+  /// Frees on the device it was allocated on (with two GPUs, memory of the other device is
+  /// not always freed from here), leaving the current device as it was.
+  void release() noexcept {
+    if (p_ == nullptr) return;
+    int current = 0;
+    const bool known = cudaGetDevice(&current) == cudaSuccess;
+    if (!known || current != device_) cudaSetDevice(device_);
+    cudaFree(p_);
+    if (known && current != device_) cudaSetDevice(current);
+    p_ = nullptr;
+  }
+
   T* p_ = nullptr;
   std::size_t n_ = 0;
+  int device_ = 0;
 };
 
 template <class T>

@@ -35,6 +35,27 @@ class device_guard {
   int previous_ = 0;
 };
 
+/// device_guard for destructors: never throws, and restores the previous device only when it
+/// could be read. An engine destroyed on the caller's thread frees its buffers on its own
+/// device and must leave the caller on the device it had (a destructor that only switched left
+/// the caller on the engine's device, and its next allocation landed there).
+class quiet_device_guard {
+ public:
+  explicit quiet_device_guard(int device) noexcept {
+    known_ = cudaGetDevice(&previous_) == cudaSuccess;
+    if (!known_ || device != previous_) cudaSetDevice(device);
+  }
+  quiet_device_guard(const quiet_device_guard&) = delete;
+  quiet_device_guard& operator=(const quiet_device_guard&) = delete;
+  ~quiet_device_guard() {
+    if (known_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool known_ = false;
+};
+
 /// Grow-only device allocation.
 struct grow_buffer {
   void* p = nullptr;

@@ -499,7 +499,7 @@ struct connectivity_searcher<T>::state {
   std::vector<std::uint32_t> host_counts, host_scored;
 
   ~state() {
-    cudaSetDevice(device);
+    const detail::quiet_device_guard guard(device);  // freed on the device they live on
     for (auto* b :
          {&keys, &adjacency, &rows, &padded, &queries, &kept, &kept_counts, &scored, &workspace}) {
       b->release();

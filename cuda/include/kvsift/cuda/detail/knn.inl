@@ -498,7 +498,7 @@ struct knn_engine::state {
 
   ~state() {
     if (!ready) return;
-    cudaSetDevice(device);  // buffers are freed on the device they live on
+    const detail::quiet_device_guard guard(device);  // freed on the device they live on
     for (auto* b : {&queries, &keys, &scores, &ids, &workspace}) b->release();
     cublasDestroy(handle);
     cudaStreamDestroy(stream);
