@@ -53,17 +53,7 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   int pages = 0;
   for (int g = 0; g < G; ++g) {
     const int n = sizes[g];
-    for (int i = 0; i < n; ++i) {
-      id_t* row = adj.data() + (off[g] + i) * width;
-      row[0] = static_cast<id_t>((i + 1) % n);
-      for (int j = 1; j < width && j < n - 1; ++j) {
-        id_t v;
-        do {
-          v = static_cast<id_t>(uniform_int(0, n - 1));
-        } while (v == static_cast<id_t>(i) || std::find(row, row + j, v) != row + j);
-        row[j] = v;
-      }
-    }
+    for (int i = 0; i < n; ++i) fill_ring_row(adj.data() + (off[g] + i) * width, i, n, width);
     for (int i = n; i < n + spare; ++i) {
       adj[(off[g] + i) * width] = static_cast<id_t>(i - 1);
       adj[(off[g] + i) * width + 1] = static_cast<id_t>(i + 1 < n + spare ? i + 1 : 0);

@@ -50,17 +50,8 @@ layer make_layer(const std::vector<int>& sizes, int group, int d, int sink) {
   l.d = d;
   for (const int n : sizes) {
     std::vector<id_t> adj(static_cast<std::size_t>(n) * width, kvsift::invalid_id);
-    for (int i = 0; i < n; ++i) {
-      id_t* row = adj.data() + static_cast<std::size_t>(i) * width;
-      row[0] = static_cast<id_t>((i + 1) % n);
-      for (int j = 1; j < width && j < n - 1; ++j) {
-        id_t v;
-        do {
-          v = static_cast<id_t>(uniform_int(0, n - 1));
-        } while (v == static_cast<id_t>(i) || std::find(row, row + j, v) != row + j);
-        row[j] = v;
-      }
-    }
+    for (int i = 0; i < n; ++i)
+      fill_ring_row(adj.data() + static_cast<std::size_t>(i) * width, i, n, width);
     l.adj.push_back(std::move(adj));
     l.entry.push_back(static_cast<id_t>(std::min(n - 1, sink + 1)));
     std::vector<float> k(static_cast<std::size_t>(n) * d), v(k.size());

@@ -178,6 +178,21 @@ bool with_foreign_stream(F&& check) {
   return true;
 }
 
+/// Row i of a graph of n nodes that every walk can cross: the ring edge i -> i + 1 first, then
+/// up to width - 1 distinct random neighbours other than i (drawn from rng()), the rest of the
+/// row left as it was (invalid_id padding).
+template <class Id>
+void fill_ring_row(Id* row, int i, int n, int width) {
+  row[0] = static_cast<Id>((i + 1) % n);
+  for (int j = 1; j < width && j < n - 1; ++j) {
+    Id v;
+    do {
+      v = static_cast<Id>(uniform_int(0, n - 1));
+    } while (v == static_cast<Id>(i) || std::find(row, row + j, v) != row + j);
+    row[j] = v;
+  }
+}
+
 /// rows x d integers in [-range, range], as f32 (exact in f32, f16 and bf16 for small ranges,
 /// and so are their dot products and squared distances for small d).
 inline std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int range) {
