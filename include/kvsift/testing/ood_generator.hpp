@@ -73,13 +73,27 @@ class normal_rng {
 }  // namespace detail
 
 /// Generates the workload. O((keys + queries) * dim).
-/// @throw invalid_argument if dim < 2, topics == 0, keys == 0 or norm_spread not in [0, 1).
+/// @throw invalid_argument if dim < 2, topics == 0, keys == 0, norm_spread not in [0, 1), an
+///        offset, scale or noise that is not finite, or (keys + queries + topics) * dim past
+///        2^40 floats (all before any allocation)
 inline ood_data make_ood(const ood_params& p) {
   kvsift::detail::require(p.dim >= 2, "make_ood: dim must be >= 2, got ", p.dim);
   kvsift::detail::require(p.topics > 0, "make_ood: topics must be > 0, got 0");
   kvsift::detail::require(p.keys > 0, "make_ood: keys must be > 0, got 0");
   kvsift::detail::require(p.norm_spread >= 0.0f && p.norm_spread < 1.0f,
                           "make_ood: expected norm_spread in [0, 1), got ", p.norm_spread);
+  kvsift::detail::require<non_finite_value>(
+      std::isfinite(p.key_offset) && std::isfinite(p.query_offset) &&
+          std::isfinite(p.topic_scale) && std::isfinite(p.noise),
+      "make_ood: expected finite key_offset, query_offset, topic_scale and noise, got ",
+      p.key_offset, ", ", p.query_offset, ", ", p.topic_scale, ", ", p.noise);
+  // Sizes checked before anything is allocated: each count, then their sum, against a cap that
+  // keeps every product below in range (2^40 floats = 4 TiB).
+  constexpr std::size_t cap = std::size_t{1} << 40;
+  kvsift::detail::require(p.dim <= cap && p.keys <= cap && p.queries <= cap && p.topics <= cap &&
+                              (p.keys + p.queries + p.topics) <= cap / p.dim,
+                          "make_ood: expected (keys + queries + topics) * dim <= 2^40 floats, got (",
+                          p.keys, " + ", p.queries, " + ", p.topics, ") * ", p.dim);
   detail::normal_rng rng(p.seed);
   const std::size_t d = p.dim;
   const float inv = 1.0f / std::sqrt(static_cast<float>(d));
