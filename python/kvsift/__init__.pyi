@@ -367,6 +367,19 @@ def execute_plan(
 def sample_gqa_queries(
     heads: Sequence[ArrayLike], ratio: float, seed: int = 7
 ) -> npt.NDArray[np.float32]: ...
+def make_ood(
+    keys: int,
+    queries: int,
+    dim: int,
+    *,
+    topics: int = 256,
+    key_offset: float = 4.0,
+    query_offset: float = 4.0,
+    topic_scale: float = 2.0,
+    noise: float = 0.6,
+    norm_spread: float = 0.2,
+    seed: int = 42,
+) -> Tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def sparse_attention(
     q: ArrayLike,
     keys: ArrayLike,

@@ -17,5 +17,7 @@ void bind_attention(pybind11::module_& m);
 void bind_planner(pybind11::module_& m);
 /// BufferElasticity (the GPU page budget across requests and its per-pair limits).
 void bind_memory(pybind11::module_& m);
+/// make_ood (the synthetic workload of the C++ tests and benchmarks).
+void bind_testing(pybind11::module_& m);
 
 }  // namespace kvsift_python
