@@ -7,12 +7,13 @@ One [B * G, n, d] f16 tensor holds every K and one every V. torch reads them as 
 (scaled_dot_product_attention with enable_gqa, the faster of its flash and cuDNN backends in
 each round); kvsift reads the same memory as head-wise pages through an identity page table
 (page p of pair i is its tokens [p * page, (p + 1) * page)), so neither reads a copy the other
-lacks. The data follows the C++ bench kvsift-cuda-decode_search_bench (kvsift::testing::make_ood
-with gqa_heads.cuh's per-head settings, drawn here with NumPy): keys around a common mean, in
-1024 topics; each query head of a GQA group prefers a topic with its own strength, its mean
-orthogonal to the keys'. `--distinct` key sets, each indexed once on the GPU (build_index;
-training queries: 10% of each of the group's heads' n prefill queries, as the C++ bench's
-sample_gqa_queries takes); pair i holds set i % distinct and its graph.
+lacks. The data is the C++ bench kvsift-cuda-decode_search_bench's, array for array
+(kvsift.make_ood is its generator, with gqa_heads.cuh's per-head settings: ood_data.gqa_key_set):
+keys around a common mean, in 1024 topics, rounded to f16; each query head of a GQA group prefers
+a topic with its own strength, its mean orthogonal to the keys'. `--distinct` key sets, each
+indexed once on the GPU (build_index; training queries: kvsift.sample_gqa_queries, 10% of each of
+the group's heads' n prefill queries, seed 7, as the C++ bench); pair i holds set i % distinct
+and its graph, and its query heads take the set's held-out queries in the C++ bench's order.
 V is random (the C++ bench aliases V to K, which hides what the step leaves out).
 
 Per round (--rounds), CUDA events over --reps back-to-back calls of the step, then of SDPA: the
@@ -33,34 +34,10 @@ import time
 import numpy as np
 import torch
 
+import kvsift as ks
 import kvsift.cuda as kc
 from gpu_timing import per_call_us
-
-
-HEAD_OFFSET = (4.0, 3.0, 5.0, 4.5)  # gqa_heads.cuh: query mean norm of head h % 4
-HEAD_TOPIC = (2.0, 1.5, 2.5, 3.0)  # and its topic strength
-
-
-def key_set(rng, n, d, topics=1024, key_offset=4.0, noise=0.6, spread=0.2):
-    """make_ood's model: (keys (n, d) float32, a function (count, head) -> queries)."""
-    def unit(v):
-        return v / np.linalg.norm(v, axis=-1, keepdims=True)
-
-    mu_k = unit(rng.standard_normal(d))
-    mu_q = rng.standard_normal(d)
-    mu_q = unit(mu_q - (mu_q @ mu_k) * mu_k)
-    t = unit(rng.standard_normal((topics, d)))
-    s = 1 - spread + 2 * spread * rng.random((n, 1))
-    nz = noise / np.sqrt(d)
-    keys = key_offset * mu_k + s * (t[rng.integers(topics, size=n)]
-                                    + nz * rng.standard_normal((n, d)))
-
-    def queries(count, head):
-        topic = t[rng.integers(topics, size=count)]
-        return (HEAD_OFFSET[head % 4] * mu_q + HEAD_TOPIC[head % 4] * topic
-                + 2 * nz * rng.standard_normal((count, d))).astype(np.float32)
-
-    return keys.astype(np.float32), queries
+from ood_data import gqa_key_set
 
 
 def main():
@@ -89,14 +66,15 @@ def main():
         raise SystemExit("--n must be a multiple of --page and --distinct divide B x kv-heads")
     lo, hi = args.sink, n - args.window
     dev = torch.device("cuda")
-    rng = np.random.default_rng(5)
 
-    # Key sets, their GPU-built indexes, and the cache: pair i holds key set i % D.
-    made = [key_set(rng, n, d) for _ in range(D)]
+    # Key sets, their GPU-built indexes, and the cache: pair i holds key set i % D. Set s is the
+    # C++ bench's (seed 100 + s), with its held-out queries: per_set rows past n of each head.
+    per_set = -(-pairs // D)
+    made = [gqa_key_set(n, per_set, d, grp, 100 + s) for s in range(D)]
     sets = [keys for keys, _ in made]
     t0 = time.perf_counter()
-    indexes = [kc.build_index(keys, np.concatenate([qf(n // 10, j) for j in range(grp)]))
-               for keys, qf in made]
+    indexes = [kc.build_index(keys, ks.sample_gqa_queries([q[:n] for q in qs], 0.1, 7))
+               for keys, qs in made]
     build_s = (time.perf_counter() - t0) / D
     small = kc.graph_set(indexes)
     of_pair = torch.arange(pairs, device=dev) % D
@@ -112,8 +90,10 @@ def main():
                     generator=torch.Generator(device=dev).manual_seed(5))
     k_pages, v_pages = k.view(pairs * pages, page, d), v.view(pairs * pages, page, d)
     table = torch.arange(pairs * pages, device=dev, dtype=torch.int32).view(pairs, pages)
-    q = torch.from_numpy(np.concatenate([made[(h // grp) % D][1](1, h % grp)
-                                         for h in range(heads)])).to(dev)
+    # Query head h (pair g = h // grp, member h % grp) takes held-out query g // D of its set's
+    # member, as the C++ bench does.
+    q = torch.from_numpy(np.stack([made[(h // grp) % D][1][h % grp][n + (h // grp) // D]
+                                   for h in range(heads)])).to(dev)
     scale = d ** -0.5
     knobs = dict(k=args.k, L=args.L, expand_width=args.expand_width,
                  walk_through=bool(args.walk_through), max_hops=args.max_hops)
