@@ -90,10 +90,11 @@ inline ood_data make_ood(const ood_params& p) {
   // Sizes checked before anything is allocated: each count, then their sum, against a cap that
   // keeps every product below in range (2^40 floats = 4 TiB).
   constexpr std::size_t cap = std::size_t{1} << 40;
-  kvsift::detail::require(p.dim <= cap && p.keys <= cap && p.queries <= cap && p.topics <= cap &&
-                              (p.keys + p.queries + p.topics) <= cap / p.dim,
-                          "make_ood: expected (keys + queries + topics) * dim <= 2^40 floats, got (",
-                          p.keys, " + ", p.queries, " + ", p.topics, ") * ", p.dim);
+  kvsift::detail::require(
+      p.dim <= cap && p.keys <= cap && p.queries <= cap && p.topics <= cap &&
+          (p.keys + p.queries + p.topics) <= cap / p.dim,
+      "make_ood: expected (keys + queries + topics) * dim <= 2^40 floats, got (", p.keys, " + ",
+      p.queries, " + ", p.topics, ") * ", p.dim);
   detail::normal_rng rng(p.seed);
   const std::size_t d = p.dim;
   const float inv = 1.0f / std::sqrt(static_cast<float>(d));
