@@ -101,34 +101,13 @@ int main(int argc, char** argv) {
   std::size_t width = 0;
   double build_s = 0;
   for (std::size_t s = 0; s < o.distinct; ++s) {
-    std::vector<kvsift::testing::ood_data> heads;
-    for (std::size_t h = 0; h < o.group; ++h)
-      heads.push_back(make_head(n, n + per_set, d, h, 100 + s));
-    // Keys as the cache holds them (f16); the index and the oracle see the same values.
-    keys16[s].resize(n * d);
-    std::vector<float> kf(n * d);
-    for (std::size_t i = 0; i < n * d; ++i) {
-      keys16[s][i] = kvsift::half(heads[0].keys[i]);
-      kf[i] = static_cast<float>(keys16[s][i]);
-    }
-    std::vector<matrix_view<const float>> prefill;
-    for (const auto& h : heads) prefill.push_back(h.query_view().row_range(0, n));
-    for (const auto& h : heads) {
-      eval[s].insert(eval[s].end(), h.queries.begin() + n * d, h.queries.end());
-    }
-    kvsift::roargraph_params p;
-    p.threads = std::thread::hardware_concurrency();
-    const kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine> builder(p);
-    const auto tb = std::chrono::steady_clock::now();
-    kvsift::roargraph_build_stats stats;
-    const auto train =
-        kvsift::sample_gqa_queries(std::span<const matrix_view<const float>>(prefill), 0.1, 7);
-    const kvsift::view_store<float> store(matrix_view<const float>(kf.data(), n, d));
-    const auto index = builder.build(store, train.view(), &stats);
-    build_s += seconds_since(tb);
-    width = index.max_degree();
-    adj[s].assign(index.adjacency().begin(), index.adjacency().end());
-    entries[s].assign(index.entry_points().begin(), index.entry_points().end());
+    auto set = kvsift::cuda_bench::build_gqa_key_set(n, per_set, d, o.group, 100 + s);
+    build_s += set.build_seconds;
+    width = set.width;
+    keys16[s] = std::move(set.keys16);
+    eval[s] = std::move(set.eval);
+    adj[s] = std::move(set.adjacency);
+    entries[s] = std::move(set.entries);
   }
   std::printf(
       "data + %zu GPU builds: %.1f s (builds %.1f s); %zu graphs x %zu keys x d=%zu, width %zu\n",

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench_util.cuh"
@@ -250,29 +251,12 @@ void step_part(const options& o, int devices) {
   std::vector<std::vector<id_t>> adjacency(o.distinct), entries(o.distinct);
   std::size_t width = 0;
   for (std::size_t s = 0; s < o.distinct; ++s) {
-    std::vector<kvsift::testing::ood_data> heads;
-    for (std::size_t h = 0; h < group; ++h)
-      heads.push_back(make_head(n, n + per_set, d, h, 100 + s));
-    keys16[s].resize(n * d);
-    std::vector<float> kf(n * d);
-    for (std::size_t i = 0; i < n * d; ++i) {
-      keys16[s][i] = kvsift::half(heads[0].keys[i]);
-      kf[i] = static_cast<float>(keys16[s][i]);
-    }
-    std::vector<matrix_view<const float>> prefill;
-    for (const auto& h : heads) prefill.push_back(h.query_view().row_range(0, n));
-    for (const auto& h : heads)
-      eval[s].insert(eval[s].end(), h.queries.begin() + n * d, h.queries.end());
-    kvsift::roargraph_params p;
-    p.threads = std::thread::hardware_concurrency();
-    const gpu_builder builder(p);
-    const auto train =
-        kvsift::sample_gqa_queries(std::span<const matrix_view<const float>>(prefill), 0.1, 7);
-    const auto index =
-        builder.build(store_t(matrix_view<const float>(kf.data(), n, d)), train.view());
-    width = index.max_degree();
-    adjacency[s].assign(index.adjacency().begin(), index.adjacency().end());
-    entries[s].assign(index.entry_points().begin(), index.entry_points().end());
+    auto set = kvsift::cuda_bench::build_gqa_key_set(n, per_set, d, group, 100 + s);
+    width = set.width;
+    keys16[s] = std::move(set.keys16);
+    eval[s] = std::move(set.eval);
+    adjacency[s] = std::move(set.adjacency);
+    entries[s] = std::move(set.entries);
   }
   // Query head j of request r searches graph r * kv_heads + j / group (decode_step's order).
   std::vector<float> qh(Q * d);
