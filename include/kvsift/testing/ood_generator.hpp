@@ -4,7 +4,8 @@
 // while each query still prefers the keys of its own latent topic. The max-inner-product
 // neighbours of a query are then not the keys nearest to it, which is what defeats indexes
 // built from key-key proximity (HNSW on keys) and what RoarGraph is built for.
-// Deterministic for a seed on every platform (own normal sampler, no std distributions).
+// Deterministic for a seed on every platform and every build (own normal sampler, no std
+// distributions, no product fused with a sum: detail::product).
 
 #include <cmath>
 #include <cstddef>
@@ -46,6 +47,16 @@ struct ood_data {
 };
 
 namespace detail {
+/// a * b rounded to float before it is used. A compiler may fuse a product with the sum it
+/// feeds (FMA contraction, GCC's default wherever the target has FMA), which rounds once
+/// instead of twice: builds for AVX2 / AVX-512 (the Python module's variants, -march=native)
+/// then drew other keys than the baseline build for the same seed. Every product of the
+/// generator that meets a sum goes through here, so every build draws the baseline's values.
+inline float product(float a, float b) {
+  volatile float rounded = a * b;
+  return rounded;
+}
+
 class normal_rng {
  public:
   explicit normal_rng(std::uint64_t seed) : gen_(seed) {}
@@ -103,7 +114,7 @@ inline ood_data make_ood(const ood_params& p) {
     float nrm = 0;
     for (auto& x : v) {
       x = rng.normal();
-      nrm += x * x;
+      nrm += detail::product(x, x);
     }
     nrm = std::sqrt(nrm);
     for (auto& x : v) x /= nrm;
@@ -112,11 +123,11 @@ inline ood_data make_ood(const ood_params& p) {
   random_unit(mu_k);
   random_unit(mu_q);
   float proj = 0;  // make the query mean orthogonal to the key mean
-  for (std::size_t j = 0; j < d; ++j) proj += mu_q[j] * mu_k[j];
+  for (std::size_t j = 0; j < d; ++j) proj += detail::product(mu_q[j], mu_k[j]);
   float nrm = 0;
   for (std::size_t j = 0; j < d; ++j) {
-    mu_q[j] -= proj * mu_k[j];
-    nrm += mu_q[j] * mu_q[j];
+    mu_q[j] -= detail::product(proj, mu_k[j]);
+    nrm += detail::product(mu_q[j], mu_q[j]);
   }
   nrm = std::sqrt(nrm);
   for (auto& x : mu_q) x /= nrm;
@@ -128,17 +139,21 @@ inline ood_data make_ood(const ood_params& p) {
   out.keys.resize(p.keys * d);
   for (std::size_t i = 0; i < p.keys; ++i) {
     const auto& t = topics[rng.below(p.topics)];
-    const float s = 1.0f - p.norm_spread + 2.0f * p.norm_spread * static_cast<float>(rng.uniform());
+    const float s = (1.0f - p.norm_spread) +
+                    detail::product(2.0f * p.norm_spread, static_cast<float>(rng.uniform()));
     for (std::size_t j = 0; j < d; ++j) {
-      out.keys[i * d + j] = p.key_offset * mu_k[j] + s * (t[j] + p.noise * inv * rng.normal());
+      const float noise = detail::product(p.noise * inv, rng.normal());
+      out.keys[i * d + j] =
+          detail::product(p.key_offset, mu_k[j]) + detail::product(s, t[j] + noise);
     }
   }
   out.queries.resize(p.queries * d);
   for (std::size_t i = 0; i < p.queries; ++i) {
     const auto& t = topics[rng.below(p.topics)];
     for (std::size_t j = 0; j < d; ++j) {
+      const float noise = detail::product(2.0f * p.noise * inv, rng.normal());
       out.queries[i * d + j] =
-          p.query_offset * mu_q[j] + p.topic_scale * t[j] + 2.0f * p.noise * inv * rng.normal();
+          (detail::product(p.query_offset, mu_q[j]) + detail::product(p.topic_scale, t[j])) + noise;
     }
   }
   return out;
