@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda_bench {
@@ -33,11 +34,8 @@ struct dev {
     KVSIFT_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
   }
   ~dev() {
-    int current = 0;
-    const bool known = cudaGetDevice(&current) == cudaSuccess;
-    if (!known || current != device) cudaSetDevice(device);
+    const kvsift::cuda::detail::quiet_device_guard on(device);
     cudaFree(p);
-    if (known && current != device) cudaSetDevice(current);
   }
   dev(const dev&) = delete;
   dev& operator=(const dev&) = delete;

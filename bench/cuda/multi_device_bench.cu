@@ -190,7 +190,7 @@ struct step_shard {
              const std::vector<std::vector<id_t>>& entries, const std::vector<float>& qh,
              const kc::decode_step_params& sp)
       : device(device_), graphs(g1 - g0), heads((g1 - g0) * group) {
-    KVSIFT_CUDA_CHECK(cudaSetDevice(device));
+    const kc::detail::device_guard on(device);
     const std::size_t distinct = keys.size(), pages_per = (n + page - 1) / page;
     const std::size_t me = kvsift::max_entry_points;
     pool = std::make_unique<dev<__half>>(graphs * pages_per * page * d);
@@ -231,7 +231,10 @@ struct step_shard {
     ws_bytes = kc::decode_step_workspace_size(set, int(heads), int(d), sp);
     ws = std::make_unique<dev<char>>(ws_bytes);
     KVSIFT_CUDA_CHECK(cudaStreamCreate(&stream));
-    KVSIFT_CUDA_CHECK(cudaSetDevice(0));
+  }
+  ~step_shard() {
+    const kc::detail::quiet_device_guard on(device);
+    cudaStreamDestroy(stream);
   }
   step_shard(const step_shard&) = delete;
   step_shard& operator=(const step_shard&) = delete;
@@ -373,10 +376,8 @@ void step_part(const options& o, int devices) {
     KVSIFT_CUDA_CHECK(cudaSetDevice(parts[i]->device));
     KVSIFT_CUDA_CHECK(cudaEventDestroy(a[i]));
     KVSIFT_CUDA_CHECK(cudaEventDestroy(b[i]));
-    KVSIFT_CUDA_CHECK(cudaStreamDestroy(parts[i]->stream));
   }
   KVSIFT_CUDA_CHECK(cudaSetDevice(0));
-  KVSIFT_CUDA_CHECK(cudaStreamDestroy(one.stream));
 }
 
 }  // namespace

@@ -81,9 +81,7 @@ struct shard {
   kc::paged_kv_ref<float> kv{};
 
   shard(const layer& l, int g0, int g1, int dev, const kc::decode_step_params& p) : device(dev) {
-    int previous = 0;
-    KVSIFT_CUDA_CHECK(cudaGetDevice(&previous));
-    KVSIFT_CUDA_CHECK(cudaSetDevice(device));
+    const kvsift::cuda::detail::device_guard on(device);
     const int G = g1 - g0, d = l.d;
     heads = G * l.group;
     int max_n = 0;
@@ -140,16 +138,12 @@ struct shard {
                         kc::decode_search_workspace_size(set, heads, p.search));
     ws = device_buffer<char>(ws_bytes);
     KVSIFT_CUDA_CHECK(cudaStreamCreate(&stream));
-    KVSIFT_CUDA_CHECK(cudaSetDevice(previous));
   }
   shard(const shard&) = delete;
   shard& operator=(const shard&) = delete;
   ~shard() {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device);
+    const kvsift::cuda::detail::quiet_device_guard on(device);
     cudaStreamDestroy(stream);
-    cudaSetDevice(previous);
   }
 
   template <class T>
@@ -199,14 +193,12 @@ int second_device() {
 }
 
 void sync_all() {
-  int devices = 0, previous = 0;
+  int devices = 0;
   KVSIFT_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  KVSIFT_CUDA_CHECK(cudaGetDevice(&previous));
   for (int dev = 0; dev < devices; ++dev) {
-    KVSIFT_CUDA_CHECK(cudaSetDevice(dev));
+    const kvsift::cuda::detail::device_guard on(dev);
     KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  KVSIFT_CUDA_CHECK(cudaSetDevice(previous));
 }
 
 void run_steps(const shards_t& s, int d, const kc::decode_step_params& p) {

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/error.cuh>
 
 namespace kvsift::cuda_test {
@@ -88,11 +89,8 @@ class device_buffer {
   /// not always freed from here), leaving the current device as it was.
   void release() noexcept {
     if (p_ == nullptr) return;
-    int current = 0;
-    const bool known = cudaGetDevice(&current) == cudaSuccess;
-    if (!known || current != device_) cudaSetDevice(device_);
+    const kvsift::cuda::detail::quiet_device_guard on(device_);
     cudaFree(p_);
-    if (known && current != device_) cudaSetDevice(current);
     p_ = nullptr;
   }
 
