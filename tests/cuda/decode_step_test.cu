@@ -128,23 +128,11 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   r.status = status.download()[0];
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   for (int h = 0; h < H; ++h) {
-    const int g = h / group, n = sizes[g];
-    std::vector<double> s(n);
-    double mx = -1e300;
-    for (int t = 0; t < n; ++t) {
-      double acc = 0;
-      for (int j = 0; j < d; ++j) acc += double(q[h * d + j]) * hk[g][t * d + j];
-      s[t] = acc * scale;
-      mx = std::max(mx, s[t]);
-    }
-    double z = 0;
-    for (int t = 0; t < n; ++t) z += std::exp(s[t] - mx);
-    r.want_lse.push_back(static_cast<float>(mx + std::log(z)));
-    for (int j = 0; j < d; ++j) {
-      double acc = 0;
-      for (int t = 0; t < n; ++t) acc += std::exp(s[t] - mx) / z * hv[g][t * d + j];
-      r.want_o.push_back(static_cast<float>(acc));
-    }
+    const int g = h / group;
+    const auto [o_h, lse_h] =
+        full_attention_one(&q[h * d], hk[g].data(), hv[g].data(), sizes[g], d, scale);
+    r.want_lse.push_back(static_cast<float>(lse_h));
+    for (const double x : o_h) r.want_o.push_back(static_cast<float>(x));
   }
   return r;
 }

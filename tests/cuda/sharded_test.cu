@@ -216,24 +216,9 @@ void full_attention(const layer& l, int g0, int g1, std::vector<double>& o,
     const int n = l.sizes[g];
     for (int m = 0; m < l.group; ++m) {
       const float* q = &l.q[(static_cast<std::size_t>(g) * l.group + m) * d];
-      std::vector<double> s(static_cast<std::size_t>(n));
-      double mx = -1e300;
-      for (int t = 0; t < n; ++t) {
-        double acc = 0;
-        for (int j = 0; j < d; ++j)
-          acc += double(q[j]) * l.k[g][static_cast<std::size_t>(t) * d + j];
-        s[t] = acc * scale;
-        mx = std::max(mx, s[t]);
-      }
-      double z = 0;
-      for (int t = 0; t < n; ++t) z += std::exp(s[t] - mx);
-      lse.push_back(mx + std::log(z));
-      for (int j = 0; j < d; ++j) {
-        double acc = 0;
-        for (int t = 0; t < n; ++t)
-          acc += std::exp(s[t] - mx) / z * l.v[g][static_cast<std::size_t>(t) * d + j];
-        o.push_back(acc);
-      }
+      const auto [o_m, lse_m] = full_attention_one(q, l.k[g].data(), l.v[g].data(), n, d, scale);
+      o.insert(o.end(), o_m.begin(), o_m.end());
+      lse.push_back(lse_m);
     }
   }
 }

@@ -191,6 +191,31 @@ void fill_ring_row(Id* row, int i, int n, int width) {
   }
 }
 
+/// Attention in double of one query q [d] over n tokens of token-major k, v ([n][d]), logits
+/// times `scale`: (o [d], lse).
+inline std::pair<std::vector<double>, double> full_attention_one(const float* q, const float* k,
+                                                                 const float* v, int n, int d,
+                                                                 double scale) {
+  std::vector<double> s(static_cast<std::size_t>(n));
+  double mx = -1e300;
+  for (int t = 0; t < n; ++t) {
+    double acc = 0;
+    for (int j = 0; j < d; ++j) acc += double(q[j]) * k[static_cast<std::size_t>(t) * d + j];
+    s[t] = acc * scale;
+    mx = std::max(mx, s[t]);
+  }
+  double z = 0;
+  for (int t = 0; t < n; ++t) z += std::exp(s[t] - mx);
+  std::vector<double> o(static_cast<std::size_t>(d));
+  for (int j = 0; j < d; ++j) {
+    double acc = 0;
+    for (int t = 0; t < n; ++t)
+      acc += std::exp(s[t] - mx) / z * v[static_cast<std::size_t>(t) * d + j];
+    o[j] = acc;
+  }
+  return {std::move(o), mx + std::log(z)};
+}
+
 /// rows x d integers in [-range, range], as f32 (exact in f32, f16 and bf16 for small ranges,
 /// and so are their dot products and squared distances for small d).
 inline std::vector<float> integer_matrix(std::size_t rows, std::size_t d, int range) {
