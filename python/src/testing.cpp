@@ -3,7 +3,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -43,12 +42,8 @@ void bind_testing(py::module_& m) {
           py::gil_scoped_release release;
           d = kvsift::testing::make_ood(p);
         }
-        auto matrix = [&](const std::vector<float>& v, std::size_t rows) {
-          py::array_t<float> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(p.dim)});
-          std::copy(v.begin(), v.end(), out.mutable_data());
-          return out;
-        };
-        return py::make_tuple(matrix(d.keys, p.keys), matrix(d.queries, p.queries));
+        return py::make_tuple(to_numpy(d.keys).reshape({keys, dim}),
+                              to_numpy(d.queries).reshape({queries, dim}));
       },
       py::arg("keys"), py::arg("queries"), py::arg("dim"), py::kw_only(), py::arg("topics") = 256,
       py::arg("key_offset") = 4.0, py::arg("query_offset") = 4.0, py::arg("topic_scale") = 2.0,
