@@ -346,8 +346,133 @@ struct searching_engine {
 };
 static_assert(kvsift::ConnectivityEngine<searching_engine, float>);
 static_assert(!kvsift::ConnectivityEngine<kvsift::cpu_knn_engine, float>);
+static_assert(!kvsift::MergingConnectivitySearcher<reference_searcher>);
+
+// A searcher that also merges (`MergingConnectivitySearcher`), on the host and plainly: every
+// result's edges both ways in generation order unless the row holds them, then overflowing
+// rows RNG-pruned around their key. It keeps its rows to itself between rounds (the builder
+// sees them only through get_rows), as the CUDA searcher keeps them on the device.
+class merging_reference_searcher : public reference_searcher {
+ public:
+  merging_reference_searcher(kvsift::matrix_view<const float> keys, std::size_t width,
+                             std::size_t* calls, std::size_t* merges)
+      : reference_searcher(keys, width, calls),
+        keys_(keys),
+        width_(width),
+        rows_(keys.rows()),
+        merges_(merges) {}
+
+  void set_rows(std::span<const id_t> rows, std::span<const id_t> flat) {
+    reference_searcher::set_rows(rows, flat);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto b = flat.begin() + i * width_;
+      rows_[rows[i]].assign(b, std::find(b, b + width_, kvsift::invalid_id));
+    }
+  }
+
+  std::size_t search_and_merge(std::span<const id_t> rows, id_t entry, std::size_t L,
+                               std::size_t degree, bool fill) {
+    ++*merges_;
+    kvsift::connectivity_batch out;
+    search(rows, entry, L, degree, out);
+    std::vector<id_t> touched;
+    auto add = [&](id_t x, id_t y) {
+      auto& row = rows_[x];
+      if (y == x || std::find(row.begin(), row.end(), y) != row.end()) return;
+      row.push_back(y);
+      touched.push_back(x);
+    };
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      for (std::uint32_t j = 0; j < out.counts[i]; ++j) {
+        add(rows[i], out.kept[i * degree + j]);
+        add(out.kept[i * degree + j], rows[i]);
+      }
+    }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    const kvsift::view_store<float> store(keys_);
+    std::vector<float> scratch;
+    std::vector<id_t> flat(touched.size() * width_, kvsift::invalid_id);
+    for (std::size_t t = 0; t < touched.size(); ++t) {
+      auto& row = rows_[touched[t]];
+      if (row.size() > width_) {
+        kvsift::detail::pair_scorer<kvsift::view_store<float>, kvsift::l2> ps(store);
+        ps.set_pivot(touched[t]);
+        std::vector<kvsift::scored_id> cands;
+        for (const id_t c : row) cands.push_back({ps.key(c), c});
+        std::vector<id_t> kept;
+        kvsift::detail::rng_prune<kvsift::view_store<float>, kvsift::l2>(store, cands, width_, fill,
+                                                                         scratch, kept);
+        row = kept;
+      }
+      std::copy(row.begin(), row.end(), flat.begin() + t * width_);
+    }
+    reference_searcher::set_rows(touched, flat);  // the next round searches the merged rows
+    return out.scored;
+  }
+
+  void get_rows(std::vector<std::vector<id_t>>& rows) const { rows = rows_; }
+
+ private:
+  kvsift::matrix_view<const float> keys_;
+  std::size_t width_;
+  std::vector<std::vector<id_t>> rows_;
+  std::size_t* merges_;
+};
+static_assert(kvsift::MergingConnectivitySearcher<merging_reference_searcher>);
+
+struct merging_engine : searching_engine {
+  std::shared_ptr<std::size_t> merges = std::make_shared<std::size_t>(0);
+  merging_reference_searcher make_connectivity_searcher(kvsift::matrix_view<const float> keys,
+                                                        std::size_t width) const {
+    return merging_reference_searcher(keys, width, calls.get(), merges.get());
+  }
+};
+static_assert(kvsift::ConnectivityEngine<merging_engine, float>);
 
 }  // namespace
+
+// The merge on the engine (roargraph_params::engine_merge): the same rounds, the rows kept by
+// the searcher until step 3 ends, the same graph as the CPU build; not used with a degree cap
+// (the searcher's rows would be cut) or when switched off.
+TEST_CASE("roargraph_builder: step 3 merged on the engine equals the CPU build",
+          "[index][roargraph]") {
+  const kvsift::view_store<float> store(data().key_view());
+  auto p = small_params(2);
+  p.batch = 256;
+  for (const bool fill : {true, false}) {
+    INFO("fill " << fill);
+    p.connectivity_fill = fill;
+    kvsift::roargraph_build_stats st_cpu, st_engine;
+    const auto cpu = kvsift::roargraph_builder<>(p).build(store, train(), &st_cpu);
+    const merging_engine engine;
+    const auto merged =
+        kvsift::roargraph_builder<kvsift::inner_product, merging_engine>(p, engine).build(
+            store, train(), &st_engine);
+    CHECK(std::ranges::equal(cpu.adjacency(), merged.adjacency()));
+    CHECK(cpu.entry_point() == merged.entry_point());
+    // Every round merged on the engine (rounds as in the test above); without fill the build
+    // stays on the CPU (the engine's searches fill their lists).
+    CHECK(*engine.merges == (fill ? 14u : 0u));
+    CHECK(*engine.calls == (fill ? 14u : 0u));
+    CHECK(st_engine.connectivity_distance_computations ==
+          st_cpu.connectivity_distance_computations);
+  }
+  p.connectivity_fill = true;
+  const auto cpu = kvsift::roargraph_builder<>(p).build(store, train());
+  for (const bool cap : {false, true}) {
+    auto q = p;
+    q.engine_merge = cap;  // off, or on but with a cap: the builder merges
+    q.connectivity_degree_cap = cap ? 8 : 0;
+    const merging_engine engine;
+    const auto g =
+        kvsift::roargraph_builder<kvsift::inner_product, merging_engine>(q, engine).build(store,
+                                                                                          train());
+    CHECK(*engine.merges == 0);
+    CHECK(*engine.calls == 14);
+    if (!cap) CHECK(std::ranges::equal(cpu.adjacency(), g.adjacency()));
+  }
+}
 
 TEST_CASE("roargraph_builder: connectivity searches on the engine equal the CPU build",
           "[index][roargraph]") {

@@ -37,6 +37,24 @@ concept ConnectivitySearcher = requires(S& s, std::span<const id_t> ids, id_t en
   s.search(ids, entry, z, z, out);
 };
 
+/// A step-3 searcher that also merges each batch's results into the adjacency it keeps, so that
+/// a build's rounds need no host work between them (the CPU merge was the larger half of a GPU
+/// build's step 3 at 131072 keys):
+/// - `search_and_merge(rows, entry, L, degree, fill)`: `search`, then for each i in order and
+///   each kept neighbour y of x = rows[i], in order: y joins row x, then x joins row y (appended
+///   unless the row holds it or it is the row's own id); every row longer than the width is
+///   then RNG-pruned around its key (l2, ranked best first, ties to the lower id) to the width,
+///   with fill if `fill`. Returns the vectors the searches scored. Rows equal what the builder's
+///   own merge makes of the same search results.
+/// - `get_rows(rows)`: every row, without padding (`rows` is resized to n).
+template <class S>
+concept MergingConnectivitySearcher = ConnectivitySearcher<S> &&
+    requires(S& s, std::span<const id_t> ids, id_t entry, std::size_t z,
+             std::vector<std::vector<id_t>>& rows) {
+  { s.search_and_merge(ids, entry, z, z, true) } -> std::convertible_to<std::size_t>;
+  s.get_rows(rows);
+};
+
 /// An engine that creates step-3 searchers for keys of element type T and adjacency width R.
 template <class E, class T>
 concept ConnectivityEngine = requires(const E& e, matrix_view<const T> keys, std::size_t width) {

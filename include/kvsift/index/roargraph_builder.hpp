@@ -76,10 +76,16 @@ struct roargraph_params {
   /// at pool 100. A speed/quality trade-off, not a default.
   std::size_t connectivity_knn = 0;
   /// Run step 3's searches and pruning on the engine when it offers them
-  /// (`ConnectivityEngine`, e.g. `cuda::knn_engine`); the merging stays on the CPU. The graph
-  /// equals the CPU-built one up to floating-point summation order in the scores. The engine
-  /// may limit L and M (the CUDA engine: L <= 1024, M <= 64) and throws beyond them.
+  /// (`ConnectivityEngine`, e.g. `cuda::knn_engine`). The graph equals the CPU-built one up to
+  /// floating-point summation order in the scores. The engine may limit L and M (the CUDA
+  /// engine: L <= 1024, M <= 64) and throws beyond them. Not used without
+  /// `connectivity_fill` (an engine's searches fill their pruned lists).
   bool engine_connectivity = true;
+  /// With `engine_connectivity`: merge each round's edges and re-prune the rows on the engine
+  /// too when its searcher offers it (`MergingConnectivitySearcher`) and
+  /// `connectivity_degree_cap` is 0; the rows then stay on the engine until step 3 ends. Same
+  /// graph as the CPU merge (up to summation order, as above).
+  bool engine_merge = true;
   /// Fill step 3's RNG-pruned lists (and re-pruned rows) up to their degree with pruned
   /// candidates, as step 2 does. Without fill the graph is about 2.7x sparser (mean degree 19
   /// instead of 52 at M = 35): fewer keys scored per query at top-10 (-28% at recall@10 0.95

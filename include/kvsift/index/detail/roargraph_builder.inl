@@ -235,7 +235,10 @@ void roargraph_builder<M, Engine>::enhance(const Store& store, detail::adjacency
                                            id_t entry, roargraph_build_stats& st,
                                            OnRound&& on_round) const {
   if constexpr (ConnectivityEngine<Engine, typename Store::value_type>) {
-    if (params_.engine_connectivity && params_.connectivity_knn == 0 && store.size() > 1) {
+    // An engine's searches fill their pruned lists (the `ConnectivitySearcher` contract), so a
+    // build without fill searches on the CPU: it would otherwise get other edges.
+    if (params_.engine_connectivity && params_.connectivity_fill && params_.connectivity_knn == 0 &&
+        store.size() > 1) {
       auto searcher = engine_.make_connectivity_searcher(store.view(), degree_cap());
       enhance_rounds(store, adj, entry, st, on_round, &searcher);
       return;
@@ -305,6 +308,27 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
     std::vector<id_t> all(n);
     for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<id_t>(i);
     upload_rows(*searcher, adj, all, R, width, padded_rows, threads);
+    if constexpr (MergingConnectivitySearcher<Searcher>) {
+      if (params_.engine_merge && cap == 0) {
+        // The merge on the engine: the rounds are the same (order, batch sizes), the rows stay
+        // on the engine between them, and they come back once at the end. The rounds' time is
+        // counted as search time, the download as merge time.
+        std::size_t b = std::min<std::size_t>(32, most);
+        for (std::size_t b0 = 0; b0 < n; b0 += b, b = std::min(2 * b, most)) {
+          const std::size_t bn = std::min(b, n - b0);
+          const auto t_round = detail::monotonic_seconds();
+          engine_scored += searcher->search_and_merge(std::span<const id_t>(order).subspan(b0, bn),
+                                                      entry, L, params_.M, fill);
+          st.connectivity_search_seconds += detail::seconds_since(t_round);
+          on_round();
+        }
+        const auto t_rows = detail::monotonic_seconds();
+        searcher->get_rows(adj.rows);
+        st.connectivity_merge_seconds += detail::seconds_since(t_rows);
+        st.connectivity_distance_computations += engine_scored;
+        return;
+      }
+    }
   }
   const detail::building_graph<Store, key_metric> g{store, adj, entry};
   std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
