@@ -294,6 +294,106 @@ TEST_CASE("connectivity_on_gpu_builds_the_cpu_graph", "[cuda][graph_search]") {
   CHECK(std::ranges::equal(cpu_h.adjacency(), gpu_h.adjacency()));
 }
 
+// The merge on the device (`search_and_merge`) against `search` followed by the builder's merge
+// written out on the host: append each result's edges both ways in generation order unless the
+// row holds them, re-prune overflowing rows around their key. Integer keys, so every score is
+// exact and the rows must agree id for id. A few zero keys are near everything (l2), so some
+// rows receive more than 32 edges in one round (several chunks of a warp) and many rows hold an
+// edge twice over (x -> y from x's search, y -> x from y's), the repeats the merge must skip.
+TEST_CASE("connectivity_searcher_merge_matches_the_builders_merge", "[cuda][graph_search]") {
+  const std::size_t n = 3000, d = 16, width = 24, degree = 12, L = 40;
+  auto kf = integer_matrix(n, d, 3);
+  for (std::size_t i = 0; i < 5 * d; ++i) kf[i] = 0;  // keys 0..4: hubs
+  const matrix_view<const float> kv(kf.data(), n, d);
+  const kvsift::view_store<float> store(kv);
+  const auto adj0 = random_graph(n, width);
+  const auto all = iota_ids(n);
+  std::vector<id_t> order = all;
+  for (std::size_t i = n; i > 1; --i) {
+    std::swap(order[i - 1],
+              order[static_cast<std::size_t>(uniform_int(0, static_cast<int>(i) - 1))]);
+  }
+  for (const bool fill : {true, false}) {
+    INFO("fill " << fill);
+    kvsift::cuda::connectivity_searcher<float> on_device(kv, width), reference(kv, width);
+    on_device.set_rows(all, adj0);
+    reference.set_rows(all, adj0);
+    std::vector<std::vector<id_t>> rows(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const id_t* r = adj0.data() + i * width;
+      rows[i].assign(r, std::find(r, r + width, kvsift::invalid_id));
+    }
+    std::size_t most_new = 0, repeats = 0, repruned = 0;
+    std::vector<float> scratch;
+    std::vector<id_t> padded;
+    std::size_t b0 = 0;
+    for (const std::size_t bn : {std::size_t{64}, std::size_t{700}, std::size_t{2236}}) {
+      const std::span<const id_t> batch = std::span<const id_t>(order).subspan(b0, bn);
+      b0 += bn;
+      const std::size_t scored = on_device.search_and_merge(batch, 0, L, degree, fill);
+      kvsift::connectivity_batch out;
+      reference.search(batch, 0, L, degree, out);
+      CHECK(scored == out.scored);
+      // The builder's merge, as roargraph_builder::enhance_rounds writes it.
+      std::vector<std::vector<id_t>> added(n);
+      for (std::size_t i = 0; i < bn; ++i) {
+        for (std::uint32_t j = 0; j < out.counts[i]; ++j) {
+          const id_t y = out.kept[i * degree + j];
+          added[batch[i]].push_back(y);
+          added[y].push_back(batch[i]);
+        }
+      }
+      std::vector<id_t> touched;
+      for (std::size_t x = 0; x < n; ++x) {
+        if (added[x].empty()) continue;
+        touched.push_back(static_cast<id_t>(x));
+        most_new = std::max(most_new, added[x].size());
+        auto& row = rows[x];
+        const std::size_t before = row.size();
+        for (const id_t y : added[x]) {
+          if (y == x) continue;
+          const auto it = std::find(row.begin(), row.end(), y);
+          if (it != row.end()) {
+            repeats += static_cast<std::size_t>(it - row.begin()) >= before ? 1 : 0;
+            continue;
+          }
+          row.push_back(y);
+        }
+        if (row.size() > width) {
+          ++repruned;
+          kvsift::detail::pair_scorer<kvsift::view_store<float>, kvsift::l2> ps(store);
+          ps.set_pivot(static_cast<id_t>(x));
+          std::vector<kvsift::scored_id> cands;
+          for (const id_t c : row) cands.push_back({ps.key(c), c});
+          std::vector<id_t> kept;
+          kvsift::detail::rng_prune<kvsift::view_store<float>, kvsift::l2>(store, cands, width,
+                                                                           fill, scratch, kept);
+          row = kept;
+        }
+      }
+      padded.assign(touched.size() * width, kvsift::invalid_id);
+      for (std::size_t i = 0; i < touched.size(); ++i) {
+        std::copy(rows[touched[i]].begin(), rows[touched[i]].end(), padded.begin() + i * width);
+      }
+      reference.set_rows(touched, padded);
+    }
+    std::vector<std::vector<id_t>> got;
+    on_device.get_rows(got);
+    REQUIRE(got.size() == n);
+    std::size_t differ = 0;
+    for (std::size_t x = 0; x < n; ++x) differ += got[x] != rows[x];
+    std::printf(
+        "  fill %d: %zu rows differ; most new edges of a row in a round %zu, %zu repeated "
+        "new edges skipped, %zu re-prunes\n",
+        fill ? 1 : 0, differ, most_new, repeats, repruned);
+    CHECK(differ == 0);
+    // The case exercises what it claims to.
+    CHECK(most_new > 32);
+    CHECK(repeats > 0);
+    CHECK(repruned > 100);
+  }
+}
+
 // Heads sharded over GPU builders (issue 20): one CUDA engine per device, each building its
 // shard on its own thread, give the CPU pipeline's graphs (integer data: exact). With one GPU
 // the two engines share device 0, which still runs the shards concurrently.
@@ -436,9 +536,27 @@ TEST_CASE("connectivity_searcher_rejects_bad_input", "[cuda][graph_search]") {
   CHECK_THROWS_AS(s.search(rows, 50, 8, 4, out), kvsift::out_of_range);
   rows[0] = 99;
   CHECK_THROWS_AS(s.search(rows, 0, 8, 4, out), kvsift::out_of_range);
+  CHECK(contains(message_of([&] { s.search_and_merge(rows, 0, 0, 4, true); }),
+                 "1 <= L <= 1024, got 0"));
+  CHECK_THROWS_AS(s.search_and_merge(rows, 0, 8, 4, true), kvsift::out_of_range);  // row 99
+  {
+    // 2 * rows * degree past INT_MAX: refused before the ids are read or anything is sized.
+    const std::vector<id_t> many(std::size_t{INT_MAX} / 128 + 1, 0);
+    CHECK(contains(message_of([&] { s.search_and_merge(many, 0, 8, 64, true); }),
+                   "2 * rows * degree must be <= 2147483647, got 16777216 rows of degree 64"));
+  }
   // A valid search over the one stored edge: row 3 searches from entry 3, reaching 1.
   rows = {3};
   s.search(rows, 3, 8, 4, out);
   CHECK((out.counts.size() == 1 && out.counts[0] == 1 && out.kept[0] == 1));
   CHECK(out.scored == 2);
+  // The same through the merge: 3 -> 1 is there already, 1 -> 3 is new.
+  CHECK(s.search_and_merge(rows, 3, 8, 4, true) == 2);
+  CHECK(s.search_and_merge(std::span<const id_t>(), 3, 8, 4, true) == 0);
+  std::vector<std::vector<id_t>> got;
+  s.get_rows(got);
+  REQUIRE(got.size() == n);
+  CHECK(got[1] == std::vector<id_t>{3});
+  CHECK(got[3] == std::vector<id_t>{1});
+  CHECK(got[7].empty());
 }

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 554
@@ -138,9 +139,33 @@ class connectivity_searcher {
   void search(std::span<const id_t> rows, id_t entry, std::size_t L, std::size_t degree,
               connectivity_batch& out);
 
+  /**
+   * @brief `search`, then the builder's merge of its results on the device (models
+   *        `kvsift::MergingConnectivitySearcher`): for each query x = rows[i] in order and
+   *        each of its pruned neighbours y in order, y joins row x and x joins row y (skipped if
+   *        the row holds it); rows longer than the width are then RNG-pruned around their key
+   *        (l2) to the width, with fill if `fill`. The rows stay on the device.
+   * @return vectors scored by the searches
+   * @throw as `search`; kvsift::invalid_argument 2 * rows * degree > INT_MAX
+   * @note One warp per changed row: O(c * (width + degree)) to merge a row that gains c edges,
+   *       O(t^2 / 32 + t * width * d) per lane to re-prune one of t candidates. Device memory
+   *       O(rows * degree * width), kept for the next call. Synchronises the searcher's stream.
+   */
+  std::size_t search_and_merge(std::span<const id_t> rows, id_t entry, std::size_t L,
+                               std::size_t degree, bool fill);
+
+  /// Every row as the device holds it, without padding; `rows` is resized to n.
+  /// @throw kvsift::cuda_error on device failure
+  void get_rows(std::vector<std::vector<id_t>>& rows) const;
+
  private:
   struct state;
   std::unique_ptr<state> s_;
+
+  // Checks the arguments of a search, uploads the query rows and launches it; the results stay
+  // in the state's buffers. Returns the number of queries.
+  std::int64_t enqueue_search(std::span<const id_t> rows, id_t entry, std::size_t L,
+                              std::size_t degree);
 };
 
 }  // namespace kvsift::cuda

@@ -15,7 +15,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -407,6 +412,187 @@ __global__ void scatter_rows_kernel(Id* adjacency, int width, const Id* rows, co
   }
 }
 
+// Step 3's merge on the device (connectivity_searcher::search_and_merge). A round's edges are
+// generated in the builder's order, sorted by source with a stable radix sort (so each row's
+// new edges keep that order), cut into runs of one source, and each run is merged into its row
+// by one warp, which re-prunes the row if it overflows. Rows are distinct per run, so the warps
+// never share a row.
+
+/// Edge e of a round: query i's j-th pruned neighbour y, slot t = i * degree + j, gives edge
+/// 2t (rows[i] -> y) and 2t + 1 (y -> rows[i]); a slot past the query's count gives two edges
+/// from n (sorted last, skipped). The value carried through the sort is e itself.
+template <class Id>
+__global__ void merge_edges_kernel(const Id* rows, const Id* kept, const std::uint32_t* counts,
+                                   std::int64_t m, int degree, Id n, Id* src, std::uint32_t* edge) {
+  const std::int64_t total = m * degree;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = t / degree;
+    const bool have = t - i * degree < static_cast<std::int64_t>(counts[i]);
+    src[2 * t] = have ? rows[i] : n;
+    src[2 * t + 1] = have ? kept[t] : n;
+    edge[2 * t] = static_cast<std::uint32_t>(2 * t);
+    edge[2 * t + 1] = static_cast<std::uint32_t>(2 * t + 1);
+  }
+}
+
+struct merge_args {
+  id_t* adjacency = nullptr;  // n x width, rows packed and padded with invalid_id
+  int width = 0;
+  id_t n = 0;
+  const id_t* rows = nullptr;  // the round's queries
+  const id_t* kept = nullptr;  // their pruned neighbours, m x degree
+  int degree = 0;
+  const id_t* run_src = nullptr;  // per run: its source row (n: the unused slots)
+  const std::uint32_t* run_len = nullptr;
+  const std::uint32_t* run_off = nullptr;  // first entry of the run in `edge`
+  const int* runs = nullptr;
+  const std::uint32_t* edge = nullptr;  // edge ids sorted by source, generation order kept
+  walk_entry* cand = nullptr;           // per run r: width + run_len[r] entries at off + r * width
+  walk_entry* srt = nullptr;            // the same, sorted
+  bool fill = true;
+  int d_pad = 0;
+};
+
+/// Merges each run's new edges into its row, then re-prunes the row if it is longer than the
+/// width (rng_prune around the row's key, l2, as `prune_around`). Warp-synchronous per run.
+template <class T>
+__global__ void __launch_bounds__(walk_warps_per_block * 32)
+    merge_rows_kernel(const T* __restrict__ keys, std::int64_t ld, int d, bool vec, merge_args a) {
+  extern __shared__ __align__(16) unsigned char merge_smem[];
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::size_t warp_bytes =
+      (sizeof(float) * a.d_pad + 2 * sizeof(std::uint32_t) * a.width + 15) / 16 * 16;
+  float* const q = reinterpret_cast<float*>(merge_smem + warp * warp_bytes);
+  std::uint32_t* const kept = reinterpret_cast<std::uint32_t*>(q + a.d_pad);
+  std::uint32_t* const dropped = kept + a.width;
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  const int width = a.width;
+  auto row_of = [&](std::uint32_t id) { return keys + static_cast<std::size_t>(id) * ld; };
+  // Target of edge e (see merge_edges_kernel).
+  auto target = [&](std::uint32_t e) -> std::uint32_t {
+    const std::uint32_t t = e >> 1;
+    return (e & 1u) != 0u ? a.rows[t / static_cast<std::uint32_t>(a.degree)] : a.kept[t];
+  };
+  const int runs = *a.runs;
+  const int warps = static_cast<int>(gridDim.x) * walk_warps_per_block;
+  for (int r = static_cast<int>(blockIdx.x) * walk_warps_per_block + warp; r < runs; r += warps) {
+    const std::uint32_t x = a.run_src[r];
+    if (x >= a.n) continue;  // warp-uniform
+    const int cnt = static_cast<int>(a.run_len[r]);
+    const std::uint32_t off = a.run_off[r];
+    const std::uint32_t* const es = a.edge + off;
+    walk_entry* const cand = a.cand + off + static_cast<std::size_t>(r) * width;
+    walk_entry* const srt = a.srt + off + static_cast<std::size_t>(r) * width;
+    id_t* const row = a.adjacency + static_cast<std::size_t>(x) * width;
+
+    // The row as it stands.
+    int tot = 0;
+    for (int j0 = 0; j0 < width; j0 += 32) {
+      const int j = j0 + lane;
+      const std::uint32_t v = j < width ? row[j] : invalid_id;
+      const bool valid = v != invalid_id;
+      const unsigned b = __ballot_sync(full, valid);
+      if (valid) cand[tot + __popc(b & lower_lanes)].id = v;
+      tot += __popc(b);
+    }
+    const int c_old = tot;
+    // x's own results (edges x -> y) are one contiguous block of the run: the round's queries
+    // are distinct and the edges between them come from other sources. Only they can repeat
+    // an edge of the run (the reverse edges y -> x' have distinct x'), so an entry is a repeat
+    // if the row holds it, or if an earlier entry of the other kind (forward vs reverse) has
+    // the same target: the builder's "append unless the row holds it".
+    int fb = cnt, fe = cnt;
+    for (int k0 = 0; k0 < cnt; k0 += 32) {
+      const int k = k0 + lane;
+      const bool fwd = k < cnt && (es[k] & 1u) == 0u;
+      const unsigned b = __ballot_sync(full, fwd);
+      if (b != 0u && fb == cnt) fb = k0 + __ffs(static_cast<int>(b)) - 1;
+      if (b != 0u) fe = k0 + 32 - __clz(static_cast<int>(b));
+    }
+    __syncwarp();
+    for (int k0 = 0; k0 < cnt; k0 += 32) {
+      const int k = k0 + lane;
+      bool add = false;
+      std::uint32_t y = invalid_id;
+      if (k < cnt) {
+        const std::uint32_t e = es[k];
+        y = target(e);
+        add = y != x;
+        for (int j = 0; add && j < c_old; ++j) add = cand[j].id != y;
+        // A forward entry against the reverse ones before the block, a reverse entry against
+        // the forward ones before it.
+        const int lo = (e & 1u) == 0u ? 0 : fb;
+        const int hi = (e & 1u) == 0u ? fb : min(fe, k);
+        for (int j = lo; add && j < hi; ++j) add = target(es[j]) != y;
+      }
+      const unsigned b = __ballot_sync(full, add);
+      if (add) cand[tot + __popc(b & lower_lanes)].id = y;
+      tot += __popc(b);
+    }
+    __syncwarp();
+    if (tot <= width) {
+      for (int j = c_old + lane; j < tot; j += 32) row[j] = cand[j].id;
+      __syncwarp();
+      continue;
+    }
+
+    // Re-prune around x: keys to x, rank order, then the RNG rule with fill.
+    for (int j = lane; j < d; j += 32) q[j] = to_f32(row_of(x)[j]);
+    __syncwarp();
+    for (int j = lane; j < tot; j += 32) {
+      cand[j].key = walk_key<true>(walk_score<true>(q, row_of(cand[j].id), d, vec));
+    }
+    __syncwarp();
+    for (int j = lane; j < tot; j += 32) {
+      const walk_entry e = cand[j];
+      int rank = 0;
+      for (int i = 0; i < tot; ++i) {
+        const walk_entry o = cand[i];
+        rank += walk_better(o.key, o.id, e.key, e.id) ? 1 : 0;
+      }
+      srt[rank] = e;
+    }
+    __syncwarp();
+    int nk = 0, nd = 0;
+    for (int i = 0; i < tot && nk < width; ++i) {
+      const std::uint32_t c = srt[i].id;
+      const float ck = srt[i].key;
+      bool drop = false;
+      for (int k0 = 0; k0 < nk && !drop; k0 += 32) {
+        const int k = k0 + lane;
+        bool closer = false;
+        if (k < nk)
+          closer = walk_key<true>(walk_score_rows<true>(row_of(c), row_of(kept[k]), d, vec)) > ck;
+        drop = __any_sync(full, closer);
+      }
+      if (lane == 0) {
+        if (!drop) {
+          kept[nk] = c;
+        } else if (nd < width) {
+          dropped[nd] = c;
+        }
+      }
+      if (drop) {
+        ++nd;
+      } else {
+        ++nk;
+      }
+      __syncwarp();
+    }
+    if (a.fill) {
+      for (int i = 0; i < min(nd, width) && nk < width; ++i, ++nk) {
+        if (lane == 0) kept[nk] = dropped[i];
+      }
+    }
+    __syncwarp();
+    for (int j = lane; j < width; j += 32) row[j] = j < nk ? kept[j] : invalid_id;
+    __syncwarp();
+  }
+}
+
 }  // namespace kvsift::cuda::detail
 
 namespace kvsift::cuda {
@@ -496,12 +682,17 @@ struct connectivity_searcher<T>::state {
   int width = 0;
   cudaStream_t stream = nullptr;
   detail::grow_buffer keys, adjacency, rows, padded, queries, kept, kept_counts, scored, workspace;
+  // search_and_merge: the round's edges (source, edge id) before and after the sort, the runs,
+  // CUB's temporary storage, and the merge's candidate lists.
+  detail::grow_buffer src, edge, src_sorted, edge_sorted, run_src, run_len, run_off, runs, temp,
+      cand, srt;
   std::vector<std::uint32_t> host_counts, host_scored;
 
   ~state() {
     const detail::quiet_device_guard guard(device);  // freed on the device they live on
-    for (auto* b :
-         {&keys, &adjacency, &rows, &padded, &queries, &kept, &kept_counts, &scored, &workspace}) {
+    for (auto* b : {&keys,    &adjacency, &rows, &padded, &queries,    &kept,        &kept_counts,
+                    &scored,  &workspace, &src,  &edge,   &src_sorted, &edge_sorted, &run_src,
+                    &run_len, &run_off,   &runs, &temp,   &cand,       &srt}) {
       b->release();
     }
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -581,8 +772,8 @@ void connectivity_searcher<T>::set_rows(std::span<const id_t> rows, std::span<co
 }
 
 template <Element T>
-void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, std::size_t L,
-                                      std::size_t degree, connectivity_batch& out) {
+std::int64_t connectivity_searcher<T>::enqueue_search(std::span<const id_t> rows, id_t entry,
+                                                      std::size_t L, std::size_t degree) {
   state& s = *s_;
   const auto n = static_cast<id_t>(s.n);
   kvsift::detail::require(L >= 1 && L <= static_cast<std::size_t>(max_graph_search_L),
@@ -597,15 +788,10 @@ void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, st
     kvsift::detail::require<out_of_range>(r < n, "connectivity_searcher: expected query rows < ", n,
                                           ", got ", r);
   }
-  out.degree = degree;
-  out.kept.assign(rows.size() * degree, invalid_id);
-  out.counts.assign(rows.size(), 0);
-  out.scored = 0;
-  if (rows.empty()) return;
+  if (rows.empty()) return 0;
   const auto m = static_cast<std::int64_t>(rows.size());
-  detail::device_guard guard(s.device);
   auto* dq = static_cast<id_t*>(s.queries.reserve(rows.size_bytes()));
-  auto* dk = static_cast<id_t*>(s.kept.reserve(out.kept.size() * sizeof(id_t)));
+  auto* dk = static_cast<id_t*>(s.kept.reserve(rows.size() * degree * sizeof(id_t)));
   auto* dc =
       static_cast<std::uint32_t*>(s.kept_counts.reserve(rows.size() * sizeof(std::uint32_t)));
   auto* ds = static_cast<std::uint32_t*>(s.scored.reserve(rows.size() * sizeof(std::uint32_t)));
@@ -634,15 +820,153 @@ void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, st
   o.kept_counts = dc;
   o.scored = ds;
   graph_search(g, dq, m, p, o, dw, ws, s.stream);
+  return m;
+}
+
+template <Element T>
+void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, std::size_t L,
+                                      std::size_t degree, connectivity_batch& out) {
+  state& s = *s_;
+  detail::device_guard guard(s.device);
+  const std::int64_t m = enqueue_search(rows, entry, L, degree);
+  out.degree = degree;
+  out.kept.assign(rows.size() * degree, invalid_id);
+  out.counts.assign(rows.size(), 0);
+  out.scored = 0;
+  if (m == 0) return;
   s.host_scored.resize(rows.size());
-  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.kept.data(), dk, out.kept.size() * sizeof(id_t),
+  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.kept.data(), s.kept.p, out.kept.size() * sizeof(id_t),
                                     cudaMemcpyDeviceToHost, s.stream));
-  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.counts.data(), dc, rows.size() * sizeof(std::uint32_t),
-                                    cudaMemcpyDeviceToHost, s.stream));
-  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(s.host_scored.data(), ds, rows.size() * sizeof(std::uint32_t),
-                                    cudaMemcpyDeviceToHost, s.stream));
+  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.counts.data(), s.kept_counts.p,
+                                    rows.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
+                                    s.stream));
+  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(s.host_scored.data(), s.scored.p,
+                                    rows.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
+                                    s.stream));
   KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   for (const std::uint32_t c : s.host_scored) out.scored += c;
+}
+
+template <Element T>
+std::size_t connectivity_searcher<T>::search_and_merge(std::span<const id_t> rows, id_t entry,
+                                                       std::size_t L, std::size_t degree,
+                                                       bool fill) {
+  state& s = *s_;
+  // Every check before anything is enqueued: the edge count must fit CUB's int item count.
+  kvsift::detail::require(
+      rows.size() <= static_cast<std::size_t>(INT_MAX) / 2 / std::max<std::size_t>(degree, 1),
+      "connectivity_searcher: 2 * rows * degree must be <= ", INT_MAX, ", got ", rows.size(),
+      " rows of degree ", degree);
+  detail::device_guard guard(s.device);
+  const std::int64_t m = enqueue_search(rows, entry, L, degree);
+  if (m == 0) return 0;
+  const auto E = static_cast<int>(2 * m * static_cast<std::int64_t>(degree));
+  const auto n = static_cast<id_t>(s.n);
+  const std::size_t e_ids = static_cast<std::size_t>(E) * sizeof(std::uint32_t);
+  auto* src = static_cast<id_t*>(s.src.reserve(e_ids));
+  auto* edge = static_cast<std::uint32_t*>(s.edge.reserve(e_ids));
+  auto* src_sorted = static_cast<id_t*>(s.src_sorted.reserve(e_ids));
+  auto* edge_sorted = static_cast<std::uint32_t*>(s.edge_sorted.reserve(e_ids));
+  auto* run_src = static_cast<id_t*>(s.run_src.reserve(e_ids));
+  auto* run_len = static_cast<std::uint32_t*>(s.run_len.reserve(e_ids));
+  auto* run_off = static_cast<std::uint32_t*>(s.run_off.reserve(e_ids));
+  auto* runs = static_cast<int*>(s.runs.reserve(sizeof(int)));
+  // A run per source row (at most n + 1 with the unused slots' run), each with room for its
+  // row and its new edges.
+  const std::size_t most_runs = std::min<std::size_t>(static_cast<std::size_t>(E), s.n + 1);
+  const std::size_t slots = static_cast<std::size_t>(E) + most_runs * s.width;
+  auto* cand = static_cast<detail::walk_entry*>(s.cand.reserve(slots * sizeof(detail::walk_entry)));
+  auto* srt = static_cast<detail::walk_entry*>(s.srt.reserve(slots * sizeof(detail::walk_entry)));
+  const int bits = std::max(1, static_cast<int>(std::bit_width(static_cast<std::uint32_t>(n))));
+  std::size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0;
+  KVSIFT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, src, src_sorted, edge,
+                                                    edge_sorted, E, 0, bits, s.stream));
+  KVSIFT_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, rle_bytes, src_sorted, run_src,
+                                                       run_len, runs, E, s.stream));
+  KVSIFT_CUDA_CHECK(
+      cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, run_len, run_off, E, s.stream));
+  const std::size_t temp_bytes = std::max({sort_bytes, rle_bytes, scan_bytes});
+  void* temp = s.temp.reserve(temp_bytes);
+
+  const auto* dq = static_cast<const id_t*>(s.queries.p);
+  const auto* dk = static_cast<const id_t*>(s.kept.p);
+  const auto* dc = static_cast<const std::uint32_t*>(s.kept_counts.p);
+  const std::int64_t slots_q = m * static_cast<std::int64_t>(degree);
+  const auto eblocks = static_cast<unsigned>(std::min<std::int64_t>((slots_q + 255) / 256, 4096));
+  detail::merge_edges_kernel<id_t>
+      <<<eblocks, 256, 0, s.stream>>>(dq, dk, dc, m, static_cast<int>(degree), n, src, edge);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  std::size_t tb = temp_bytes;
+  KVSIFT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, tb, src, src_sorted, edge, edge_sorted, E,
+                                                    0, bits, s.stream));
+  tb = temp_bytes;
+  KVSIFT_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(temp, tb, src_sorted, run_src, run_len, runs,
+                                                       E, s.stream));
+  tb = temp_bytes;
+  KVSIFT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, tb, run_len, run_off, E, s.stream));
+
+  detail::merge_args a;
+  a.adjacency = static_cast<id_t*>(s.adjacency.p);
+  a.width = s.width;
+  a.n = n;
+  a.rows = dq;
+  a.kept = dk;
+  a.degree = static_cast<int>(degree);
+  a.run_src = run_src;
+  a.run_len = run_len;
+  a.run_off = run_off;
+  a.runs = runs;
+  a.edge = edge_sorted;
+  a.cand = cand;
+  a.srt = srt;
+  a.fill = fill;
+  a.d_pad = static_cast<int>((s.d + 3) / 4 * 4);
+  const std::size_t warp_bytes =
+      (sizeof(float) * a.d_pad + 2 * sizeof(std::uint32_t) * a.width + 15) / 16 * 16;
+  const std::size_t smem = warp_bytes * detail::walk_warps_per_block;
+  int smem_max = 0;
+  KVSIFT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device));
+  kvsift::detail::require(smem <= static_cast<std::size_t>(smem_max),
+                          "connectivity_searcher: d = ", s.d, " and width ", s.width, " need ",
+                          smem, " bytes of shared memory per block, the device has ", smem_max);
+  using device_t = typename detail::device_element<T>::type;
+  const auto* keys = static_cast<const device_t*>(s.keys.p);
+  const bool vec = detail::is_aligned16(keys) && s.d % detail::vec_size_v<device_t> == 0;
+  const auto mblocks = static_cast<unsigned>(std::min<std::size_t>(
+      (most_runs + detail::walk_warps_per_block - 1) / detail::walk_warps_per_block, 8192));
+  constexpr auto kernel = detail::merge_rows_kernel<device_t>;
+  detail::allow_shared_memory<kernel>(s.device, smem_max, /*max_shared_carveout=*/false);
+  kernel<<<mblocks, detail::walk_warps_per_block * 32, smem, s.stream>>>(
+      keys, s.d, static_cast<int>(s.d), vec, a);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+
+  s.host_scored.resize(rows.size());
+  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(s.host_scored.data(), s.scored.p,
+                                    rows.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
+                                    s.stream));
+  KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  std::size_t scored = 0;
+  for (const std::uint32_t c : s.host_scored) scored += c;
+  return scored;
+}
+
+template <Element T>
+void connectivity_searcher<T>::get_rows(std::vector<std::vector<id_t>>& rows) const {
+  const state& s = *s_;
+  const auto width = static_cast<std::size_t>(s.width);
+  std::vector<id_t> flat(static_cast<std::size_t>(s.n) * width);
+  {
+    detail::device_guard guard(s.device);
+    KVSIFT_CUDA_CHECK(cudaMemcpyAsync(flat.data(), s.adjacency.p, flat.size() * sizeof(id_t),
+                                      cudaMemcpyDeviceToHost, s.stream));
+    KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  }
+  rows.resize(static_cast<std::size_t>(s.n));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const id_t* r = flat.data() + i * width;
+    rows[i].assign(r, std::find(r, r + width, invalid_id));
+  }
 }
 
 }  // namespace kvsift::cuda
