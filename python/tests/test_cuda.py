@@ -926,6 +926,14 @@ def test_build_indexes_equals_build_index_per_head():
             assert np.array_equal(built[h].entry_points, single[h].entry_points)
             assert built[h].build_stats.knn_seconds > 0
     assert kc.build_indexes([], []) == []
+    # Builders spread over devices (issue 20): the same graphs. Device 0 twice runs everywhere;
+    # with two GPUs the builders alternate between them.
+    ids = [0, 1] if torch.cuda.device_count() >= 2 else [0, 0]
+    before = torch.cuda.current_device()
+    built = kc.build_indexes(keys, trains, builders=3, devices=ids, **params)
+    for h in range(3):
+        assert np.array_equal(built[h].adjacency(), single[h].adjacency()), (ids, h)
+    assert torch.cuda.current_device() == before
 
 
 def test_build_indexes_refuses_bad_input():
@@ -942,6 +950,16 @@ def test_build_indexes_refuses_bad_input():
         kc.build_indexes(keys, [trains[0], trains[1][:, :8].copy()])
     with pytest.raises(ValueError, match="float32 or float16"):
         kc.build_indexes([keys[0].astype(np.float64)], trains[:1])
+    count = torch.cuda.device_count()
+    out_of_range = rf"devices\[1\]: expected a device id in \[0, {count}\), got {count}"
+    with pytest.raises(ValueError, match=out_of_range):
+        kc.build_indexes(keys, trains, devices=[0, count])
+    with pytest.raises(ValueError, match=r"devices\[0\]: expected a device id in .* got -1"):
+        kc.build_indexes(keys, trains, devices=[-1])
+    with pytest.raises(ValueError, match=r"devices: expected at least one device id"):
+        kc.build_indexes(keys, trains, devices=[])
+    with pytest.raises(ValueError, match=r"builders: expected >= len\(devices\) = 3, got 2"):
+        kc.build_indexes(keys, trains, builders=2, devices=[0, 0, 0])
 
 
 def test_build_index_refuses_bad_input():

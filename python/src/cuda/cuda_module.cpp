@@ -956,7 +956,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
   m.def(
       "build_roargraphs",
       [](py::sequence keys, py::sequence trains, std::size_t nq, std::size_t M, std::size_t L,
-         std::size_t threads, std::uint64_t seed, int builders) {
+         std::size_t threads, std::uint64_t seed, int builders, py::sequence device_ids) {
+        std::vector<int> devices;
+        for (const auto& d : device_ids) devices.push_back(d.cast<int>());
         require(py::len(keys) == py::len(trains),
                 "build_roargraphs: expected as many training "
                 "query sets as key sets (",
@@ -995,7 +997,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         {
           py::gil_scoped_release release;
           gs = ops::build_roargraphs(f32 ? ops::dtype::f32 : ops::dtype::f16, heads, dim, p,
-                                     builders);
+                                     builders, devices);
         }
         py::list out;
         for (const auto& g : gs) {
@@ -1006,9 +1008,10 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         return out;
       },
       py::arg("keys"), py::arg("train_queries"), py::arg("nq"), py::arg("M"), py::arg("L"),
-      py::arg("threads"), py::arg("seed"), py::arg("builders"),
-      "Low level: build_roargraph for a list of heads, sharded over `builders` builders on the "
-      "current GPU, as a list of (graph bytes, build seconds). Use kvsift.cuda.build_indexes.");
+      py::arg("threads"), py::arg("seed"), py::arg("builders"), py::arg("devices"),
+      "Low level: build_roargraph for a list of heads, sharded over `builders` builders, "
+      "builder b on devices[b % len(devices)] (the current GPU if empty), as a list of (graph "
+      "bytes, build seconds). Use kvsift.cuda.build_indexes.");
 
   m.def(
       "knn_workspace_size",

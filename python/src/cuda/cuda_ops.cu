@@ -364,9 +364,24 @@ built_graph to_built(const G& g, const kvsift::roargraph_build_stats& st) {
 }  // namespace
 
 std::vector<built_graph> build_roargraphs(dtype t, const std::vector<build_head>& heads, int dim,
-                                          const build_knobs& k, int builders) {
+                                          const build_knobs& k, int builders,
+                                          const std::vector<int>& devices) {
   kvsift::detail::require(builders >= 1, "build_roargraphs: expected builders >= 1, got ",
                           builders);
+  std::vector<int> on = devices;
+  if (on.empty()) on.push_back(current_device());
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    throw cuda_failure(std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
+                       cudaGetErrorString(err) + ")");
+  }
+  for (std::size_t i = 0; i < on.size(); ++i) {
+    kvsift::detail::require(on[i] >= 0 && on[i] < count, "devices[", i,
+                            "]: expected a device id in [0, ", count, "), got ", on[i]);
+  }
+  kvsift::detail::require(static_cast<std::size_t>(builders) >= on.size(),
+                          "builders: expected >= len(devices) = ", on.size(), ", got ", builders);
   std::vector<built_graph> out;
   with_type(t, [&](auto* tag) {
     using E = kvsift_element_t<std::remove_pointer_t<decltype(tag)>>;
@@ -389,9 +404,10 @@ std::vector<built_graph> build_roargraphs(dtype t, const std::vector<build_head>
       kvsift::roargraph_params p = params_of(k);
       const std::size_t total = k.threads != 0 ? k.threads : kvsift::default_thread_count();
       p.threads = std::max<std::size_t>(1, total / static_cast<std::size_t>(builders));
-      const int device = current_device();
       std::vector<builder> bs;
-      for (int b = 0; b < builders; ++b) bs.emplace_back(p, kc::knn_engine({.device = device}));
+      for (int b = 0; b < builders; ++b) {
+        bs.emplace_back(p, kc::knn_engine({.device = on[static_cast<std::size_t>(b) % on.size()]}));
+      }
       std::vector<kvsift::roargraph_build_stats> stats;
       const auto graphs = kvsift::build_heads_sharded(
           std::span<const builder>(bs), std::span<const kvsift::kv_head_job<store>>(jobs),

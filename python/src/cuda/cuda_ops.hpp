@@ -250,12 +250,15 @@ struct build_head {
   std::int64_t m = 0;
 };
 
-/// build_roargraph for several heads at once (kvsift::build_heads_sharded): `builders` builders
-/// on the current device, each with its own engine and threads / builders CPU threads (all the
-/// host's when threads is 0), build contiguous shards of the heads on their own threads. Graph
-/// h equals build_roargraph of head h alone.
+/// build_roargraph for several heads at once (kvsift::build_heads_sharded): `builders` builders,
+/// builder b on devices[b % devices.size()] (the current device when `devices` is empty), each
+/// with its own engine and threads / builders CPU threads (all the host's when threads is 0),
+/// build contiguous shards of the heads on their own threads. Graph h equals build_roargraph of
+/// head h alone. Throws kvsift::invalid_argument for a device id outside [0, device count) or
+/// fewer builders than devices, before anything is built.
 std::vector<built_graph> build_roargraphs(dtype t, const std::vector<build_head>& heads, int dim,
-                                          const build_knobs& p, int builders);
+                                          const build_knobs& p, int builders,
+                                          const std::vector<int>& devices);
 
 /// Whether `p` is page-locked host memory the device can read (cudaPointerGetAttributes).
 bool is_pinned_host(const void* p);
