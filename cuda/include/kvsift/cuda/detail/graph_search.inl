@@ -146,6 +146,53 @@ __device__ __forceinline__ float walk_key(float s) {
   return L2 ? -s : s;
 }
 
+/// RNG pruning (`rng_prune`) of `count` candidates given best first: cands[i].id (bits past 31
+/// ignored) with its key to the pivot; the id `skip` is never kept. A candidate is dropped if
+/// some kept id is closer to it than the pivot is; lanes split the kept ids. With `fill` the
+/// dropped ids follow in rank order, up to `degree`, so only the first `degree` are remembered.
+/// kept / dropped: `degree` entries each (shared memory). Returns the kept count.
+/// Warp-synchronous: every lane calls it. The step-3 searches and the merge both prune so.
+template <bool L2, class T>
+__device__ int walk_rng_prune(const walk_entry* cands, int count, std::uint32_t skip, int degree,
+                              bool fill, std::uint32_t* kept, std::uint32_t* dropped,
+                              const T* __restrict__ keys, std::int64_t ld, int d, bool vec,
+                              int lane) {
+  constexpr unsigned full = 0xffffffffu;
+  auto row_of = [&](std::uint32_t id) { return keys + static_cast<std::size_t>(id) * ld; };
+  int nk = 0, nd = 0;
+  for (int i = 0; i < count && nk < degree; ++i) {
+    const std::uint32_t c = cands[i].id & ~walk_expanded;
+    if (c == skip) continue;
+    const float ck = cands[i].key;
+    bool drop = false;
+    for (int k0 = 0; k0 < nk && !drop; k0 += 32) {
+      const int k = k0 + lane;
+      bool closer = false;
+      if (k < nk)
+        closer = walk_key<L2>(walk_score_rows<L2>(row_of(c), row_of(kept[k]), d, vec)) > ck;
+      drop = __any_sync(full, closer);
+    }
+    if (lane == 0) {
+      if (!drop) {
+        kept[nk] = c;
+      } else if (nd < degree) {
+        dropped[nd] = c;
+      }
+    }
+    if (drop) {
+      ++nd;
+    } else {
+      ++nk;
+    }
+    __syncwarp();
+  }
+  for (int i = 0; fill && i < min(nd, degree) && nk < degree; ++i, ++nk) {
+    if (lane == 0) kept[nk] = dropped[i];
+  }
+  __syncwarp();
+  return nk;
+}
+
 /// Compacts to the front of inc[0, n), in order, the candidates that enter the sorted
 /// pool[0, cnt) of capacity L: all of them while it is not full, else those better than its
 /// worst; an id of invalid_id never does. Returns how many. Each chunk of 32 is read whole
@@ -352,41 +399,9 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
     }
 
     if (degree > 0) {
-      // RNG pruning around the query key (rng_prune with fill): walk the pool best first; a
-      // candidate is dropped if some kept id is closer to it than the query is. Lanes split
-      // the kept ids. The fill takes dropped ids in rank order, at most `degree` of them, so
-      // only the first `degree` are remembered.
-      int nk = 0, nd = 0;
-      for (int i = 0; i < cnt && nk < degree; ++i) {
-        const std::uint32_t c = pool[i].id & ~walk_expanded;
-        if (c == self) continue;
-        const float ck = pool[i].key;
-        bool drop = false;
-        for (int k0 = 0; k0 < nk && !drop; k0 += 32) {
-          const int k = k0 + lane;
-          bool closer = false;
-          if (k < nk)
-            closer = walk_key<L2>(walk_score_rows<L2>(row_of(c), row_of(kept[k]), d, vec)) > ck;
-          drop = __any_sync(full, closer);
-        }
-        if (lane == 0) {
-          if (!drop) {
-            kept[nk] = c;
-          } else if (nd < degree) {
-            dropped[nd] = c;
-          }
-        }
-        if (drop) {
-          ++nd;
-        } else {
-          ++nk;
-        }
-        __syncwarp();
-      }
-      for (int i = 0; i < min(nd, degree) && nk < degree; ++i, ++nk) {
-        if (lane == 0) kept[nk] = dropped[i];
-      }
-      __syncwarp();
+      // RNG pruning around the query key, with fill, over the pool best first.
+      const int nk = walk_rng_prune<L2>(pool, cnt, self, degree, true, kept, dropped, g.keys, g.ld,
+                                        d, vec, lane);
       const std::size_t k0 = static_cast<std::size_t>(qi) * degree;
       if (out.kept != nullptr) {
         for (int j = lane; j < degree; j += 32) out.kept[k0 + j] = j < nk ? kept[j] : invalid_id;
@@ -556,38 +571,8 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
       srt[rank] = e;
     }
     __syncwarp();
-    int nk = 0, nd = 0;
-    for (int i = 0; i < tot && nk < width; ++i) {
-      const std::uint32_t c = srt[i].id;
-      const float ck = srt[i].key;
-      bool drop = false;
-      for (int k0 = 0; k0 < nk && !drop; k0 += 32) {
-        const int k = k0 + lane;
-        bool closer = false;
-        if (k < nk)
-          closer = walk_key<true>(walk_score_rows<true>(row_of(c), row_of(kept[k]), d, vec)) > ck;
-        drop = __any_sync(full, closer);
-      }
-      if (lane == 0) {
-        if (!drop) {
-          kept[nk] = c;
-        } else if (nd < width) {
-          dropped[nd] = c;
-        }
-      }
-      if (drop) {
-        ++nd;
-      } else {
-        ++nk;
-      }
-      __syncwarp();
-    }
-    if (a.fill) {
-      for (int i = 0; i < min(nd, width) && nk < width; ++i, ++nk) {
-        if (lane == 0) kept[nk] = dropped[i];
-      }
-    }
-    __syncwarp();
+    const int nk = walk_rng_prune<true>(srt, tot, invalid_id, width, a.fill, kept, dropped, keys,
+                                        ld, d, vec, lane);
     for (int j = lane; j < width; j += 32) row[j] = j < nk ? kept[j] : invalid_id;
     __syncwarp();
   }
