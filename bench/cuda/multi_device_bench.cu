@@ -20,7 +20,8 @@
 //
 // Usage: kvsift-cuda-multi_device_bench [--devices 2] [--build 1] [--build-heads 16]
 //            [--build-keys 131072] [--configs 1x4,1x8,2x8,2x16] [--threads 0] [--step 1]
-//            (configs: GPUsxbuilders[:host], e.g. 1x8:host,1x8,2x16:host,2x16)
+//            (configs: GPUsxbuilders[:host], e.g. 1x8:host,1x8,2x16:host,2x16) [--f16 0]
+//            (--f16 1: the build's keys in f16, as a model's KV cache holds them)
 //            [--requests 16] [--n 131072] [--distinct 2] [--expand 16] [--L 256] [--hops 272]
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -39,6 +41,7 @@
 
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 554
+#include <kvsift/core/dense_matrix.hpp>
 #include <kvsift/core/vector_store.hpp>
 #include <kvsift/cuda/decode_step.cuh>
 #include <kvsift/cuda/decode_step_sharded.cuh>
@@ -57,12 +60,11 @@ namespace kc = kvsift::cuda;
 using kvsift::cuda_bench::dev;
 using kvsift::cuda_bench::make_head;
 using kvsift::cuda_bench::seconds_since;
-using store_t = kvsift::view_store<float>;
 using gpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine>;
 
 struct options {
   std::size_t devices = 2, build = 1, build_heads = 16, build_keys = 131072;
-  std::size_t threads = 0, step = 1, requests = 16, n = 131072, distinct = 2;
+  std::size_t threads = 0, step = 1, requests = 16, n = 131072, distinct = 2, f16 = 0;
   std::size_t expand = 16, L = 256, hops = 272;
   std::string configs = "1x4,1x8,2x8,2x16";  // GPUs x builders of the build runs
 };
@@ -79,25 +81,32 @@ void sync_devices(int count) {
 
 // --- 1. build ------------------------------------------------------------------------------------
 
+// E: the keys' element type in the build (float, or kvsift::half with --f16 1: a model's cache).
+template <class E>
 void build_part(const options& o, int devices) {
+  using store_t = kvsift::view_store<E>;
   const std::size_t threads = o.threads == 0 ? std::thread::hardware_concurrency() : o.threads;
   auto t0 = std::chrono::steady_clock::now();
   std::vector<kvsift::testing::ood_data> data;
+  std::vector<kvsift::dense_matrix<E>> keys;  // the keys as E (a copy when E is not float)
   std::vector<kvsift::kv_head_job<store_t>> jobs;
   for (std::size_t h = 0; h < o.build_heads; ++h) {
     data.push_back(make_head(o.build_keys, group * o.build_keys, d, h, 100 + h));
+    keys.push_back(kvsift::convert<E>(data.back().key_view()));
   }
-  for (const auto& x : data) {
-    kvsift::kv_head_job<store_t> j{store_t(x.key_view()), {}};
+  for (std::size_t h = 0; h < data.size(); ++h) {
+    const auto& x = data[h];
+    kvsift::kv_head_job<store_t> j{store_t(keys[h].cview()), {}};
     for (std::size_t g = 0; g < group; ++g) {
       j.query_heads.push_back(x.query_view().row_range(g * o.build_keys, o.build_keys));
     }
     jobs.push_back(std::move(j));
   }
   std::printf(
-      "build: %zu KV heads x %zu keys x d=%zu, GQA group %zu, 10%% training queries; "
+      "build: %zu KV heads x %zu %s keys x d=%zu, GQA group %zu, 10%% training queries; "
       "data %.1f s; %zu host threads\n",
-      o.build_heads, o.build_keys, d, group, seconds_since(t0), threads);
+      o.build_heads, o.build_keys, std::is_same_v<E, float> ? "f32" : "f16", d, group,
+      seconds_since(t0), threads);
   using graphs_t = std::vector<kvsift::graph_index<store_t, kvsift::inner_product>>;
   graphs_t first[2];  // the first run's graphs, per merge (GPU, host)
   // One build over `on_devices` GPUs with `builders` builders; prints its time and, per head
@@ -422,7 +431,8 @@ int main(int argc, char** argv) {
        cb::size_option("--step", o.step), cb::size_option("--requests", o.requests),
        cb::size_option("--n", o.n), cb::size_option("--distinct", o.distinct),
        cb::size_option("--expand", o.expand), cb::size_option("--L", o.L),
-       cb::size_option("--hops", o.hops), cb::string_option("--configs", o.configs)});
+       cb::size_option("--hops", o.hops), cb::string_option("--configs", o.configs),
+       cb::size_option("--f16", o.f16)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   cb::bench_setup setup;
   if (!cb::start_bench(setup)) return 0;
@@ -431,7 +441,13 @@ int main(int argc, char** argv) {
   const int devices = std::min(count, static_cast<int>(std::max<std::size_t>(o.devices, 1)));
   std::printf("%d GPU(s) visible, using %d\n", count, devices);
   if (devices < 2) std::printf("(one GPU: the 'D GPUs' rows below run on that one GPU)\n");
-  if (o.build != 0) build_part(o, devices);
+  if (o.build != 0) {
+    if (o.f16 != 0) {
+      build_part<kvsift::half>(o, devices);
+    } else {
+      build_part<float>(o, devices);
+    }
+  }
   if (o.step != 0) step_part(o, devices);
   return 0;
 }
