@@ -149,7 +149,10 @@ class connectivity_searcher {
    * @throw as `search`; kvsift::invalid_argument 2 * rows * degree > INT_MAX
    * @note One warp per changed row: O(c * (width + degree)) to merge a row that gains c edges,
    *       O(t^2 / 32 + t * width * d) per lane to re-prune one of t candidates. Device memory
-   *       O(rows * degree * width), kept for the next call. Synchronises the searcher's stream.
+   *       besides `search`'s: 16 bytes x (E + min(E, n + 1) * width) for the candidate lists
+   *       plus 28 bytes x E for the edges, E = 2 * rows * degree (about 170 MB at 8192 rows,
+   *       degree 35, width 70 and n >= 131072), kept for the next call. Synchronises the
+   *       searcher's stream.
    */
   std::size_t search_and_merge(std::span<const id_t> rows, id_t entry, std::size_t L,
                                std::size_t degree, bool fill);
