@@ -238,7 +238,10 @@ class roargraph_builder {
   // Largest connectivity round: with kNN candidates nothing depends on the graph, one round.
   std::size_t max_batch(std::size_t n) const;
 
-  // Rounds of `enhance`: batches of 32, 64, ... keys up to `batch`, until all n keys are done.
+  // Rounds of `enhance`: batches of 32, 64, ... keys up to `batch`, until all n keys are done
+  // (one round of n with connectivity_knn). Calls f(first, count) for each, in order.
+  template <class F>
+  void for_each_round(std::size_t n, F&& f) const;
   std::size_t connectivity_rounds(std::size_t n) const;
 
   // Region of every key for step 3's search order (step3_locality_clusters): the nearest of 32

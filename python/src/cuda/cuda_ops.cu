@@ -85,15 +85,19 @@ kc::paged_kv_ref<T> paged_ref(const void* k_pages, const void* v_pages, std::int
   return ref;
 }
 
+// Throws cuda_failure naming the call that failed and the error, unless err is cudaSuccess.
+void check_cuda(cudaError_t err, const char* call) {
+  if (err != cudaSuccess) {
+    throw cuda_failure(std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
+                       cudaGetErrorString(err) + ")");
+  }
+}
+
 }  // namespace
 
 int current_device() {
   int d = -1;
-  const cudaError_t err = cudaGetDevice(&d);
-  if (err != cudaSuccess) {
-    throw cuda_failure(std::string("cudaGetDevice failed: ") + cudaGetErrorName(err) + " (" +
-                       cudaGetErrorString(err) + ")");
-  }
+  check_cuda(cudaGetDevice(&d), "cudaGetDevice");
   return d;
 }
 
@@ -371,11 +375,7 @@ std::vector<built_graph> build_roargraphs(dtype t, const std::vector<build_head>
   std::vector<int> on = devices;
   if (on.empty()) on.push_back(current_device());
   int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    throw cuda_failure(std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
-                       cudaGetErrorString(err) + ")");
-  }
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   for (std::size_t i = 0; i < on.size(); ++i) {
     kvsift::detail::require(on[i] >= 0 && on[i] < count, "devices[", i,
                             "]: expected a device id in [0, ", count, "), got ", on[i]);

@@ -169,6 +169,9 @@ class connectivity_searcher {
   // in the state's buffers. Returns the number of queries.
   std::int64_t enqueue_search(std::span<const id_t> rows, id_t entry, std::size_t L,
                               std::size_t degree);
+  // Downloads the last search's per-query scored counts for m queries after the copies already
+  // enqueued, waits for the stream, and returns their sum.
+  std::size_t wait_scored(std::int64_t m);
 };
 
 }  // namespace kvsift::cuda

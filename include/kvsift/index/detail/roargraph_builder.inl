@@ -73,11 +73,19 @@ std::size_t roargraph_builder<M, Engine>::max_batch(std::size_t n) const {
 }
 
 template <Metric M, KnnEngine Engine>
-std::size_t roargraph_builder<M, Engine>::connectivity_rounds(std::size_t n) const {
+template <class F>
+void roargraph_builder<M, Engine>::for_each_round(std::size_t n, F&& f) const {
   const std::size_t most = max_batch(n);
-  std::size_t rounds = 0;
   std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
-  for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) ++rounds;
+  for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) {
+    f(b0, std::min(batch, n - b0));
+  }
+}
+
+template <Metric M, KnnEngine Engine>
+std::size_t roargraph_builder<M, Engine>::connectivity_rounds(std::size_t n) const {
+  std::size_t rounds = 0;
+  for_each_round(n, [&](std::size_t, std::size_t) { ++rounds; });
   return rounds;
 }
 
@@ -313,15 +321,13 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
         // The merge on the engine: the rounds are the same (order, batch sizes), the rows stay
         // on the engine between them, and they come back once at the end. The rounds' time is
         // counted as search time, the download as merge time.
-        std::size_t b = std::min<std::size_t>(32, most);
-        for (std::size_t b0 = 0; b0 < n; b0 += b, b = std::min(2 * b, most)) {
-          const std::size_t bn = std::min(b, n - b0);
+        for_each_round(n, [&](std::size_t b0, std::size_t bn) {
           const auto t_round = detail::monotonic_seconds();
           engine_scored += searcher->search_and_merge(std::span<const id_t>(order).subspan(b0, bn),
                                                       entry, L, params_.M, fill);
           st.connectivity_search_seconds += detail::seconds_since(t_round);
           on_round();
-        }
+        });
         const auto t_rows = detail::monotonic_seconds();
         searcher->get_rows(adj.rows);
         st.connectivity_merge_seconds += detail::seconds_since(t_rows);
@@ -331,9 +337,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
     }
   }
   const detail::building_graph<Store, key_metric> g{store, adj, entry};
-  std::size_t batch = params_.connectivity_knn > 0 ? most : std::min<std::size_t>(32, most);
-  for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) {
-    const std::size_t bn = std::min(batch, n - b0);
+  for_each_round(n, [&](std::size_t b0, std::size_t bn) {
     const auto t_search = detail::monotonic_seconds();
     if constexpr (on_engine) {
       searcher->search(std::span<const id_t>(order).subspan(b0, bn), entry, L, params_.M,
@@ -430,7 +434,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
     if constexpr (on_engine) upload_rows(*searcher, adj, touched, R, width, padded_rows, threads);
     st.connectivity_merge_seconds += detail::seconds_since(t_merge);
     on_round();
-  }
+  });
   st.connectivity_distance_computations += engine_scored;
   for (const std::size_t c : scored) st.connectivity_distance_computations += c;
   for (const std::size_t c : pruned) st.connectivity_prune_distance_computations += c;

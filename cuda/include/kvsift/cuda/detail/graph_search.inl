@@ -223,6 +223,19 @@ __device__ inline int walk_compact_survivors(const walk_entry* pool, int cnt, in
   return keep_n;
 }
 
+/// Writes in[0, n) to out[0, n) in rank order (best first), each entry placed by counting the
+/// entries that rank before it: O(n^2 / 32) per lane, no barriers beyond the final one, and
+/// exact because ranks are distinct (ids are). Warp-synchronous: every lane calls it.
+__device__ inline void walk_rank_sort(const walk_entry* in, int n, walk_entry* out, int lane) {
+  for (int j = lane; j < n; j += 32) {
+    const walk_entry e = in[j];
+    int rank = 0;
+    for (int i = 0; i < n; ++i) rank += walk_better(in[i].key, in[i].id, e.key, e.id) ? 1 : 0;
+    out[rank] = e;
+  }
+  __syncwarp();
+}
+
 /// Merges the scored candidates inc[0, n) (ids distinct, not in the pool; an id of invalid_id
 /// marks a candidate to ignore) into the sorted pool[0, cnt) of capacity L and returns the new
 /// count. When the pool is full only candidates better than its worst survive. `inc` is
@@ -242,16 +255,7 @@ __device__ inline int walk_merge(walk_entry* pool, int cnt, int L, walk_entry* i
   // O(survivors * candidates / 32).
   const int keep_n = walk_compact_survivors(pool, cnt, L, inc, n, lane);
   if (keep_n == 0) return cnt;
-  for (int j = lane; j < keep_n; j += 32) {
-    const walk_entry e = inc[j];
-    int rank = 0;
-    for (int i = 0; i < keep_n; ++i) {
-      const walk_entry o = inc[i];
-      rank += walk_better(o.key, o.id, e.key, e.id) ? 1 : 0;
-    }
-    srt[rank] = e;
-  }
-  __syncwarp();
+  walk_rank_sort(inc, keep_n, srt, lane);
   for (int j = lane; j < keep_n; j += 32) {
     inc[j].id = static_cast<std::uint32_t>(j + walk_count_better(pool, cnt, srt[j].key, srt[j].id));
   }
@@ -467,6 +471,7 @@ struct merge_args {
   walk_entry* srt = nullptr;            // the same, sorted
   bool fill = true;
   int d_pad = 0;
+  int warp_bytes = 0;  // shared memory per warp: the key (d_pad floats), kept and dropped ids
 };
 
 /// Merges each run's new edges into its row, then re-prunes the row if it is longer than the
@@ -477,9 +482,7 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
   extern __shared__ __align__(16) unsigned char merge_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const std::size_t warp_bytes =
-      (sizeof(float) * a.d_pad + 2 * sizeof(std::uint32_t) * a.width + 15) / 16 * 16;
-  float* const q = reinterpret_cast<float*>(merge_smem + warp * warp_bytes);
+  float* const q = reinterpret_cast<float*>(merge_smem + warp * a.warp_bytes);
   std::uint32_t* const kept = reinterpret_cast<std::uint32_t*>(q + a.d_pad);
   std::uint32_t* const dropped = kept + a.width;
   constexpr unsigned full = 0xffffffffu;
@@ -561,16 +564,7 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
       cand[j].key = walk_key<true>(walk_score<true>(q, row_of(cand[j].id), d, vec));
     }
     __syncwarp();
-    for (int j = lane; j < tot; j += 32) {
-      const walk_entry e = cand[j];
-      int rank = 0;
-      for (int i = 0; i < tot; ++i) {
-        const walk_entry o = cand[i];
-        rank += walk_better(o.key, o.id, e.key, e.id) ? 1 : 0;
-      }
-      srt[rank] = e;
-    }
-    __syncwarp();
+    walk_rank_sort(cand, tot, srt, lane);
     const int nk = walk_rng_prune<true>(srt, tot, invalid_id, width, a.fill, kept, dropped, keys,
                                         ld, d, vec, lane);
     for (int j = lane; j < width; j += 32) row[j] = j < nk ? kept[j] : invalid_id;
@@ -819,17 +813,25 @@ void connectivity_searcher<T>::search(std::span<const id_t> rows, id_t entry, st
   out.counts.assign(rows.size(), 0);
   out.scored = 0;
   if (m == 0) return;
-  s.host_scored.resize(rows.size());
   KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.kept.data(), s.kept.p, out.kept.size() * sizeof(id_t),
                                     cudaMemcpyDeviceToHost, s.stream));
   KVSIFT_CUDA_CHECK(cudaMemcpyAsync(out.counts.data(), s.kept_counts.p,
                                     rows.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
                                     s.stream));
+  out.scored = wait_scored(m);
+}
+
+template <Element T>
+std::size_t connectivity_searcher<T>::wait_scored(std::int64_t m) {
+  state& s = *s_;
+  s.host_scored.resize(static_cast<std::size_t>(m));
   KVSIFT_CUDA_CHECK(cudaMemcpyAsync(s.host_scored.data(), s.scored.p,
-                                    rows.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
-                                    s.stream));
+                                    s.host_scored.size() * sizeof(std::uint32_t),
+                                    cudaMemcpyDeviceToHost, s.stream));
   KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  for (const std::uint32_t c : s.host_scored) out.scored += c;
+  std::size_t scored = 0;
+  for (const std::uint32_t c : s.host_scored) scored += c;
+  return scored;
 }
 
 template <Element T>
@@ -906,9 +908,9 @@ std::size_t connectivity_searcher<T>::search_and_merge(std::span<const id_t> row
   a.srt = srt;
   a.fill = fill;
   a.d_pad = static_cast<int>((s.d + 3) / 4 * 4);
-  const std::size_t warp_bytes =
-      (sizeof(float) * a.d_pad + 2 * sizeof(std::uint32_t) * a.width + 15) / 16 * 16;
-  const std::size_t smem = warp_bytes * detail::walk_warps_per_block;
+  a.warp_bytes = static_cast<int>(
+      (sizeof(float) * a.d_pad + 2 * sizeof(std::uint32_t) * a.width + 15) / 16 * 16);
+  const std::size_t smem = static_cast<std::size_t>(a.warp_bytes) * detail::walk_warps_per_block;
   int smem_max = 0;
   KVSIFT_CUDA_CHECK(
       cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device));
@@ -925,15 +927,7 @@ std::size_t connectivity_searcher<T>::search_and_merge(std::span<const id_t> row
   kernel<<<mblocks, detail::walk_warps_per_block * 32, smem, s.stream>>>(
       keys, s.d, static_cast<int>(s.d), vec, a);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
-
-  s.host_scored.resize(rows.size());
-  KVSIFT_CUDA_CHECK(cudaMemcpyAsync(s.host_scored.data(), s.scored.p,
-                                    rows.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
-                                    s.stream));
-  KVSIFT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  std::size_t scored = 0;
-  for (const std::uint32_t c : s.host_scored) scored += c;
-  return scored;
+  return wait_scored(m);
 }
 
 template <Element T>
