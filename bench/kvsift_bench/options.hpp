@@ -47,6 +47,7 @@ index (the flat scan always runs as the baseline):
                  peers (hnswlib, faiss IVF-Flat), present when built with them, metric ip only
   --metric ip|l2 (default ip)
   --nq N (100)  --M N (35)  --L-build N (500)  --threads N (0 = all cores; build and oracle)
+  --expand-fraction F  step 3's searches expand the best F of their pool (0.8; 1 = all)
   --ef LIST (10,20,50,100,200,400)  --hnsw-M N (16)  --hnsw-ef-construction N (200)
   --nprobe LIST (1,2,4,8,16,32,64)  --nlist N (0 = 4 sqrt(n))
   --insert-fraction F  also build on the first (1-F) of the keys (and the training queries of
@@ -232,6 +233,8 @@ inline options parse(int argc, char** argv) {
       o.build.M = parse_size(a, v);
     else if (a == "--L-build")
       o.build.L = parse_size(a, v);
+    else if (a == "--expand-fraction")
+      o.build.connectivity_expand_fraction = parse_real(a, v);
     else if (a == "--insert-fraction")
       o.insert_fraction = parse_real(a, v);
     else if (a == "--insert-query-lists")

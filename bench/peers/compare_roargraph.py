@@ -199,6 +199,7 @@ def run_kvsift(args, d, ks, Ls):
     idx = os.path.join(d["dir"], "kvsift.graph")
     js_path = os.path.join(d["dir"], "kvsift.json")
     first = ["--train", d["train"], "--nq", args.nq, "--M", args.M, "--L-build", args.L_build,
+             *(["--expand-fraction", args.expand_fraction] if args.expand_fraction else []),
              "--index", "roargraph,hnsw" if args.hnsw else "roargraph",
              "--ef", ",".join(map(str, Ls)), "--save-index", idx, "--save-train-knn", d["knn"],
              "--save-gt", d["gt"], "--json", js_path]
@@ -388,6 +389,9 @@ def main():
     ap.add_argument("--nq", default="100")
     ap.add_argument("--M", default="35")
     ap.add_argument("--L-build", dest="L_build", default="500")
+    ap.add_argument("--expand-fraction", dest="expand_fraction", default="",
+                    help="kvsift's roargraph_params::connectivity_expand_fraction (default: the "
+                         "library's)")
     ap.add_argument("--threads", default=str(os.cpu_count()), help="build threads (all methods)")
     ap.add_argument("--repeat", type=int, default=1, help="search sweeps per method, best QPS kept")
     ap.add_argument("--targets", default="0.95,0.99")

@@ -79,7 +79,7 @@ using device_t = typename kvsift::cuda::detail::device_element<T>::type;
 template <class M, class T>
 int compare_with_cpu(const std::vector<float>& kf, std::size_t n, std::size_t d,
                      const std::vector<id_t>& adj, std::size_t width, id_t entry, int L, int degree,
-                     const std::vector<id_t>& queries) {
+                     const std::vector<id_t>& queries, int expand_limit = 0) {
   const auto km = kvsift::convert<T>(matrix_view<const float>(kf.data(), n, d));
   const std::vector<T> keys(km.data(), km.data() + n * d);
   const matrix_view<const T> kv(keys.data(), n, d);
@@ -105,6 +105,7 @@ int compare_with_cpu(const std::vector<float>& kf, std::size_t n, std::size_t d,
   kvsift::cuda::graph_search_params p;
   p.L = L;
   p.degree = degree;
+  p.expand_limit = expand_limit;
   p.metric = std::is_same_v<M, kvsift::l2> ? kvsift::cuda::graph_metric::l2
                                            : kvsift::cuda::graph_metric::inner_product;
   kvsift::cuda::graph_search_outputs out{di.get(),
@@ -133,7 +134,8 @@ int compare_with_cpu(const std::vector<float>& kf, std::size_t n, std::size_t d,
   for (std::size_t i = 0; i < m; ++i) {
     const id_t x = queries[i];
     kvsift::detail::widen(kv.row(x), q.data(), d);
-    const auto s = kvsift::beam_search(cg, std::span<const float>(q), {Lz, Lz}, cws,
+    const auto s = kvsift::beam_search(cg, std::span<const float>(q),
+                                       {Lz, Lz, 0, static_cast<std::size_t>(expand_limit)}, cws,
                                        std::span<id_t>(cid), std::span<float>(csc));
     bool same = counts[i] == s.count && scored[i] == s.distance_computations;
     for (std::size_t j = 0; j < Lz && same; ++j) {
@@ -222,6 +224,23 @@ TEST_CASE("graph_search_pruning_matches_rng_prune", "[cuda][graph_search]") {
                                                         iota_ids(500))) == 0);
 }
 
+// An expand limit (graph_search_params::expand_limit) stops the walk as the CPU's
+// beam_search_params::expand_limit does: the same pools, scored counts and pruned lists, for
+// limits of 1, below and at a warp's width, and L itself (the unlimited search).
+TEST_CASE("graph_search_expand_limit_matches_cpu", "[cuda][graph_search]") {
+  const std::size_t n = 3000, d = 16;
+  const auto kf = integer_matrix(n, d, 3);
+  const auto adj = random_graph(n, 40);
+  const auto queries = iota_ids(400);
+  for (const int limit : {1, 7, 32, 70, 100}) {
+    INFO("expand_limit " << limit);
+    CHECK((compare_with_cpu<kvsift::l2, float>(kf, n, d, adj, 40, 0, 100, 16, queries, limit)) ==
+          0);
+    CHECK((compare_with_cpu<kvsift::inner_product, kvsift::half>(kf, n, d, adj, 40, 3, 100, 0,
+                                                                 queries, limit)) == 0);
+  }
+}
+
 // A small case for the race and sync checkers (compute-sanitizer racecheck / synccheck).
 TEST_CASE("graph_search_small_for_sanitizers", "[cuda][graph_search]") {
   const std::size_t n = 300, d = 16;
@@ -257,6 +276,8 @@ TEST_CASE("connectivity_on_gpu_builds_the_cpu_graph", "[cuda][graph_search]") {
     p.L = 100;
     p.threads = 2;
     p.batch = batch;
+    // The default expand fraction (the GPU searcher honours the limit), and every entry.
+    if (batch == 300) p.connectivity_expand_fraction = 1;
     kvsift::roargraph_build_stats st_cpu, st_gpu;
     const auto cpu = kvsift::roargraph_builder<>(p).build(store, train, &st_cpu);
     const auto gpu =
@@ -480,6 +501,10 @@ TEST_CASE("graph_search_rejects_bad_input", "[cuda][graph_search]") {
   bad(with([](auto&, auto& pp, auto&, auto&, auto&, auto&) { pp.L = 0; }), "1 <= L <= 1024");
   bad(with([](auto&, auto& pp, auto&, auto&, auto&, auto&) { pp.L = 1025; }), "got 1025");
   bad(with([](auto&, auto& pp, auto&, auto&, auto&, auto&) { pp.degree = 65; }), "degree <= 64");
+  bad(with([](auto&, auto& pp, auto&, auto&, auto&, auto&) { pp.expand_limit = -1; }),
+      "expected 0 <= expand_limit <= L = 16 (0 = L), got -1");
+  bad(with([](auto&, auto& pp, auto&, auto&, auto&, auto&) { pp.expand_limit = 17; }),
+      "expected 0 <= expand_limit <= L = 16 (0 = L), got 17");
   bad(with([](auto& gg, auto&, auto&, auto&, auto&, auto&) { gg.width = 0; }), "width");
   bad(with([](auto& gg, auto&, auto&, auto&, auto&, auto&) { gg.width = 257; }), "width");
   bad(with([](auto& gg, auto&, auto&, auto&, auto&, auto&) { gg.entry = 64; }),

@@ -292,8 +292,8 @@ class reference_searcher {
     std::vector<kvsift::scored_id> cands;
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const id_t x = rows[i];
-      const auto s = kvsift::beam_search(g, keys_.row_span(x), {L, L}, ws, std::span<id_t>(ids),
-                                         std::span<float>(scores));
+      const auto s = kvsift::beam_search(g, keys_.row_span(x), {L, L, 0, std::min(limit_, L)}, ws,
+                                         std::span<id_t>(ids), std::span<float>(scores));
       out.scored += s.distance_computations;
       cands.clear();
       for (std::size_t j = 0; j < s.count; ++j) {
@@ -329,6 +329,9 @@ class reference_searcher {
   std::size_t width_;
   std::vector<id_t> adj_;
   std::size_t* calls_;
+
+ protected:
+  std::size_t limit_ = 0;  // set by limiting_searcher only
 };
 
 struct searching_engine {
@@ -429,6 +432,22 @@ struct merging_engine : searching_engine {
   }
 };
 static_assert(kvsift::ConnectivityEngine<merging_engine, float>);
+static_assert(!kvsift::ExpandLimitingSearcher<merging_reference_searcher>);
+
+// The merging searcher that also honours an expand limit (`ExpandLimitingSearcher`).
+class limiting_searcher : public merging_reference_searcher {
+ public:
+  using merging_reference_searcher::merging_reference_searcher;
+  void set_expand_limit(std::size_t limit) { limit_ = limit; }
+};
+static_assert(kvsift::ExpandLimitingSearcher<limiting_searcher>);
+
+struct limiting_engine : merging_engine {
+  limiting_searcher make_connectivity_searcher(kvsift::matrix_view<const float> keys,
+                                               std::size_t width) const {
+    return limiting_searcher(keys, width, calls.get(), merges.get());
+  }
+};
 
 }  // namespace
 
@@ -440,6 +459,7 @@ TEST_CASE("roargraph_builder: step 3 merged on the engine equals the CPU build",
   const kvsift::view_store<float> store(data().key_view());
   auto p = small_params(2);
   p.batch = 256;
+  p.connectivity_expand_fraction = 1;  // these searchers expand every entry (test below)
   for (const bool fill : {true, false}) {
     INFO("fill " << fill);
     p.connectivity_fill = fill;
@@ -474,11 +494,67 @@ TEST_CASE("roargraph_builder: step 3 merged on the engine equals the CPU build",
   }
 }
 
+// roargraph_params::connectivity_expand_fraction: step 3's searches expand only the best
+// fraction of their pool. 1 is the unlimited build; less scores fewer vectors and changes the
+// graph but keeps it connected and about as good; an engine that honours the limit builds the
+// CPU's graph, one that cannot is not asked.
+TEST_CASE("roargraph_builder: an expand limit for step 3's searches", "[index][roargraph]") {
+  const kvsift::view_store<float> store(data().key_view());
+  const kvsift::flat_index<kvsift::view_store<float>> flat(store);
+  auto p = small_params(2);
+  p.batch = 256;
+  kvsift::roargraph_build_stats st_full, st_l, st_lim;
+  p.connectivity_expand_fraction = 1;
+  const auto full = kvsift::roargraph_builder<>(p).build(store, train(), &st_full);
+  p.connectivity_expand_fraction = 0.996;  // rounds to L: the same search
+  const auto at_l = kvsift::roargraph_builder<>(p).build(store, train(), &st_l);
+  CHECK(std::ranges::equal(full.adjacency(), at_l.adjacency()));
+  CHECK(st_l.connectivity_distance_computations == st_full.connectivity_distance_computations);
+
+  p.connectivity_expand_fraction = 0.4;  // 40 of L = 100
+  const auto limited = kvsift::roargraph_builder<>(p).build(store, train(), &st_lim);
+  CHECK(!std::ranges::equal(full.adjacency(), limited.adjacency()));
+  // Fewer hops: at most 40 + the seeds' expansions per search instead of about L = 100.
+  CHECK(st_lim.connectivity_distance_computations <
+        st_full.connectivity_distance_computations * 3 / 4);
+  check_structure(limited);
+  CHECK(reachable(limited) == limited.size());
+  // At a pool where the full graph's recall@10 is far from 1 (so that a worse graph shows).
+  const double r_full = recall_at(full, flat, eval(), 10, 10);
+  const double r_lim = recall_at(limited, flat, eval(), 10, 10);
+  INFO("recall@10 at L 10: full " << r_full << ", limited " << r_lim);
+  CHECK(r_full < 0.97);
+  CHECK(r_lim >= r_full - 0.03);
+
+  // On an engine that honours it: the CPU's limited graph, every round on the engine.
+  const limiting_engine engine;
+  const auto on_engine =
+      kvsift::roargraph_builder<kvsift::inner_product, limiting_engine>(p, engine).build(store,
+                                                                                         train());
+  CHECK(std::ranges::equal(limited.adjacency(), on_engine.adjacency()));
+  CHECK(*engine.merges == 14);
+  // On one that cannot: the CPU build, the engine not asked.
+  const merging_engine plain;
+  const auto on_cpu =
+      kvsift::roargraph_builder<kvsift::inner_product, merging_engine>(p, plain).build(store,
+                                                                                       train());
+  CHECK(std::ranges::equal(limited.adjacency(), on_cpu.adjacency()));
+  CHECK(*plain.calls == 0);
+  CHECK(*plain.merges == 0);
+
+  for (const double f : {0.0, -0.5, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    p.connectivity_expand_fraction = f;
+    CHECK_THROWS_WITH(kvsift::roargraph_builder<>(p).build(store, train()),
+                      Contains("expected 0 < connectivity_expand_fraction <= 1, got"));
+  }
+}
+
 TEST_CASE("roargraph_builder: connectivity searches on the engine equal the CPU build",
           "[index][roargraph]") {
   const kvsift::view_store<float> store(data().key_view());
   auto p = small_params(2);
-  p.batch = 256;  // several full-size rounds after the growing ones
+  p.batch = 256;                       // several full-size rounds after the growing ones
+  p.connectivity_expand_fraction = 1;  // these searchers expand every entry (test below)
   const auto cpu = kvsift::roargraph_builder<>(p).build(store, train());
   const searching_engine engine;
   kvsift::roargraph_build_stats st_engine, st_cpu;

@@ -55,6 +55,16 @@ concept MergingConnectivitySearcher = ConnectivitySearcher<S> &&
   s.get_rows(rows);
 };
 
+/// A step-3 searcher that can limit its searches' expansions: after `set_expand_limit(E)` its
+/// searches (and those of `search_and_merge`) expand only the best E entries of their pool, as
+/// `beam_search_params::expand_limit` (0 = L, every entry). The builder needs it for
+/// `roargraph_params::connectivity_expand_fraction` below 1 and otherwise runs such a build on the
+/// CPU.
+template <class S>
+concept ExpandLimitingSearcher = ConnectivitySearcher<S> && requires(S& s, std::size_t z) {
+  s.set_expand_limit(z);
+};
+
 /// An engine that creates step-3 searchers for keys of element type T and adjacency width R.
 template <class E, class T>
 concept ConnectivityEngine = requires(const E& e, matrix_view<const T> keys, std::size_t width) {

@@ -97,6 +97,16 @@ struct roargraph_params {
   /// its effect on build time and recall in docs/algorithms.md. An engine's searches honour it
   /// too: they are sent the rows cut to the cap, so the graph is the CPU build's.
   std::size_t connectivity_degree_cap = 0;
+  /// Step 3's searches expand only the best round(fraction * L) entries of their pool (at
+  /// least 1; `beam_search_params::expand_limit`), 0 < fraction <= 1; 1 expands every entry,
+  /// the paper's search. The pool's lower ranks are still scored and kept, so the RNG pruning
+  /// sees the same candidates near the key; the search takes fewer hops. An engine's searches
+  /// honour it when they offer `set_expand_limit` (`ExpandLimitingSearcher`, the CUDA engine
+  /// does); otherwise a build with a fraction below 1 searches on the CPU. The default cut the
+  /// vectors scored by step 3 on 131072 OOD keys to 0.67x with recall@10 / recall@100 equal or
+  /// better at every pool from 10 to 300; 0.7 cut them to 0.53x but lost up to 0.007 at the
+  /// smallest pool (docs/algorithms.md).
+  double connectivity_expand_fraction = 0.8;
   /// Step 3's CPU searches of a round are handed to the threads region by region: each key is
   /// assigned to the nearest of about this many sampled keys (32 coarse ones, then
   /// clusters / 32 fine ones within its coarse cluster), and a round's keys are searched in
@@ -243,6 +253,10 @@ class roargraph_builder {
   template <class F>
   void for_each_round(std::size_t n, F&& f) const;
   std::size_t connectivity_rounds(std::size_t n) const;
+
+  // Step 3's expand limit for a search pool of L: round(connectivity_expand_fraction * L),
+  // at least 1; 0 when that is L (every entry expanded).
+  std::size_t expand_limit(std::size_t L) const;
 
   // Region of every key for step 3's search order (step3_locality_clusters): the nearest of 32
   // coarse centres, then of `clusters / 32` fine ones within it (centres drawn from `order`).

@@ -51,6 +51,9 @@ struct graph_search_params {
   int L = 100;     ///< pool size, 1..max_graph_search_L; every pool entry is returned
   int degree = 0;  ///< RNG-prune each result to this many ids (0 = no pruning output)
   graph_metric metric = graph_metric::l2;
+  /// Expand only the best this many pool entries, 0..L (0 = L), as
+  /// `kvsift::beam_search_params::expand_limit`.
+  int expand_limit = 0;
 };
 
 /// Device handle of one graph: n keys (row-major, stride `ld` elements) and an n x width adjacency,
@@ -156,6 +159,10 @@ class connectivity_searcher {
    */
   std::size_t search_and_merge(std::span<const id_t> rows, id_t entry, std::size_t L,
                                std::size_t degree, bool fill);
+
+  /// Later searches expand only the best `limit` entries of their pool (0 = all; models
+  /// `kvsift::ExpandLimitingSearcher`); a limit above a search's L expands every entry.
+  void set_expand_limit(std::size_t limit) noexcept;
 
   /// Every row as the device holds it, without padding; `rows` is resized to n.
   /// @throw kvsift::cuda_error on device failure

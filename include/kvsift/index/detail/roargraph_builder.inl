@@ -27,6 +27,10 @@ void roargraph_builder<M, Engine>::validate_params(matrix_view<const T> keys) co
                   " (max degree 2M <= ", max_graph_degree, "), got M = ", params_.M);
   detail::require(params_.L >= params_.M, "roargraph_builder: expected L >= M = ", params_.M,
                   ", got L = ", params_.L);
+  detail::require(
+      params_.connectivity_expand_fraction > 0 && params_.connectivity_expand_fraction <= 1,
+      "roargraph_builder: expected 0 < connectivity_expand_fraction <= 1, got ",
+      params_.connectivity_expand_fraction);
   detail::require(params_.connectivity_knn <= max_index_size,
                   "roargraph_builder: expected connectivity_knn <= ", max_index_size, ", got ",
                   params_.connectivity_knn);
@@ -80,6 +84,14 @@ void roargraph_builder<M, Engine>::for_each_round(std::size_t n, F&& f) const {
   for (std::size_t b0 = 0; b0 < n; b0 += batch, batch = std::min(2 * batch, most)) {
     f(b0, std::min(batch, n - b0));
   }
+}
+
+template <Metric M, KnnEngine Engine>
+std::size_t roargraph_builder<M, Engine>::expand_limit(std::size_t L) const {
+  const auto e = static_cast<std::size_t>(
+      std::llround(params_.connectivity_expand_fraction * static_cast<double>(L)));
+  const std::size_t limit = std::clamp<std::size_t>(e, 1, std::max<std::size_t>(L, 1));
+  return limit >= L ? 0 : limit;
 }
 
 template <Metric M, KnnEngine Engine>
@@ -245,8 +257,12 @@ void roargraph_builder<M, Engine>::enhance(const Store& store, detail::adjacency
   if constexpr (ConnectivityEngine<Engine, typename Store::value_type>) {
     // An engine's searches fill their pruned lists (the `ConnectivitySearcher` contract), so a
     // build without fill searches on the CPU: it would otherwise get other edges.
+    // So does a build with an expand limit on an engine whose searches cannot honour it.
+    using searcher_t = decltype(engine_.make_connectivity_searcher(store.view(), std::size_t{}));
+    const bool limit_ok =
+        expand_limit(std::min(params_.L, store.size())) == 0 || ExpandLimitingSearcher<searcher_t>;
     if (params_.engine_connectivity && params_.connectivity_fill && params_.connectivity_knn == 0 &&
-        store.size() > 1) {
+        limit_ok && store.size() > 1) {
       auto searcher = engine_.make_connectivity_searcher(store.view(), degree_cap());
       enhance_rounds(store, adj, entry, st, on_round, &searcher);
       return;
@@ -264,6 +280,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   const std::size_t n = store.size(), R = degree_cap();
   const bool fill = params_.connectivity_fill;
   const std::size_t L = std::min(params_.L, n);
+  const std::size_t E = expand_limit(L);
   knn_result key_neighbors;  // with connectivity_knn: each key's exact nearest keys (l2)
   if (params_.connectivity_knn > 0 && n > 1) {
     const auto t_knn = detail::monotonic_seconds();
@@ -313,6 +330,7 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   const std::size_t cap = params_.connectivity_degree_cap;
   const std::size_t width = cap == 0 ? R : std::min(cap, R);
   if constexpr (on_engine) {
+    if constexpr (ExpandLimitingSearcher<Searcher>) searcher->set_expand_limit(E);
     std::vector<id_t> all(n);
     for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<id_t>(i);
     upload_rows(*searcher, adj, all, R, width, padded_rows, threads);
@@ -378,8 +396,8 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
             b.scores.resize(L);
             ws[t].query.resize(store.dim());
             detail::widen(store.row(x), ws[t].query.data(), store.dim());
-            const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L, cap}, ws[t],
-                                       std::span<id_t>(b.ids), std::span<float>(b.scores));
+            const auto s = beam_search(g, std::span<const float>(ws[t].query), {L, L, cap, E},
+                                       ws[t], std::span<id_t>(b.ids), std::span<float>(b.scores));
             scored[t] += s.distance_computations;
             for (std::size_t j = 0; j < s.count; ++j) {
               if (b.ids[j] != x) b.cands.push_back({to_key<key_metric>(b.scores[j]), b.ids[j]});

@@ -304,8 +304,8 @@ inline std::int64_t walk_slots(std::int64_t m) { return std::min(m, walk_max_slo
 template <class T, bool L2>
 __global__ void __launch_bounds__(walk_warps_per_block * 32)
     graph_search_kernel(graph_ref<T> g, const id_t* __restrict__ query_rows, int m, int L,
-                        int degree, graph_search_outputs out, std::uint32_t* visited_all, int words,
-                        bool vec, walk_layout lay, int slots) {
+                        int limit, int degree, graph_search_outputs out, std::uint32_t* visited_all,
+                        int words, bool vec, walk_layout lay, int slots) {
   extern __shared__ __align__(16) unsigned char walk_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -341,9 +341,11 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
     __syncwarp();
 
     for (;;) {
-      // The best unexpanded entry: each lane's first in its stride, then the warp minimum.
+      // The best unexpanded entry among the first `limit`: each lane's first in its stride,
+      // then the warp minimum.
       int first = INT_MAX;
-      for (int i = lane; i < cnt; i += 32) {
+      const int expandable = min(cnt, limit);
+      for (int i = lane; i < expandable; i += 32) {
         if ((pool[i].id & walk_expanded) == 0u) {
           first = i;
           break;
@@ -604,6 +606,9 @@ void graph_search(const graph_ref<T>& g, const id_t* query_rows, std::int64_t m,
           ", got ", m);
   require(p.L >= 1 && p.L <= max_graph_search_L,
           "graph_search: expected 1 <= L <= ", max_graph_search_L, ", got ", p.L);
+  require(p.expand_limit >= 0 && p.expand_limit <= p.L,
+          "graph_search: expected 0 <= expand_limit <= L = ", p.L, " (0 = L), got ",
+          p.expand_limit);
   require(p.degree >= 0 && p.degree <= max_graph_search_degree,
           "graph_search: expected 0 <= degree <= ", max_graph_search_degree, ", got ", p.degree);
   require(p.degree > 0 || (out.kept == nullptr && out.kept_counts == nullptr),
@@ -643,8 +648,8 @@ void graph_search(const graph_ref<T>& g, const id_t* query_rows, std::int64_t m,
     constexpr auto kernel = detail::graph_search_kernel<T, L2>;
     detail::allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/false);
     kernel<<<blocks, detail::walk_warps_per_block * 32, smem, stream>>>(
-        g, query_rows, static_cast<int>(m), p.L, p.degree, out,
-        static_cast<std::uint32_t*>(workspace), words, vec, lay, slots);
+        g, query_rows, static_cast<int>(m), p.L, p.expand_limit == 0 ? p.L : p.expand_limit,
+        p.degree, out, static_cast<std::uint32_t*>(workspace), words, vec, lay, slots);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
   };
   if (p.metric == graph_metric::l2) {
@@ -659,6 +664,7 @@ struct connectivity_searcher<T>::state {
   int device = 0;
   std::int64_t n = 0, d = 0;
   int width = 0;
+  std::size_t expand_limit = 0;  // 0 = L
   cudaStream_t stream = nullptr;
   detail::grow_buffer keys, adjacency, rows, padded, queries, kept, kept_counts, scored, workspace;
   // search_and_merge: the round's edges (source, edge id) before and after the sort, the runs,
@@ -794,6 +800,8 @@ std::int64_t connectivity_searcher<T>::enqueue_search(std::span<const id_t> rows
   p.L = static_cast<int>(std::min<std::size_t>(L, static_cast<std::size_t>(s.n)));
   p.degree = static_cast<int>(degree);
   p.metric = graph_metric::l2;
+  if (s.expand_limit < static_cast<std::size_t>(p.L))
+    p.expand_limit = static_cast<int>(s.expand_limit);
   graph_search_outputs o;
   o.kept = dk;
   o.kept_counts = dc;
@@ -928,6 +936,11 @@ std::size_t connectivity_searcher<T>::search_and_merge(std::span<const id_t> row
       keys, s.d, static_cast<int>(s.d), vec, a);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
   return wait_scored(m);
+}
+
+template <Element T>
+void connectivity_searcher<T>::set_expand_limit(std::size_t limit) noexcept {
+  s_->expand_limit = limit;
 }
 
 template <Element T>
