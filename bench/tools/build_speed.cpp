@@ -8,9 +8,10 @@
 // 95% of positions of query heads 0-2, evaluation = the last 5%, as kvsift-bench --sample; EVAL
 // ignored), read from the directory in $KVSIFT_SAMPLE_DIR or bench/data/sample.
 // N = `files:KEYS:TRAIN:EVAL` reads the three matrices (.fbin or .npy; EVAL ignored).
-// CONFIGS: comma-separated `cap:L:batch[:clusters[:expand]]` (roargraph_params::
-// connectivity_degree_cap, L, batch, step3_locality_clusters, connectivity_expand_fraction; the
-// last two default to the library's).
+// CONFIGS: comma-separated `cap:L:batch[:clusters[:expand[:seed]]]` (roargraph_params::
+// connectivity_degree_cap, L, batch, step3_locality_clusters, connectivity_expand_fraction,
+// seed; the last three default to the library's; another seed shows how much recall moves
+// between graphs built alike).
 // Each configuration is built REPEAT times (alternating with the others); the recall is that of
 // its last build. How it was run is written in the results file that quotes it.
 #include <sys/resource.h>
@@ -47,6 +48,7 @@ struct config {
   std::size_t cap = 0, L = 500, batch = 8192;
   std::size_t clusters = roargraph_params{}.step3_locality_clusters;
   double expand = roargraph_params{}.connectivity_expand_fraction;
+  unsigned long long seed = roargraph_params{}.seed;
 };
 
 }  // namespace
@@ -67,8 +69,8 @@ int main(int argc, char** argv) {
   for (std::string s = argv[4]; !s.empty();) {
     const auto e = std::min(s.find(','), s.size());
     config c;
-    std::sscanf(s.substr(0, e).c_str(), "%zu:%zu:%zu:%zu:%lf", &c.cap, &c.L, &c.batch, &c.clusters,
-                &c.expand);
+    std::sscanf(s.substr(0, e).c_str(), "%zu:%zu:%zu:%zu:%lf:%llu", &c.cap, &c.L, &c.batch,
+                &c.clusters, &c.expand, &c.seed);
     configs.push_back(c);
     s.erase(0, std::min(e + 1, s.size()));
   }
@@ -147,6 +149,7 @@ int main(int argc, char** argv) {
       q.batch = c.batch;
       q.step3_locality_clusters = c.clusters;
       q.connectivity_expand_fraction = c.expand;
+      q.seed = c.seed;
       roargraph_build_stats st;
       const double c0 = cpu_seconds();
       auto g = roargraph_builder<>(q).build_from_knn(view_store<float>(keys), knn, &st);
@@ -154,12 +157,13 @@ int main(int argc, char** argv) {
       std::uint64_t h = 1469598103934665603ull;
       for (const id_t v : g.adjacency()) h = (h ^ v) * 1099511628211ull;
       std::printf(
-          "cap=%zu L=%zu batch=%zu clusters=%zu expand=%.3f run %d: cpu %.2fs total %.2fs proj "
+          "cap=%zu L=%zu batch=%zu clusters=%zu expand=%.3f seed=%llu run %d: cpu %.2fs total "
+          "%.2fs proj "
           "%.2fs conn "
           "%.2fs (search "
           "%.2fs merge "
           "%.2fs repair %.2fs) dist/key %.0f prune/key %.0f graph %016llx\n",
-          c.cap, c.L, c.batch, c.clusters, c.expand, r, cpu, st.total_seconds,
+          c.cap, c.L, c.batch, c.clusters, c.expand, c.seed, r, cpu, st.total_seconds,
           st.projection_seconds, st.connectivity_seconds, st.connectivity_search_seconds,
           st.connectivity_merge_seconds, st.repair_seconds,
           double(st.connectivity_distance_computations) / double(n),
@@ -170,8 +174,9 @@ int main(int argc, char** argv) {
     }
   }
   for (std::size_t ci = 0; ci < configs.size(); ++ci) {
-    std::printf("cap=%zu L=%zu batch=%zu clusters=%zu expand=%.3f recall@10", configs[ci].cap,
-                configs[ci].L, configs[ci].batch, configs[ci].clusters, configs[ci].expand);
+    std::printf("cap=%zu L=%zu batch=%zu clusters=%zu expand=%.3f seed=%llu recall@10",
+                configs[ci].cap, configs[ci].L, configs[ci].batch, configs[ci].clusters,
+                configs[ci].expand, configs[ci].seed);
     for (const std::size_t L : {10, 20, 50, 100, 200, 300}) {
       std::printf(" %zu:%.4f", L, recall_at(graphs[ci], eval_q, exact, 10, L));
     }
