@@ -18,7 +18,8 @@
 //
 // Usage: kvsift-cuda-decode_search_bench [--n 131072] [--d 128] [--requests 32]
 //            [--kv-heads 8] [--group 4] [--distinct 2] [--page 16] [--quick 0|1]
-//            [--step-expand W --step-L L --step-hops H]
+//            [--step-expand W --step-L L --step-hops H] [--build-expand F]
+// --build-expand F: the indexes' step-3 expand fraction (default the library's).
 // --quick 1 sweeps only expand_width 4 to 32 without a degree cap and skips DIPR.
 // --step-expand W (with --step-L, default 256, and --step-hops, default 0 = no cap): the
 // decode step uses this top-100 setting instead of the sweep's fastest at recall 0.95 (which
@@ -65,6 +66,7 @@ struct options {
   std::size_t n = 131072, d = 128, requests = 32, kv_heads = 8, group = 4, distinct = 2, page = 16;
   std::size_t quick = 0;  // 1: only the wide top-k walks, no DIPR (iterating on the kernel)
   std::size_t step_expand = 0, step_L = 256, step_hops = 0;  // the step's setting, when given
+  double build_expand = kvsift::roargraph_params{}.connectivity_expand_fraction;
 };
 
 }  // namespace
@@ -82,7 +84,8 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--quick", o.quick),
        kvsift::cuda_bench::size_option("--step-expand", o.step_expand),
        kvsift::cuda_bench::size_option("--step-L", o.step_L),
-       kvsift::cuda_bench::size_option("--step-hops", o.step_hops)});
+       kvsift::cuda_bench::size_option("--step-hops", o.step_hops),
+       kvsift::cuda_bench::double_option("--build-expand", o.build_expand)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
@@ -101,7 +104,8 @@ int main(int argc, char** argv) {
   std::size_t width = 0;
   double build_s = 0;
   for (std::size_t s = 0; s < o.distinct; ++s) {
-    auto set = kvsift::cuda_bench::build_gqa_key_set(n, per_set, d, o.group, 100 + s);
+    auto set =
+        kvsift::cuda_bench::build_gqa_key_set(n, per_set, d, o.group, 100 + s, o.build_expand);
     build_s += set.build_seconds;
     width = set.width;
     keys16[s] = std::move(set.keys16);
@@ -110,8 +114,9 @@ int main(int argc, char** argv) {
     entries[s] = std::move(set.entries);
   }
   std::printf(
-      "data + %zu GPU builds: %.1f s (builds %.1f s); %zu graphs x %zu keys x d=%zu, width %zu\n",
-      o.distinct, seconds_since(t0), build_s, G, n, d, width);
+      "data + %zu GPU builds: %.1f s (builds %.1f s, step-3 expand fraction %.2f); %zu graphs x "
+      "%zu keys x d=%zu, width %zu\n",
+      o.distinct, seconds_since(t0), build_s, o.build_expand, G, n, d, width);
 
   // 2. Device copies: graph g is key set g % distinct, in its own memory.
   const std::size_t max_entries = kvsift::max_entry_points;

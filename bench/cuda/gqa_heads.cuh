@@ -47,9 +47,11 @@ struct gqa_key_set {
 
 /// Key set `seed`: make_head(n, n + extra, d, h, seed) for the group's heads h; keys rounded to
 /// f16 (the index and the oracle see the values the cache holds); the index built from 10% of
-/// each head's n prefill queries (sample_gqa_queries, seed 7) with every host thread.
-inline gqa_key_set build_gqa_key_set(std::size_t n, std::size_t extra, std::size_t d,
-                                     std::size_t group, std::uint64_t seed) {
+/// each head's n prefill queries (sample_gqa_queries, seed 7) with every host thread and step 3's
+/// expand fraction `expand` (roargraph_params::connectivity_expand_fraction).
+inline gqa_key_set build_gqa_key_set(
+    std::size_t n, std::size_t extra, std::size_t d, std::size_t group, std::uint64_t seed,
+    double expand = kvsift::roargraph_params{}.connectivity_expand_fraction) {
   std::vector<kvsift::testing::ood_data> heads;
   for (std::size_t h = 0; h < group; ++h) heads.push_back(make_head(n, n + extra, d, h, seed));
   gqa_key_set out;
@@ -65,6 +67,7 @@ inline gqa_key_set build_gqa_key_set(std::size_t n, std::size_t extra, std::size
     out.eval.insert(out.eval.end(), h.queries.begin() + n * d, h.queries.end());
   kvsift::roargraph_params p;
   p.threads = std::thread::hardware_concurrency();
+  p.connectivity_expand_fraction = expand;
   const kvsift::roargraph_builder<kvsift::inner_product, kvsift::cuda::knn_engine> builder(p);
   const auto t0 = std::chrono::steady_clock::now();
   const auto train = kvsift::sample_gqa_queries(
