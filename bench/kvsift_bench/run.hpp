@@ -131,7 +131,8 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       }
       info << "build: " << bs.total_seconds << " s (kNN " << bs.knn_seconds << " s, projection "
            << bs.projection_seconds << " s, connectivity " << bs.connectivity_seconds << " s), nq "
-           << o.build.nq << ", M " << o.build.M << ", L " << o.build.L << ", threads "
+           << o.build.nq << ", M " << o.build.M << ", L " << o.build.L << ", expand fraction "
+           << o.build.connectivity_expand_fraction << ", threads "
            << (o.build.threads ? o.build.threads : kvsift::default_thread_count()) << "\n";
       builds["roargraph"].seconds = bs.total_seconds;
       if (!o.save_index.empty()) kvsift::save_graph(g, o.save_index);
