@@ -316,13 +316,15 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   }
   // found_neighbors[i]: the pruned neighbours found for the round's i-th key.
   std::vector<std::vector<id_t>> found_neighbors(std::min(most, n));
-  struct edge {
-    id_t from, to;
-  };
-  std::vector<edge> edges;
   // Per source key: how many of the round's new edges leave it, and where they end in `grouped`.
   std::vector<std::uint32_t> new_edge_count(n, 0), new_edge_end(n, 0);
   std::vector<id_t> touched, grouped;
+  // The merge's grouping runs on `parts` ranges of source ids, one task each: the sources of
+  // part r are [r * part_span, (r + 1) * part_span).
+  const std::size_t parts = std::max<std::size_t>(1, std::min(threads, n));
+  const std::size_t part_span = (n + parts - 1) / parts;
+  std::vector<std::vector<id_t>> part_touched(parts);
+  std::vector<std::size_t> part_base(parts + 1, 0);
   connectivity_batch engine_out;
   std::size_t engine_scored = 0;
   std::vector<id_t> padded_rows;  // rows sent to the engine's searcher, padded to R
@@ -412,29 +414,57 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
     }
     st.connectivity_search_seconds += detail::seconds_since(t_search);
     const auto t_merge = detail::monotonic_seconds();
-    // The round's new edges, both ways, in generation order, grouped by source with a stable
-    // counting sort over flat arrays: a vector per key made this serial step cost more than
-    // the parallel re-pruning at 131072 keys (cache misses on 131072 vector headers).
-    edges.clear();
-    touched.clear();
-    for (std::size_t i = 0; i < bn; ++i) {
-      const id_t x = order[b0 + i];
-      for (const id_t y : found_neighbors[i]) {
-        edges.push_back({x, y});
-        edges.push_back({y, x});
+    // The round's new edges, both ways, in generation order ((x, y) then (y, x) for the
+    // round's i-th key x and each y it found, i ascending), grouped by source with a stable
+    // counting sort. Each part owns a range of source ids and walks every found list twice:
+    // to count its sources' new edges, then to place them. The serial counting sort this
+    // replaces kept the other threads waiting: with it the merge took 1.3x as long on the
+    // H200 host at 131072 keys and 16 threads (docs/algorithms.md, "CPU build speed"); a
+    // vector per key cost more than the parallel re-pruning (misses on 131072 vector headers).
+    auto for_each_edge = [&](auto&& f) {
+      for (std::size_t i = 0; i < bn; ++i) {
+        const id_t x = order[b0 + i];
+        for (const id_t y : found_neighbors[i]) {
+          f(x, y);
+          f(y, x);
+        }
       }
-    }
-    for (const auto& e : edges) {
-      if (new_edge_count[e.from]++ == 0) touched.push_back(e.from);
-    }
-    std::sort(touched.begin(), touched.end());
-    std::uint32_t offset = 0;
-    for (const id_t x : touched) {
-      new_edge_end[x] = offset;
-      offset += new_edge_count[x];
-    }
-    grouped.resize(edges.size());
-    for (const auto& e : edges) grouped[new_edge_end[e.from]++] = e.to;
+    };
+    parallel_for(
+        parts, threads,
+        [&](std::size_t r, std::size_t) {
+          const std::size_t lo = r * part_span, hi = std::min(n, lo + part_span);
+          for_each_edge([&](id_t from, id_t) {
+            if (from >= lo && from < hi) ++new_edge_count[from];
+          });
+          auto& mine = part_touched[r];
+          mine.clear();
+          std::size_t offset = 0;
+          for (std::size_t x = lo; x < hi; ++x) {
+            if (new_edge_count[x] == 0) continue;
+            mine.push_back(static_cast<id_t>(x));
+            new_edge_end[x] = static_cast<std::uint32_t>(offset);  // part-relative for now
+            offset += new_edge_count[x];
+          }
+          part_base[r + 1] = offset;
+        },
+        1);
+    for (std::size_t r = 0; r < parts; ++r) part_base[r + 1] += part_base[r];
+    grouped.resize(part_base[parts]);
+    parallel_for(
+        parts, threads,
+        [&](std::size_t r, std::size_t) {
+          const std::size_t lo = r * part_span, hi = std::min(n, lo + part_span);
+          for (const id_t x : part_touched[r]) {
+            new_edge_end[x] += static_cast<std::uint32_t>(part_base[r]);
+          }
+          for_each_edge([&](id_t from, id_t to) {
+            if (from >= lo && from < hi) grouped[new_edge_end[from]++] = to;
+          });
+        },
+        1);
+    touched.clear();
+    for (const auto& mine : part_touched) touched.insert(touched.end(), mine.begin(), mine.end());
     parallel_for(
         touched.size(), threads,
         [&](std::size_t i, std::size_t t) {
