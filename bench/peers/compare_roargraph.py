@@ -22,6 +22,9 @@ neighbours and not its entry point, i.e. one less per query.
 QPS: kvsift/hnswlib = 1e6 / mean per-query latency; reference = queries / wall time of its
 one-thread loop (same meaning). With --repeat R each search sweep runs R times (kvsift from
 its saved index) and the best QPS per point is kept: the recall does not change.
+Build time: the two builds share one machine whose speed drifts between runs, so with
+--build-rounds N both are built N times from the same kNN, alternated (the order swapped every
+round), and the medians are reported and compared; every round's time is in the JSON.
 
 The reference is not part of kvsift: build it outside the repository (see docs/peers.md)
 and pass its directory with --ref-dir. Only python3 + numpy are needed here.
@@ -192,6 +195,49 @@ def best_of(runs):
     return sorted(best.values(), key=lambda r: (r.get("cap", 0), r.get("win", 0), r["k"], r["L"]))
 
 
+def parse_kvsift_build(info):
+    """kvsift-bench's build line: total and kNN seconds, and the build from the kNN."""
+    m = re.search(r"build: ([0-9.e+-]+) s \(kNN ([0-9.e+-]+) s", info)
+    build = {"total_s": float(m.group(1)), "knn_s": float(m.group(2))}
+    build["from_knn_s"] = build["total_s"] - build["knn_s"]
+    return build
+
+
+def build_kvsift(args, d):
+    """One more kvsift build from the saved kNN (the first run's settings; one evaluation
+    query, so the searches after it cost nothing): seconds from the kNN."""
+    js_path = os.path.join(d["dir"], "kvsift_build.json")
+    run([args.kvsift_bench, "--keys", d["keys"], "--queries", d["eval"], "--metric", args.metric,
+         "--train", d["train"], "--load-train-knn", d["knn"], "--nq", args.nq, "--M", args.M,
+         "--L-build", args.L_build,
+         *(["--expand-fraction", args.expand_fraction] if args.expand_fraction else []),
+         "--index", "roargraph", "--query", "topk", "--k", "1", "--L", "1", "--eval", "1",
+         "--threads", args.threads, "--json", js_path])
+    return parse_kvsift_build(json.load(open(js_path))["info"])["from_knn_s"]
+
+
+def median(xs):
+    xs = sorted(xs)
+    h = len(xs) // 2
+    return xs[h] if len(xs) % 2 else 0.5 * (xs[h - 1] + xs[h])
+
+
+def build_rounds(rounds, first_kvsift, first_reference, kvsift_build, reference_build):
+    """Build times of `rounds` rounds: the first given (the runs that also searched), then
+    rounds - 1 more from the callables, alternated with the order swapped every round (round
+    1: reference first) so that neither build always runs on a machine the other warmed."""
+    kv, ref = [first_kvsift], [first_reference]
+    for r in range(1, rounds):
+        if r % 2:
+            ref.append(reference_build())
+            kv.append(kvsift_build())
+        else:
+            kv.append(kvsift_build())
+            ref.append(reference_build())
+    return {"kvsift": kv, "reference": ref, "kvsift_median": median(kv),
+            "reference_median": median(ref), "ratio": median(kv) / median(ref)}
+
+
 def run_kvsift(args, d, ks, Ls):
     common = [args.kvsift_bench, "--keys", d["keys"], "--queries", d["eval"], "--metric",
               args.metric, "--k", ",".join(map(str, ks)), "--L", ",".join(map(str, Ls)),
@@ -206,9 +252,7 @@ def run_kvsift(args, d, ks, Ls):
     stdout = run(common + first)
     js = json.load(open(js_path))
     info = js["info"]
-    m = re.search(r"build: ([0-9.e+-]+) s \(kNN ([0-9.e+-]+) s", info)
-    build = {"total_s": float(m.group(1)), "knn_s": float(m.group(2))}
-    build["from_knn_s"] = build["total_s"] - build["knn_s"]
+    build = parse_kvsift_build(info)
     deg = re.search(r"degree: min (\d+), mean ([0-9.]+), max (\d+)", info)
     n = js["keys"]
     res = {"kvsift": {"build_s": build["from_knn_s"], "build_detail": build,
@@ -238,15 +282,21 @@ def run_kvsift(args, d, ks, Ls):
     return res, js
 
 
-def run_reference(args, d, ks, Ls):
+def build_reference(args, d):
+    """The reference's build from the saved kNN: its own "indexing time" in seconds."""
     b = os.path.join(args.ref_dir, "test_build_roargraph")
-    s = os.path.join(args.ref_dir, "test_search_roargraph")
     idx = os.path.join(d["dir"], "reference.index")
     out = run([b, "--data_type", "float", "--dist", args.metric, "--base_data_path", d["keys"],
                "--sampled_query_data_path", d["train"], "--projection_index_save_path", idx,
                "--learn_base_nn_path", d["knn"], "--M_sq", args.nq, "--M_pjbp", args.M,
                "--L_pjpq", args.L_build, "-T", args.threads])
-    build_s = float(re.search(r"indexing time: ([0-9.e+-]+)", out).group(1))
+    return float(re.search(r"indexing time: ([0-9.e+-]+)", out).group(1))
+
+
+def run_reference(args, d, ks, Ls):
+    s = os.path.join(args.ref_dir, "test_search_roargraph")
+    idx = os.path.join(d["dir"], "reference.index")
+    build_s = build_reference(args, d)
     deg = read_roargraph_index(idx)
     sweep = []
     for k in ks:
@@ -361,6 +411,13 @@ def markdown(name, meta, summary, targets):
         for t in targets:
             row += f" {fmt(r[f'qps_at_{t}'], '.2f')} | {fmt(r[f'dist_at_{t}'], '.2f')} |"
         lines.append(row)
+    rounds = meta.get("build_rounds")
+    if rounds and len(rounds["kvsift"]) > 1:
+        lines += ["", f"Build from the same kNN, {len(rounds['kvsift'])} rounds alternated (the "
+                  f"table's build s are the medians): kvsift "
+                  f"{' / '.join(f'{x:.2f}' for x in rounds['kvsift'])} s, reference "
+                  f"{' / '.join(f'{x:.2f}' for x in rounds['reference'])} s; median ratio "
+                  f"{rounds['ratio']:.3f}."]
     return "\n".join(lines) + "\n"
 
 
@@ -394,6 +451,9 @@ def main():
                          "library's)")
     ap.add_argument("--threads", default=str(os.cpu_count()), help="build threads (all methods)")
     ap.add_argument("--repeat", type=int, default=1, help="search sweeps per method, best QPS kept")
+    ap.add_argument("--build-rounds", dest="build_rounds", type=int, default=1,
+                    help="kvsift and reference builds per dataset from the same kNN, alternated; "
+                         "the medians are reported (the machine's speed drifts between runs)")
     ap.add_argument("--targets", default="0.95,0.99")
     ap.add_argument("--entry-windows", dest="entry_windows", default="0",
                     help="kvsift: also sweep these entry windows (kvsift-bench --entry-window W: "
@@ -407,6 +467,8 @@ def main():
     args = ap.parse_args()
     if args.hnsw and args.metric != "ip":
         ap.error("--hnsw: kvsift-bench runs hnswlib for --metric ip only")
+    if args.build_rounds < 1:
+        ap.error(f"--build-rounds: expected >= 1, got {args.build_rounds}")
     ks = [int(x) for x in args.k.split(",")]
     Ls = sorted({int(x) for x in args.L.split(",")})
     targets = [float(x) for x in args.targets.split(",")]
@@ -446,7 +508,16 @@ def main():
         knn = read_bin(files["knn"], np.uint32)
         results = {m: v for m, v in kres.items() if not m.startswith("_")}
         results.update(run_reference(args, files, ks, Ls))
-        meta = {"keys": keys.shape[0], "dim": keys.shape[1],
+        rounds = build_rounds(args.build_rounds, results["kvsift"]["build_s"],
+                              results["reference"]["build_s"],
+                              lambda: build_kvsift(args, files),
+                              lambda: build_reference(args, files))
+        for m in ("kvsift", "kvsift plain"):
+            if m in results:
+                results[m] = dict(results[m], build_s=rounds["kvsift_median"])
+        results["reference"]["build_s"] = rounds["reference_median"]
+        meta = {"build_rounds": rounds,
+                "keys": keys.shape[0], "dim": keys.shape[1],
                 "train": read_bin(files["train"], np.float32).shape[0], "eval": evalq.shape[0],
                 "metric": args.metric, "gt_k": gt_k, "gt_rel_err_vs_numpy": gt_err,
                 "train_knn": list(knn.shape), "threads": args.threads, "files": files}

@@ -70,6 +70,44 @@ class AtRecall(unittest.TestCase):
         self.assertAlmostEqual(r["dist_at_0.95"], 1500 / 750)
 
 
+class BuildRounds(unittest.TestCase):
+    def test_alternates_the_order_and_reports_medians(self):
+        calls = []
+        times = {"kvsift": iter([5.0, 7.0, 6.0, 9.0]), "reference": iter([4.0, 5.5, 6.5, 5.0])}
+
+        def build(method):
+            calls.append(method)
+            return next(times[method])
+        r = cr.build_rounds(5, 8.0, 6.0, lambda: build("kvsift"), lambda: build("reference"))
+        # round 1 reference first, round 2 kvsift first, and so on
+        self.assertEqual(calls, ["reference", "kvsift", "kvsift", "reference", "reference",
+                                 "kvsift", "kvsift", "reference"])
+        self.assertEqual(r["kvsift"], [8.0, 5.0, 7.0, 6.0, 9.0])
+        self.assertEqual(r["reference"], [6.0, 4.0, 5.5, 6.5, 5.0])
+        # medians, not the first rounds' times
+        self.assertEqual((r["kvsift_median"], r["reference_median"]), (7.0, 5.5))
+        self.assertAlmostEqual(r["ratio"], 7.0 / 5.5)
+        self.assertEqual(cr.median([3.0, 1.0, 2.0, 10.0]), 2.5)
+
+    def test_one_round_builds_nothing_more(self):
+        r = cr.build_rounds(1, 2.0, 4.0, lambda: self.fail("built"), lambda: self.fail("built"))
+        self.assertEqual((r["kvsift"], r["reference"], r["ratio"]), ([2.0], [4.0], 0.5))
+
+    def test_markdown_lists_the_rounds(self):
+        res = {"kvsift": {"build_s": 6.5, "degree": {"mean": 50.0},
+                          "sweep": [pt(10, 0.96, 100, 1000)]},
+               "reference": {"build_s": 5.5, "degree": {"mean": 20.0},
+                             "sweep": [pt(10, 0.9, 200, 500)]}}
+        meta = {"keys": 10, "dim": 4, "train": 2, "eval": 3, "metric": "ip", "gt_k": 10,
+                "threads": 2,
+                "build_rounds": cr.build_rounds(3, 6.5, 6.0, iter([7.0, 6.0]).__next__,
+                                                iter([5.0, 5.5]).__next__)}
+        md = cr.markdown("d", meta, cr.summarize(res, [10], [0.95]), [0.95])
+        self.assertIn("3 rounds alternated", md)
+        self.assertIn("kvsift 6.50 / 7.00 / 6.00 s, reference 6.00 / 5.00 / 5.50 s", md)
+        self.assertIn("median ratio 1.182", md)
+
+
 class Formats(unittest.TestCase):
     def test_reference_index_degrees(self):
         with tempfile.TemporaryDirectory() as d:
