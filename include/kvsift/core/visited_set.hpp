@@ -1,11 +1,8 @@
 #pragma once
-// Visited set as a bitset with a list of the words it dirtied. One bit per id: a workspace over
-// a 131072-key index holds 24 KiB (16 KiB of bits and 8 KiB of word indices) where 16-bit epoch
-// tags took 256 KiB, and 1.5 MiB against 16 MiB at 2^23 keys; an engine keeps one per thread.
-// Clearing costs the words the last search touched, not O(n), which matters when one workspace
-// serves millions of short searches over a large index. Search and build speed were the same
-// with either set on the H200 host (docs/algorithms.md, "CPU build speed").
+// Epoch-tagged visited set: clearing is O(1) (bump the epoch) instead of O(n) per query,
+// which matters when one workspace serves millions of short searches.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -20,38 +17,28 @@ class visited_set {
   visited_set() = default;
   explicit visited_set(std::size_t n) { reset(n); }
 
-  /// Empties the set and makes room for ids < n. O(words the last search dirtied) unless n
-  /// grows. @throw std::bad_alloc / std::length_error when n's bitset cannot be allocated.
+  /// Empties the set and makes room for ids < n. O(1) unless n grows or the epoch wraps.
   void reset(std::size_t n) {
-    for (std::size_t i = 0; i < dirty_count_; ++i) bits_[dirty_[i]] = 0;
-    dirty_count_ = 0;
-    const std::size_t words = n / 64 + (n % 64 != 0 ? 1 : 0);
-    if (bits_.size() < words) {
-      // The dirty list first, sized to every word so that recording one never reallocates: if
-      // the bitset's growth then throws, the list still covers every word the set can hold.
-      dirty_.resize(words);
-      bits_.resize(words, 0);
+    if (tags_.size() < n) tags_.resize(n, 0);
+    if (++epoch_ == 0) {  // wrapped: old tags could alias the new epoch
+      std::fill(tags_.begin(), tags_.end(), 0);
+      epoch_ = 1;
     }
   }
 
-  [[nodiscard]] bool contains(id_t id) const noexcept { return (bits_[id / 64] >> (id % 64)) & 1u; }
-  void insert(id_t id) noexcept { try_insert(id); }
+  [[nodiscard]] bool contains(id_t id) const noexcept { return tags_[id] == epoch_; }
+  void insert(id_t id) noexcept { tags_[id] = epoch_; }
   /// Inserts and reports whether the id was new. O(1).
   bool try_insert(id_t id) noexcept {
-    std::uint64_t& w = bits_[id / 64];
-    const std::uint64_t bit = std::uint64_t{1} << (id % 64);
-    if ((w & bit) != 0) return false;
-    if (w == 0) dirty_[dirty_count_++] = static_cast<std::uint32_t>(id / 64);
-    w |= bit;
+    if (tags_[id] == epoch_) return false;
+    tags_[id] = epoch_;
     return true;
   }
-  /// Ids the set can hold without growing (a multiple of 64).
-  [[nodiscard]] std::size_t capacity() const noexcept { return bits_.size() * 64; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return tags_.size(); }
 
  private:
-  std::vector<std::uint64_t> bits_;
-  std::vector<std::uint32_t> dirty_;  ///< indices of the words set since the last reset
-  std::size_t dirty_count_ = 0;
+  std::vector<std::uint16_t> tags_;
+  std::uint16_t epoch_ = 0;
 };
 
 }  // namespace kvsift
