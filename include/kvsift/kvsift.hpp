@@ -45,6 +45,7 @@
 #include "kvsift/reorder/prefix_trie.hpp"
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
+#include "kvsift/search/gqa_search.hpp"
 #include "kvsift/search/graph.hpp"
 #include "kvsift/search/plan.hpp"
 #include "kvsift/search/planner.hpp"

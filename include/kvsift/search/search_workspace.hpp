@@ -27,10 +27,12 @@ class search_workspace {
   visited_set expanded;  ///< DIPR: nodes already expanded
   candidate_pool pool;
   topk_selector topk;
-  std::vector<scored_id> list;      ///< DIPR: scored candidates
-  std::vector<scored_id> frontier;  ///< DIPR: max-heap of in-range candidates
-  std::vector<float> query;         ///< a widened vector (builders search with stored keys)
-  std::vector<id_t> fresh;          ///< beam search: unvisited neighbours of one expansion
+  std::vector<scored_id> list;              ///< DIPR: scored candidates
+  std::vector<scored_id> frontier;          ///< DIPR: max-heap of in-range candidates
+  std::vector<float> query;                 ///< a widened vector (builders search with stored keys)
+  std::vector<id_t> fresh;                  ///< beam search: unvisited neighbours of one expansion
+  std::vector<candidate_pool> pools;        ///< gqa_beam_search: one pool per query head
+  std::vector<const float*> group_queries;  ///< gqa_beam_search: live heads' queries (or null)
 };
 
 }  // namespace kvsift
