@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,21 +26,7 @@
 #include <kvsift/io/vector_io.hpp>
 #include <kvsift/search/beam_search.hpp>
 
-namespace {
-
-std::vector<std::size_t> parse_list(const std::string& s) {
-  std::vector<std::size_t> v;
-  std::size_t p = 0;
-  while (p < s.size()) {
-    std::size_t c = s.find(',', p);
-    if (c == std::string::npos) c = s.size();
-    v.push_back(std::stoul(s.substr(p, c - p)));
-    p = c + 1;
-  }
-  return v;
-}
-
-}  // namespace
+#include "dump_files.hpp"
 
 int main(int argc, char** argv) {
   using namespace kvsift;
@@ -52,15 +37,11 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1], layer = argv[2], heads = argv[3];
   const std::size_t stride = std::stoul(argv[4]), cap = std::stoul(argv[5]);
-  const auto cold_e = parse_list(argv[6]), warm_e = parse_list(argv[7]);
+  const auto cold_e = kvsift_tools::parse_list(argv[6]), warm_e = kvsift_tools::parse_list(argv[7]);
   constexpr std::size_t neval = 1000, k = 100;
   const auto K = read_fbin(file_path(dir + "/L" + layer + "_k0.fbin"));
   // Every query head of the file trains the shared graph (GQA); HEADS are the ones evaluated.
-  auto query_file = [&](int h) { return dir + "/L" + layer + "_q" + std::to_string(h) + ".fbin"; };
-  std::vector<dense_matrix<float>> all;
-  for (int h = 0; std::filesystem::exists(query_file(h)); ++h) {
-    all.push_back(read_fbin(file_path(query_file(h))));
-  }
+  const auto all = kvsift_tools::read_query_heads(dir, layer);
   std::vector<const dense_matrix<float>*> Q;
   for (const char h : heads) {
     const int i = h - '0';
