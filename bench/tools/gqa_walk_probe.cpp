@@ -1,6 +1,7 @@
 // One graph walk per GQA group (gqa_beam_search) against one walk per query head (beam_search),
 // on a real dump (bench/data/dump_qk.py layout: L<l>_k0.fbin, L<l>_q<h>.fbin): recall@100 and
-// key rows read at equal pool and expand limit (docs/algorithms.md, "One walk per GQA group").
+// key rows read at equal pool and expand limit, and the one-thread time per group (all heads;
+// the evaluation's recall bookkeeping included) (docs/algorithms.md, "One walk per GQA group").
 //
 // The graph: one GQA-shared RoarGraph over the layer's keys, trained on every query head's
 // queries at every STRIDE-th position before the last 1000; evaluated: every 4th of the last
@@ -13,6 +14,7 @@
 //   kvsift-gqa_walk_probe DIR LAYER STRIDE L_LIST E_LIST
 //   e.g. kvsift-gqa_walk_probe /data/gemma32k 11 10 100,150,200,300 30,40,50,60,80
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iterator>
 #include <span>
@@ -28,6 +30,14 @@
 
 #include <kvsift/search/gqa_search.hpp>
 #include "dump_files.hpp"
+
+namespace {
+
+double micros_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace kvsift;
@@ -118,6 +128,7 @@ int main(int argc, char** argv) {
   };
   for (const std::size_t L : pools) {
     double hit_a = 0, rows_a = 0, exp_a = 0, hit_b = 0, rows_b = 0, exp_b = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t e = 0; e < pos.size(); ++e) {
       for (std::size_t h = 0; h < H; ++h) {
         const auto st = beam_search(g, std::span<const float>(Q[h].view().row(pos[e]), d), {k, L},
@@ -127,21 +138,27 @@ int main(int argc, char** argv) {
         exp_a += double(st.hops);
       }
     }
+    const double us_a = micros_since(t0) / per;
+    const auto t1 = std::chrono::steady_clock::now();
     shared(L, L, hit_b, rows_b, exp_b);
+    const double us_b = micros_since(t1) / per;
     std::printf(
         "L %4zu | a walk per head: recall@100 %.4f, rows per group %6.0f (%.2f%% of the "
-        "keys per query), expansions %5.0f | one walk per group: recall@100 %.4f, rows "
-        "%6.0f (%.2f%%), expansions %5.0f\n",
-        L, hit_a / all, rows_a / per, 100.0 * rows_a / per / double(H * n), exp_a / per,
-        hit_b / all, rows_b / per, 100.0 * rows_b / per / double(H * n), exp_b / per);
+        "keys per query), expansions %5.0f, %.0f us | one walk per group: recall@100 %.4f, rows "
+        "%6.0f (%.2f%%), expansions %5.0f, %.0f us\n",
+        L, hit_a / all, rows_a / per, 100.0 * rows_a / per / double(H * n), exp_a / per, us_a,
+        hit_b / all, rows_b / per, 100.0 * rows_b / per / double(H * n), exp_b / per, us_b);
   }
   for (const std::size_t E : limits) {
     double hit = 0, rows = 0, exp = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     shared(std::max(k, E), E, hit, rows, exp);
+    const double us = micros_since(t0) / per;
     std::printf(
         "one walk per group, L %zu, expand limit %3zu: recall@100 %.4f, rows %6.0f "
-        "(%.2f%% of the keys per query), expansions %5.0f\n",
-        std::max(k, E), E, hit / all, rows / per, 100.0 * rows / per / double(H * n), exp / per);
+        "(%.2f%% of the keys per query), expansions %5.0f, %.0f us\n",
+        std::max(k, E), E, hit / all, rows / per, 100.0 * rows / per / double(H * n), exp / per,
+        us);
   }
   return 0;
 }
