@@ -10,6 +10,7 @@
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/metric_concept.hpp"
 #include "kvsift/search/detail/graph_walk.hpp"
+#include "kvsift/search/detail/query_checks.hpp"
 #include "kvsift/search/graph.hpp"
 #include "kvsift/search/predicate.hpp"
 #include "kvsift/search/search_params.hpp"
@@ -35,12 +36,7 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
                          search_workspace& ws, std::span<id_t> out_ids, std::span<float> out_scores,
                          const P& pred = {}, std::span<const id_t> extra_entries = {}) {
   using M = typename G::metric_type;
-  detail::require(params.k > 0, "beam_search: k must be > 0, got 0");
-  detail::require(params.L >= params.k, "beam_search: expected L >= k = ", params.k,
-                  ", got L = ", params.L);
-  detail::require(params.expand_limit <= params.L,
-                  "beam_search: expected expand_limit <= L = ", params.L, " (0 = L), got ",
-                  params.expand_limit);
+  detail::validate_beam(params, "beam_search");
   detail::require(out_ids.size() >= params.k && out_scores.size() >= params.k,
                   "beam_search: expected outputs of at least k = ", params.k, " entries, got ",
                   out_ids.size(), " ids and ", out_scores.size(), " scores");

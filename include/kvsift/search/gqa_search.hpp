@@ -54,11 +54,7 @@ search_stats gqa_beam_search(const G& g, matrix_view<const float> queries,
   constexpr const char* who = "gqa_beam_search";
   const std::size_t H = queries.rows();
   detail::require(H > 0, who, ": expected at least one query, got 0");
-  detail::require(params.k > 0, who, ": k must be > 0, got 0");
-  detail::require(params.L >= params.k, who, ": expected L >= k = ", params.k,
-                  ", got L = ", params.L);
-  detail::require(params.expand_limit <= params.L, who, ": expected expand_limit <= L = ", params.L,
-                  " (0 = L), got ", params.expand_limit);
+  detail::validate_beam(params, who);
   detail::require<dimension_mismatch>(queries.cols() == g.dim(), who, ": expected queries of ",
                                       g.dim(), " columns (the graph's dimension), got ",
                                       queries.cols());

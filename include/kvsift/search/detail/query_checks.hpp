@@ -35,6 +35,15 @@ inline void validate_entries(std::span<const id_t> entries, std::size_t n, const
   }
 }
 
+/// @throw invalid_argument if k == 0, L < k or expand_limit > L (beam_search's parameters,
+///        also gqa_beam_search's per head).
+inline void validate_beam(const beam_search_params& p, const char* who) {
+  require(p.k > 0, who, ": k must be > 0, got 0");
+  require(p.L >= p.k, who, ": expected L >= k = ", p.k, ", got L = ", p.L);
+  require(p.expand_limit <= p.L, who, ": expected expand_limit <= L = ", p.L, " (0 = L), got ",
+          p.expand_limit);
+}
+
 /// @throw invalid_argument for beta < 0 or non-finite, l0 == 0, max_candidates < l0 (unless 0),
 ///        an infinite seed_score.
 inline void validate_dipr(const dipr_params& p, const char* who) {
