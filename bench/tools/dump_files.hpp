@@ -35,4 +35,15 @@ inline std::vector<kvsift::dense_matrix<float>> read_query_heads(const std::stri
   return out;
 }
 
+/// The training queries of a GQA-shared build: every head's query at positions 1, 1 + stride,
+/// ... below `end`, heads interleaved per position, as one row-major (rows x d) buffer.
+inline std::vector<float> strided_queries(const std::vector<kvsift::dense_matrix<float>>& heads,
+                                          std::size_t end, std::size_t stride) {
+  std::vector<float> out;
+  for (std::size_t i = 1; i < end; i += stride) {
+    for (const auto& q : heads) out.insert(out.end(), q.view().row(i), q.view().row(i) + q.cols());
+  }
+  return out;
+}
+
 }  // namespace kvsift_tools

@@ -27,8 +27,8 @@
 #include <kvsift/index/roargraph_builder.hpp>
 #include <kvsift/io/vector_io.hpp>
 #include <kvsift/search/beam_search.hpp>
-
 #include <kvsift/search/gqa_search.hpp>
+
 #include "dump_files.hpp"
 
 namespace {
@@ -57,10 +57,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::size_t ntrain = n - held_out;
-  std::vector<float> train;
-  for (std::size_t i = 1; i < ntrain; i += stride) {
-    for (const auto& q : Q) train.insert(train.end(), q.view().row(i), q.view().row(i) + d);
-  }
+  const std::vector<float> train = kvsift_tools::strided_queries(Q, ntrain, stride);
   const auto g = roargraph_builder<inner_product>(roargraph_params{})
                      .build(view_store<float>(K.view()),
                             matrix_view<const float>(train.data(), train.size() / d, d));

@@ -57,10 +57,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::size_t ntrain = n - neval;
-  std::vector<float> train;
-  for (std::size_t i = 1; i < ntrain; i += stride) {
-    for (const auto& q : all) train.insert(train.end(), q.view().row(i), q.view().row(i) + d);
-  }
+  const std::vector<float> train = kvsift_tools::strided_queries(all, ntrain, stride);
   const matrix_view<const float> tv(train.data(), train.size() / d, d);
   const auto t0 = std::chrono::steady_clock::now();
   const auto g =
