@@ -203,16 +203,20 @@ def parse_kvsift_build(info):
     return build
 
 
+def kvsift_build_flags(args, d):
+    """kvsift-bench's build settings, the same for the first build and the later rounds."""
+    return ["--train", d["train"], "--nq", args.nq, "--M", args.M, "--L-build", args.L_build,
+            *(["--expand-fraction", args.expand_fraction] if args.expand_fraction else [])]
+
+
 def build_kvsift(args, d):
     """One more kvsift build from the saved kNN (the first run's settings; one evaluation
     query, so the searches after it cost nothing): seconds from the kNN."""
     js_path = os.path.join(d["dir"], "kvsift_build.json")
     run([args.kvsift_bench, "--keys", d["keys"], "--queries", d["eval"], "--metric", args.metric,
-         "--train", d["train"], "--load-train-knn", d["knn"], "--nq", args.nq, "--M", args.M,
-         "--L-build", args.L_build,
-         *(["--expand-fraction", args.expand_fraction] if args.expand_fraction else []),
-         "--index", "roargraph", "--query", "topk", "--k", "1", "--L", "1", "--eval", "1",
-         "--threads", args.threads, "--json", js_path])
+         *kvsift_build_flags(args, d), "--load-train-knn", d["knn"], "--index", "roargraph",
+         "--query", "topk", "--k", "1", "--L", "1", "--eval", "1", "--threads", args.threads,
+         "--json", js_path])
     return parse_kvsift_build(json.load(open(js_path))["info"])["from_knn_s"]
 
 
@@ -244,8 +248,7 @@ def run_kvsift(args, d, ks, Ls):
               "--query", "topk", "--threads", args.threads]
     idx = os.path.join(d["dir"], "kvsift.graph")
     js_path = os.path.join(d["dir"], "kvsift.json")
-    first = ["--train", d["train"], "--nq", args.nq, "--M", args.M, "--L-build", args.L_build,
-             *(["--expand-fraction", args.expand_fraction] if args.expand_fraction else []),
+    first = [*kvsift_build_flags(args, d),
              "--index", "roargraph,hnsw" if args.hnsw else "roargraph",
              "--ef", ",".join(map(str, Ls)), "--save-index", idx, "--save-train-knn", d["knn"],
              "--save-gt", d["gt"], "--json", js_path]
