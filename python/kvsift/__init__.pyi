@@ -449,4 +449,6 @@ def search_heads(
     filter: Filter = None,
     threads: int = 1,
     degree_cap: int = 0,
+    shared_walk: bool = False,
+    expand_limit: int = 0,
 ) -> SearchResult: ...

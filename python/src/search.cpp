@@ -8,6 +8,7 @@
 #include "indexes.hpp"
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
+#include "kvsift/search/gqa_search.hpp"
 
 namespace kvsift_python {
 namespace {
@@ -109,7 +110,7 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
 /// for the query heads of a decode step over the per-KV-head indexes (GQA), heads in parallel.
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,
-                           std::size_t degree_cap) {
+                           std::size_t degree_cap, bool shared_walk, std::size_t expand_limit) {
   using one_index = std::variant<const py_graph*, const py_flat*, const py_insertable*>;
   std::vector<one_index> idx;
   for (const auto& h : indexes) {
@@ -135,11 +136,47 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
   const std::size_t group = static_cast<std::size_t>(heads) / idx.size();
   const filter_t f =
       filter_of(filter, std::visit([](const auto* i) { return i->size(); }, idx.front()));
-  // degree_cap shapes the graph walk only: a FlatIndex head scans every key either way.
+  // degree_cap and expand_limit shape the graph walk only: a FlatIndex head scans every key.
   const kvsift::beam_search_params p{
       .k = k,
       .L = bounded_count(L, "search_heads: L"),
-      .degree_cap = bounded_count(degree_cap, "search_heads: degree_cap")};
+      .degree_cap = bounded_count(degree_cap, "search_heads: degree_cap"),
+      .expand_limit = bounded_count(expand_limit, "search_heads: expand_limit")};
+  if (shared_walk) {
+    // One walk per GQA group (gqa_beam_search): a key row is read once for the group's heads.
+    for (const auto& i : idx) {
+      require(!std::holds_alternative<const py_flat*>(i),
+              "search_heads: shared_walk needs graph indexes (RoarGraphIndex or "
+              "InsertableGraphIndex); a FlatIndex scans every key anyway");
+    }
+    return std::visit(
+        [&](const auto& pred) {
+          return batched_groups(
+              queries, k, threads, group,
+              [&](std::size_t g, auto rows, auto& ws, auto ids, auto scores, auto counts) {
+                return std::visit(
+                    [&](const auto* index) -> kvsift::search_stats {
+                      if constexpr (std::is_same_v<decltype(index), const py_insertable*>) {
+                        return index->read([&](const auto& gr) {
+                          return kvsift::gqa_beam_search(gr, rows, p, ws, ids, scores, counts,
+                                                         pred);
+                        });
+                      } else if constexpr (std::is_same_v<decltype(index), const py_graph*>) {
+                        return std::visit(
+                            [&](const auto& gr) {
+                              return kvsift::gqa_beam_search(gr, rows, p, ws, ids, scores, counts,
+                                                             pred);
+                            },
+                            index->index());
+                      } else {
+                        return kvsift::search_stats{};  // refused above
+                      }
+                    },
+                    idx[g]);
+              });
+        },
+        f);
+  }
   return std::visit(
       [&](const auto& pred) {
         return batched_topk(
@@ -410,13 +447,17 @@ void bind_search(py::module_& m) {
         "DiprHeadsResult.");
   m.def("search_heads", &search_heads, py::arg("indexes"), py::arg("queries"), py::arg("k"),
         py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
-        py::arg("degree_cap") = 0,
+        py::arg("degree_cap") = 0, py::arg("shared_walk") = false, py::arg("expand_limit") = 0,
         "Top-k for every query head of a decode step: queries (H, d) float32, indexes one "
         "RoarGraphIndex, InsertableGraphIndex or FlatIndex per KV head (an insertable one is "
         "searched under its read lock, so inserts from another thread wait); query head h "
         "searches indexes[h // (H // "
         "len(indexes))] -> SearchResult with ids/scores (H, k). L: beam pool; degree_cap: "
-        "expand only each node's first degree_cap neighbours, 0 = all (graph only).");
+        "expand only each node's first degree_cap neighbours, 0 = all (graph only); "
+        "expand_limit: expand only the pool's best expand_limit entries, 0 = L (graph only). "
+        "shared_walk: one walk per KV head for its group of query heads (gqa_beam_search: "
+        "each head keeps its own pool, every key is read once for the group; graph indexes "
+        "only); each head's distance_computations and hops are then its group's walk's.");
 }
 
 }  // namespace kvsift_python

@@ -90,3 +90,52 @@ def test_batched_apis_reject_wrong_shapes(step):
     # Empty step: zero heads give empty results.
     o, lse = ks.dense_attention_heads(q[:0], K, V, 0, 4)
     assert o.shape == (0, D) and lse.shape == (0,)
+
+
+def test_shared_walk_is_one_walk_per_group(step):
+    """search_heads(shared_walk=True): one gqa_beam_search per KV head for its query heads."""
+    K, V, q, graphs = step
+    filt = ks.IdRange(8, N - 32)
+    # One query head per KV head: the shared walk is that head's beam search.
+    one = ks.search_heads(graphs, q[:HKV], 20, L=64, filter=filt, shared_walk=True)
+    alone = ks.search_heads(graphs, q[:HKV], 20, L=64, filter=filt)
+    np.testing.assert_array_equal(one.ids, alone.ids)
+    np.testing.assert_array_equal(one.distance_computations, alone.distance_computations)
+    # Copies of one query in a group: each head gets that query's beam search, walked once.
+    g = H // HKV
+    copies = np.repeat(q[::g], g, axis=0)
+    r = ks.search_heads(graphs, copies, 20, L=64, filter=filt, shared_walk=True, threads=0)
+    for h in range(H):
+        want = graphs[h // g].search(copies[h], 20, L=64, filter=filt)
+        np.testing.assert_array_equal(r.ids[h], want.ids)
+        assert r.distance_computations[h] == want.distance_computations
+    # Distinct heads: valid answers (true scores, best first, inside the filter), every head
+    # of a group reports its group's walk, and the walk scores fewer keys than a walk per head.
+    s = ks.search_heads(graphs, q, 20, L=64, filter=filt, shared_walk=True, expand_limit=40)
+    p = ks.search_heads(graphs, q, 20, L=64, filter=filt, expand_limit=40)
+    for h in range(H):
+        ids = s.ids[h]
+        assert np.all((ids >= 8) & (ids < N - 32)) and len(set(ids.tolist())) == 20
+        np.testing.assert_allclose(s.scores[h], K[ids, h // g, :] @ q[h], rtol=1e-5, atol=1e-5)
+        assert np.all(np.diff(s.scores[h]) <= 0)
+    for kv in range(HKV):
+        assert np.all(s.distance_computations[kv * g:(kv + 1) * g] == s.distance_computations[kv * g])
+        assert s.distance_computations[kv * g] < p.distance_computations[kv * g:(kv + 1) * g].sum()
+    # A head whose query holds NaN returns nothing; the group's other heads still search.
+    bad = q.copy()
+    bad[1, 3] = np.nan
+    n = ks.search_heads(graphs, bad, 20, L=64, shared_walk=True)
+    assert np.all(n.ids[1] == ks.INVALID_ID) and np.all(n.ids[0] != ks.INVALID_ID)
+
+
+def test_shared_walk_rejects_bad_input(step):
+    K, V, q, graphs = step
+    flat = [ks.FlatIndex(K[:, kv, :]) for kv in range(HKV)]
+    with pytest.raises(ks.InvalidArgument, match="shared_walk needs graph indexes"):
+        ks.search_heads(flat, q, 4, shared_walk=True)
+    with pytest.raises(ks.InvalidArgument, match="expand_limit"):
+        ks.search_heads(graphs, q, 4, L=8, expand_limit=9, shared_walk=True)
+    with pytest.raises(ks.InvalidArgument, match="L"):
+        ks.search_heads(graphs, q, 40, L=8, shared_walk=True)
+    with pytest.raises(ks.DimensionMismatch, match="multiple of the 2 indexes"):
+        ks.search_heads(graphs, q[:3], 4, shared_walk=True)
