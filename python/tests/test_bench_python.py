@@ -63,3 +63,16 @@ def test_isa_bench_runs_each_build(data):
         times = [float(t) for t in re.findall(r"([0-9.]+) us", row)]
         assert len(times) == 2 and all(t > 0 for t in times)
         assert row.rstrip().endswith("1.00x")  # the reference is the last build
+
+
+def test_shared_walk_script_on_the_sample(tmp_path):
+    # One walk per GQA group through search_heads on the committed sample: every row present,
+    # and the group's walk scores fewer keys per query than a walk per head at the same pool.
+    out = tmp_path / "shared.json"
+    run("shared_walk.py", str(ROOT / "bench" / "data" / "sample"), "15", "--L", "100",
+        "--E", "60", "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["walk"], r["L"], r["E"]) for r in rows] == [
+        ("per head", 100, 0), ("group", 100, 0), ("group", 100, 60)]
+    assert all(0.5 < r["recall_at_100"] <= 1 and r["us_per_position"] > 0 for r in rows)
+    assert rows[1]["keys_per_query"] < rows[0]["keys_per_query"]
