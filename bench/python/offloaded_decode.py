@@ -12,6 +12,7 @@ Synthetic out-of-distribution keys and queries (as bench/python/cuda_decode_sear
 query drifts slowly between steps, so retrieved pages are partly reused.
 
     python3 bench/python/offloaded_decode.py [--requests 2] [--n 32768] [--slots 512]
+        [--shared-walk 1] [--expand-limit E]
 """
 
 import argparse
@@ -43,6 +44,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--drift", type=float, default=0.05, help="query change per step (relative)")
+    ap.add_argument("--shared-walk", type=int, default=0,
+                    help="1: one walk per KV head for its query heads (search_heads shared_walk)")
+    ap.add_argument("--expand-limit", type=int, default=0, help="search_heads expand_limit")
     ap.add_argument("--json")
     args = ap.parse_args()
     B, G, grp, n, d, page = args.requests, args.kv_heads, args.group, args.n, args.dim, args.page
@@ -98,7 +102,8 @@ def main():
                                          scale=scale)  # enqueued; runs while the CPU searches
         t1 = time.perf_counter()
         found = kvsift.search_heads(indexes, q, args.k, L=args.L, filter=filt,
-                                    threads=args.threads)
+                                    threads=args.threads, shared_walk=bool(args.shared_walk),
+                                    expand_limit=args.expand_limit)
         search_s.append(time.perf_counter() - t1)
         valid = found.ids != kvsift.INVALID_ID
         counts = valid.sum(axis=1)
@@ -146,8 +151,10 @@ def main():
         "device_kv_bytes": {"offloaded": 2 * (pairs * args.slots + 1) * page * d * 2
                             + 2 * pairs * w * d * 2, "resident": 2 * pairs * n * d * 2},
     }
+    walk = "a walk per KV head" if args.shared_walk else "a walk per query head"
     print(f"# {torch.cuda.get_device_name()}: {B} requests x {G} KV heads x {n} tokens, "
-          f"{heads} query heads, d {d}, f16; top-{args.k} (L {args.L}) on the CPU "
+          f"{heads} query heads, d {d}, f16; top-{args.k} (L {args.L}, expand limit "
+          f"{args.expand_limit or 'L'}, {walk}) on the CPU "
           f"({args.threads or 'all'} threads), window {args.sink} + {args.window}, "
           f"{args.slots} device pages of {page} per pair; median over steps 2..{args.steps}")
     print("| measure | value |\n|---|---|")
