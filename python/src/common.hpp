@@ -338,16 +338,16 @@ inline kvsift::dipr_params dipr_params_of(float beta, std::size_t l0, std::size_
   return p;
 }
 
-/// A batch of (d,) or (m, d) f32 queries and its (m, k) result arrays, checked and allocated
-/// before any search runs.
-struct topk_batch {
-  tensor qa;  ///< keeps the queries' owner (a DLPack export's capsule) alive with `q`
-  kvsift::matrix_view<const float> q;
-  search_result out;
-};
-
-inline topk_batch start_topk_batch(const py::handle& queries_h, std::size_t k) {
-  tensor qa = tensor_of(queries_h, "queries");
+/// Runs `one(u, rows, ws, ids, scores, counts) -> search_stats` for each unit u of `group`
+/// consecutive rows of a (d,) or (m, d) f32 query array (m a multiple of group; the caller
+/// checks), the units in parallel (one workspace per thread) with the GIL released: one search
+/// serves a unit's rows (a group x d view), writes their group x k ids and scores (and their
+/// counts, scratch the caller does not return), and every row of the unit reports its stats.
+/// group = 1 is a search per query (batched_topk); larger groups are one walk per GQA group.
+template <class One>
+search_result batched_groups(const py::handle& queries_h, std::size_t k, std::size_t threads,
+                             std::size_t group, One&& one) {
+  const tensor qa = tensor_of(queries_h, "queries");
   require_dtype(qa, dtypes::f32, "queries");
   require<kvsift::dimension_mismatch>(qa.ndim() == 1 || qa.ndim() == 2,
                                       "queries: expected a 1-D (dim) or 2-D (m x dim) array, got ",
@@ -363,7 +363,7 @@ inline topk_batch start_topk_batch(const py::handle& queries_h, std::size_t k) {
       single ? kvsift::matrix_view<const float>(vector_of(qa, "queries").data(), 1,
                                                 static_cast<std::size_t>(qa.shape[0]))
              : matrix_of<float>(qa, "queries");
-  const std::size_t m = q.rows();
+  const std::size_t m = q.rows(), units = m / group;
   const std::size_t cells = kvsift::checked_mul(m, k, "queries x k results");
   const std::size_t bytes = kvsift::checked_bytes<std::int64_t>(cells, "queries x k results");
   require(bytes <= static_cast<std::size_t>(std::numeric_limits<py::ssize_t>::max()),
@@ -377,7 +377,33 @@ inline topk_batch start_topk_batch(const py::handle& queries_h, std::size_t k) {
   out.scores = py::array_t<float>(shape);
   out.distance_computations = py::array_t<std::int64_t>(static_cast<py::ssize_t>(m));
   out.hops = py::array_t<std::int64_t>(static_cast<py::ssize_t>(m));
-  return {std::move(qa), q, std::move(out)};
+  std::int64_t* ids = out.ids.mutable_data();
+  float* scores = out.scores.mutable_data();
+  std::int64_t* dist = out.distance_computations.mutable_data();
+  std::int64_t* hops = out.hops.mutable_data();
+  {
+    py::gil_scoped_release release;
+    const std::size_t t = std::min(units, threads == 0 ? kvsift::default_thread_count() : threads);
+    std::vector<kvsift::search_workspace> ws(std::max<std::size_t>(t, 1));
+    // The library writes 32-bit ids; each worker widens its unit's rows to int64.
+    std::vector<std::vector<id_t>> ids32(ws.size());
+    std::vector<std::vector<std::size_t>> counts(ws.size());
+    kvsift::parallel_for(units, ws.size(), [&](std::size_t u, std::size_t w) {
+      ids32[w].resize(group * k);
+      counts[w].resize(group);
+      const std::size_t r0 = u * group;
+      const kvsift::matrix_view<const float> rows(q.row(r0), group, q.cols());
+      const kvsift::search_stats s =
+          one(u, rows, ws[w], std::span<id_t>(ids32[w]),
+              std::span<float>(scores + r0 * k, group * k), std::span<std::size_t>(counts[w]));
+      std::copy(ids32[w].begin(), ids32[w].end(), ids + r0 * k);
+      for (std::size_t r = r0; r < r0 + group; ++r) {
+        dist[r] = static_cast<std::int64_t>(s.distance_computations);
+        hops[r] = static_cast<std::int64_t>(s.hops);
+      }
+    });
+  }
+  return out;
 }
 
 /// Runs `one(i, query_span, ws, ids, scores) -> search_stats` for a (d,) or (m, d) query array,
@@ -385,70 +411,11 @@ inline topk_batch start_topk_batch(const py::handle& queries_h, std::size_t k) {
 template <class One>
 search_result batched_topk(const py::handle& queries_h, std::size_t k, std::size_t threads,
                            One&& one) {
-  topk_batch b = start_topk_batch(queries_h, k);
-  const kvsift::matrix_view<const float> q = b.q;
-  search_result& out = b.out;
-  const std::size_t m = q.rows();
-  std::int64_t* ids = out.ids.mutable_data();
-  float* scores = out.scores.mutable_data();
-  std::int64_t* dist = out.distance_computations.mutable_data();
-  std::int64_t* hops = out.hops.mutable_data();
-  {
-    py::gil_scoped_release release;
-    const std::size_t t = std::min(m, threads == 0 ? kvsift::default_thread_count() : threads);
-    std::vector<kvsift::search_workspace> ws(std::max<std::size_t>(t, 1));
-    // The library writes 32-bit ids; each worker widens its query's row to int64.
-    std::vector<std::vector<id_t>> ids32(ws.size());
-    kvsift::parallel_for(m, ws.size(), [&](std::size_t i, std::size_t w) {
-      ids32[w].resize(k);
-      const kvsift::search_stats s = one(i, q.row_span(i), ws[w], std::span<id_t>(ids32[w]),
-                                         std::span<float>(scores + i * k, k));
-      std::copy(ids32[w].begin(), ids32[w].end(), ids + i * k);
-      dist[i] = static_cast<std::int64_t>(s.distance_computations);
-      hops[i] = static_cast<std::int64_t>(s.hops);
-    });
-  }
-  return std::move(out);
-}
-
-/// Runs `one(g, rows, ws, ids, scores, counts) -> search_stats` for each group g of `group`
-/// consecutive rows of an (m, d) query array (m a multiple of group; the caller checks), the
-/// groups in parallel with the GIL released: one search serves a group's rows and writes their
-/// group x k ids and scores and their counts. Each row reports its group's distance
-/// computations and hops.
-template <class One>
-search_result batched_groups(const py::handle& queries_h, std::size_t k, std::size_t threads,
-                             std::size_t group, One&& one) {
-  topk_batch b = start_topk_batch(queries_h, k);
-  const kvsift::matrix_view<const float> q = b.q;
-  search_result& out = b.out;
-  const std::size_t m = q.rows(), groups = m / group;
-  std::int64_t* ids = out.ids.mutable_data();
-  float* scores = out.scores.mutable_data();
-  std::int64_t* dist = out.distance_computations.mutable_data();
-  std::int64_t* hops = out.hops.mutable_data();
-  {
-    py::gil_scoped_release release;
-    const std::size_t t = std::min(groups, threads == 0 ? kvsift::default_thread_count() : threads);
-    std::vector<kvsift::search_workspace> ws(std::max<std::size_t>(t, 1));
-    std::vector<std::vector<id_t>> ids32(ws.size());
-    std::vector<std::vector<std::size_t>> counts(ws.size());
-    kvsift::parallel_for(groups, ws.size(), [&](std::size_t g, std::size_t w) {
-      ids32[w].resize(group * k);
-      counts[w].resize(group);
-      const std::size_t r0 = g * group;
-      const kvsift::matrix_view<const float> rows(q.row(r0), group, q.cols());
-      const kvsift::search_stats s =
-          one(g, rows, ws[w], std::span<id_t>(ids32[w]),
-              std::span<float>(scores + r0 * k, group * k), std::span<std::size_t>(counts[w]));
-      std::copy(ids32[w].begin(), ids32[w].end(), ids + r0 * k);
-      for (std::size_t h = 0; h < group; ++h) {
-        dist[r0 + h] = static_cast<std::int64_t>(s.distance_computations);
-        hops[r0 + h] = static_cast<std::int64_t>(s.hops);
-      }
-    });
-  }
-  return std::move(out);
+  return batched_groups(
+      queries_h, k, threads, 1,
+      [&](std::size_t i, kvsift::matrix_view<const float> rows, kvsift::search_workspace& ws,
+          std::span<id_t> ids, std::span<float> scores,
+          std::span<std::size_t>) { return one(i, rows.row_span(0), ws, ids, scores); });
 }
 
 // One workspace per Python thread: single-query calls allocate nothing once warmed up.

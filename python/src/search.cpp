@@ -154,20 +154,15 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
           return batched_groups(
               queries, k, threads, group,
               [&](std::size_t g, auto rows, auto& ws, auto ids, auto scores, auto counts) {
+                auto walk = [&](const auto& gr) {
+                  return kvsift::gqa_beam_search(gr, rows, p, ws, ids, scores, counts, pred);
+                };
                 return std::visit(
                     [&](const auto* index) -> kvsift::search_stats {
                       if constexpr (std::is_same_v<decltype(index), const py_insertable*>) {
-                        return index->read([&](const auto& gr) {
-                          return kvsift::gqa_beam_search(gr, rows, p, ws, ids, scores, counts,
-                                                         pred);
-                        });
+                        return index->read(walk);
                       } else if constexpr (std::is_same_v<decltype(index), const py_graph*>) {
-                        return std::visit(
-                            [&](const auto& gr) {
-                              return kvsift::gqa_beam_search(gr, rows, p, ws, ids, scores, counts,
-                                                             pred);
-                            },
-                            index->index());
+                        return std::visit(walk, index->index());
                       } else {
                         return kvsift::search_stats{};  // refused above
                       }
