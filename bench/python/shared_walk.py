@@ -40,10 +40,13 @@ def main():
     ap.add_argument("--E", default="40,60,80", help="expand limits of the shared walk, L 100")
     ap.add_argument("--json")
     args = ap.parse_args()
-    keys = read_fbin(os.path.join(args.dir, f"L{args.layer}_k0.fbin"))
+    def path(name):
+        return os.path.join(args.dir, f"L{args.layer}_{name}.fbin")
+
+    keys = read_fbin(path("k0"))
     heads = []
-    while os.path.exists(os.path.join(args.dir, f"L{args.layer}_q{len(heads)}.fbin")):
-        heads.append(read_fbin(os.path.join(args.dir, f"L{args.layer}_q{len(heads)}.fbin")))
+    while os.path.exists(path(f"q{len(heads)}")):
+        heads.append(read_fbin(path(f"q{len(heads)}")))
     n, H = keys.shape[0], len(heads)
     if H == 0 or n <= HELD_OUT or args.stride < 1:
         sys.exit(f"expected query heads, more than {HELD_OUT} keys and --stride >= 1")
@@ -53,7 +56,8 @@ def main():
     build_s = time.perf_counter() - t0
     positions = range(n - HELD_OUT, n, EVERY)
     queries = [np.ascontiguousarray(np.stack([q[p] for q in heads])) for p in positions]
-    exact = [ks.FlatIndex(keys).topk(q, K, threads=0).ids for q in queries]
+    flat = ks.FlatIndex(keys)
+    exact = [flat.topk(q, K, threads=0).ids for q in queries]
     print(f"L{args.layer}: {n} keys x {keys.shape[1]}, {H} query heads, {train.shape[0]} "
           f"training queries, build {build_s:.1f} s; {len(queries)} positions x {H} heads")
     print(f"{'walk':<10} {'L':>4} {'E':>4} {'recall@100':>10} {'keys/query':>10} "
