@@ -41,7 +41,9 @@ def plot_frontiers(path, title, panels):
     import matplotlib.pyplot as plt
 
     style = {"flat": "k*", "roargraph": "C0o-", "hnswlib": "C1s-", "hnsw": "C1s-",
-             "faiss-hnsw": "C4D-", "faiss-ivf": "C2^-", "ivf": "C2^-"}
+             "faiss-hnsw": "C4D-", "faiss-ivf": "C2^-", "ivf": "C2^-",
+             # the GQA-group variants (pyeval.py): their method's colour, dashed
+             "roargraph-gqa": "C0o--", "faiss-ivf-gqa": "C2^--"}
     cols = min(len(panels), 2)
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)

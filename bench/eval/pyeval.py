@@ -13,6 +13,15 @@ lists + all centroids; hnswlib does not expose its count (n/a). Latency = one th
 query of a batch. RoarGraph DIPR rows: set recall of the graph's DIPR result against the exact
 DIPR set (FlatIndex.dipr) at the same beta.
 
+GQA groups (unless --no-gqa; layers with more than one query head). A decode step has all of a
+KV head's query heads at once, so it can read a key row once for all of them. Two more indexes
+count that way: roargraph-gqa (one walk per position for the group, search_heads(shared_walk=
+True), sweeping L and the expand limit E = --expand-fractions x L) and faiss-ivf-gqa (every
+head scans the union of the group's probed lists, search_preassigned). Their `scanned` is the
+key rows read per query (the group's rows / H, centroids included for IVF), `scored` the keys
+each query was scored against; for the per-head indexes the two are the same. The targets are
+reported both ways: keys scored by one search per head, and rows read with the group variants.
+
 Attention quality. For a held-out query at position p attending causally [0, p]: the static
 window (first --sink + last --recent tokens) alone, window + exact top-k of the middle, and
 window + exact DIPR of the middle (every middle token within beta logits of the best score),
@@ -50,6 +59,9 @@ FULL = {"L": "10,16,32,64,100,128,160,200,300,400,600,800,1200",
         "attn_k": "16,32,64,128,256,512,1024,2048,4096"}
 QUICK = {"L": "10,32,100,200", "nprobe": "1,4,16", "beta": "2,4", "attn_k": "16,64,256"}
 METHODS = ("flat", "roargraph", "hnswlib", "faiss-hnsw", "faiss-ivf")
+# Table order of the indexes, with the group variants (group_rows) after their method.
+INDEXES = ("flat", "roargraph", "roargraph-gqa", "hnswlib", "faiss-hnsw", "faiss-ivf",
+           "faiss-ivf-gqa")
 
 
 def fail(msg):
@@ -125,8 +137,29 @@ class RoarGraph:
         return [L for L in args.L if L >= k]
 
     def search(self, q, k, L):
-        r = self.g.search(q, k, L=L, threads=1)
+        r = self.g.search(q, k, L=L, threads=1, degree_cap=self.args.degree_cap)
         return r.ids, float(np.mean(r.distance_computations))
+
+    def group_params(self, k, args):
+        # E = 0 is the plain pool (every entry expanded); smaller fractions stop the walk
+        # earlier, which a shared walk affords because four heads feed its frontier.
+        return [(L, 0 if f >= 1 else max(1, round(f * L))) for L in self.params(k, args)
+                for f in args.expand_fractions]
+
+    def group_search(self, qs, k, p):
+        """One walk per position for the group's heads (search_heads(shared_walk=True)).
+
+        qs: (positions, H, d). Returns ids (positions, H, k), the distinct key rows the walks
+        read per query, and the keys scored per query (each head scores every row read)."""
+        L, E = p
+        ids, rows = [], 0.0
+        for q in qs:
+            r = self.ks.search_heads([self.g], q, k, L=L, threads=1, shared_walk=True,
+                                     expand_limit=E, degree_cap=self.args.degree_cap)
+            ids.append(r.ids)
+            rows += float(r.distance_computations[0])  # every head reports its group's count
+        H = qs.shape[1]
+        return np.stack(ids), rows / (len(qs) * H), rows / len(qs)
 
 
 class Hnswlib:
@@ -209,10 +242,35 @@ class FaissIvf:
         self.index.add(keys)
         secs = time.perf_counter() - t
         f.omp_set_num_threads(1)
+        self.list_sizes = np.array([self.index.invlists.list_size(i) for i in range(self.nlist)])
         return secs, len(f.serialize_index(self.index))
 
     def params(self, k, args):
         return [p for p in args.nprobe if p <= self.nlist]
+
+    def group_params(self, k, args):
+        return self.params(k, args)
+
+    def group_search(self, qs, k, nprobe):
+        """IVF for a GQA group: every head scans the union of the group's probed lists.
+
+        The fair peer of a shared walk: the group's heads probe their nprobe lists each, the
+        union is read once and scored for every head (search_preassigned). Rows read per query =
+        (keys in the union + the nlist centroids, also read once) / H."""
+        P, H, d = qs.shape
+        flat = np.ascontiguousarray(qs.reshape(P * H, d))
+        _, probe = self.quantizer.search(flat, nprobe)
+        width = min(H * nprobe, self.nlist)  # the widest union
+        assign = np.full((P * H, width), -1, dtype=np.int64)
+        rows = 0
+        for p in range(P):
+            union = np.unique(probe[p * H:(p + 1) * H])
+            assign[p * H:(p + 1) * H, :len(union)] = union
+            rows += int(self.list_sizes[union].sum())
+        self.index.nprobe = width
+        _, ids = self.index.search_preassigned(flat, k, assign, np.zeros(assign.shape, "float32"))
+        rows_per_query = (rows / P + self.nlist) / H
+        return ids.reshape(P, H, k), rows_per_query, rows_per_query * H
 
     def search(self, q, k, nprobe):
         f = self.faiss
@@ -265,10 +323,36 @@ def retrieval(ks, ld, sp, args, methods, log):
                                  "recall": recall(np.asarray(ids), truth[h], k),
                                  "scanned_keys": scanned,
                                  "scanned": None if scanned is None else scanned / sp.n_train,
+                                 "scored": None if scanned is None else scanned / sp.n_train,
                                  "latency_us": us, "qps": 1e6 / us})
+        if args.gqa and len(heads) > 1 and hasattr(m, "group_search"):
+            rows += group_rows(m, heads, evalq, truth, sp.n_train, args)
         if m.name == "roargraph":
             rows += dipr_rows(m.g, oracle, evalq, ld.scale, sp.n_train, args)
     return builds, rows, int(train.shape[0])
+
+
+def group_rows(m, heads, evalq, truth, n, args):
+    """The group variant of method m (index "<name>-gqa"): each eval position's query heads
+    searched together, so a key row is read once per group. `scanned` is then the rows read per
+    query (the group's rows / H), `scored` the keys each query was scored against (the group's
+    rows); for the per-head rows the two are equal. One row per head per setting, so the tables'
+    head averages and the targets treat them like any other index."""
+    qs = np.ascontiguousarray(np.stack([evalq[h] for h in heads], axis=1))  # (P, H, d)
+    out = []
+    for k in args.k:
+        for p in m.group_params(k, args):
+            t = time.perf_counter()
+            ids, read, scored = m.group_search(qs, k, p)
+            us = (time.perf_counter() - t) / (qs.shape[0] * qs.shape[1]) * 1e6
+            param, limit = p if isinstance(p, tuple) else (p, None)  # RoarGraph: (L, E)
+            for i, h in enumerate(heads):
+                out.append({"index": f"{m.name}-gqa", "head": h, "query": f"top-{k}", "k": k,
+                            "param_name": m.param_name, "param": param, "expand_limit": limit,
+                            "recall": recall(ids[:, i], truth[h], k), "scanned_keys": read,
+                            "scanned": read / n, "scored": scored / n,
+                            "latency_us": us, "qps": 1e6 / us})
+    return out
 
 
 def dipr_rows(graph, oracle, evalq, scale, n, args):
@@ -359,15 +443,15 @@ def middle(p, args):
 # --- aggregation and report ---
 
 
-def head_mean(rows, keys=("index", "query", "param")):
-    """Rows averaged over heads per (index, query, param)."""
+def head_mean(rows, keys=("index", "query", "param", "expand_limit")):
+    """Rows averaged over heads per (index, query, param, expand limit)."""
     acc = {}
     for r in rows:
-        acc.setdefault(tuple(r[k] for k in keys), []).append(r)
+        acc.setdefault(tuple(r.get(k) for k in keys), []).append(r)
     out = []
     for key, rs in acc.items():
         m = dict(zip(keys, key))
-        for f in ("recall", "scanned", "scanned_keys", "latency_us", "exact_set_size"):
+        for f in ("recall", "scanned", "scored", "scanned_keys", "latency_us", "exact_set_size"):
             vals = [r.get(f) for r in rs]
             m[f] = None if any(v is None for v in vals) else float(np.mean(vals))
         m["param_name"] = rs[0]["param_name"]
@@ -384,30 +468,47 @@ def cheapest(rows, index, query, target):
 
 
 def targets(avg):
-    """The brief's two targets on head-averaged rows of one layer."""
+    """The brief's two targets on head-averaged rows of one layer.
+
+    Counted twice: keys scored per query with one search per head (the tables' historical
+    count), and key rows read per query where the group's heads may search together (the shared
+    walk and IVF over the union of the group's lists: what a decode step pays for)."""
     t = {}
     best = cheapest(avg, "roargraph", "top-100", 0.95)
     t["roargraph recall@100>=0.95 scanned"] = None if best is None else best["scanned"]
     t["roargraph recall@100>=0.95 at <=5% scanned"] = best is not None and best["scanned"] <= 0.05
-    for query in ("top-10", "top-100"):
-        for target in (0.9, 0.95, 0.99):
-            g = cheapest(avg, "roargraph", query, target)
-            peers = [cheapest(avg, p, query, target) for p in ("faiss-ivf", "faiss-hnsw")]
-            peers = [p for p in peers if p is not None]
-            key = f"{query} recall>={target}"
-            if g is None or not peers:
+    if any(r["index"] == "roargraph-gqa" for r in avg):
+        best = cheapest(avg, "roargraph-gqa", "top-100", 0.95)
+        t["roargraph-gqa recall@100>=0.95 rows read"] = None if best is None else best["scanned"]
+        t["roargraph-gqa recall@100>=0.95 at <=5% rows read"] = (best is not None
+                                                                 and best["scanned"] <= 0.05)
+    counts = [("", ("roargraph",), ("faiss-ivf", "faiss-hnsw")),
+              (" (rows read, GQA groups)", ("roargraph", "roargraph-gqa"),
+               ("faiss-ivf", "faiss-hnsw", "faiss-ivf-gqa"))]
+    for suffix, ours, theirs in counts:
+        if suffix and not any(r["index"].endswith("-gqa") for r in avg):
+            continue
+        for query in ("top-10", "top-100"):
+            for target in (0.9, 0.95, 0.99):
+                mine = [g for g in (cheapest(avg, i, query, target) for i in ours) if g]
+                peers = [p for p in (cheapest(avg, i, query, target) for i in theirs) if p]
+                key = f"{query} recall>={target}{suffix}"
+                g = min(mine, key=lambda r: r["scanned"]) if mine else None
+                bp = min(peers, key=lambda r: r["scanned"]) if peers else None
                 t[key] = {"roargraph": None if g is None else g["scanned"],
-                          "best_peer": None if not peers else min(p["scanned"] for p in peers),
-                          "ratio": None}
-                continue
-            bp = min(peers, key=lambda p: p["scanned"])
-            t[key] = {"roargraph": g["scanned"], "best_peer": bp["scanned"],
-                      "best_peer_index": bp["index"], "ratio": bp["scanned"] / g["scanned"]}
+                          "roargraph_index": None if g is None else g["index"],
+                          "best_peer": None if bp is None else bp["scanned"],
+                          "best_peer_index": None if bp is None else bp["index"],
+                          "ratio": None if g is None or bp is None
+                          else bp["scanned"] / g["scanned"]}
     return t
 
 
 def param_text(r):
-    return "-" if r["param"] is None else f"{r['param_name']}={r['param']:g}"
+    if r["param"] is None:
+        return "-"
+    text = f"{r['param_name']}={r['param']:g}"
+    return text if r.get("expand_limit") is None else f"{text} E={r['expand_limit'] or r['param']}"
 
 
 def pct(x):
@@ -432,16 +533,18 @@ def write_markdown(path, res):
             L.append(f"| {b['index']} | {b['build_s']:.1f} | {b['bytes'] / 2**20:.1f} |")
         for query in sorted({r["query"] for r in avg if r["query"] != "dipr"}, key=len):
             L.append(f"\n### {query}: Pareto points (recall vs keys scanned)\n")
-            L.append("| index | param | recall | scanned | latency us | QPS |\n|---|---|---|---|---|---|")
+            L.append("| index | param | recall | scanned (rows read) | scored | latency us | "
+                     "QPS |\n|---|---|---|---|---|---|---|")
             present = {r["index"] for r in avg if r["query"] == query}
-            for index in [m for m in METHODS if m in present]:
+            for index in [m for m in INDEXES if m in present]:
                 pts = [r for r in avg if r["index"] == index and r["query"] == query]
                 # Indexes without a scanned count (hnswlib) get their latency frontier instead.
                 has_scan = all(r["scanned"] is not None for r in pts)
                 cost = "scanned" if has_scan else "latency_us"
                 for _, _, r in pareto([(r[cost], r["recall"], r) for r in pts]):
                     L.append(f"| {index} | {param_text(r)} | "
-                             f"{r['recall']:.4f} | {pct(r['scanned'])} | {r['latency_us']:.0f} | "
+                             f"{r['recall']:.4f} | {pct(r['scanned'])} | {pct(r.get('scored'))} | "
+                             f"{r['latency_us']:.0f} | "
                              f"{1e6 / r['latency_us']:.0f} |")
         dipr = sorted((r for r in avg if r["query"] == "dipr"), key=lambda r: r["param"])
         if dipr:
@@ -457,17 +560,23 @@ def write_markdown(path, res):
         L.append(f"- RoarGraph recall@100 >= 0.95 at <= 5% scanned: "
                  f"{'met' if t['roargraph recall@100>=0.95 at <=5% scanned'] else 'NOT met'} "
                  f"(cheapest: {pct(t['roargraph recall@100>=0.95 scanned'])})")
+        if "roargraph-gqa recall@100>=0.95 rows read" in t:
+            met = t["roargraph-gqa recall@100>=0.95 at <=5% rows read"]
+            L.append(f"- RoarGraph shared walk recall@100 >= 0.95 at <= 5% of the key rows read: "
+                     f"{'met' if met else 'NOT met'} "
+                     f"(cheapest: {pct(t['roargraph-gqa recall@100>=0.95 rows read'])})")
         for key, v in t.items():
             if not isinstance(v, dict):
                 continue
             if v["roargraph"] is None:
                 L.append(f"- {key}: RoarGraph does not reach it in the sweep")
             elif v["ratio"] is None:
-                L.append(f"- {key}: RoarGraph {pct(v['roargraph'])}; faiss IVF / HNSW do not "
-                         "reach it in the sweep")
+                L.append(f"- {key}: {v.get('roargraph_index') or 'roargraph'} "
+                         f"{pct(v['roargraph'])}; faiss IVF / HNSW do not reach it in the sweep")
             else:
                 verdict = "met" if v["ratio"] >= 10 else "not met"
-                L.append(f"- {key}: RoarGraph {pct(v['roargraph'])}, best peer "
+                L.append(f"- {key}: {v.get('roargraph_index') or 'roargraph'} "
+                         f"{pct(v['roargraph'])}, best peer "
                          f"{v['best_peer_index']} {pct(v['best_peer'])}: {v['ratio']:.1f}x fewer "
                          f"keys (>= 10x: {verdict})")
         L.append("\n### Attention quality (exact selections, averaged over heads)\n")
@@ -570,12 +679,18 @@ def main(argv=None):
     ap.add_argument("--nq", type=int, default=100)
     ap.add_argument("--M", type=int, default=35)
     ap.add_argument("--build-L", type=int, default=500)
+    ap.add_argument("--degree-cap", type=int, default=0,
+                    help="RoarGraph searches expand at most a node's first N neighbours (0 = all)")
     ap.add_argument("--hnsw-M", type=int, default=32)
     ap.add_argument("--ef-construction", type=int, default=200)
     ap.add_argument("--nlist", type=int, default=0, help="IVF lists (0: 4 sqrt(n))")
     ap.add_argument("--l0", type=int, default=64)
     ap.add_argument("--sink", type=int, default=4)
     ap.add_argument("--recent", type=int, default=512)
+    ap.add_argument("--expand-fractions", default="1,0.6,0.5",
+                    help="shared walk (roargraph-gqa): expand limits as fractions of L")
+    ap.add_argument("--no-gqa", dest="gqa", action="store_false",
+                    help="skip the group variants (roargraph-gqa, faiss-ivf-gqa)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--from-json", help="re-render pyeval.md and the plots of an earlier run's "
                     "pyeval.json into --out (default: its directory); nothing is measured")
@@ -598,6 +713,9 @@ def main(argv=None):
     args.nprobe = ints(args.nprobe or sweep["nprobe"], "nprobe")
     args.beta = floats(args.beta or sweep["beta"], "beta")
     args.attn_k = ints(args.attn_k or sweep["attn_k"], "attn-k")
+    args.expand_fractions = floats(args.expand_fractions, "expand-fractions")
+    if any(f > 1 for f in args.expand_fractions):
+        fail(f"--expand-fractions: expected fractions in (0, 1], got {args.expand_fractions}")
     if args.quick:
         args.build_L, args.M, args.ef_construction = min(args.build_L, 200), min(args.M, 24), 100
     args.methods = args.methods.split(",")

@@ -137,6 +137,31 @@ def test_tiny_dump_exact_limits(tmp_path):
     assert (tmp_path / "out" / "pyeval.md").exists() and (tmp_path / "out" / "pyeval.json").exists()
 
 
+def check_shared_walk_rows(rows, H):
+    """roargraph-gqa: one walk per position for the group, counted as rows read per query."""
+    avg = pyeval.head_mean(rows)
+    walk = {(r["query"], r["param"], r["expand_limit"]): r for r in avg
+            if r["index"] == "roargraph-gqa"}
+    per_head = {(r["query"], r["param"]): r for r in avg if r["index"] == "roargraph"}
+    assert walk and {r["heads"] for r in walk.values()} == {H}
+    for (query, L, E), r in walk.items():
+        # Each query head is scored against every row its group's walk read.
+        assert r["scored"] == pytest.approx(H * r["scanned"])
+        if E == 0:
+            # The group's walk reads more rows than one head's walk would (it serves H pools),
+            # but far fewer than H separate walks: the rows the heads' top keys share.
+            own = per_head[(query, L)]["scanned"]
+            assert 1.3 * own < r["scored"] < H * own
+            # Expanding only part of the pool stops the walk sooner.
+            for (q2, L2, E2), cut in walk.items():
+                if (q2, L2) == (query, L) and E2:
+                    assert cut["scanned"] < r["scanned"]
+    # Its largest pool finds the heads' top-100 as well as a walk per head does.
+    best = max((r for r in walk.values() if r["query"] == "top-100"),
+               key=lambda r: (r["param"], r["expand_limit"] == 0))
+    assert best["expand_limit"] == 0 and best["recall"] >= 0.95
+
+
 @needs_kvsift
 def test_quick_run_on_the_committed_sample(tmp_path, capsys):
     res = pyeval.main(["--dump", str(SAMPLE), "--quick", "--out", str(tmp_path), "--threads", "1"])
@@ -160,6 +185,7 @@ def test_quick_run_on_the_committed_sample(tmp_path, capsys):
         for r in lay["quality"]:
             assert 0 < r["recovery"] <= 1 + 1e-9 and r["rel_l2_error"] >= 0
         assert lay["targets"]["roargraph recall@100>=0.95 scanned"] is not None
+        check_shared_walk_rows(rows, len(m["query_heads_dumped"]))
     for name in ("hnswlib", "faiss-hnsw", "faiss-ivf"):
         assert name in res["meta"]["methods"] or f"skipping {name}" in out
     if "plots skipped" not in out:
@@ -195,3 +221,26 @@ def test_bad_arguments_fail_before_writing(tmp_path):
         with pytest.raises(SystemExit):
             pyeval.main(["--dump", str(SAMPLE), "--out", str(tmp_path / "o")] + argv)
         assert not (tmp_path / "o").exists()
+
+
+@needs_kvsift
+def test_ivf_over_the_groups_union_of_lists(tmp_path):
+    pytest.importorskip("faiss")
+    dump = tiny_dump(tmp_path / "dump", heads=3)
+    res = pyeval.main(["--dump", str(dump), "--out", str(tmp_path / "out"), "--methods",
+                       "faiss-ivf", "--eval-stride", "1", "--train-fraction", "0.9", "--nlist",
+                       "16", "--nprobe", "1,2,4,16", "--attn-k", "8", "--beta", "1",
+                       "--threads", "1", "--no-plots"])
+    avg = pyeval.head_mean(res["layers"][0]["rows"])
+    one = {(r["query"], r["param"]): r for r in avg if r["index"] == "faiss-ivf"}
+    group = {(r["query"], r["param"]): r for r in avg if r["index"] == "faiss-ivf-gqa"}
+    assert set(one) == set(group)
+    for key, g in group.items():
+        # Every head scans the union of the group's lists, a superset of its own: the exact
+        # top-k over more keys finds at least as many of the true top-k.
+        assert g["recall"] >= one[key]["recall"]
+        # Scored per query: the union + the 16 centroids; read once for the 3 heads.
+        assert g["scored"] == pytest.approx(3 * g["scanned"])
+        assert one[key]["scanned"] <= g["scored"] <= 3 * one[key]["scanned"] + 1e-9
+    assert all(group[(q, 16)]["recall"] == 1 for q in ("top-10", "top-100"))
+    assert group[("top-10", 1)]["recall"] > one[("top-10", 1)]["recall"]
