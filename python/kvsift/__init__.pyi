@@ -451,4 +451,5 @@ def search_heads(
     degree_cap: int = 0,
     shared_walk: bool = False,
     expand_limit: int = 0,
+    entries: Optional[ArrayLike] = None,
 ) -> SearchResult: ...

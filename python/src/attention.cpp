@@ -74,46 +74,6 @@ std::pair<py::array_t<float>, py::array_t<float>> over_heads(const py::handle& q
   });
 }
 
-/// Token lists of a (H, k) integer array, one row per query head (what a batched search
-/// returns): INVALID_ID entries are padding and skipped, other values must be valid ids.
-/// -> flat ids and row starts (H + 1). O(H k).
-std::pair<std::vector<id_t>, std::vector<std::size_t>> token_rows_of(const py::handle& h,
-                                                                     std::size_t heads) {
-  tensor t = tensor_of(h, "tokens");
-  if ((t.kind != 'i' && t.kind != 'u') || t.itemsize > 8 || (t.itemsize & (t.itemsize - 1)) != 0) {
-    fail<kvsift::invalid_argument>("tokens: expected an integer array of token ids, got dtype ",
-                                   kvsift_python::dtype_name(t));
-  }
-  require_native_order(t, "tokens");
-  require<kvsift::dimension_mismatch>(
-      t.ndim() == 2 && t.shape[0] == static_cast<std::int64_t>(heads),
-      "tokens: expected a 2-D array (", heads, " query heads x k), got ", t.ndim(),
-      " dimension(s) of ", t.ndim() > 0 ? t.shape[0] : 0, " rows");
-  const auto k = static_cast<std::size_t>(t.shape[1]);
-  std::vector<id_t> ids;
-  ids.reserve(kvsift::checked_mul(heads, k, "tokens: heads x k"));
-  std::vector<std::size_t> starts{0};
-  for (std::size_t r = 0; r < heads; ++r) {
-    for (std::size_t c = 0; c < k; ++c) {
-      const std::byte* p = t.data + static_cast<std::int64_t>(r) * t.strides[0] +
-                           static_cast<std::int64_t>(c) * t.strides[1];
-      tensor one = {};
-      one.data = p;
-      one.kind = t.kind;
-      one.itemsize = t.itemsize;
-      one.strides = {0};
-      const std::int64_t v = int_at(one, 0);
-      if (v == static_cast<std::int64_t>(kvsift::invalid_id)) continue;
-      require<kvsift::out_of_range>(v >= 0 && v < static_cast<std::int64_t>(kvsift::invalid_id),
-                                    "tokens: expected ids in [0, ", kvsift::invalid_id,
-                                    ") or INVALID_ID, got ", v, " at (", r, ", ", c, ")");
-      ids.push_back(static_cast<id_t>(v));
-    }
-    starts.push_back(ids.size());
-  }
-  return {std::move(ids), std::move(starts)};
-}
-
 /// Elementwise merge of H partial states: (o_a, lse_a) and (o_b, lse_b) of shapes (H, d), (H,).
 std::pair<py::array_t<float>, py::array_t<float>> merge_states(const py::handle& o_a_h,
                                                                const py::handle& lse_a_h,
@@ -212,7 +172,7 @@ void bind_attention(py::module_& m) {
          const py::handle& tokens, float scale, std::size_t threads) {
         const tensor qt = tensor_of(q, "q");
         const std::size_t heads = qt.ndim() >= 1 ? static_cast<std::size_t>(qt.shape[0]) : 0;
-        const auto [ids, starts] = token_rows_of(tokens, heads);
+        const auto [ids, starts] = token_rows_of(tokens, heads, "tokens");
         return over_heads(q, keys, values, threads,
                           [&](auto qs, std::size_t h, std::size_t g, const auto& kv, auto& st) {
                             const std::span<const id_t> row(ids.data() + starts[h],

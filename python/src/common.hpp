@@ -211,6 +211,46 @@ inline std::vector<id_t> ids_of(const py::handle& h, const char* what) {
   return out;
 }
 
+/// Id lists of a (H, m) integer array, one row per query head (what a batched search returns):
+/// INVALID_ID entries are padding and skipped, other values must be valid ids. `what` names the
+/// argument in errors. -> flat ids and row starts (H + 1). O(H m).
+inline std::pair<std::vector<id_t>, std::vector<std::size_t>> token_rows_of(const py::handle& h,
+                                                                            std::size_t heads,
+                                                                            const char* what) {
+  tensor t = tensor_of(h, what);
+  if ((t.kind != 'i' && t.kind != 'u') || t.itemsize > 8 || (t.itemsize & (t.itemsize - 1)) != 0) {
+    fail<kvsift::invalid_argument>(what, ": expected an integer array of token ids, got dtype ",
+                                   kvsift_python::dtype_name(t));
+  }
+  require_native_order(t, what);
+  require<kvsift::dimension_mismatch>(
+      t.ndim() == 2 && t.shape[0] == static_cast<std::int64_t>(heads), what,
+      ": expected a 2-D array (", heads, " query heads x k), got ", t.ndim(), " dimension(s) of ",
+      t.ndim() > 0 ? t.shape[0] : 0, " rows");
+  const auto k = static_cast<std::size_t>(t.shape[1]);
+  std::vector<id_t> ids;
+  ids.reserve(kvsift::checked_mul(heads, k, "token rows: heads x k"));
+  std::vector<std::size_t> starts{0};
+  for (std::size_t r = 0; r < heads; ++r) {
+    for (std::size_t c = 0; c < k; ++c) {
+      tensor one = {};
+      one.data = t.data + static_cast<std::int64_t>(r) * t.strides[0] +
+                 static_cast<std::int64_t>(c) * t.strides[1];
+      one.kind = t.kind;
+      one.itemsize = t.itemsize;
+      one.strides = {0};
+      const std::int64_t v = int_at(one, 0);
+      if (v == static_cast<std::int64_t>(kvsift::invalid_id)) continue;
+      require<kvsift::out_of_range>(v >= 0 && v < static_cast<std::int64_t>(kvsift::invalid_id),
+                                    what, ": expected ids in [0, ", kvsift::invalid_id,
+                                    ") or INVALID_ID, got ", v, " at (", r, ", ", c, ")");
+      ids.push_back(static_cast<id_t>(v));
+    }
+    starts.push_back(ids.size());
+  }
+  return {std::move(ids), std::move(starts)};
+}
+
 /// A count parameter (M, L, nq, l0, ...) bounded by the largest index: any value beyond it is
 /// meaningless (ids are 32-bit) and, left to the library, sizes buffers from it (n x M
 /// adjacency, an L-entry pool) that overflow or exhaust memory. Python ints beyond size_t are

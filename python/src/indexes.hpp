@@ -124,10 +124,12 @@ search_result flat_topk(const py_flat& self, const py::handle& queries, std::siz
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
                            std::size_t threads, std::size_t degree_cap, std::size_t expand_limit);
-/// Top-k of every query head of a decode step over one index per KV head (GQA).
+/// Top-k of every query head of a decode step over one index per KV head (GQA); entries: None
+/// or (H, m) extra entry points per query head (a warm start).
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,
-                           std::size_t degree_cap, bool shared_walk, std::size_t expand_limit);
+                           std::size_t degree_cap, bool shared_walk, std::size_t expand_limit,
+                           const py::object& entries);
 /// Exact DIPR over a flat index / DIPRS over a graph.
 dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, std::size_t l0,
                       std::size_t max_candidates, std::optional<float> seed_score,

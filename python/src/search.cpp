@@ -4,6 +4,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <span>
+#include <tuple>
+#include <vector>
+
 #include "bindings.hpp"
 #include "indexes.hpp"
 #include "kvsift/search/beam_search.hpp"
@@ -110,7 +114,8 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
 /// for the query heads of a decode step over the per-KV-head indexes (GQA), heads in parallel.
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,
-                           std::size_t degree_cap, bool shared_walk, std::size_t expand_limit) {
+                           std::size_t degree_cap, bool shared_walk, std::size_t expand_limit,
+                           const py::object& entries) {
   using one_index = std::variant<const py_graph*, const py_flat*, const py_insertable*>;
   std::vector<one_index> idx;
   for (const auto& h : indexes) {
@@ -136,6 +141,30 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
   const std::size_t group = static_cast<std::size_t>(heads) / idx.size();
   const filter_t f =
       filter_of(filter, std::visit([](const auto* i) { return i->size(); }, idx.front()));
+  // Extra entry points per query head (a warm start: the previous decode step's ids), checked
+  // against each head's index here, before any search runs.
+  std::vector<id_t> seed_ids;
+  std::vector<std::size_t> seed_starts(static_cast<std::size_t>(heads) + 1, 0);
+  if (!entries.is_none()) {
+    std::tie(seed_ids, seed_starts) =
+        token_rows_of(entries, static_cast<std::size_t>(heads), "search_heads: entries");
+    for (std::size_t h = 0; h < static_cast<std::size_t>(heads); ++h) {
+      const auto& i = idx[h / group];
+      require(!std::holds_alternative<const py_flat*>(i),
+              "search_heads: entries need graph indexes; a FlatIndex scans every key anyway");
+      const std::size_t n = std::visit([](const auto* x) { return x->size(); }, i);
+      for (std::size_t j = seed_starts[h]; j < seed_starts[h + 1]; ++j) {
+        require<kvsift::out_of_range>(seed_ids[j] < n, "search_heads: entries: expected ids < ", n,
+                                      " (the size of query head ", h,
+                                      "'s index) or INVALID_ID, got ", seed_ids[j]);
+      }
+    }
+  }
+  // Rows [first, last) of the entries, as one list (a group's rows are adjacent).
+  auto seeds = [&](std::size_t first, std::size_t last) {
+    return std::span<const id_t>(seed_ids.data() + seed_starts[first],
+                                 seed_starts[last] - seed_starts[first]);
+  };
   // degree_cap and expand_limit shape the graph walk only: a FlatIndex head scans every key.
   const kvsift::beam_search_params p{
       .k = k,
@@ -154,8 +183,11 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
           return batched_groups(
               queries, k, threads, group,
               [&](std::size_t g, auto rows, auto& ws, auto ids, auto scores, auto counts) {
+                // The group's entries: the union of its heads' rows (the walk's visited set
+                // scores a repeated id once).
                 auto walk = [&](const auto& gr) {
-                  return kvsift::gqa_beam_search(gr, rows, p, ws, ids, scores, counts, pred);
+                  return kvsift::gqa_beam_search(gr, rows, p, ws, ids, scores, counts, pred,
+                                                 seeds(g * group, (g + 1) * group));
                 };
                 return std::visit(
                     [&](const auto* index) -> kvsift::search_stats {
@@ -181,7 +213,7 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
                     if constexpr (std::is_same_v<decltype(index), const py_insertable*>) {
                       // Shared with inserts: the search holds the read side of its lock.
                       return index->read([&](const auto& g) {
-                        return kvsift::beam_search(g, q, p, ws, ids, scores, pred);
+                        return kvsift::beam_search(g, q, p, ws, ids, scores, pred, seeds(h, h + 1));
                       });
                     } else {
                       return std::visit(
@@ -189,7 +221,8 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
                             if constexpr (std::is_same_v<decltype(index), const py_flat*>) {
                               return i.topk(q, k, ws, ids, scores, pred);
                             } else {
-                              return kvsift::beam_search(i, q, p, ws, ids, scores, pred);
+                              return kvsift::beam_search(i, q, p, ws, ids, scores, pred,
+                                                         seeds(h, h + 1));
                             }
                           },
                           index->index());
@@ -443,6 +476,7 @@ void bind_search(py::module_& m) {
   m.def("search_heads", &search_heads, py::arg("indexes"), py::arg("queries"), py::arg("k"),
         py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
         py::arg("degree_cap") = 0, py::arg("shared_walk") = false, py::arg("expand_limit") = 0,
+        py::arg("entries") = py::none(),
         "Top-k for every query head of a decode step: queries (H, d) float32, indexes one "
         "RoarGraphIndex, InsertableGraphIndex or FlatIndex per KV head (an insertable one is "
         "searched under its read lock, so inserts from another thread wait); query head h "
@@ -452,7 +486,10 @@ void bind_search(py::module_& m) {
         "expand_limit: expand only the pool's best expand_limit entries, 0 = L (graph only). "
         "shared_walk: one walk per KV head for its group of query heads (gqa_beam_search: "
         "each head keeps its own pool, every key is read once for the group; graph indexes "
-        "only); each head's distance_computations and hops are then its group's walk's.");
+        "only); each head's distance_computations and hops are then its group's walk's. "
+        "entries: (H, m) integer ids, extra entry points per query head, INVALID_ID entries "
+        "skipped (graph only): a warm start from the previous decode step's ids (pair with "
+        "expand_limit); a shared walk starts from the union of its group's rows.");
 }
 
 }  // namespace kvsift_python

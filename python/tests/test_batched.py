@@ -139,3 +139,68 @@ def test_shared_walk_rejects_bad_input(step):
         ks.search_heads(graphs, q, 40, L=8, shared_walk=True)
     with pytest.raises(ks.DimensionMismatch, match="multiple of the 2 indexes"):
         ks.search_heads(graphs, q[:3], 4, shared_walk=True)
+
+
+def test_search_heads_entries_warm_start(step):
+    """search_heads(entries=...): extra entry points per query head, as RoarGraphIndex.search's
+    entries; a shared walk starts from the union of its group's rows; INVALID_ID is padding."""
+    K, V, q, graphs = step
+    g = H // HKV
+    rng = np.random.default_rng(5)
+    E = rng.integers(0, N, size=(H, 6)).astype(np.int64)
+    E[:, -2:] = ks.INVALID_ID
+    r = ks.search_heads(graphs, q, 20, L=32, entries=E, expand_limit=24)
+    for h in range(H):
+        want = graphs[h // g].search(q[h], 20, L=32, entries=E[h, :4], expand_limit=24)
+        np.testing.assert_array_equal(r.ids[h], want.ids)
+        assert r.distance_computations[h] == want.distance_computations
+    # All padding is the cold search.
+    cold = ks.search_heads(graphs, q, 20, L=32)
+    pad = ks.search_heads(graphs, q, 20, L=32, entries=np.full((H, 3), ks.INVALID_ID, np.int64))
+    np.testing.assert_array_equal(pad.ids, cold.ids)
+    # Copies of one query in a group, entries on two of its heads: the shared walk is that
+    # query's search from both rows' entries.
+    copies = np.repeat(q[::g], g, axis=0)
+    E2 = np.full((H, 4), ks.INVALID_ID, np.int64)
+    E2[::g] = rng.integers(0, N, size=(HKV, 4))
+    E2[1::g, :2] = rng.integers(0, N, size=(HKV, 2))
+    s = ks.search_heads(graphs, copies, 20, L=32, entries=E2, shared_walk=True)
+    for h in range(H):
+        first = h - h % g
+        union = np.concatenate([E2[first], E2[first + 1, :2]])
+        want = graphs[h // g].search(copies[h], 20, L=32, entries=union)
+        np.testing.assert_array_equal(s.ids[h], want.ids)
+        assert s.distance_computations[h] == want.distance_computations
+    # Seeded with the exact answer, one expansion keeps it: recall 1, fewer keys scored.
+    exact = np.stack([ks.FlatIndex(np.ascontiguousarray(K[:, h // g, :])).topk(q[h], 20).ids
+                      for h in range(H)])
+    for shared in (False, True):
+        cold = ks.search_heads(graphs, q, 20, L=20, shared_walk=shared)
+        warm = ks.search_heads(graphs, q, 20, L=20, entries=exact, expand_limit=1,
+                               shared_walk=shared)
+        np.testing.assert_array_equal(warm.ids, exact)
+        assert warm.distance_computations.sum() < cold.distance_computations.sum()
+
+
+def test_search_heads_entries_reject_bad_input(step):
+    K, V, q, graphs = step
+    ok = np.zeros((H, 2), np.int64)
+    flat = [ks.FlatIndex(K[:, kv, :]) for kv in range(HKV)]
+    with pytest.raises(ks.DimensionMismatch, match="entries: expected a 2-D array \\(8 query heads"):
+        ks.search_heads(graphs, q, 4, entries=ok[:5])
+    with pytest.raises(ks.DimensionMismatch, match="entries"):
+        ks.search_heads(graphs, q, 4, entries=ok[:, 0].copy())
+    bad = ok.copy()
+    bad[6, 1] = N
+    with pytest.raises(ks.OutOfRange, match=f"expected ids < {N} \\(the size of query head 6"):
+        ks.search_heads(graphs, q, 4, entries=bad, shared_walk=True)
+    bad[6, 1] = -1
+    with pytest.raises(ks.OutOfRange, match="at \\(6, 1\\)"):
+        ks.search_heads(graphs, q, 4, entries=bad)
+    with pytest.raises(ks.InvalidArgument, match="integer array"):
+        ks.search_heads(graphs, q, 4, entries=ok.astype(np.float32))
+    with pytest.raises(ks.InvalidArgument, match="entries need graph indexes"):
+        ks.search_heads(flat, q, 4, entries=ok)
+    # Empty rows (no entries at all) are the cold search.
+    e = ks.search_heads(graphs, q, 4, entries=np.zeros((H, 0), np.int64))
+    np.testing.assert_array_equal(e.ids, ks.search_heads(graphs, q, 4).ids)
