@@ -43,7 +43,9 @@ def plot_frontiers(path, title, panels):
     style = {"flat": "k*", "roargraph": "C0o-", "hnswlib": "C1s-", "hnsw": "C1s-",
              "faiss-hnsw": "C4D-", "faiss-ivf": "C2^-", "ivf": "C2^-",
              # the GQA-group variants (pyeval.py): their method's colour, dashed
-             "roargraph-gqa": "C0o--", "faiss-ivf-gqa": "C2^--"}
+             "roargraph-gqa": "C0o--", "faiss-ivf-gqa": "C2^--",
+             # warm starts in decode order (pyeval.py): dotted
+             "roargraph-warm": "C5d:", "roargraph-gqa-warm": "C5d-."}
     cols = min(len(panels), 2)
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)

@@ -162,6 +162,29 @@ def check_shared_walk_rows(rows, H):
     assert best["expand_limit"] == 0 and best["recall"] >= 0.95
 
 
+def check_warm_rows(rows, H):
+    """roargraph-warm / roargraph-gqa-warm: decode order, each position seeded with the one
+    before's results. At the same pool and expand limit a seeded walk starts among the answer,
+    so it finds at least what its cold counterpart finds, and more on average."""
+    avg = pyeval.head_mean(rows)
+
+    def points(index):
+        return {(r["query"], r["param"], r["expand_limit"] or 0): r for r in avg
+                if r["index"] == index}
+
+    for warm, cold in (("roargraph-warm", "roargraph"), ("roargraph-gqa-warm", "roargraph-gqa")):
+        w, c = points(warm), points(cold)
+        assert w and {r["heads"] for r in w.values()} == {H}
+        common = sorted(set(w) & set(c))
+        assert len(common) >= 4, (warm, common)
+        gains = [w[p]["recall"] - c[p]["recall"] for p in common]
+        assert min(gains) >= -0.005, (warm, list(zip(common, gains)))
+        assert np.mean(gains) >= 0.002, (warm, list(zip(common, gains)))
+        if warm.endswith("-gqa-warm"):
+            for r in w.values():
+                assert r["scored"] == pytest.approx(H * r["scanned"])
+
+
 @needs_kvsift
 def test_quick_run_on_the_committed_sample(tmp_path, capsys):
     res = pyeval.main(["--dump", str(SAMPLE), "--quick", "--out", str(tmp_path), "--threads", "1"])
@@ -186,6 +209,7 @@ def test_quick_run_on_the_committed_sample(tmp_path, capsys):
             assert 0 < r["recovery"] <= 1 + 1e-9 and r["rel_l2_error"] >= 0
         assert lay["targets"]["roargraph recall@100>=0.95 scanned"] is not None
         check_shared_walk_rows(rows, len(m["query_heads_dumped"]))
+        check_warm_rows(rows, len(m["query_heads_dumped"]))
     for name in ("hnswlib", "faiss-hnsw", "faiss-ivf"):
         assert name in res["meta"]["methods"] or f"skipping {name}" in out
     if "plots skipped" not in out:
