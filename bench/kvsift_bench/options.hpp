@@ -76,6 +76,9 @@ query (latency is always measured on one thread):
   --query topk|dipr|both   (default: topk for files, both for --demo)
   --k LIST       top-k sizes (default 100)
   --degree-cap N roargraph searches expand at most the first N neighbours of a node (0 = all)
+  --expand-limits LIST  roargraph top-k searches expand only the best round(F x L) entries of
+                 their pool, for each fraction F in (0, 1] of the list (default 1: every entry;
+                 beam_search_params::expand_limit); each F is its own row per k and L
   --entry-window W  roargraph searches are also seeded with the first and last W keys (what an
                  engine's static window holds: sink and recent tokens); 0 = the graph's entries
   --L LIST       pool sizes (default 10,20,40,80,100,200,400, each k taking those >= k); an
@@ -120,6 +123,8 @@ struct options {
   std::string insert_rule = "queries";        // or "graph": no training query takes part
   std::size_t degree_cap = 0;    // graph searches expand at most this many neighbours (0 = all)
   std::size_t entry_window = 0;  // extra search entries: the first and last W keys (0 = none)
+  // Fractions of L the roargraph top-k searches expand (beam_search_params::expand_limit).
+  std::vector<double> expand_limits{1.0};
   std::size_t n = 32768, dim = 128, eval = 0;
   float spread = 0.2f;
   std::string index = "roargraph", metric = "ip", query;
@@ -265,6 +270,8 @@ inline options parse(int argc, char** argv) {
       o.ef = parse_list(a, v);
     else if (a == "--degree-cap")
       o.degree_cap = parse_size(a, v);
+    else if (a == "--expand-limits")
+      o.expand_limits = parse_list_of(a, v, parse_real);
     else if (a == "--entry-window")
       o.entry_window = parse_size(a, v);
     else if (a == "--nprobe")
@@ -341,6 +348,9 @@ inline options parse(int argc, char** argv) {
                 std::to_string(o.dim));
   }
   if (o.hnsw_M < 2) usage_error("--hnsw-M: expected >= 2, got " + std::to_string(o.hnsw_M));
+  for (double f : o.expand_limits)
+    if (!(f > 0 && f <= 1))
+      usage_error("--expand-limits: expected fractions in (0, 1], got " + std::to_string(f));
   for (double b : o.attn_beta)
     if (b < 0) usage_error("--attn-beta: expected values >= 0, got " + std::to_string(b));
   if (o.attn_l0 == 0) usage_error("--attn-l0: expected > 0, got 0");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -155,12 +156,24 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
     for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
       for (std::size_t L : o.L) {
         if (L < k) continue;
-        rows.push_back(measure_topk(
-            {"roargraph", "top-" + std::to_string(k), "L=" + std::to_string(L)}, k, E, exact, n,
-            threads, [&](auto q, auto ids, auto scores, auto& ws) {
-              return kvsift::beam_search(g, q, {k, L, o.degree_cap}, ws, ids, scores, pred,
-                                         std::span<const kvsift::id_t>(window_entries));
-            }));
+        // --expand-limits: each fraction of L a row (1 = every pool entry, the plain label).
+        std::vector<std::size_t> limits;
+        for (double f : o.expand_limits) {
+          const auto e = f >= 1 ? L : std::max<std::size_t>(1, std::llround(f * double(L)));
+          if (std::find(limits.begin(), limits.end(), e) == limits.end()) limits.push_back(e);
+        }
+        for (std::size_t e : limits) {
+          const std::string label =
+              "L=" + std::to_string(L) + (e == L ? "" : ",E=" + std::to_string(e));
+          rows.push_back(measure_topk(
+              {"roargraph", "top-" + std::to_string(k), label}, k, E, exact, n, threads,
+              [&](auto q, auto ids, auto scores, auto& ws) {
+                return kvsift::beam_search(
+                    g, q,
+                    {.k = k, .L = L, .degree_cap = o.degree_cap, .expand_limit = e == L ? 0 : e},
+                    ws, ids, scores, pred, std::span<const kvsift::id_t>(window_entries));
+              }));
+        }
       }
     }
     if (o.insert_fraction > 0) {

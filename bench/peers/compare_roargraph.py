@@ -8,7 +8,10 @@ Per dataset, every method gets:
     (--learn_base_nn_path). hnswlib builds from the keys alone (it does not use queries);
   * the same exact ground truth: written by kvsift-bench (--save-gt), read by the reference,
     and checked here against a numpy brute force (scores, so ties do not matter);
-  * one search thread; the pool size L (hnswlib: ef) swept over the same list.
+  * one search thread; the pool size L (hnswlib: ef) swept over the same list. kvsift's
+    variants (--degree-caps, --entry-windows, --expand-limits: searches that expand only the
+    best fraction of their pool) are more sweeps over L, and at each recall target the variant
+    with the highest QPS is reported, tagged with its settings.
 
 Reported per (dataset, method, k): build seconds (from the kNN; kvsift's kNN time is
 subtracted), mean out-degree, maximum recall reached, and QPS (1 thread) and distance
@@ -164,35 +167,44 @@ def prepare_demo(args, n, out):
 def row_pool(r):
     """The pool size (L or ef) of a kvsift-bench JSON row: a number field, or the older
     "L=..." / "ef=..." string."""
-    for key in ("L", "ef"):
-        if isinstance(r.get(key), (int, float)):
-            return int(r[key])
-    return int(str(r["param"]).split("=")[1])
+    for src in (r.get("params") or {}, r):
+        for key in ("L", "ef"):
+            if isinstance(src.get(key), (int, float)):
+                return int(src[key])
+    return int(str(r["param"]).split(",")[0].split("=")[1])  # "L=20" or "L=20,E=10"
 
 
-def kvsift_rows(js, method_index, n, cap=0, win=0):
+def kvsift_rows(js, method_index, n, cap=0, win=0, exp=1.0):
     """(k, L, recall, qps, dist_comps) per top-k row of one index in a kvsift-bench JSON;
-    `cap` / `win` = the --degree-cap / --entry-window the sweep ran with (0 = none)."""
+    `cap` / `win` / `exp` = the --degree-cap / --entry-window / --expand-limits fraction the
+    sweep ran with (0 / 0 / 1 = none)."""
     out = []
     for r in js["rows"]:
         if r["index"] != method_index or not r["query"].startswith("top-"):
             continue
         k = int(r["query"][4:])
-        out.append({"k": k, "L": row_pool(r), "cap": cap, "win": win, "recall": r["recall"],
+        out.append({"k": k, "L": row_pool(r), "cap": cap, "win": win, "exp": exp,
+                    "recall": r["recall"],
                     "qps": 1e6 / r["mean_us"], "p50_qps": 1e6 / r["p50_us"],
                     "dist": r["scanned"] * n})
     return out
 
 
+def variant(r):
+    """A sweep point's search variant: (degree cap, entry window, expand fraction)."""
+    return r.get("cap", 0), r.get("win", 0), r.get("exp", 1.0)
+
+
 def best_of(runs):
-    """Per (k, L, cap): the fastest of repeated sweeps (recall and counts are deterministic)."""
+    """Per (k, L, variant): the fastest of repeated sweeps (recall and counts are
+    deterministic)."""
     best = {}
     for rows in runs:
         for r in rows:
-            key = (r["k"], r["L"], r.get("cap", 0), r.get("win", 0))
+            key = (r["k"], r["L"], *variant(r))
             if key not in best or r["qps"] > best[key]["qps"]:
                 best[key] = r
-    return sorted(best.values(), key=lambda r: (r.get("cap", 0), r.get("win", 0), r["k"], r["L"]))
+    return sorted(best.values(), key=lambda r: (*variant(r), r["k"], r["L"]))
 
 
 def parse_kvsift_build(info):
@@ -269,17 +281,22 @@ def run_kvsift(args, d, ks, Ls):
     runs = [res["kvsift"]["sweep"]]
     caps = [int(c) for c in args.degree_caps.split(",")]
     wins = [int(w) for w in args.entry_windows.split(",")]
+    exps = [float(f) for f in args.expand_limits.split(",")]
     for cap in caps:
         for win in wins:
-            for rep in range(args.repeat - (1 if cap == 0 and win == 0 else 0)):
-                p = os.path.join(d["dir"], "kvsift_repeat.json")
-                extra = ["--degree-cap", str(cap)] if cap else []
-                extra += ["--entry-window", str(win)] if win else []
-                run(common + ["--index", "roargraph", "--load-index", idx, "--json", p] + extra)
-                runs.append(kvsift_rows(json.load(open(p)), "roargraph", n, cap, win))
+            for exp in exps:
+                plain = cap == 0 and win == 0 and exp >= 1
+                for rep in range(args.repeat - (1 if plain else 0)):
+                    p = os.path.join(d["dir"], "kvsift_repeat.json")
+                    extra = ["--degree-cap", str(cap)] if cap else []
+                    extra += ["--entry-window", str(win)] if win else []
+                    extra += ["--expand-limits", str(exp)] if exp < 1 else []
+                    run(common + ["--index", "roargraph", "--load-index", idx, "--json", p] +
+                        extra)
+                    runs.append(kvsift_rows(json.load(open(p)), "roargraph", n, cap, win, exp))
     res["kvsift"]["sweep"] = best_of(runs)
-    if len(caps) * len(wins) > 1:  # the plain search too, so the table shows what the knobs buy
-        plain = [r for r in res["kvsift"]["sweep"] if r["cap"] == 0 and r["win"] == 0]
+    if len(caps) * len(wins) * len(exps) > 1:  # the plain search too: what the knobs buy
+        plain = [r for r in res["kvsift"]["sweep"] if variant(r) == (0, 0, 1.0)]
         res["kvsift plain"] = dict(res["kvsift"], sweep=plain)
     res["_stdout"] = stdout
     return res, js
@@ -323,27 +340,28 @@ def run_reference(args, d, ks, Ls):
 def at_recall(sweep, target):
     """QPS and distance computations at `target` recall: the first sweep point (in L order)
     reaching it, interpolated linearly in recall with the point before it; None if never.
-    A sweep over several degree caps: that per cap, and the cap with the highest QPS."""
-    variants = sorted({(r.get("cap", 0), r.get("win", 0)) for r in sweep})
+    A sweep over several variants (degree caps, entry windows, expand fractions): that per
+    variant, and the variant with the highest QPS."""
+    variants = sorted({variant(r) for r in sweep})
     if len(variants) > 1:
         best = None
         for v in variants:
-            a = at_recall([r for r in sweep if (r.get("cap", 0), r.get("win", 0)) == v], target)
+            a = at_recall([r for r in sweep if variant(r) == v], target)
             if a and (best is None or a["qps"] > best["qps"]):
                 best = a
         return best
     pts = sorted(sweep, key=lambda r: r["L"])
-    cap, win = variants[0] if variants else (0, 0)
+    cap, win, exp = variants[0] if variants else (0, 0, 1.0)
     for i, p in enumerate(pts):
         if p["recall"] >= target:
             if i == 0 or pts[i - 1]["recall"] >= p["recall"]:
                 return {"qps": p["qps"], "dist": p["dist"], "L": p["L"], "cap": cap,
-                        "win": win, "interpolated": False}
+                        "win": win, "exp": exp, "interpolated": False}
             a = pts[i - 1]
             t = (target - a["recall"]) / (p["recall"] - a["recall"])
             return {"qps": a["qps"] + t * (p["qps"] - a["qps"]),
                     "dist": a["dist"] + t * (p["dist"] - a["dist"]),
-                    "L": a["L"] + t * (p["L"] - a["L"]), "cap": cap, "win": win,
+                    "L": a["L"] + t * (p["L"] - a["L"]), "cap": cap, "win": win, "exp": exp,
                     "interpolated": True}
     return None
 
@@ -355,7 +373,7 @@ def summarize(results, ks, targets):
             sw = [p for p in r["sweep"] if p["k"] == k]
             if not sw:
                 continue
-            uncapped = [p for p in sw if p.get("cap", 0) == 0 and p.get("win", 0) == 0] or sw
+            uncapped = [p for p in sw if variant(p) == (0, 0, 1.0)] or sw
             e = {"build_s": r["build_s"],
                  "mean_degree": r["degree"]["mean"] if r.get("degree") else None,
                  "reachable": (r.get("degree") or {}).get("reachable_from_entry"),
@@ -404,6 +422,7 @@ def markdown(name, meta, summary, targets):
             a = e[f"at_{t}"]
             tag = [f"cap {a['cap']}"] if a and a.get("cap") else []
             tag += [f"window {a['win']}"] if a and a.get("win") else []
+            tag += [f"expand {a['exp']:g} L"] if a and a.get("exp", 1.0) < 1 else []
             cap = f" ({', '.join(tag)})" if tag else ""
             row += f" {fmt(a and a['qps'], '.0f')}{cap} | {fmt(a and a['dist'], '.0f')} |"
         lines.append(row)
@@ -465,9 +484,19 @@ def main():
     ap.add_argument("--degree-caps", dest="degree_caps", default="0",
                     help="kvsift: also sweep these per-call degree caps (0 = none); at each "
                          "target the cap with the highest QPS is reported")
+    ap.add_argument("--expand-limits", dest="expand_limits", default="1",
+                    help="kvsift: also sweep searches that expand only this fraction of their "
+                         "pool (kvsift-bench --expand-limits F; 1 = every entry); combined with "
+                         "every cap and window")
     ap.add_argument("--json", default="", help="write all results here")
     ap.add_argument("--markdown", default="", help="write the tables here")
     args = ap.parse_args()
+    try:
+        bad = [f for f in args.expand_limits.split(",") if not 0 < float(f) <= 1]
+    except ValueError:
+        bad = [args.expand_limits]
+    if bad:
+        ap.error(f"--expand-limits: expected fractions in (0, 1], got {args.expand_limits}")
     if args.hnsw and args.metric != "ip":
         ap.error("--hnsw: kvsift-bench runs hnswlib for --metric ip only")
     if args.build_rounds < 1:

@@ -58,6 +58,26 @@ class AtRecall(unittest.TestCase):
         b = cr.at_recall(plain, 0.95)
         self.assertEqual(b["win"], 0)
 
+    def test_expand_fractions_are_variants_tagged_in_the_table(self):
+        plain = [pt(10, 0.99, 8000, 250), pt(20, 0.995, 6000, 330)]
+        half = [dict(p, exp=0.4) for p in (pt(10, 0.94, 12000, 160), pt(20, 0.97, 9000, 190))]
+        a = cr.at_recall(plain + half, 0.95)
+        self.assertEqual(a["exp"], 0.4)
+        self.assertAlmostEqual(a["qps"], 12000 + (1 / 3) * (9000 - 12000))
+        self.assertEqual(cr.at_recall(plain + half, 0.99)["exp"], 1.0)
+        # best_of keeps a point per variant, and the table says which variant won.
+        self.assertEqual(len(cr.best_of([plain + half])), 4)
+        s = cr.summarize({"kvsift": {"build_s": 1.0, "degree": None, "sweep": plain + half}},
+                         [10], [0.95])
+        meta = {"keys": 1, "dim": 1, "train": 1, "eval": 1, "metric": "ip", "gt_k": 10,
+                "threads": 1}
+        self.assertIn("(expand 0.4 L)", cr.markdown("x", meta, s, [0.95]))
+
+    def test_row_pool_reads_limited_rows(self):
+        self.assertEqual(cr.row_pool({"param": "L=20,E=10"}), 20)
+        self.assertEqual(cr.row_pool({"param": "x", "params": {"k": 10, "L": 30, "E": 9}}), 30)
+        self.assertEqual(cr.row_pool({"param": "ef=40"}), 40)
+
     def test_summary_ratios(self):
         res = {"kvsift": {"build_s": 4.0, "degree": {"mean": 50.0},
                           "sweep": [pt(10, 0.9, 100, 1000), pt(20, 1.0, 50, 2000)]},

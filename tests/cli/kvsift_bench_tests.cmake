@@ -44,6 +44,10 @@ add_test(NAME kvsift_bench_rejects_query_lists_without_insert
          COMMAND kvsift-bench --demo --n 3000 --insert-query-lists 16)
 set_tests_properties(kvsift_bench_rejects_query_lists_without_insert PROPERTIES PASS_REGULAR_EXPRESSION
                      "--insert-query-lists: expected it with --insert-fraction, got 16 without")
+add_test(NAME kvsift_bench_rejects_expand_limit_out_of_range
+         COMMAND kvsift-bench --demo --n 3000 --expand-limits 1,0)
+set_tests_properties(kvsift_bench_rejects_expand_limit_out_of_range PROPERTIES
+                     PASS_REGULAR_EXPRESSION "--expand-limits: expected fractions in \\(0, 1\\], got 0")
 add_test(NAME kvsift_bench_rejects_unknown_option COMMAND kvsift-bench --demo --frobnicate 1)
 set_tests_properties(kvsift_bench_rejects_unknown_option PROPERTIES WILL_FAIL TRUE)
 # Bad input, each case checking the exit status AND the message (and the files a --json
@@ -60,7 +64,8 @@ add_test(NAME kvsift_bench_rejects_mismatched_dims
                  --queries "${PROJECT_SOURCE_DIR}/bench/data/testdata/dim32.fbin")
 set_tests_properties(kvsift_bench_rejects_mismatched_dims PROPERTIES PASS_REGULAR_EXPRESSION
                      "error: .*dimension vs --keys: expected dimension 64, got 32")
-# The per-call search knobs (--degree-cap, --entry-window) act on the graph search.
+# The per-call search knobs (--degree-cap, --entry-window, --expand-limits) act on the graph
+# search.
 add_test(NAME kvsift_bench_search_knobs
          COMMAND bash "${PROJECT_SOURCE_DIR}/tests/cli/kvsift_bench_search_knobs.sh"
                  $<TARGET_FILE:kvsift-bench> "${kvsift_sample}")
