@@ -7,6 +7,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvsift/index/flat_index.hpp"
@@ -183,4 +184,61 @@ TEST_CASE("beam_search prefetches the adjacency row of the node it expands next"
   // Expanding 0 leaves nothing unexpanded (no hint); from then on, while node i is expanded
   // the hint names node i + 1, which is expanded next.
   CHECK(g.prefetched == std::vector<kvsift::id_t>{2, 3, 4, 5});
+}
+
+namespace {
+
+// Node 0 links to 1..6 and back to itself (already visited when it is expanded); 1-d vectors
+// with node i at i. Records, in order, the rows the walk asks to prefetch ('p') and scores ('s').
+struct lookahead_star {
+  using metric_type = kvsift::l2;
+  static constexpr std::size_t prefetch_distance = 2;
+  std::vector<float> x{0, 1, 2, 3, 4, 5, 6};
+  std::vector<kvsift::id_t> star{1, 2, 3, 0, 4, 5, 6};
+  mutable std::vector<std::pair<char, kvsift::id_t>> log;
+  [[nodiscard]] std::size_t size() const { return x.size(); }
+  [[nodiscard]] std::size_t dim() const { return 1; }
+  [[nodiscard]] kvsift::id_t entry_point() const { return 0; }
+  [[nodiscard]] std::span<const kvsift::id_t> neighbors(kvsift::id_t u) const {
+    return u == 0 ? std::span<const kvsift::id_t>(star) : std::span<const kvsift::id_t>();
+  }
+  void prefetch_ahead(kvsift::id_t i) const { log.emplace_back('p', i); }
+  [[nodiscard]] float score(const float* q, kvsift::id_t i) const {
+    log.emplace_back('s', i);
+    return (q[0] - x[i]) * (q[0] - x[i]);
+  }
+};
+static_assert(kvsift::Graph<lookahead_star>);
+
+}  // namespace
+
+TEST_CASE("a prefetch_ahead graph gets each fresh row requested prefetch_distance rows early",
+          "[beam_search]") {
+  const lookahead_star g;
+  kvsift::search_workspace ws;
+  std::vector<kvsift::id_t> ids(3);
+  std::vector<float> scores(3);
+  const float q = 0.0f;
+  const auto s = kvsift::beam_search(g, std::span<const float>(&q, 1), {3, 10}, ws,
+                                     std::span<kvsift::id_t>(ids), std::span<float>(scores));
+  REQUIRE(s.count == 3);
+  CHECK(ids == std::vector<kvsift::id_t>{0, 1, 2});
+  CHECK(s.distance_computations == 7);
+  // The entry is scored as a seed; expanding it, the fresh neighbours (0 is visited) are
+  // scored in row order, each requested once, two rows before it is scored; the last two
+  // are scored with nothing left to request.
+  using e = std::pair<char, kvsift::id_t>;
+  CHECK(g.log == std::vector<e>{{'s', 0},
+                                {'p', 1},
+                                {'p', 2},
+                                {'p', 3},
+                                {'s', 1},
+                                {'p', 4},
+                                {'s', 2},
+                                {'p', 5},
+                                {'s', 3},
+                                {'p', 6},
+                                {'s', 4},
+                                {'s', 5},
+                                {'s', 6}});
 }

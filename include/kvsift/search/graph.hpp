@@ -18,7 +18,9 @@ namespace kvsift {
 /// - `g.neighbors(u)`: the out-neighbours of node u, convertible to `std::span<const id_t>`;
 /// - `g.score(q, i)`: raw metric score of the f32 query q (dim() floats) against node i;
 /// - `g.entry_point()` (invalid_id when empty) or `g.entry_points()` (every seed).
-/// Optional: `g.prefetch(i)`, a hint the walk issues before scoring a batch of neighbours;
+/// Optional: `g.prefetch(i)`, a hint the walk issues for every fresh neighbour before scoring
+/// any of them; or `g.prefetch_ahead(i)` with `G::prefetch_distance` = D, a hint it issues for
+/// the neighbour D places ahead of the one it scores (a bounded number of rows in flight);
 /// `g.prefetch_neighbors(u)`, a hint `beam_search` issues for the next node it expects to
 /// expand while it scores the current one's neighbours.
 /// Searches call these from several threads at once on one const graph.

@@ -31,9 +31,17 @@ struct building_graph {
   std::size_t dim() const { return store.dim(); }
   id_t entry_point() const { return entry; }
   std::span<const id_t> neighbors(id_t i) const { return adj.neighbors(i); }
-  // No prefetch() here: prefetching each fresh neighbour's row (as graph_index does at query
-  // time) cut step 3's CPU time to 0.71x with one thread on the development machine but made
-  // the 16-thread build on the H200 host 1.15-1.28x slower (same graph); docs/algorithms.md.
+  // No prefetch() here: prefetching every fresh neighbour's row before scoring any (as
+  // graph_index does at query time) cut step 3's CPU time to 0.71x with one thread on the
+  // development machine but made the 16-thread build on the H200 host 1.15-1.28x slower (same
+  // graph). Requesting the row two places ahead of the one being scored instead keeps a few
+  // rows in flight per thread: the same graph, faster at 16 threads (docs/algorithms.md).
+  static constexpr std::size_t prefetch_distance = 2;
+  void prefetch_ahead(id_t i) const noexcept {
+    const char* p = reinterpret_cast<const char*>(store.row(i));
+    const std::size_t bytes = store.dim() * sizeof(typename S::value_type);
+    for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+  }
   float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
   // The search is a chain of dependent loads (candidate, its row's header, the row, the
   // neighbours' vectors); `beam_search` calls this for the next candidate while the current
