@@ -168,16 +168,23 @@ struct recording_star {
 };
 static_assert(kvsift::Graph<recording_star>);
 
+// Top-3 of an l2 query at 0 (pool 10) over a recording graph: its stats, its ids into `ids`.
+template <class G>
+kvsift::search_stats top3_at_zero(const G& g, std::vector<kvsift::id_t>& ids) {
+  kvsift::search_workspace ws;
+  ids.assign(3, kvsift::invalid_id);
+  std::vector<float> scores(3);
+  const float q = 0.0f;
+  return kvsift::beam_search(g, std::span<const float>(&q, 1), {3, 10}, ws,
+                             std::span<kvsift::id_t>(ids), std::span<float>(scores));
+}
+
 }  // namespace
 
 TEST_CASE("beam_search prefetches the adjacency row of the node it expands next", "[beam_search]") {
   const recording_star g;
-  kvsift::search_workspace ws;
-  std::vector<kvsift::id_t> ids(3);
-  std::vector<float> scores(3);
-  const float q = 0.0f;
-  const auto s = kvsift::beam_search(g, std::span<const float>(&q, 1), {3, 10}, ws,
-                                     std::span<kvsift::id_t>(ids), std::span<float>(scores));
+  std::vector<kvsift::id_t> ids;
+  const auto s = top3_at_zero(g, ids);
   REQUIRE(s.count == 3);
   CHECK(ids == std::vector<kvsift::id_t>{0, 1, 2});
   REQUIRE(g.expanded == std::vector<kvsift::id_t>{0, 1, 2, 3, 4, 5});
@@ -215,12 +222,8 @@ static_assert(kvsift::Graph<lookahead_star>);
 TEST_CASE("a prefetch_ahead graph gets each fresh row requested prefetch_distance rows early",
           "[beam_search]") {
   const lookahead_star g;
-  kvsift::search_workspace ws;
-  std::vector<kvsift::id_t> ids(3);
-  std::vector<float> scores(3);
-  const float q = 0.0f;
-  const auto s = kvsift::beam_search(g, std::span<const float>(&q, 1), {3, 10}, ws,
-                                     std::span<kvsift::id_t>(ids), std::span<float>(scores));
+  std::vector<kvsift::id_t> ids;
+  const auto s = top3_at_zero(g, ids);
   REQUIRE(s.count == 3);
   CHECK(ids == std::vector<kvsift::id_t>{0, 1, 2});
   CHECK(s.distance_computations == 7);
