@@ -271,7 +271,13 @@ inline options parse(int argc, char** argv) {
     else if (a == "--degree-cap")
       o.degree_cap = parse_size(a, v);
     else if (a == "--expand-limits")
-      o.expand_limits = parse_list_of(a, v, parse_real);
+      o.expand_limits = parse_list_of(a, v, [](const std::string& opt, const std::string& item) {
+        const double f = parse_real(opt, item);
+        if (!(f > 0 && f <= 1)) {
+          usage_error(opt + ": expected fractions in (0, 1], got '" + item + "'");
+        }
+        return f;
+      });
     else if (a == "--entry-window")
       o.entry_window = parse_size(a, v);
     else if (a == "--nprobe")
@@ -348,9 +354,6 @@ inline options parse(int argc, char** argv) {
                 std::to_string(o.dim));
   }
   if (o.hnsw_M < 2) usage_error("--hnsw-M: expected >= 2, got " + std::to_string(o.hnsw_M));
-  for (double f : o.expand_limits)
-    if (!(f > 0 && f <= 1))
-      usage_error("--expand-limits: expected fractions in (0, 1], got " + std::to_string(f));
   for (double b : o.attn_beta)
     if (b < 0) usage_error("--attn-beta: expected values >= 0, got " + std::to_string(b));
   if (o.attn_l0 == 0) usage_error("--attn-l0: expected > 0, got 0");

@@ -47,7 +47,7 @@ set_tests_properties(kvsift_bench_rejects_query_lists_without_insert PROPERTIES 
 add_test(NAME kvsift_bench_rejects_expand_limit_out_of_range
          COMMAND kvsift-bench --demo --n 3000 --expand-limits 1,0)
 set_tests_properties(kvsift_bench_rejects_expand_limit_out_of_range PROPERTIES
-                     PASS_REGULAR_EXPRESSION "--expand-limits: expected fractions in \\(0, 1\\], got 0")
+                     PASS_REGULAR_EXPRESSION "--expand-limits: expected fractions in \\(0, 1\\], got '0'")
 add_test(NAME kvsift_bench_rejects_unknown_option COMMAND kvsift-bench --demo --frobnicate 1)
 set_tests_properties(kvsift_bench_rejects_unknown_option PROPERTIES WILL_FAIL TRUE)
 # Bad input, each case checking the exit status AND the message (and the files a --json
