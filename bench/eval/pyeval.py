@@ -398,9 +398,10 @@ def warm_rows(m, ld, sp, heads, truth, args):
                         if i is not None:
                             ids[i] = r.ids
                             # A shared walk reports its group's rows on every head.
-                            group = float(r.distance_computations[0])
-                            read += group / H if shared else float(np.mean(r.distance_computations))
-                            scored += group if shared else float(np.mean(r.distance_computations))
+                            dc = r.distance_computations
+                            group = float(dc[0]) if shared else float(np.mean(dc))
+                            read += group / H if shared else group
+                            scored += group
                     us = (time.perf_counter() - t) / (len(chain) * H) * 1e6
                     P = len(evaluated)
                     out += [topk_row(name, "L", L, E, h, k, recall(ids[:, i], truth[h], k),

@@ -190,6 +190,10 @@ def kvsift_rows(js, method_index, n, cap=0, win=0, exp=1.0):
     return out
 
 
+# The plain search's variant: no degree cap, no entry window, every candidate expanded.
+PLAIN = (0, 0, 1.0)
+
+
 def variant(r):
     """A sweep point's search variant: (degree cap, entry window, expand fraction)."""
     return r.get("cap", 0), r.get("win", 0), r.get("exp", 1.0)
@@ -285,7 +289,7 @@ def run_kvsift(args, d, ks, Ls):
     for cap in caps:
         for win in wins:
             for exp in exps:
-                plain = cap == 0 and win == 0 and exp >= 1
+                plain = (cap, win, min(exp, 1.0)) == PLAIN
                 for rep in range(args.repeat - (1 if plain else 0)):
                     p = os.path.join(d["dir"], "kvsift_repeat.json")
                     extra = ["--degree-cap", str(cap)] if cap else []
@@ -296,7 +300,7 @@ def run_kvsift(args, d, ks, Ls):
                     runs.append(kvsift_rows(json.load(open(p)), "roargraph", n, cap, win, exp))
     res["kvsift"]["sweep"] = best_of(runs)
     if len(caps) * len(wins) * len(exps) > 1:  # the plain search too: what the knobs buy
-        plain = [r for r in res["kvsift"]["sweep"] if variant(r) == (0, 0, 1.0)]
+        plain = [r for r in res["kvsift"]["sweep"] if variant(r) == PLAIN]
         res["kvsift plain"] = dict(res["kvsift"], sweep=plain)
     res["_stdout"] = stdout
     return res, js
@@ -351,7 +355,7 @@ def at_recall(sweep, target):
                 best = a
         return best
     pts = sorted(sweep, key=lambda r: r["L"])
-    cap, win, exp = variants[0] if variants else (0, 0, 1.0)
+    cap, win, exp = variants[0] if variants else PLAIN
     for i, p in enumerate(pts):
         if p["recall"] >= target:
             if i == 0 or pts[i - 1]["recall"] >= p["recall"]:
@@ -373,7 +377,7 @@ def summarize(results, ks, targets):
             sw = [p for p in r["sweep"] if p["k"] == k]
             if not sw:
                 continue
-            uncapped = [p for p in sw if variant(p) == (0, 0, 1.0)] or sw
+            uncapped = [p for p in sw if variant(p) == PLAIN] or sw
             e = {"build_s": r["build_s"],
                  "mean_degree": r["degree"]["mean"] if r.get("degree") else None,
                  "reachable": (r.get("degree") or {}).get("reachable_from_entry"),

@@ -139,8 +139,10 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
       "search_heads: expected (H, d) queries with H a multiple of the ", idx.size(),
       " indexes (one per KV head), got ", qt.ndim(), "-D queries of ", heads, " rows");
   const std::size_t group = static_cast<std::size_t>(heads) / idx.size();
-  const filter_t f =
-      filter_of(filter, std::visit([](const auto* i) { return i->size(); }, idx.front()));
+  auto size_of = [](const auto& i) {
+    return std::visit([](const auto* x) { return x->size(); }, i);
+  };
+  const filter_t f = filter_of(filter, size_of(idx.front()));
   // Extra entry points per query head (a warm start: the previous decode step's ids), checked
   // against each head's index here, before any search runs.
   std::vector<id_t> seed_ids;
@@ -152,7 +154,7 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
       const auto& i = idx[h / group];
       require(!std::holds_alternative<const py_flat*>(i),
               "search_heads: entries need graph indexes; a FlatIndex scans every key anyway");
-      const std::size_t n = std::visit([](const auto* x) { return x->size(); }, i);
+      const std::size_t n = size_of(i);
       for (std::size_t j = seed_starts[h]; j < seed_starts[h + 1]; ++j) {
         require<kvsift::out_of_range>(seed_ids[j] < n, "search_heads: entries: expected ids < ", n,
                                       " (the size of query head ", h,

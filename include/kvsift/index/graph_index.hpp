@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvsift/core/checked_size.hpp"
+#include "kvsift/core/detail/prefetch.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/matrix_view.hpp"
@@ -142,9 +143,7 @@ class graph_index {
 
   /// Hints the CPU to fetch stored vector i (a search about to score it). O(row bytes / 64).
   void prefetch(id_t i) const noexcept {
-    const char* p = reinterpret_cast<const char*>(store_.row(i));
-    const std::size_t bytes = store_.dim() * sizeof(typename Store::value_type);
-    for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+    detail::prefetch_row(store_.row(i), store_.dim() * sizeof(typename Store::value_type));
   }
 
   /// Raw metric score of a f32 query against stored vector i. O(d).

@@ -50,6 +50,7 @@
 #include <span>
 #include <vector>
 
+#include "kvsift/core/detail/prefetch.hpp"
 #include "kvsift/core/element.hpp"
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/matrix_view.hpp"
@@ -170,10 +171,7 @@ class insertable_graph {
     return M::score(query, row(i), dim_);
   }
   /// Hints the CPU to fetch key i. O(row bytes / 64).
-  void prefetch(id_t i) const noexcept {
-    const char* p = reinterpret_cast<const char*>(row(i));
-    for (std::size_t off = 0; off < dim_ * sizeof(T); off += 64) __builtin_prefetch(p + off);
-  }
+  void prefetch(id_t i) const noexcept { detail::prefetch_row(row(i), dim_ * sizeof(T)); }
   /// O(n).
   [[nodiscard]] degree_stats degrees() const noexcept;
   /// O(1); O(n) with `query_candidates` (it sums the key -> query lists).

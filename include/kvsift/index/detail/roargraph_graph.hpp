@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvsift/core/detail/clock.hpp"
+#include "kvsift/core/detail/prefetch.hpp"
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/vector_store.hpp"
@@ -38,9 +39,7 @@ struct building_graph {
   // rows in flight per thread: the same graph, faster at 16 threads (docs/algorithms.md).
   static constexpr std::size_t prefetch_distance = 2;
   void prefetch_ahead(id_t i) const noexcept {
-    const char* p = reinterpret_cast<const char*>(store.row(i));
-    const std::size_t bytes = store.dim() * sizeof(typename S::value_type);
-    for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+    prefetch_row(store.row(i), store.dim() * sizeof(typename S::value_type));
   }
   float score(const float* q, id_t i) const { return M::score(q, store.row(i), store.dim()); }
   // The search is a chain of dependent loads (candidate, its row's header, the row, the

@@ -36,33 +36,31 @@ void expand(const G& g, id_t u, const P& pred, std::size_t degree_cap, search_wo
             Visit&& visit) {
   const auto nbrs = capped_neighbors(g, u, degree_cap);
   if constexpr (std::is_same_v<P, no_filter>) {
-    if constexpr (requires { g.prefetch(u); }) {
-      // Two passes: first the visited-set tests (cheap, cached), prefetching each fresh
-      // neighbour's row, then the scoring. The rows of one expansion are then in flight
-      // together instead of one cache miss at a time.
+    constexpr bool all_at_once = requires { g.prefetch(u); };
+    constexpr bool lookahead = requires { g.prefetch_ahead(u); };
+    if constexpr (all_at_once || lookahead) {
+      // First the visited-set tests (cheap, cached), collecting the fresh neighbours, then the
+      // scoring, with their rows requested ahead of it: either all of them during the tests, so
+      // the rows of one expansion are in flight together instead of one cache miss at a time,
+      // or a bounded lookahead, the row `prefetch_distance` places ahead of the one scored
+      // (with 16 threads building, all at once was slower than no prefetch at all).
       auto& fresh = ws.fresh;
       fresh.clear();
       for (id_t v : nbrs) {
         if (ws.visited.try_insert(v)) {
-          g.prefetch(v);
+          if constexpr (all_at_once) g.prefetch(v);
           fresh.push_back(v);
         }
       }
-      for (id_t v : fresh) visit(v);
-    } else if constexpr (requires { g.prefetch_ahead(u); }) {
-      // A bounded lookahead: the row `prefetch_distance` places ahead is requested while this
-      // one is scored, so a few rows are in flight at any time rather than all of them at once
-      // (which, with 16 threads building, was slower than no prefetch at all).
-      auto& fresh = ws.fresh;
-      fresh.clear();
-      for (id_t v : nbrs) {
-        if (ws.visited.try_insert(v)) fresh.push_back(v);
-      }
-      constexpr std::size_t ahead = G::prefetch_distance;
-      for (std::size_t i = 0; i < ahead && i < fresh.size(); ++i) g.prefetch_ahead(fresh[i]);
-      for (std::size_t i = 0; i < fresh.size(); ++i) {
-        if (i + ahead < fresh.size()) g.prefetch_ahead(fresh[i + ahead]);
-        visit(fresh[i]);
+      if constexpr (all_at_once) {
+        for (id_t v : fresh) visit(v);
+      } else {
+        constexpr std::size_t ahead = G::prefetch_distance;
+        for (std::size_t i = 0; i < ahead && i < fresh.size(); ++i) g.prefetch_ahead(fresh[i]);
+        for (std::size_t i = 0; i < fresh.size(); ++i) {
+          if (i + ahead < fresh.size()) g.prefetch_ahead(fresh[i + ahead]);
+          visit(fresh[i]);
+        }
       }
     } else {
       for (id_t v : nbrs) {
