@@ -113,3 +113,43 @@ TEST_CASE("candidate_pool with a huge capacity keeps everything inserted", "[cor
     CHECK(p[0].id == 6);
   }
 }
+
+// insert_batch must leave the pool exactly as inserting the batch one by one does: the same
+// candidates in the same order, the same expanded flags, the same next pop. Checked against a
+// twin pool fed by insert() under random batches (empty, larger than the pool, long enough for the
+// sort instead of insertion, candidates that do not fit, many ties) interleaved with pops.
+TEST_CASE("candidate_pool insert_batch equals one insert per candidate", "[core][candidate_pool]") {
+  std::mt19937 rng(23);
+  for (const std::size_t cap : {1u, 2u, 7u, 50u, 500u}) {
+    kvsift::candidate_pool batched(cap), single(cap);
+    std::vector<kvsift::id_t> ids(4000);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<kvsift::id_t>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::size_t next = 0;
+    std::vector<kvsift::candidate> batch;
+    while (next < ids.size()) {
+      const std::size_t b =
+          std::min<std::size_t>(rng() % 8 == 0 ? rng() % 300 : rng() % 41, ids.size() - next);
+      batch.clear();
+      for (std::size_t j = 0; j < b; ++j) {
+        const kvsift::id_t id = ids[next++];
+        const float key = static_cast<float>(rng() % 64);  // many ties
+        single.insert(key, id);
+        batch.push_back({key, id, /*expanded=*/j % 2 == 0});  // flags ignored
+      }
+      batched.insert_batch(batch);
+      REQUIRE(batched.size() == single.size());
+      for (std::size_t i = 0; i < single.size(); ++i) {
+        INFO("cap " << cap << " slot " << i);
+        REQUIRE(batched[i].id == single[i].id);
+        REQUIRE(batched[i].key == single[i].key);
+        REQUIRE(batched[i].expanded == single[i].expanded);
+      }
+      for (std::size_t pops = rng() % 4; pops > 0 && single.has_unexpanded(); --pops) {
+        REQUIRE(batched.has_unexpanded());
+        REQUIRE(batched.pop_unexpanded().id == single.pop_unexpanded().id);
+      }
+      REQUIRE(batched.has_unexpanded() == single.has_unexpanded());
+    }
+  }
+}

@@ -51,11 +51,28 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
 
   ws.visited.reset(g.size());
   ws.pool.reset(std::min(params.L, g.size()));  // a pool beyond n holds the same: no oversize
+  // An expansion's scored neighbours enter the pool together, after the expansion: the pool
+  // ends the same as with one insert each, but its tail moves once per expansion instead of once
+  // per insert (the inserts' memmoves were 8% of a build's CPU time at L = 500). A small pool
+  // keeps one insert each: its moves are short, and batching cost more than it saved there.
+  constexpr std::size_t batch_from = 16;
+  const bool batched = ws.pool.capacity() >= batch_from;
+  ws.scored.clear();
   auto visit = [&](id_t id) {
     ++stats.distance_computations;
-    ws.pool.insert(to_key<M>(g.score(query.data(), id)), id);
+    const float key = to_key<M>(g.score(query.data(), id));
+    if (!batched) {
+      ws.pool.insert(key, id);
+    } else if (ws.pool.admits(key, id)) {
+      ws.scored.push_back({key, id, false});
+    }
+  };
+  auto flush = [&] {
+    ws.pool.insert_batch(ws.scored);
+    ws.scored.clear();
   };
   detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit);
+  flush();
   const std::size_t limit = params.expand_limit != 0 ? params.expand_limit : params.L;
   while (ws.pool.has_unexpanded(limit) && (params.max_hops == 0 || stats.hops < params.max_hops)) {
     const candidate c = ws.pool.pop_unexpanded();
@@ -67,6 +84,7 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
     }
     ++stats.hops;
     detail::expand(g, c.id, pred, params.degree_cap, ws, visit);
+    flush();
   }
   stats.count = std::min(params.k, ws.pool.size());
   for (std::size_t i = 0; i < stats.count; ++i) {

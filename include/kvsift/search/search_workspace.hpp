@@ -31,6 +31,7 @@ class search_workspace {
   std::vector<scored_id> frontier;          ///< DIPR: max-heap of in-range candidates
   std::vector<float> query;                 ///< a widened vector (builders search with stored keys)
   std::vector<id_t> fresh;                  ///< beam search: unvisited neighbours of one expansion
+  std::vector<candidate> scored;            ///< beam search: one expansion's admitted candidates
   std::vector<candidate_pool> pools;        ///< gqa_beam_search: one pool per query head
   std::vector<const float*> group_queries;  ///< gqa_beam_search: live heads' queries (or null)
 };
