@@ -46,7 +46,7 @@ class candidate_pool {
   /// The caller guarantees `id` is not already present (a visited set does that).
   /// @return true if inserted.
   bool insert(float key, id_t id) {
-    if (data_.size() == capacity_ && !better(key, id, data_.back())) return false;
+    if (!admits(key, id)) return false;
     auto it = std::upper_bound(data_.begin(), data_.end(), candidate{key, id, false}, order);
     const auto pos = static_cast<std::size_t>(it - data_.begin());
     data_.insert(it, candidate{key, id, false});
