@@ -4,7 +4,7 @@
 # on top, so pybind11's host-compiler flags (LTO, visibility) never reach nvcc.
 # CUDA is enabled inside the library's subdirectory only; targets here need it in this scope.
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-  set(CMAKE_CUDA_ARCHITECTURES 90)  # Hopper, as the library's default
+  set(CMAKE_CUDA_ARCHITECTURES 90a)  # Hopper (wgmma), as the library's default
 endif()
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)

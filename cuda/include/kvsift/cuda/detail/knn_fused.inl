@@ -10,12 +10,14 @@
 // selection's cost is one comparison per score.
 //
 // Per chunk: keys arrive by cp.async into a ring of shared-memory stages (the load of chunk
-// c + stages - 1 overlaps the products of chunk c); each warp multiplies its 16 rows' query
-// fragments, held in registers for the whole kernel, by the chunk's 64 keys with mma.sync
-// m16n8k16 (f32 accumulation). A thread compares the maximum of its 16 scores of a row with the
-// row's threshold (the score of its k-th best so far); only then does it look at its pairs of
-// scores, and at each score of a passing pair: packed into a rank key (knn.inl: same order as
-// the tiled path and the CPU engine), a score that ranks above the k-th best is appended to the
+// c + stages - 1 overlaps the products of chunk c); each warp's 16 rows' query fragments, held in
+// registers for the whole kernel, are multiplied by the chunk's 64 keys (f32 accumulation): in an
+// sm_90a build by Hopper's wgmma (a warpgroup's 64 rows per instruction, the keys read from shared
+// memory by the tensor cores; 1.28x the mma.sync kernel at 131072^2, k = 100), in any other build
+// by mma.sync m16n8k16 (compute capability 8.0+). A thread compares the maximum of its 16 scores of
+// a row with the row's threshold (the score of its k-th best so far); only then does it look at its
+// pairs of scores, and at each score of a passing pair: packed into a rank key (knn.inl: same order
+// as the tiled path and the CPU engine), a score that ranks above the k-th best is appended to the
 // row's survivor buffer (global memory, 256 per row). A row whose buffer could not take another
 // chunk is merged by its warp: the row's running top-k (global memory, k rank keys) and its
 // survivors go through a radix select of the k-th largest, the keys above it are written back
@@ -39,6 +41,9 @@ inline constexpr int fknn_buffer = 256;  // survivors held per row between merge
 inline constexpr int fknn_max_k = max_fused_knn_k;  // merge: k + buffer in 12 registers a lane
 inline constexpr int fknn_threads = 256;            // 8 warps
 static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after a check");
+// wgmma's 128-byte swizzle is a function of the shared address bits 4-9, so a swizzled stage
+// starts at a multiple of 1024 bytes.
+inline constexpr std::size_t fknn_smem_align = 1024;
 
 /// Layout of the fused kernel for dimension D. Each warp owns 16 query rows (one m-tile) and
 /// all 64 keys of a chunk, so a row's survivors, count, threshold and merges belong to one warp
@@ -55,7 +60,9 @@ struct fknn_shape {
   static constexpr std::size_t rows_offset = stages * stage_bytes;
   static constexpr std::size_t smem_bytes =
       rows_offset + std::size_t{fknn_rows} * (8 + 4 + 4)  // k-th, threshold, count
-      + std::size_t{8} * 256 * 4;                         // a radix histogram per warp
+      + std::size_t{8} * 256 * 4                          // a radix histogram per warp
+      + fknn_smem_align;  // slack: the stages start at a 1024-byte boundary
+  static_assert(stage_bytes % fknn_smem_align == 0);
 };
 
 template <class T>
@@ -74,6 +81,97 @@ __device__ inline void fknn_mma(float (&c)[4], const std::uint32_t (&a)[4], std:
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// Hopper's warpgroup MMA (wgmma, sm_90a only). Compiled for sm_90a, the kernel multiplies with
+// wgmma instead of mma.sync: a warpgroup (4 warps, 64 rows) issues one m64n64k16 per k-step with
+// the chunk's keys read by the tensor cores straight from shared memory, where mma.sync makes
+// every warp load its own copy of each key fragment into registers (the loads, not the tensor
+// cores, bounded the mma.sync loop at about 220 TFLOP/s). Each warp's 16 x 64 accumulators come
+// out in the same registers and order as its eight m16n8 tiles, so the filter and the merges are
+// the same code on both paths.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KVSIFT_FKNN_WGMMA 1
+#else
+#define KVSIFT_FKNN_WGMMA 0
+#endif
+
+/// Byte offset of key row r's 16-byte segment s in a stage, in wgmma's K-major layout with the
+/// 128-byte swizzle: the dimension in panels of 64 elements (one 128-byte line per key), each
+/// panel 64 keys x 128 bytes, and segment s of a line stored at position s ^ (r % 8), which
+/// spreads the eight rows of a core matrix over all 32 banks.
+__device__ inline int fknn_swizzled(int r, int s) {
+  return (s >> 3) * (fknn_cols * 128) + r * 128 + (((s & 7) ^ (r & 7)) << 4);
+}
+
+/// wgmma shared-memory descriptor of a K-major, 128-byte-swizzled operand starting at shared
+/// address `addr`: 8-row core-matrix groups 1024 bytes apart (stride byte offset); the leading
+/// byte offset is unused for this layout.
+__device__ inline std::uint64_t fknn_desc(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t{1} << 16) |
+         (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+}
+
+/// Keeps the compiler from moving reads or writes of the accumulators across the asynchronous
+/// MMA (it cannot see that wgmma writes them after the instruction has issued).
+template <int N>
+__device__ inline void fknn_fence_acc(float (&c)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(c[i][j])::"memory");
+  }
+}
+
+#if KVSIFT_FKNN_WGMMA
+#define KVSIFT_FKNN_WGMMA_ASM(TYPE)                                                               \
+  asm volatile(                                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE                                 \
+      " "                                                                                         \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"   \
+      "%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"                   \
+      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]), \
+        "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), \
+        "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]), \
+        "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), \
+        "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]), \
+        "+f"(c[7][2]), "+f"(c[7][3])                                                              \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+#endif
+
+/// c += A (this warpgroup's 64 rows x 16, in registers as mma.sync's A fragments) x the 16 x 64
+/// key block of `desc`; asynchronous: fence before, commit and wait after (fknn_wgmma_*).
+template <class T>
+__device__ inline void fknn_wgmma(float (&c)[8][4], const std::uint32_t (&a)[4],
+                                  std::uint64_t desc) {
+#if KVSIFT_FKNN_WGMMA
+  if constexpr (std::is_same_v<T, half>) {
+    KVSIFT_FKNN_WGMMA_ASM("f16");
+  } else {
+    KVSIFT_FKNN_WGMMA_ASM("bf16");
+  }
+#else
+  (void)c, (void)a, (void)desc;
+  __trap();  // never called: the kernel takes the mma.sync path when compiled for another target
+#endif
+}
+
+__device__ inline void fknn_wgmma_fence() {
+#if KVSIFT_FKNN_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ inline void fknn_wgmma_commit_and_wait() {
+#if KVSIFT_FKNN_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+/// Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy) reads.
+__device__ inline void fknn_fence_proxy_async() {
+#if KVSIFT_FKNN_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
 }
 
 /// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is then not read).
@@ -180,7 +278,14 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   using shape = fknn_shape<D>;
   constexpr int ksteps = D / 16;
   constexpr int segs = D / 8;  // 16-byte segments per key row
-  extern __shared__ __align__(16) unsigned char fknn_smem[];
+  // Hopper's wgmma (sm_90a builds) or mma.sync (any other target, 8.0+): see fknn_wgmma.
+  constexpr bool wgmma = KVSIFT_FKNN_WGMMA != 0;
+  extern __shared__ __align__(16) unsigned char fknn_smem_raw[];
+  unsigned char* const fknn_smem =
+      fknn_smem_raw +
+      ((fknn_smem_align -
+        (static_cast<std::uint32_t>(__cvta_generic_to_shared(fknn_smem_raw)) % fknn_smem_align)) %
+       fknn_smem_align);
   auto* stage_base = reinterpret_cast<std::uint16_t*>(fknn_smem);
   auto* kth_key = reinterpret_cast<rank_key*>(fknn_smem + shape::rows_offset);
   auto* threshold = reinterpret_cast<float*>(kth_key + fknn_rows);
@@ -209,7 +314,12 @@ __global__ void __launch_bounds__(fknn_threads, 2)
       const int r = s / segs, col = (s % segs) * 8;
       const int key = c * fknn_cols + r;
       const T* src = key < n ? keys + static_cast<std::int64_t>(key) * k_pitch + col : keys;
-      fknn_cp_async(dst + r * shape::pitch + col, src, key < n);
+      if constexpr (wgmma) {
+        fknn_cp_async(reinterpret_cast<unsigned char*>(dst) + fknn_swizzled(r, s % segs), src,
+                      key < n);
+      } else {
+        fknn_cp_async(dst + r * shape::pitch + col, src, key < n);
+      }
     }
   };
 #pragma unroll
@@ -233,7 +343,21 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   // within each 32 elements, lane t's 8 consecutive elements 8t .. 8t + 7 are its k = 2t, 2t + 1,
   // 2t + 8, 2t + 9 of two k-steps, so each key fragment pair is one 16-byte load.
   std::uint32_t a[ksteps][4];
-  {
+  if constexpr (wgmma) {
+    // wgmma reads the keys in their stored order, so here the dimension is not permuted: k-step
+    // kk's fragment holds elements 16 kk + 2t, + 1 (a[0], a[1]) and 16 kk + 8 + 2t, + 1 (a[2],
+    // a[3]) of rows g and g + 8.
+    const std::int64_t r_lo = row0 + warp * 16 + g, r_hi = r_lo + 8;
+    const auto* lo = reinterpret_cast<const std::uint32_t*>(queries + r_lo * q_pitch);
+    const auto* hi = reinterpret_cast<const std::uint32_t*>(queries + r_hi * q_pitch);
+#pragma unroll
+    for (int kk = 0; kk < ksteps; ++kk) {
+      a[kk][0] = r_lo < m ? lo[kk * 8 + t] : 0u;
+      a[kk][1] = r_hi < m ? hi[kk * 8 + t] : 0u;
+      a[kk][2] = r_lo < m ? lo[kk * 8 + 4 + t] : 0u;
+      a[kk][3] = r_hi < m ? hi[kk * 8 + 4 + t] : 0u;
+    }
+  } else {
     const std::int64_t r_lo = row0 + warp * 16 + g, r_hi = r_lo + 8;
     const auto* lo = reinterpret_cast<const uint4*>(queries + r_lo * q_pitch);
     const auto* hi = reinterpret_cast<const uint4*>(queries + r_hi * q_pitch);
@@ -254,21 +378,35 @@ __global__ void __launch_bounds__(fknn_threads, 2)
 
   for (int c = 0; c < chunks; ++c) {
     fknn_cp_wait<shape::stages - 2>();
-    __syncthreads();  // chunk c staged; the previous chunk's merges are done
+    fknn_fence_proxy_async();  // wgmma reads the stage through the async proxy
+    __syncthreads();           // chunk c staged; the previous chunk's merges are done
     if (c + shape::stages - 1 < chunks) load_chunk(c + shape::stages - 1);
     fknn_cp_commit();
 
     const std::uint16_t* stage = stage_base + (c % shape::stages) * (fknn_cols * shape::pitch);
     float acc[shape::ni][4] = {};
+    if constexpr (wgmma) {
+      // One m64n64k16 per k-step; k-step kk starts 32 bytes into its panel's swizzled lines.
+      const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage));
+      fknn_fence_acc(acc);
+      fknn_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < ksteps / 2; ++kk) {
+      for (int kk = 0; kk < ksteps; ++kk) {
+        fknn_wgmma<T>(acc, a[kk], fknn_desc(addr + (kk / 4) * (fknn_cols * 128) + (kk % 4) * 32));
+      }
+      fknn_wgmma_commit_and_wait();
+      fknn_fence_acc(acc);
+    } else {
 #pragma unroll
-      for (int nj = 0; nj < shape::ni; ++nj) {
-        // B of m16n8k16 (column-major 16 x 8) is 8 key rows; one load serves two k-steps.
-        const uint4 b =
-            *reinterpret_cast<const uint4*>(stage + (nj * 8 + g) * shape::pitch + kk * 32 + 8 * t);
-        fknn_mma<T>(acc[nj], a[2 * kk], b.x, b.y);
-        fknn_mma<T>(acc[nj], a[2 * kk + 1], b.z, b.w);
+      for (int kk = 0; kk < ksteps / 2; ++kk) {
+#pragma unroll
+        for (int nj = 0; nj < shape::ni; ++nj) {
+          // B of m16n8k16 (column-major 16 x 8) is 8 key rows; one load serves two k-steps.
+          const uint4 b = *reinterpret_cast<const uint4*>(stage + (nj * 8 + g) * shape::pitch +
+                                                          kk * 32 + 8 * t);
+          fknn_mma<T>(acc[nj], a[2 * kk], b.x, b.y);
+          fknn_mma<T>(acc[nj], a[2 * kk + 1], b.z, b.w);
+        }
       }
     }
 
@@ -327,3 +465,8 @@ __global__ void __launch_bounds__(fknn_threads, 2)
 }
 
 }  // namespace kvsift::cuda::detail
+
+#undef KVSIFT_FKNN_WGMMA
+#ifdef KVSIFT_FKNN_WGMMA_ASM
+#undef KVSIFT_FKNN_WGMMA_ASM
+#endif
