@@ -13,7 +13,7 @@
 // c + stages - 1 overlaps the products of chunk c); each warp's 16 rows' query fragments, held in
 // registers for the whole kernel, are multiplied by the chunk's 64 keys (f32 accumulation): in an
 // sm_90a build by Hopper's wgmma (a warpgroup's 64 rows per instruction, the keys read from shared
-// memory by the tensor cores; 1.28x the mma.sync kernel at 131072^2, k = 100), in any other build
+// memory by the tensor cores; 1.19x the mma.sync kernel at 131072^2, k = 100), in any other build
 // by mma.sync m16n8k16 (compute capability 8.0+). A thread compares the maximum of its 16 scores of
 // a row with the row's threshold (the score of its k-th best so far); only then does it look at its
 // pairs of scores, and at each score of a passing pair: packed into a rank key (knn.inl: same order
@@ -281,11 +281,15 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   // Hopper's wgmma (sm_90a builds) or mma.sync (any other target, 8.0+): see fknn_wgmma.
   constexpr bool wgmma = KVSIFT_FKNN_WGMMA != 0;
   extern __shared__ __align__(16) unsigned char fknn_smem_raw[];
+  // Only the swizzled stages need the 1024-byte boundary; the mma.sync path keeps the constant
+  // base (a computed one costs it registers and spills at the 128-register cap).
   unsigned char* const fknn_smem =
-      fknn_smem_raw +
-      ((fknn_smem_align -
-        (static_cast<std::uint32_t>(__cvta_generic_to_shared(fknn_smem_raw)) % fknn_smem_align)) %
-       fknn_smem_align);
+      wgmma
+          ? fknn_smem_raw + ((fknn_smem_align -
+                              (static_cast<std::uint32_t>(__cvta_generic_to_shared(fknn_smem_raw)) %
+                               fknn_smem_align)) %
+                             fknn_smem_align)
+          : fknn_smem_raw;
   auto* stage_base = reinterpret_cast<std::uint16_t*>(fknn_smem);
   auto* kth_key = reinterpret_cast<rank_key*>(fknn_smem + shape::rows_offset);
   auto* threshold = reinterpret_cast<float*>(kth_key + fknn_rows);
