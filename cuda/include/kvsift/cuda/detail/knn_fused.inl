@@ -96,20 +96,24 @@ __device__ inline void fknn_mma(float (&c)[4], const std::uint32_t (&a)[4], std:
 #define KVSIFT_FKNN_WGMMA 0
 #endif
 
-/// Byte offset of key row r's 16-byte segment s in a stage, in wgmma's K-major layout with the
-/// 128-byte swizzle: the dimension in panels of 64 elements (one 128-byte line per key), each
-/// panel 64 keys x 128 bytes, and segment s of a line stored at position s ^ (r % 8), which
-/// spreads the eight rows of a core matrix over all 32 banks.
+// wgmma's K-major layout with the 128-byte swizzle, as a stage holds it: the dimension in panels
+// of 64 elements, one 128-byte line per key, a panel of 64 keys x 128 bytes.
+inline constexpr int fknn_line_bytes = 128;
+inline constexpr int fknn_panel_bytes = fknn_cols * fknn_line_bytes;
+
+/// Byte offset of key row r's 16-byte segment s in a stage: segment s of a line is stored at
+/// position s ^ (r % 8), which spreads the eight rows of a core matrix over all 32 banks.
 __device__ inline int fknn_swizzled(int r, int s) {
-  return (s >> 3) * (fknn_cols * 128) + r * 128 + (((s & 7) ^ (r & 7)) << 4);
+  return (s >> 3) * fknn_panel_bytes + r * fknn_line_bytes + (((s & 7) ^ (r & 7)) << 4);
 }
 
-/// wgmma shared-memory descriptor of a K-major, 128-byte-swizzled operand starting at shared
-/// address `addr`: 8-row core-matrix groups 1024 bytes apart (stride byte offset); the leading
-/// byte offset is unused for this layout.
-__device__ inline std::uint64_t fknn_desc(std::uint32_t addr) {
+/// wgmma shared-memory descriptor of k-step kk (16 elements) of the stage at shared address
+/// `stage`: the k-step starts 32 bytes into its panel's swizzled lines; 8-row core-matrix groups
+/// are 8 lines apart (stride byte offset); the leading byte offset is unused for this layout.
+__device__ inline std::uint64_t fknn_desc(std::uint32_t stage, int kk) {
+  const std::uint32_t addr = stage + (kk / 4) * fknn_panel_bytes + (kk % 4) * 32;
   return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t{1} << 16) |
-         (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+         (std::uint64_t{(8 * fknn_line_bytes) >> 4} << 32) | (std::uint64_t{1} << 62);
 }
 
 /// Keeps the compiler from moving reads or writes of the accumulators across the asynchronous
@@ -343,9 +347,6 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   }
 
   // This warp's query fragments (A of m16n8k16, row-major), in registers for the whole kernel.
-  // The dimension is permuted the same way for queries and keys (a dot product does not care):
-  // within each 32 elements, lane t's 8 consecutive elements 8t .. 8t + 7 are its k = 2t, 2t + 1,
-  // 2t + 8, 2t + 9 of two k-steps, so each key fragment pair is one 16-byte load.
   std::uint32_t a[ksteps][4];
   if constexpr (wgmma) {
     // wgmma reads the keys in their stored order, so here the dimension is not permuted: k-step
@@ -362,6 +363,9 @@ __global__ void __launch_bounds__(fknn_threads, 2)
       a[kk][3] = r_hi < m ? hi[kk * 8 + 4 + t] : 0u;
     }
   } else {
+    // mma.sync: the dimension is permuted the same way for queries and keys (a dot product does
+    // not care): within each 32 elements, lane t's 8 consecutive elements 8t .. 8t + 7 are its
+    // k = 2t, 2t + 1, 2t + 8, 2t + 9 of two k-steps, so each key fragment pair is one 16-byte load.
     const std::int64_t r_lo = row0 + warp * 16 + g, r_hi = r_lo + 8;
     const auto* lo = reinterpret_cast<const uint4*>(queries + r_lo * q_pitch);
     const auto* hi = reinterpret_cast<const uint4*>(queries + r_hi * q_pitch);
@@ -390,13 +394,13 @@ __global__ void __launch_bounds__(fknn_threads, 2)
     const std::uint16_t* stage = stage_base + (c % shape::stages) * (fknn_cols * shape::pitch);
     float acc[shape::ni][4] = {};
     if constexpr (wgmma) {
-      // One m64n64k16 per k-step; k-step kk starts 32 bytes into its panel's swizzled lines.
+      // One m64n64k16 per k-step.
       const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage));
       fknn_fence_acc(acc);
       fknn_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < ksteps; ++kk) {
-        fknn_wgmma<T>(acc, a[kk], fknn_desc(addr + (kk / 4) * (fknn_cols * 128) + (kk % 4) * 32));
+        fknn_wgmma<T>(acc, a[kk], fknn_desc(addr, kk));
       }
       fknn_wgmma_commit_and_wait();
       fknn_fence_acc(acc);
@@ -471,6 +475,4 @@ __global__ void __launch_bounds__(fknn_threads, 2)
 }  // namespace kvsift::cuda::detail
 
 #undef KVSIFT_FKNN_WGMMA
-#ifdef KVSIFT_FKNN_WGMMA_ASM
 #undef KVSIFT_FKNN_WGMMA_ASM
-#endif
