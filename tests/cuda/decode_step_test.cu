@@ -1,8 +1,9 @@
-// The composed decode step (search -> one token list of window + retrieved tokens -> sparse
-// attention over it) against full attention in double precision: with a pool that holds every
-// middle token, retrieval finds them all, and window + retrieval is exactly all tokens, so the
-// output must equal full attention. A head whose context is all window (retrieval empty) and
-// GQA sharing are in the same batch.
+// The composed decode step (search -> attention over each head's window + retrieved tokens)
+// against the same step composed from the public calls, bit for bit, and against full
+// attention in double precision: with a pool that holds every middle token, retrieval finds
+// them all, and window + retrieval is exactly all tokens, so the output must equal full
+// attention. A head whose context is all window (retrieval empty) and GQA sharing are in the
+// same batch.
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +24,9 @@ namespace kc = kvsift::cuda;
 
 struct step_result {
   std::vector<float> o, lse, want_o, want_lse;
+  // The same step composed from the public calls: decode_search with the step's filter, then
+  // sparse_attention over host-built lists (window, then the retrieved ids), same split count.
+  std::vector<float> composed_o, composed_lse;
   std::uint32_t status = 0;
   std::vector<id_t> carry;  // the carry after the step (with one)
   // Per query head, its exact top-k of the retrieval range [sink', n - window) (host, double).
@@ -121,6 +125,52 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
 
   step_result r;
+  if (carry_in.empty()) {  // (with a carry the step's seeds are its input: not composed here)
+    std::vector<std::int32_t> graph_of(static_cast<std::size_t>(H));
+    std::vector<std::uint32_t> lo(static_cast<std::size_t>(H)), hi(static_cast<std::size_t>(H));
+    for (int h = 0; h < H; ++h) {
+      const int n = sizes[h / group];
+      graph_of[h] = h / group;
+      lo[h] = static_cast<std::uint32_t>(std::min(n, p.sink));
+      hi[h] = static_cast<std::uint32_t>(std::max<int>(static_cast<int>(lo[h]), n - p.window));
+    }
+    device_buffer<std::int32_t> dgraph(graph_of);
+    device_buffer<std::uint32_t> dlo(lo), dhi(hi), dcounts(static_cast<std::size_t>(H));
+    device_buffer<id_t> dids(static_cast<std::size_t>(H) * cap);
+    kc::decode_queries qs{dq.get(), d, dgraph.get()};
+    qs.filter_first = dlo.get();
+    qs.filter_last = dhi.get();
+    kc::decode_search_outputs so{};
+    so.ids = dids.get();
+    so.counts = dcounts.get();
+    const std::size_t swb = kc::decode_search_workspace_size(set, H, p.search);
+    device_buffer<char> sws(swb);
+    kc::decode_search(set, kv, qs, H, p.search, so, sws.get(), swb, nullptr);
+    const std::vector<id_t> ids = dids.download();
+    const std::vector<std::uint32_t> counts = dcounts.download();
+    std::vector<std::int64_t> indptr{0};
+    std::vector<std::int32_t> tokens;
+    for (int h = 0; h < H; ++h) {
+      const int n = sizes[h / group];
+      for (std::uint32_t t = 0; t < lo[h]; ++t) tokens.push_back(static_cast<std::int32_t>(t));
+      for (int t = static_cast<int>(hi[h]); t < n; ++t) tokens.push_back(t);
+      for (std::uint32_t j = 0; j < std::min<std::uint32_t>(counts[h], cap); ++j)
+        tokens.push_back(static_cast<std::int32_t>(ids[static_cast<std::size_t>(h) * cap + j]));
+      indptr.push_back(static_cast<std::int64_t>(tokens.size()));
+    }
+    device_buffer<std::int64_t> dindptr(indptr);
+    device_buffer<std::int32_t> dtokens(tokens.empty() ? std::vector<std::int32_t>{0} : tokens);
+    kc::sparse_attention_params ap;
+    ap.scale = p.scale;
+    const std::size_t awb = kc::sparse_attention_workspace_size(H, d, ap);
+    device_buffer<char> aws(std::max<std::size_t>(awb, 1));
+    device_buffer<float> co(static_cast<std::size_t>(H) * d), clse(H);
+    kc::sparse_attention(dq.get(), H, d, kv, dindptr.get(), dtokens.get(), co.get(), clse.get(),
+                         aws.get(), awb, nullptr, ap);
+    KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+    r.composed_o = co.download();
+    r.composed_lse = clse.download();
+  }
   if (!carry_in.empty()) r.carry = dcarry.download();
   r.exact_middle = exact_middle;
   r.o = o.download();
@@ -250,6 +300,33 @@ TEST_CASE("decode_step_carry_warm_starts_the_search", "[cuda][decode_step]") {
     }
   }
   CHECK(cold_missed > 0);  // without the seeds the limited search misses: the check bites
+}
+
+TEST_CASE("decode_step_equals_its_composition_from_public_calls", "[cuda][decode_step]") {
+  // A retrieval that finds a few of the middle tokens, so that the output depends on which:
+  // the step reads its window as ranges and its retrieved tokens from the search's rows, in
+  // place; decode_search + sparse_attention over lists built on the host (window first) must
+  // give the same bits. Heads with all-window contexts, no sinks and several splits are in
+  // the batch.
+  kc::decode_step_params p;
+  p.sink = 3;
+  p.window = 20;
+  p.search.k = 7;
+  p.search.L = 16;
+  for (const int d : {64, 128}) {
+    rng().seed(31);
+    const step_result r = run_step({900, 12, 23, 400, 2000}, 2, d, p);
+    CHECK(r.status == 0u);
+    CHECK(r.o == r.composed_o);
+    CHECK(r.lse == r.composed_lse);
+    CHECK(mismatches(r) > 0);  // a partial retrieval: not full attention, so the lists matter
+  }
+  p.sink = 0;  // window only at the end
+  p.search.expand_width = 4;
+  rng().seed(32);
+  const step_result r = run_step({700, 5, 1200}, 4, 64, p);
+  CHECK(r.o == r.composed_o);
+  CHECK(r.lse == r.composed_lse);
 }
 
 TEST_CASE("decode_step_rejects_bad_input", "[cuda][decode_step]") {

@@ -3,9 +3,10 @@
 // stream and no host synchronisation:
 //
 //   decode_search over each KV head's graph, the static window excluded by an id range
-//   -> one token list per query head: the static window (the first `sink` tokens and the
-//      last `window`) followed by the retrieved tokens
-//   -> sparse_attention over that list.
+//   -> sparse_attention over each query head's static window (the first `sink` tokens and the
+//      last `window`) followed by its retrieved tokens, read where they are (the window as two
+//      ranges, the retrieved ids in the search's result rows: no token lists are built), and
+//      launched as a dependent of the search (it waits for the search's results on the device).
 //
 // The two token sets are disjoint by construction, so this is attention over their union, the
 // same as attending to each set and merging the two states with merge_state (what this step
@@ -73,7 +74,7 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  * @throw kvsift::invalid_argument kv.num_kv_heads != set.num_graphs, a GQA ratio that does not
  *        divide, a too-small workspace, and whatever decode_search and sparse_attention throw
  *        for these arguments
- * @note Three launches plus the search's and the attention's; asynchronous; never allocates.
+ * @note One launch plus the search's and the attention's; asynchronous; never allocates.
  *       Work: the search (see decode_search) plus O((k + sink + window) * head_dim) per query
  *       head. Thread safety: no state; concurrent calls need separate workspaces and outputs.
  */

@@ -1464,20 +1464,18 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
   if (lane == 0 && status != 0u && out.status != nullptr) atomicOr(out.status, status);
 }
 
-/// indptr[0] = 0, indptr[i + 1] = indptr[i] + min(counts[i], capacity) (+ extra[i] when
-/// extra is not null: decode_step's window tokens ahead of the retrieved ones). One block.
+/// indptr[0] = 0, indptr[i + 1] = indptr[i] + min(counts[i], capacity). One block.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    ds_scan_kernel(const std::uint32_t* counts, std::int64_t m, int capacity, std::int64_t* indptr,
-                   const std::uint32_t* extra = nullptr) {
+    ds_scan_kernel(const std::uint32_t* counts, std::int64_t m, int capacity,
+                   std::int64_t* indptr) {
   __shared__ std::int64_t part[Threads];
   const int t = static_cast<int>(threadIdx.x);
   const std::int64_t per = (m + Threads - 1) / Threads;
   const std::int64_t lo = t * per < m ? t * per : m;
   const std::int64_t hi = lo + per < m ? lo + per : m;
   auto row = [&](std::int64_t i) -> std::int64_t {
-    return min(counts[i], static_cast<std::uint32_t>(capacity)) +
-           (extra != nullptr ? extra[i] : 0u);
+    return min(counts[i], static_cast<std::uint32_t>(capacity));
   };
   std::int64_t sum = 0;
   for (std::int64_t i = lo; i < hi; ++i) sum += row(i);
@@ -1497,41 +1495,31 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
-/// Row i of a CSR token list, at indptr[i]: an optional leading list lead[i * lead_cap,
-/// + lead_counts[i]) (decode_step's window tokens), then the padded result row
-/// ids[i * cap, + min(counts[i], cap)).
+/// Row i of a CSR token list, at indptr[i]: the padded result row ids[i * cap, + min(counts[i],
+/// cap)).
 template <class Id>
 __global__ void ds_compact_kernel(const Id* ids, const std::uint32_t* counts, std::int64_t m,
-                                  int cap, const std::int64_t* indptr, std::int32_t* indices,
-                                  const Id* lead, const std::uint32_t* lead_counts, int lead_cap) {
-  const std::int64_t row = std::int64_t{lead_cap} + cap;
-  const std::int64_t total = m * row;
+                                  int cap, const std::int64_t* indptr, std::int32_t* indices) {
+  const std::int64_t total = m * cap;
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = t / row, j = t % row;
-    const std::int64_t ln = lead_cap > 0 ? std::int64_t{lead_counts[i]} : 0;
-    if (j < lead_cap) {
-      if (j < ln) indices[indptr[i] + j] = static_cast<std::int32_t>(lead[i * lead_cap + j]);
-    } else if (j - lead_cap <
-               static_cast<std::int64_t>(min(counts[i], static_cast<std::uint32_t>(cap)))) {
-      indices[indptr[i] + ln + (j - lead_cap)] =
-          static_cast<std::int32_t>(ids[i * cap + (j - lead_cap)]);
+    const std::int64_t i = t / cap, j = t % cap;
+    if (j < static_cast<std::int64_t>(min(counts[i], static_cast<std::uint32_t>(cap)))) {
+      indices[indptr[i] + j] = static_cast<std::int32_t>(ids[t]);
     }
   }
 }
 
-/// Padded result rows (optionally behind a leading list per row, see ds_compact_kernel) to
-/// CSR: the one-block scan, then the compaction. Arguments checked by the callers.
+/// Padded result rows to CSR: the one-block scan, then the compaction. Arguments checked by
+/// the callers.
 inline void ds_rows_to_csr(const id_t* ids, const std::uint32_t* counts, std::int64_t m,
                            int capacity, std::int64_t* indptr, std::int32_t* indices,
-                           cudaStream_t stream, const id_t* lead = nullptr,
-                           const std::uint32_t* lead_counts = nullptr, int lead_cap = 0) {
-  ds_scan_kernel<1024><<<1, 1024, 0, stream>>>(counts, m, capacity, indptr, lead_counts);
+                           cudaStream_t stream) {
+  ds_scan_kernel<1024><<<1, 1024, 0, stream>>>(counts, m, capacity, indptr);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
-  const std::int64_t slots = m * (std::int64_t{lead_cap} + capacity);
+  const std::int64_t slots = m * capacity;
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((slots + 255) / 256, 8192));
-  ds_compact_kernel<id_t><<<blocks, 256, 0, stream>>>(ids, counts, m, capacity, indptr, indices,
-                                                      lead, lead_counts, lead_cap);
+  ds_compact_kernel<id_t><<<blocks, 256, 0, stream>>>(ids, counts, m, capacity, indptr, indices);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/core/ids.hpp>
 #include <kvsift/cuda/detail/dependent_launch.cuh>
 #include <kvsift/cuda/detail/device_buffer.cuh>
 #include <kvsift/cuda/detail/merge.inl>
@@ -39,15 +40,62 @@ struct attention_shape {
   static_assert(D % vec == 0 && total_vecs % group == 0 && 32 % group == 0);
 };
 
+/// The token lists of sparse_attention's interface: head h attends ids[indptr[h], indptr[h + 1]).
+struct csr_token_lists {
+  const std::int64_t* __restrict__ indptr;
+  const std::int32_t* __restrict__ ids;
+  struct head_list {
+    std::int64_t begin, end;
+    const std::int32_t* __restrict__ ids;
+    __device__ std::int32_t id(std::int64_t i) const { return ids[i]; }
+  };
+  __device__ head_list head(int h) const { return {indptr[h], indptr[h + 1], ids}; }
+};
+
+/// decode_step's token lists, read where the step's kernels leave them, with no CSR built:
+/// head h attends its static window, window[h] tokens: [0, first[h]) and then [last[h], ...)
+/// (from the step's first kernel), then the first min(counts[h], capacity) ids of its search
+/// result row ids[h * capacity, ...). Window first, as the step's CSR lists had them, so the
+/// attention sums in the same order as over those lists.
+struct window_then_rows {
+  const std::uint32_t* __restrict__ first;
+  const std::uint32_t* __restrict__ last;
+  const std::uint32_t* __restrict__ window;
+  const id_t* __restrict__ ids;
+  const std::uint32_t* __restrict__ counts;
+  int capacity;
+  struct head_list {
+    std::int64_t begin, end;
+    std::uint32_t first, last, window;
+    const id_t* __restrict__ row;
+    __device__ std::int32_t id(std::int64_t i) const {
+      if (i < window) {
+        const auto t = static_cast<std::uint32_t>(i);
+        return static_cast<std::int32_t>(t < first ? t : last + (t - first));
+      }
+      // invalid_id reads as -1: flagged and skipped with a status word, as any bad id.
+      return static_cast<std::int32_t>(row[i - window]);
+    }
+  };
+  __device__ head_list head(int h) const {
+    const std::uint32_t w = window[h];
+    const std::uint32_t n = min(counts[h], static_cast<std::uint32_t>(capacity));
+    return {0,        std::int64_t{w} + n,
+            first[h], last[h],
+            w,        ids + static_cast<std::int64_t>(h) * capacity};
+  }
+};
+
 /// One block per (split, query head). Online softmax in base 2 per group, then the groups'
-/// states are combined through shared memory and written as one partial state.
-template <class T, int D>
+/// states are combined through shared memory and written as one partial state. `Lists` gives
+/// each head's token ids (csr_token_lists or window_then_rows); they are read only after
+/// wait_for_prior_grid, since decode_step launches this kernel as a dependent of its search,
+/// whose results they are.
+template <class T, int D, class Lists>
 __global__ void __launch_bounds__(attention_threads)
-    sparse_attention_kernel(const float* __restrict__ q, const paged_kv_ref<T> kv,
-                            const std::int64_t* __restrict__ indptr,
-                            const std::int32_t* __restrict__ ids, int group_size, float scale_log2,
-                            int num_splits, float* __restrict__ out_o, float* __restrict__ out_lse,
-                            int* status) {
+    sparse_attention_kernel(const float* __restrict__ q, const paged_kv_ref<T> kv, Lists lists,
+                            int group_size, float scale_log2, int num_splits,
+                            float* __restrict__ out_o, float* __restrict__ out_lse, int* status) {
   using S = attention_shape<T, D>;
   constexpr int V = S::vec;
   constexpr int VPT = S::vecs_per_lane;
@@ -77,8 +125,10 @@ __global__ void __launch_bounds__(attention_threads)
     }
   }
 
-  const std::int64_t b = indptr[head];
-  const std::int64_t e = indptr[head + 1];
+  wait_for_prior_grid();  // a no-op unless launched by launch_dependent (decode_step)
+  const auto list = lists.head(head);
+  const std::int64_t b = list.begin;
+  const std::int64_t e = list.end;
   const std::int64_t chunk = (e - b + num_splits - 1) / num_splits;
   const std::int64_t cb = b + split * chunk < e ? b + split * chunk : e;
   const std::int64_t ce = cb + chunk < e ? cb + chunk : e;
@@ -99,7 +149,7 @@ __global__ void __launch_bounds__(attention_threads)
         static_cast<int>(ce - tile0 < attention_offset_tile ? ce - tile0 : attention_offset_tile);
     __syncthreads();  // the previous tile's offsets have been consumed
     for (int i = threadIdx.x; i < tile_n; i += attention_threads) {
-      const std::int32_t id = ids[tile0 + i];
+      const std::int32_t id = list.id(tile0 + i);
       std::int64_t offset = -1;
       if (status != nullptr) {
         const bool id_ok = id >= 0 && id < token_limit;
@@ -253,11 +303,14 @@ inline std::size_t workspace_bytes_for(int num_qo_heads, int head_dim, int split
   return align_up(rows * head_dim * sizeof(float)) + align_up(rows * sizeof(float));
 }
 
-template <class T, int D>
+/// With `dependent` the attention kernel is launched as a dependent of the kernel before it on
+/// the stream (launch_dependent; `device` is the current device): it starts while that kernel
+/// runs and waits on the device for its results (decode_step's search).
+template <class T, int D, class Lists>
 void launch_sparse_attention(const float* q, int num_qo_heads, const paged_kv_ref<T>& kv,
-                             const std::int64_t* indptr, const std::int32_t* ids, int group_size,
-                             float scale, int splits, float* out_o, float* out_lse, void* workspace,
-                             cudaStream_t stream, int* status) {
+                             const Lists& lists, int group_size, float scale, int splits,
+                             float* out_o, float* out_lse, void* workspace, cudaStream_t stream,
+                             int* status, bool dependent, int device) {
   constexpr float log2e = 1.44269504088896340736f;
   float* part_o = out_o;
   float* part_lse = out_lse;
@@ -268,9 +321,15 @@ void launch_sparse_attention(const float* q, int num_qo_heads, const paged_kv_re
                                         align_up(rows * D * sizeof(float)));
   }
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(num_qo_heads));
-  sparse_attention_kernel<T, D><<<grid, attention_threads, 0, stream>>>(
-      q, kv, indptr, ids, group_size, scale * log2e, splits, part_o, part_lse, status);
-  KVSIFT_CUDA_CHECK(cudaGetLastError());
+  if (dependent) {
+    launch_dependent(sparse_attention_kernel<T, D, Lists>, grid, dim3(attention_threads), stream,
+                     device, q, kv, lists, group_size, scale * log2e, splits, part_o, part_lse,
+                     status);
+  } else {
+    sparse_attention_kernel<T, D, Lists><<<grid, attention_threads, 0, stream>>>(
+        q, kv, lists, group_size, scale * log2e, splits, part_o, part_lse, status);
+    KVSIFT_CUDA_CHECK(cudaGetLastError());
+  }
   if (splits > 1) {
     const indptr_source<float, fixed_indptr> src{part_o, part_lse, fixed_indptr{splits}, 1, D};
     // The split states come from the kernel above: finite or -inf lse, or NaN when the query
@@ -302,18 +361,21 @@ inline std::size_t sparse_attention_workspace_size(int num_qo_heads, int head_di
 
 namespace detail {
 
-/// sparse_attention; with check_devices false the pointers and stream are taken to be the
-/// current device's (for the library's own steps, which checked their inputs once: the checks
-/// are a pointer-attribute query each, host time that a batch-1 step sees). With `enqueue`
-/// false it only checks (the dry run of the sharded steps).
-template <class T>
-void run_sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
-                          const std::int64_t* token_indptr, const std::int32_t* token_ids,
-                          float* out_o, float* out_lse, void* workspace,
-                          std::size_t workspace_bytes, cudaStream_t stream,
-                          const sparse_attention_params& params,
-                          const sparse_attention_policy& policy, bool check_devices,
-                          bool enqueue = true) {
+/// sparse_attention over any token lists (`Lists`: csr_token_lists, window_then_rows): every
+/// check that does not read the lists, then the launch. With check_devices false the pointers
+/// and stream are taken to be the current device's (for the library's own steps, which checked
+/// their inputs once: the checks are a pointer-attribute query each, host time that a batch-1
+/// step sees). With `enqueue` false it only checks (the dry run of the sharded steps). With
+/// `dependent` the kernel launches as a dependent of the kernel before it
+/// (launch_sparse_attention). `check_lists(device)` checks the lists' own pointers (after the null
+/// checks of the other arguments, before their device checks).
+template <class T, class Lists, class CheckLists>
+void run_attention_lists(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
+                         const Lists& lists, const CheckLists& check_lists, float* out_o,
+                         float* out_lse, void* workspace, std::size_t workspace_bytes,
+                         cudaStream_t stream, const sparse_attention_params& params,
+                         const sparse_attention_policy& policy, bool check_devices, bool enqueue,
+                         bool dependent) {
   static_assert(detail::is_supported_element_v<T>,
                 "K/V element type must be float, __half or __nv_bfloat16");
   using kvsift::detail::require;
@@ -343,24 +405,22 @@ void run_sparse_attention(const float* q, int num_qo_heads, int head_dim, const 
   detail::require_device_ptr(kv.k_pages, true, what, "k_pages");
   detail::require_device_ptr(kv.v_pages, true, what, "v_pages");
   detail::require_device_ptr(out_o, true, what, "out_o");
-  require(kv.page_table != nullptr && token_indptr != nullptr && out_lse != nullptr, what,
-          ": page_table, token_indptr and out_lse must be non-null");
+  require(kv.page_table != nullptr && out_lse != nullptr, what,
+          ": page_table and out_lse must be non-null");
   require(workspace_bytes >= needed, what, ": workspace too small: need ", needed, " bytes, got ",
           workspace_bytes);
   require(needed == 0 ||
               (workspace != nullptr &&
                reinterpret_cast<std::uintptr_t>(workspace) % detail::workspace_alignment == 0),
           what, ": workspace must be non-null and 256-byte aligned");
+  const int device = current_device();
+  check_lists(device);
   if (check_devices) {
-    const int device = current_device();
     require_stream_on(stream, device, what);
     require_device_pointer(q, device, what, "q");
     require_device_pointer(kv.k_pages, device, what, "k_pages");
     require_device_pointer(kv.v_pages, device, what, "v_pages");
     require_device_pointer(kv.page_table, device, what, "page_table");
-    require_device_pointer(token_indptr, device, what, "token_indptr");
-    // Null ids are valid when every head's list is empty (the indptr is device data).
-    require_optional_device_pointer(token_ids, device, what, "token_ids");
     require_device_pointer(out_o, device, what, "out_o");
     require_device_pointer(out_lse, device, what, "out_lse");
     if (needed > 0) require_device_pointer(workspace, device, what, "workspace");
@@ -368,23 +428,45 @@ void run_sparse_attention(const float* q, int num_qo_heads, int head_dim, const 
   }
   if (!enqueue) return;
   const int group_size = num_qo_heads / kv.num_kv_heads;
+  auto launch = [&]<int D>() {
+    detail::launch_sparse_attention<T, D>(q, num_qo_heads, kv, lists, group_size, scale, splits,
+                                          out_o, out_lse, workspace, stream, params.status,
+                                          dependent, device);
+  };
   switch (head_dim) {
     case 64:
-      detail::launch_sparse_attention<T, 64>(q, num_qo_heads, kv, token_indptr, token_ids,
-                                             group_size, scale, splits, out_o, out_lse, workspace,
-                                             stream, params.status);
+      launch.template operator()<64>();
       break;
     case 128:
-      detail::launch_sparse_attention<T, 128>(q, num_qo_heads, kv, token_indptr, token_ids,
-                                              group_size, scale, splits, out_o, out_lse, workspace,
-                                              stream, params.status);
+      launch.template operator()<128>();
       break;
     default:
-      detail::launch_sparse_attention<T, 256>(q, num_qo_heads, kv, token_indptr, token_ids,
-                                              group_size, scale, splits, out_o, out_lse, workspace,
-                                              stream, params.status);
+      launch.template operator()<256>();
       break;
   }
+}
+
+/// sparse_attention (CSR token lists); check_devices, enqueue: as run_attention_lists.
+template <class T>
+void run_sparse_attention(const float* q, int num_qo_heads, int head_dim, const paged_kv_ref<T>& kv,
+                          const std::int64_t* token_indptr, const std::int32_t* token_ids,
+                          float* out_o, float* out_lse, void* workspace,
+                          std::size_t workspace_bytes, cudaStream_t stream,
+                          const sparse_attention_params& params,
+                          const sparse_attention_policy& policy, bool check_devices,
+                          bool enqueue = true) {
+  const auto check_lists = [&](int device) {
+    constexpr const char* what = "kvsift::cuda::sparse_attention";
+    kvsift::detail::require(token_indptr != nullptr, what, ": token_indptr must be non-null");
+    if (check_devices) {
+      require_device_pointer(token_indptr, device, what, "token_indptr");
+      // Null ids are valid when every head's list is empty (the indptr is device data).
+      require_optional_device_pointer(token_ids, device, what, "token_ids");
+    }
+  };
+  run_attention_lists(q, num_qo_heads, head_dim, kv, csr_token_lists{token_indptr, token_ids},
+                      check_lists, out_o, out_lse, workspace, workspace_bytes, stream, params,
+                      policy, check_devices, enqueue, false);
 }
 
 }  // namespace detail
