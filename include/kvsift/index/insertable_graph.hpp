@@ -260,7 +260,7 @@ class insertable_graph {
   search_workspace ws_;
   std::vector<float> xf_, yf_, scratch_, qkeys_;
   std::vector<id_t> ids_, found_, kept_, merged_, targets_, qids_;
-  std::vector<std::uint32_t> offered_;
+  std::vector<std::uint32_t> offered_, entering_;
   std::vector<float> scores_;
   std::vector<scored_id> cands_, top_;
   bool linked_ = false;  // a re-pruning of link_back's current insert kept x
