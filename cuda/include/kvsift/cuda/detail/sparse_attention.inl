@@ -413,7 +413,9 @@ void run_attention_lists(const float* q, int num_qo_heads, int head_dim, const p
               (workspace != nullptr &&
                reinterpret_cast<std::uintptr_t>(workspace) % detail::workspace_alignment == 0),
           what, ": workspace must be non-null and 256-byte aligned");
-  const int device = current_device();
+  // The device is looked up only where it is used: the library's own unchecked calls that
+  // launch normally pay no host call for it (-1 then; check_lists reads it only when checking).
+  const int device = check_devices || dependent ? current_device() : -1;
   check_lists(device);
   if (check_devices) {
     require_stream_on(stream, device, what);
