@@ -199,7 +199,8 @@ TEST_CASE("graph_search_matches_cpu_beam_search", "[cuda][graph_search]") {
 }
 
 // The pruned lists against rng_prune with fill, on a RoarGraph-built graph (the real use) and
-// on a random one; degrees below and above 32 (two rounds of kept ids per candidate).
+// on a random one; pools of several batches of 32 candidates (the GPU prunes a batch at a time,
+// one candidate per lane) and degrees below and above 32.
 TEST_CASE("graph_search_pruning_matches_rng_prune", "[cuda][graph_search]") {
   const std::size_t n = 3000, d = 32;
   const auto kf = integer_matrix(n, d, 4);

@@ -1622,7 +1622,7 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
       if (c.block) {
         auto run_block = [&]<int NT>() {
           constexpr auto kernel = decode_search_block_kernel<T, Src, L2, Filtered, NT>;
-          allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/true);
+          allow_shared_memory<kernel>(device, smem_max, cudaSharedmemCarveoutMaxShared);
           kernel<<<static_cast<unsigned>(c.slots), NT, smem, stream>>>(
               set, src, qs, static_cast<int>(m), c, out, ws);
         };
@@ -1640,7 +1640,7 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
     constexpr auto kernel = decode_search_kernel<T, Src, L2, Dipr, Filtered>;
     // All of the unified L1/shared memory as shared: the rows a walk reads are random and
     // rarely hit L1, and the second block per SM needs the room.
-    allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/true);
+    allow_shared_memory<kernel>(device, smem_max, cudaSharedmemCarveoutMaxShared);
     const auto blocks =
         static_cast<unsigned>((c.slots + ds_warps_per_block - 1) / ds_warps_per_block);
     kernel<<<blocks, ds_warps_per_block * 32, smem, stream>>>(set, src, qs, static_cast<int>(m), c,

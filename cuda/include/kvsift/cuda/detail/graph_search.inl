@@ -4,12 +4,13 @@
 // One warp runs one search. Its shared memory holds the query (f32), the pool of L entries,
 // the expansion's fresh neighbours and their sorted survivors, and the pruning's kept and
 // dropped lists. The pool is merged in place (see the merge below), which keeps a warp's
-// shared memory near 6 KiB at L = 500 so that 36 warps fit an SM (registers allow 36). The
-// visited set is a bitset of n bits per concurrently running warp, in global memory (L2 in
-// practice), cleared before each search. Every step is warp-synchronous: a candidate is scored
-// by one lane (lane-per-vector keeps up to 32 row reads in flight, which is what a
-// latency-bound walk needs), the pool merge computes each entry's final position by binary
-// search in the other sorted list.
+// shared memory near 6 KiB at L = 500; the kernel asks for 75% of the unified L1 / shared
+// memory as shared memory (`walk_carveout_percent`), eight blocks of four warps, so that the
+// L1 keeps room for the key and adjacency rows. The visited set is a bitset of n bits per
+// concurrently running warp, in global memory (L2 in practice), cleared before each search. Every
+// step is warp-synchronous: a candidate is scored by one lane (lane-per-vector keeps up to 32 row
+// reads in flight, which is what a latency-bound walk needs), the pool merge computes each entry's
+// final position by binary search in the other sorted list.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -40,6 +41,13 @@ namespace kvsift::cuda::detail {
 inline constexpr int walk_warps_per_block = 4;
 inline constexpr std::int64_t walk_max_slots = 8192;  // searches running at once (bitsets)
 inline constexpr std::uint32_t walk_expanded = 0x80000000u;
+// The search kernel's preferred shared-memory carveout, in percent of the maximum. At the
+// driver's default (all shared memory, for the most resident blocks: nine of four warps at
+// L = 500, d = 128) the L1 keeps 28 KiB and the key and adjacency rows miss it; at 75% (196 KiB
+// on the H200: eight blocks, 60 KiB of L1) 8192 step-3 searches over 131072 f16 keys took
+// 14.1 ms against 24.1 (60 / 50 / 40%: 15.1 / 16.9 / 17.0 ms; bench/results/
+// h200_graph_search_step3.txt).
+inline constexpr int walk_carveout_percent = 75;
 
 /// Host element type -> the CUDA type of the same bits.
 template <class T>
@@ -148,41 +156,66 @@ __device__ __forceinline__ float walk_key(float s) {
 
 /// RNG pruning (`rng_prune`) of `count` candidates given best first: cands[i].id (bits past 31
 /// ignored) with its key to the pivot; the id `skip` is never kept. A candidate is dropped if
-/// some kept id is closer to it than the pivot is; lanes split the kept ids. With `fill` the
-/// dropped ids follow in rank order, up to `degree`, so only the first `degree` are remembered.
-/// kept / dropped: `degree` entries each (shared memory). Returns the kept count.
-/// Warp-synchronous: every lane calls it. The step-3 searches and the merge both prune so.
+/// some kept id is closer to it than the pivot is. With `fill` the dropped ids follow in rank
+/// order, up to `degree`, so only the first `degree` are remembered. kept / dropped: `degree`
+/// entries each (shared memory). Returns the kept count. Warp-synchronous: every lane calls it.
+/// The step-3 searches and the merge both prune so.
+///
+/// The rule is sequential (a candidate is tested against the ids kept before it), but a lane
+/// takes a candidate of its own: 32 at a time, each lane tests its candidate against the ids
+/// kept before the batch, stopping at the first closer one, and those that pass against the
+/// batch's earlier passing candidates; the verdicts are then settled in rank order from the
+/// shuffled bit masks. That is the same rule (a batch's candidate can only be dropped by the
+/// earlier kept ids and the batch members kept before it, which are among the earlier passing
+/// ones), on every lane instead of one distance per kept id, most of them idle while few ids
+/// are kept (the pruning was 37% of a step-3 search's time before; h200_graph_search_step3.txt).
 template <bool L2, class T>
 __device__ int walk_rng_prune(const walk_entry* cands, int count, std::uint32_t skip, int degree,
                               bool fill, std::uint32_t* kept, std::uint32_t* dropped,
                               const T* __restrict__ keys, std::int64_t ld, int d, bool vec,
                               int lane) {
   constexpr unsigned full = 0xffffffffu;
+  const unsigned lower_lanes = (1u << lane) - 1u;
   auto row_of = [&](std::uint32_t id) { return keys + static_cast<std::size_t>(id) * ld; };
+  // Is `other` closer to c than the pivot is (c's key ck)?
+  auto closer = [&](std::uint32_t c, std::uint32_t other, float ck) {
+    return walk_key<L2>(walk_score_rows<L2>(row_of(c), row_of(other), d, vec)) > ck;
+  };
   int nk = 0, nd = 0;
-  for (int i = 0; i < count && nk < degree; ++i) {
-    const std::uint32_t c = cands[i].id & ~walk_expanded;
-    if (c == skip) continue;
-    const float ck = cands[i].key;
-    bool drop = false;
-    for (int k0 = 0; k0 < nk && !drop; k0 += 32) {
-      const int k = k0 + lane;
-      bool closer = false;
-      if (k < nk)
-        closer = walk_key<L2>(walk_score_rows<L2>(row_of(c), row_of(kept[k]), d, vec)) > ck;
-      drop = __any_sync(full, closer);
+  for (int i0 = 0; i0 < count && nk < degree; i0 += 32) {
+    const int i = i0 + lane;
+    std::uint32_t c = invalid_id;
+    float ck = 0.0f;
+    bool live = false;
+    if (i < count) {
+      c = cands[i].id & ~walk_expanded;
+      ck = cands[i].key;
+      live = c != skip;
     }
-    if (lane == 0) {
-      if (!drop) {
-        kept[nk] = c;
-      } else if (nd < degree) {
-        dropped[nd] = c;
+    bool drop = false;
+    for (int k = 0; live && k < nk && !drop; ++k) drop = closer(c, kept[k], ck);
+    const unsigned live_mask = __ballot_sync(full, live);
+    const unsigned pass = __ballot_sync(full, live && !drop);
+    unsigned beaten = 0;  // earlier passing members of the batch closer to c than the pivot
+    if (live && !drop) {
+      for (unsigned s = pass & lower_lanes; s != 0u; s &= s - 1u) {
+        const int j = __ffs(static_cast<int>(s)) - 1;
+        if (closer(c, cands[i0 + j].id & ~walk_expanded, ck)) beaten |= 1u << j;
       }
     }
-    if (drop) {
-      ++nd;
-    } else {
-      ++nk;
+    unsigned taken = 0;                            // members of the batch kept
+    for (int j = 0; j < 32 && nk < degree; ++j) {  // warp-uniform
+      const unsigned bj = __shfl_sync(full, beaten, j);
+      const std::uint32_t cj = __shfl_sync(full, c, j);
+      if (((live_mask >> j) & 1u) == 0u) continue;
+      if (((pass >> j) & 1u) != 0u && (bj & taken) == 0u) {
+        if (lane == 0) kept[nk] = cj;
+        taken |= 1u << j;
+        ++nk;
+      } else {
+        if (lane == 0 && nd < degree) dropped[nd] = cj;
+        ++nd;
+      }
     }
     __syncwarp();
   }
@@ -249,18 +282,24 @@ __device__ inline void walk_rank_sort(const walk_entry* in, int n, walk_entry* o
 /// chunks already moved, never on an entry not yet read. Final positions are distinct, so the
 /// survivors' writes come last without clobbering moved entries.
 __device__ inline int walk_merge(walk_entry* pool, int cnt, int L, walk_entry* inc, walk_entry* srt,
-                                 int n, int lane) {
+                                 int n, int lane, int* first_new = nullptr) {
   // Survivors ranked among themselves only: late in a search few of an expansion's candidates
   // beat the pool's worst, so this is O(survivors^2 / 32) per lane instead of
   // O(survivors * candidates / 32).
   const int keep_n = walk_compact_survivors(pool, cnt, L, inc, n, lane);
+  if (first_new != nullptr) *first_new = L;
   if (keep_n == 0) return cnt;
   walk_rank_sort(inc, keep_n, srt, lane);
   for (int j = lane; j < keep_n; j += 32) {
     inc[j].id = static_cast<std::uint32_t>(j + walk_count_better(pool, cnt, srt[j].key, srt[j].id));
   }
   __syncwarp();
-  for (int c0 = (cnt - 1) / 32 * 32; c0 >= 0; c0 -= 32) {
+  // The best survivor's position: the pool entries before it keep their places, so only the
+  // chunks from its own on move (late in a search survivors land near the pool's end, and this
+  // loop was O(L) per expansion).
+  const int p0 = static_cast<int>(inc[0].id);
+  if (first_new != nullptr) *first_new = p0;
+  for (int c0 = (cnt - 1) / 32 * 32; c0 >= p0 / 32 * 32; c0 -= 32) {
     const int i = c0 + lane;
     walk_entry e{};
     int pos = L;
@@ -290,8 +329,8 @@ inline walk_layout walk_shared_layout(std::int64_t d, int L, int width, int degr
   l.d_pad = static_cast<int>((d + 3) / 4 * 4);
   const std::size_t bytes =
       sizeof(float) * static_cast<std::size_t>(l.d_pad) +
-      sizeof(walk_entry) * (2 * static_cast<std::size_t>(L) + 2 * static_cast<std::size_t>(width)) +
-      sizeof(std::uint32_t) * static_cast<std::size_t>(std::max(degree, 1));
+      sizeof(walk_entry) * (static_cast<std::size_t>(L) + 2 * static_cast<std::size_t>(width)) +
+      sizeof(std::uint32_t) * 2 * static_cast<std::size_t>(std::max(degree, 1));
   l.warp_bytes = static_cast<int>((bytes + 15) / 16 * 16);
   return l;
 }
@@ -338,14 +377,15 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
     }
     int cnt = 1;
     std::uint32_t scored = 1;
+    int lo = 0;  // every pool entry before lo is expanded
     __syncwarp();
 
     for (;;) {
-      // The best unexpanded entry among the first `limit`: each lane's first in its stride,
-      // then the warp minimum.
+      // The best unexpanded entry among the first `limit`: each lane's first in its stride
+      // from lo on, then the warp minimum.
       int first = INT_MAX;
       const int expandable = min(cnt, limit);
-      for (int i = lane; i < expandable; i += 32) {
+      for (int i = lo + lane; i < expandable; i += 32) {
         if ((pool[i].id & walk_expanded) == 0u) {
           first = i;
           break;
@@ -384,7 +424,11 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
       }
       scored += static_cast<std::uint32_t>(fresh_n);
       __syncwarp();
-      cnt = walk_merge(pool, cnt, L, inc, srt, fresh_n, lane);
+      int first_new = L;
+      cnt = walk_merge(pool, cnt, L, inc, srt, fresh_n, lane, &first_new);
+      // The entries before `first` were expanded and it now is; the merge moved nothing before
+      // its first new entry, which is unexpanded.
+      lo = min(first + 1, first_new);
     }
 
     const std::size_t row0 = static_cast<std::size_t>(qi) * L;
@@ -646,7 +690,7 @@ void graph_search(const graph_ref<T>& g, const id_t* query_rows, std::int64_t m,
                                                 detail::walk_warps_per_block);
   auto launch = [&]<bool L2>() {
     constexpr auto kernel = detail::graph_search_kernel<T, L2>;
-    detail::allow_shared_memory<kernel>(device, smem_max, /*max_shared_carveout=*/false);
+    detail::allow_shared_memory<kernel>(device, smem_max, detail::walk_carveout_percent);
     kernel<<<blocks, detail::walk_warps_per_block * 32, smem, stream>>>(
         g, query_rows, static_cast<int>(m), p.L, p.expand_limit == 0 ? p.L : p.expand_limit,
         p.degree, out, static_cast<std::uint32_t*>(workspace), words, vec, lay, slots);
@@ -931,7 +975,7 @@ std::size_t connectivity_searcher<T>::search_and_merge(std::span<const id_t> row
   const auto mblocks = static_cast<unsigned>(std::min<std::size_t>(
       (most_runs + detail::walk_warps_per_block - 1) / detail::walk_warps_per_block, 8192));
   constexpr auto kernel = detail::merge_rows_kernel<device_t>;
-  detail::allow_shared_memory<kernel>(s.device, smem_max, /*max_shared_carveout=*/false);
+  detail::allow_shared_memory<kernel>(s.device, smem_max, cudaSharedmemCarveoutDefault);
   kernel<<<mblocks, detail::walk_warps_per_block * 32, smem, s.stream>>>(
       keys, s.d, static_cast<int>(s.d), vec, a);
   KVSIFT_CUDA_CHECK(cudaGetLastError());

@@ -32,8 +32,11 @@ inline void set_attribute_flag(bool*) noexcept {}
 
 /**
  * @brief Allows `Kernel` on `device` (the current device) up to `smem_max` bytes of dynamic
- *        shared memory (the device's opt-in maximum) and, with `max_shared_carveout`, asks for
- *        all of the unified L1 / shared memory as shared memory. Once per (kernel, device).
+ *        shared memory (the device's opt-in maximum) and sets its preferred split of the
+ *        unified L1 / shared memory: `carveout` percent of the maximum shared memory
+ *        (cudaFuncAttributePreferredSharedMemoryCarveout; cudaSharedmemCarveoutMaxShared = all
+ *        of it), or cudaSharedmemCarveoutDefault to leave the split to the driver, which sizes
+ *        it for the most resident blocks. Once per (kernel, device).
  *
  * Thread safety: safe to call concurrently (two threads may both set the attributes the first
  * time; setting them twice is harmless).
@@ -44,15 +47,15 @@ inline void set_attribute_flag(bool*) noexcept {}
  * @throw cuda_error when the runtime refuses an attribute
  */
 template <auto Kernel>
-void allow_shared_memory(int device, int smem_max, bool max_shared_carveout) {
+void allow_shared_memory(int device, int smem_max, int carveout) {
   static bool done[attribute_cache_devices] = {};
   const bool cached = device >= 0 && device < attribute_cache_devices;
   if (cached && attribute_flag_set(&done[device])) return;
   KVSIFT_CUDA_CHECK(
       cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max));
-  if (max_shared_carveout) {
-    KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           cudaSharedmemCarveoutMaxShared));
+  if (carveout != cudaSharedmemCarveoutDefault) {
+    KVSIFT_CUDA_CHECK(
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
   }
   if (cached) set_attribute_flag(&done[device]);
 }

@@ -360,7 +360,8 @@ void launch_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, s
                       std::int64_t qn, int k, const fused_knn_plan& plan, rank_key* best,
                       rank_key* buffer, int device, cudaStream_t stream) {
   using shape = fknn_shape<D>;
-  allow_shared_memory<knn_fused_kernel<T, D>>(device, static_cast<int>(shape::smem_bytes), true);
+  allow_shared_memory<knn_fused_kernel<T, D>>(device, static_cast<int>(shape::smem_bytes),
+                                              cudaSharedmemCarveoutMaxShared);
   const dim3 grid(static_cast<unsigned>((qn + fknn_rows - 1) / fknn_rows),
                   static_cast<unsigned>(plan.slices));
   knn_fused_kernel<T, D><<<grid, fknn_threads, shape::smem_bytes, stream>>>(
