@@ -12,13 +12,22 @@
 // replaces; its floor, reading all keys once per query at the measured copy bandwidth, is
 // printed next to it.
 //
+// Step 2 (the projection) alone, too: the lists of the key set's training queries (10% of four
+// heads' queries, k = 100, from the CUDA kNN engine) projected at M = 35 by
+// `connectivity_searcher::project` (wall time of the call, median of --reps) against the
+// builder's CPU projection of the same lists on every host thread (`roargraph_builder` with an
+// engine that returns the stored lists, step 3 off: its projection_seconds), in the same run;
+// rows that differ between the two are counted (f16 keys: only summation order differs).
+//
 // Usage: kvsift-cuda-graph_search_bench [--n 131072] [--d 128] [--m 8192] [--reps 5]
-//            [--L 500] [--limit 400] [--degree 35]
+//            [--L 500] [--limit 400] [--degree 35] [--project 1]
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "bench_util.cuh"
@@ -27,6 +36,9 @@
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 554
 #include <kvsift/cuda/graph_search.cuh>
+#include <kvsift/cuda/knn.cuh>
+#include <kvsift/index/gqa_sampling.hpp>
+#include <kvsift/index/roargraph_builder.hpp>
 #pragma nv_diagnostic pop
 
 namespace {
@@ -36,7 +48,69 @@ using kvsift::cuda_bench::dev;
 
 struct options {
   std::size_t n = 131072, d = 128, m = 8192, reps = 5, L = 500, limit = 400, degree = 35;
+  std::size_t project = 1;
 };
+
+// A kNN engine that returns lists computed before: the builder's step 1 without its cost, so
+// that its step 2 runs on given lists.
+struct stored_knn_engine {
+  const kvsift::knn_result* lists = nullptr;
+  template <class T>
+  kvsift::knn_result search(kvsift::matrix_view<const float>, kvsift::matrix_view<const T>,
+                            std::size_t) const {
+    return *lists;
+  }
+};
+static_assert(kvsift::KnnEngine<stored_knn_engine>);
+
+// Step 2 on the GPU against the builder's CPU step 2, on the lists of the key set's training
+// queries (see the file comment).
+void project_part(const options& o, const kvsift::cuda_bench::gqa_key_set& ks) {
+  namespace cb = kvsift::cuda_bench;
+  const std::size_t n = o.n, d = o.d, k = 100, M = 35;
+  std::vector<kvsift::testing::ood_data> heads;
+  for (std::size_t h = 0; h < 4; ++h) heads.push_back(cb::make_head(n, n, d, h, 11));
+  std::vector<kvsift::matrix_view<const float>> prefill;
+  for (const auto& h : heads) prefill.push_back(h.query_view().row_range(0, n));
+  const auto train = kvsift::sample_gqa_queries(
+      std::span<const kvsift::matrix_view<const float>>(prefill), 0.1, 7);
+  const kvsift::matrix_view<const kvsift::half> keys(ks.keys16.data(), n, d);
+  const kvsift::knn_result lists = kvsift::cuda::knn_engine().search(train.view(), keys, k);
+
+  kvsift::roargraph_params p;
+  p.M = M;
+  p.nq = k;
+  p.connectivity = false;
+  p.threads = std::thread::hardware_concurrency();
+  const kvsift::roargraph_builder<kvsift::inner_product, stored_knn_engine> cpu(p, {&lists});
+  std::vector<double> cpu_s, gpu_s;
+  std::vector<std::vector<id_t>> rows;
+  std::size_t differ = 0, edges = 0;
+  for (std::size_t r = 0; r < o.reps; ++r) {  // alternated
+    kvsift::roargraph_build_stats st;
+    const auto g = cpu.build(kvsift::view_store<kvsift::half>(keys), train.view(), &st);
+    cpu_s.push_back(st.projection_seconds);
+    kvsift::cuda::connectivity_searcher<kvsift::half> s(keys, 2 * M);
+    const auto t0 = std::chrono::steady_clock::now();
+    s.project(lists.ids, lists.k, M);
+    gpu_s.push_back(cb::seconds_since(t0));
+    if (r > 0) continue;
+    s.get_rows(rows);
+    for (std::size_t x = 0; x < n; ++x) {
+      const auto want = g.neighbors(static_cast<id_t>(x));
+      differ += !std::ranges::equal(want, rows[x]);
+      edges += want.size();
+    }
+  }
+  std::ranges::sort(cpu_s);
+  std::ranges::sort(gpu_s);
+  const double c = cpu_s[cpu_s.size() / 2] * 1e3, gm = gpu_s[gpu_s.size() / 2] * 1e3;
+  std::printf(
+      "projection of %zu lists (k %zu) at M %zu: GPU %.2f ms per call against the CPU's %.2f ms "
+      "on %u threads (x%.1f; medians of %zu, alternated); %zu of %zu rows differ, %zu edges\n",
+      lists.rows, k, M, gm, c, std::thread::hardware_concurrency(), c / gm, o.reps, differ, n,
+      edges);
+}
 
 std::uint64_t fnv(const std::vector<id_t>& a) {
   std::uint64_t h = 1469598103934665603ull;
@@ -53,7 +127,8 @@ int main(int argc, char** argv) {
       argc, argv,
       {cb::size_option("--n", o.n), cb::size_option("--d", o.d), cb::size_option("--m", o.m),
        cb::size_option("--reps", o.reps), cb::size_option("--L", o.L),
-       cb::size_option("--limit", o.limit), cb::size_option("--degree", o.degree)});
+       cb::size_option("--limit", o.limit), cb::size_option("--degree", o.degree),
+       cb::size_option("--project", o.project)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   cb::bench_setup setup;
   if (!cb::start_bench(setup)) return 0;
@@ -131,5 +206,6 @@ int main(int argc, char** argv) {
   run(L, limit, degree);  // as step 3 builds
   run(L, limit, 0);       // the search alone: the difference is the pruning
   run(100, 0, 0);         // a small pool
+  if (o.project != 0) project_part(o, ks);
   return 0;
 }

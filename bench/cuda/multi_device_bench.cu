@@ -20,9 +20,10 @@
 //
 // Usage: kvsift-cuda-multi_device_bench [--devices 2] [--build 1] [--build-heads 16]
 //            [--build-keys 131072] [--configs 1x4,1x8,2x8,2x16] [--threads 0] [--step 1]
-//            (configs: GPUsxbuilders[:host][:full], e.g. 1x8:host,1x8,2x16:host,2x16; host: step
-//            3's merge on the host; full: step 3's searches expand their whole pool,
-//            roargraph_params::connectivity_expand_fraction = 1) [--f16 0]
+//            (configs: GPUsxbuilders[:host][:full][:hostproj], e.g. 1x8:host,1x8,2x16:host,2x16;
+//            host: step 3's merge on the host; full: step 3's searches expand their whole pool,
+//            roargraph_params::connectivity_expand_fraction = 1; hostproj: step 2 on the host,
+//            roargraph_params::engine_projection = false) [--f16 0]
 //            (--f16 1: the build's keys in f16, as a model's KV cache holds them)
 //            [--requests 16] [--n 131072] [--distinct 2] [--expand 16] [--L 256] [--hops 272]
 
@@ -110,14 +111,20 @@ void build_part(const options& o, int devices) {
       o.build_heads, o.build_keys, std::is_same_v<E, float> ? "f32" : "f16", d, group,
       seconds_since(t0), threads);
   using graphs_t = std::vector<kvsift::graph_index<store_t, kvsift::inner_product>>;
-  graphs_t first[4];  // the first run's graphs, per merge (GPU, host) and expand fraction
+  // The first run's graphs per configuration kind (merge on the GPU or host, expand fraction,
+  // projection on the GPU or host), and the very first run's, which the other kinds are
+  // compared with.
+  graphs_t first[8];
+  const graphs_t* reference = nullptr;
   // One build over `on_devices` GPUs with `builders` builders; prints its time and, per head
   // (means over heads, each phase timed inside its builder), where it went.
-  auto run = [&](std::size_t on_devices, std::size_t builders, bool host_merge, bool full) {
+  auto run = [&](std::size_t on_devices, std::size_t builders, bool host_merge, bool full,
+                 bool host_projection) {
     kvsift::roargraph_params p;
     p.threads = std::max<std::size_t>(1, threads / builders);
     p.engine_merge = !host_merge;
     if (full) p.connectivity_expand_fraction = 1;
+    p.engine_projection = !host_projection;
     std::vector<gpu_builder> b;
     for (std::size_t s = 0; s < builders; ++s) {
       b.emplace_back(p, kc::knn_engine({.device = static_cast<int>(s % on_devices)}));
@@ -128,24 +135,27 @@ void build_part(const options& o, int devices) {
                                              std::span<const kvsift::kv_head_job<store_t>>(jobs),
                                              {.sample_ratio = 0.1}, &st);
     const double s = seconds_since(t);
-    // Graphs are compared with the first run of the same merge. The two merges give the same
-    // graph up to f32 summation order (equal on integer data, tests/cuda/graph_search_test.cu);
-    // on these real-valued keys the share of adjacency entries that differ is printed.
+    // Graphs are compared with the first run of the same kind. The merges and projections on
+    // the GPU and on the host give the same graph up to f32 summation order (equal on integer
+    // data, tests/cuda/graph_search_test.cu); on these real-valued keys the share of adjacency
+    // entries that differ from the first kind's graphs is printed.
     std::size_t differ = 0;
-    graphs_t& same = first[(host_merge ? 1 : 0) + (full ? 2 : 0)];
-    const graphs_t& other = first[(host_merge ? 0 : 1) + (full ? 2 : 0)];
+    graphs_t& same = first[(host_merge ? 1 : 0) + (full ? 2 : 0) + (host_projection ? 4 : 0)];
     if (same.empty()) {
-      if (!other.empty()) {
+      if (reference != nullptr) {
         std::size_t entries = 0, moved = 0;
         for (std::size_t h = 0; h < g.size(); ++h) {
-          const auto a = g[h].adjacency(), b = other[h].adjacency();
+          const auto a = g[h].adjacency(), b = (*reference)[h].adjacency();
           entries += a.size();
           for (std::size_t i = 0; i < a.size(); ++i) moved += a[i] != b[i];
         }
-        std::printf("  (adjacency entries that differ between the two merges: %.3f%%)\n",
-                    100.0 * static_cast<double>(moved) / static_cast<double>(entries));
+        std::printf(
+            "  (adjacency entries that differ from the first configuration's: %zu of %zu, "
+            "%.4f%%)\n",
+            moved, entries, 100.0 * static_cast<double>(moved) / static_cast<double>(entries));
       }
       same = std::move(g);
+      if (reference == nullptr) reference = &same;
     } else {
       for (std::size_t h = 0; h < g.size(); ++h)
         differ += !std::ranges::equal(g[h].adjacency(), same[h].adjacency());
@@ -161,13 +171,14 @@ void build_part(const options& o, int devices) {
     }
     const double h = static_cast<double>(o.build_heads), ms = 1e3 / h;
     std::printf(
-        "  %zu GPU(s), %2zu builders (%2zu threads each), merge on the %s, expand fraction %.2f: "
+        "  %zu GPU(s), %2zu builders (%2zu threads each), projection and merge on the %s and "
+        "%s, expand fraction %.2f: "
         "%7.3f s, %6.1f ms per head; %zu graphs differ from the first run's with this merge\n"
         "      per head inside its builder (ms): kNN %.0f (helper thread), projection %.0f, step-3 "
         "searches %.0f, merging %.0f, repair %.0f; total %.0f -> %.1f heads in flight\n",
-        on_devices, builders, p.threads, host_merge ? "host" : "GPU",
-        p.connectivity_expand_fraction, s, 1e3 * s / h, differ, m.knn_seconds * ms,
-        m.projection_seconds * ms, m.connectivity_search_seconds * ms,
+        on_devices, builders, p.threads, host_projection ? "host" : "GPU",
+        host_merge ? "host" : "GPU", p.connectivity_expand_fraction, s, 1e3 * s / h, differ,
+        m.knn_seconds * ms, m.projection_seconds * ms, m.connectivity_search_seconds * ms,
         m.connectivity_merge_seconds * ms, m.repair_seconds * ms, m.total_seconds * ms,
         m.total_seconds / s);
     return s;
@@ -175,7 +186,7 @@ void build_part(const options& o, int devices) {
   // Every configuration twice, alternated, so that drift in the host's or the GPUs' state shows.
   struct config {
     std::size_t gpus, builders;
-    bool host_merge, full;
+    bool host_merge, full, host_projection;
   };
   std::vector<config> configs;
   for (const auto& c : kvsift::cuda_bench::split_list(o.configs)) {
@@ -183,20 +194,21 @@ void build_part(const options& o, int devices) {
     const std::string tail = colon == std::string::npos ? "" : c.substr(colon) + ":";
     configs.push_back({std::stoul(c.substr(0, x)), std::stoul(c.substr(x + 1, colon - x - 1)),
                        tail.find(":host:") != std::string::npos,
-                       tail.find(":full:") != std::string::npos});
+                       tail.find(":full:") != std::string::npos,
+                       tail.find(":hostproj:") != std::string::npos});
   }
   std::vector<double> best(configs.size(), 1e30);
   for (int rep = 0; rep < 2; ++rep) {
     for (std::size_t i = 0; i < configs.size(); ++i) {
       const config& c = configs[i];
-      best[i] = std::min(
-          best[i], run(std::min<std::size_t>(c.gpus, devices), c.builders, c.host_merge, c.full));
+      best[i] = std::min(best[i], run(std::min<std::size_t>(c.gpus, devices), c.builders,
+                                      c.host_merge, c.full, c.host_projection));
     }
   }
   for (const bool host : {false, true}) {
     double best_one = 1e30, best_many = 1e30;
     for (std::size_t i = 0; i < configs.size(); ++i) {
-      if (configs[i].host_merge != host || configs[i].full) continue;
+      if (configs[i].host_merge != host || configs[i].full || configs[i].host_projection) continue;
       double& b = configs[i].gpus == 1 ? best_one : best_many;
       b = std::min(b, best[i]);
     }

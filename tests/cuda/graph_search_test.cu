@@ -6,6 +6,7 @@
 // exactly representable in f16 and bf16. The GPU then sees the CPU's scores bit for bit and
 // must return the same pools, pruned lists and build, tie rule included.
 
+#include <sys/mman.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -414,6 +415,192 @@ TEST_CASE("connectivity_searcher_merge_matches_the_builders_merge", "[cuda][grap
     CHECK(repeats > 0);
     CHECK(repruned > 100);
   }
+}
+
+// The projection on the device (`connectivity_searcher::project`) against step 2 written out
+// on the host (`project_on_host`, as roargraph_builder::project does it) and against the
+// builder's own step 2 (a CPU build without step 3 keeps the projection's rows). Integer keys
+// and queries (exact scores); few keys and many training queries, so pivots head hundreds of
+// lists (candidate sets of several warps' chunks) and some keys are kept by many pivots (rows
+// that overflow after the reverse edges and are pruned again).
+std::vector<std::vector<id_t>> project_on_host(const kvsift::view_store<float>& store,
+                                               const kvsift::knn_result& knn, std::size_t M,
+                                               std::size_t* longest, std::size_t* repruned) {
+  const std::size_t n = store.size();
+  std::vector<float> scratch;
+  auto prune = [&](id_t x, const std::vector<id_t>& ids) {
+    kvsift::detail::pair_scorer<kvsift::view_store<float>, kvsift::l2> ps(store);
+    ps.set_pivot(x);
+    std::vector<kvsift::scored_id> cands;
+    for (const id_t c : ids) cands.push_back({ps.key(c), c});
+    std::vector<id_t> kept;
+    kvsift::detail::rng_prune<kvsift::view_store<float>, kvsift::l2>(store, cands, M, true, scratch,
+                                                                     kept);
+    return kept;
+  };
+  std::vector<std::vector<id_t>> pooled(n), fwd(n), rev(n), out(n);
+  for (std::size_t q = 0; q < knn.rows; ++q) {
+    const auto ids = knn.row_ids(q);
+    for (std::size_t j = 1; j < ids.size() && ids[j] != kvsift::invalid_id; ++j) {
+      pooled[ids[0]].push_back(ids[j]);
+    }
+  }
+  *longest = 0;
+  for (std::size_t p = 0; p < n; ++p) {
+    auto& c = pooled[p];
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+    std::erase(c, static_cast<id_t>(p));
+    *longest = std::max(*longest, c.size());
+    if (!c.empty()) fwd[p] = prune(static_cast<id_t>(p), c);
+  }
+  for (std::size_t p = 0; p < n; ++p) {
+    for (const id_t c : fwd[p]) rev[c].push_back(static_cast<id_t>(p));
+  }
+  *repruned = 0;
+  for (std::size_t x = 0; x < n; ++x) {
+    auto merged = fwd[x];
+    for (const id_t r : rev[x]) {
+      if (std::find(merged.begin(), merged.end(), r) == merged.end()) merged.push_back(r);
+    }
+    if (merged.size() > M) {
+      ++*repruned;
+      merged = prune(static_cast<id_t>(x), merged);
+    }
+    out[x] = merged;
+  }
+  return out;
+}
+
+TEST_CASE("connectivity_searcher_projection_matches_the_builders_step_2", "[cuda][graph_search]") {
+  const std::size_t n = 600, d = 16, m = 3000, nq = 60, M = 12, width = 2 * M;
+  const auto kf = integer_matrix(n, d, 3);
+  const auto qf = integer_matrix(m, d, 4);
+  const matrix_view<const float> kv(kf.data(), n, d), train(qf.data(), m, d);
+  const kvsift::view_store<float> store(kv);
+  const kvsift::cpu_knn_engine engine;
+  const auto knn = engine.search(train, kv, nq);  // the builder's step 1 (inner product)
+  std::size_t longest = 0, repruned = 0;
+  const auto expected = project_on_host(store, knn, M, &longest, &repruned);
+
+  kvsift::cuda::connectivity_searcher<float> s(kv, width);
+  s.project(knn.ids, knn.k, M);
+  std::vector<std::vector<id_t>> got;
+  s.get_rows(got);
+  REQUIRE(got.size() == n);
+  std::size_t differ = 0, edges = 0;
+  for (std::size_t x = 0; x < n; ++x) {
+    differ += got[x] != expected[x];
+    edges += expected[x].size();
+  }
+  std::printf(
+      "  projection: %zu of %zu rows differ; %zu edges, longest candidate set %zu, %zu "
+      "rows pruned again\n",
+      differ, n, edges, longest, repruned);
+  CHECK(differ == 0);
+  // The case exercises what it claims to.
+  CHECK(longest > 64);
+  CHECK(repruned > 20);
+
+  // The builder's step 2 is what project_on_host says it is: a CPU build without step 3 keeps
+  // the projection's rows (padded to 2M).
+  kvsift::roargraph_params p;
+  p.nq = nq;
+  p.M = M;
+  p.threads = 2;
+  p.connectivity = false;
+  const auto cpu = kvsift::roargraph_builder<>(p).build(store, train);
+  std::size_t differ_builder = 0;
+  for (std::size_t x = 0; x < n; ++x) {
+    const auto row = cpu.neighbors(static_cast<id_t>(x));
+    differ_builder += !std::ranges::equal(row, expected[x]);
+  }
+  CHECK(differ_builder == 0);
+
+  // f16 keys, and a width equal to the degree; rows set before are replaced.
+  std::vector<kvsift::half> kh(kf.size());
+  for (std::size_t i = 0; i < kf.size(); ++i) kh[i] = kvsift::half(kf[i]);
+  kvsift::cuda::connectivity_searcher<kvsift::half> sh(
+      matrix_view<const kvsift::half>(kh.data(), n, d), M);
+  const auto all = iota_ids(n);
+  sh.set_rows(all, random_graph(n, M));
+  sh.project(knn.ids, knn.k, M);
+  sh.get_rows(got);
+  differ = 0;
+  for (std::size_t x = 0; x < n; ++x) differ += got[x] != expected[x];
+  CHECK(differ == 0);
+
+  // Lists of one id (k = 1) have no candidates: every row is empty.
+  std::vector<id_t> firsts(m);
+  for (std::size_t q = 0; q < m; ++q) firsts[q] = knn.row_ids(q)[0];
+  s.project(firsts, 1, M);
+  s.get_rows(got);
+  CHECK(std::ranges::all_of(got, [](const auto& r) { return r.empty(); }));
+  // Padded lists: the padding contributes nothing (lists cut to 5 ids).
+  std::vector<id_t> cut(knn.ids);
+  for (std::size_t q = 0; q < m; ++q) {
+    std::fill(cut.begin() + q * nq + 5, cut.begin() + (q + 1) * nq, kvsift::invalid_id);
+  }
+  kvsift::knn_result knn5;
+  knn5.rows = m;
+  knn5.k = 5;
+  for (std::size_t q = 0; q < m; ++q) {
+    knn5.ids.insert(knn5.ids.end(), cut.begin() + q * nq, cut.begin() + q * nq + 5);
+  }
+  s.project(cut, nq, M);
+  s.get_rows(got);
+  const auto expected5 = project_on_host(store, knn5, M, &longest, &repruned);
+  differ = 0;
+  for (std::size_t x = 0; x < n; ++x) differ += got[x] != expected5[x];
+  CHECK(differ == 0);
+}
+
+TEST_CASE("connectivity_searcher_projection_rejects_bad_input", "[cuda][graph_search]") {
+  const std::size_t n = 50, d = 8;
+  const auto kf = integer_matrix(n, d, 3);
+  kvsift::cuda::connectivity_searcher<float> s(matrix_view<const float>(kf.data(), n, d), 8);
+  s.set_rows(std::vector<id_t>{3},
+             std::vector<id_t>{1, 2, kvsift::invalid_id, kvsift::invalid_id, kvsift::invalid_id,
+                               kvsift::invalid_id, kvsift::invalid_id, kvsift::invalid_id});
+  std::vector<id_t> ids{3, 1, 2, 4, 5, 6};  // two lists of 3
+  CHECK(contains(message_of([&] { s.project(ids, 0, 4); }), "expected k >= 1 ids per list, got 0"));
+  CHECK(contains(message_of([&] { s.project(ids, 4, 4); }), "expected m x 4 ids, got 6"));
+  CHECK(contains(message_of([&] { s.project(ids, 3, 0); }), "expected 1 <= degree <= 8"));
+  CHECK(contains(message_of([&] { s.project(ids, 3, 9); }), "got 9"));
+  ids[4] = 50;
+  CHECK_THROWS_AS(s.project(ids, 3, 4), kvsift::out_of_range);
+  ids[4] = kvsift::invalid_id;
+  CHECK(contains(message_of([&] { s.project(ids, 3, 4); }),
+                 "list 1 has id 6 after invalid_id at position 2"));
+  {
+    // m x (k - 1) past INT_MAX: refused before the ids are read or anything is sized. The
+    // 8.6 GB of lists are reserved address space that is never touched.
+    const std::size_t k = (std::size_t{1} << 20) + 1, m = 2049, bytes = k * m * sizeof(id_t);
+    void* v = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    REQUIRE(v != MAP_FAILED);
+    const std::span<const id_t> many(static_cast<const id_t*>(v), k * m);
+    CHECK(contains(message_of([&] { s.project(many, k, 4); }),
+                   "expected m x (k - 1) and n x degree <= 2147483647, got 2049 x 1048576"));
+    munmap(v, bytes);
+  }
+  // Nothing was changed by the refused calls.
+  std::vector<std::vector<id_t>> got;
+  s.get_rows(got);
+  CHECK(got[3] == (std::vector<id_t>{1, 2}));
+  // A valid call: lists 3 -> {1, 2} and 4 -> {5}.
+  ids[4] = 5;
+  ids[5] = kvsift::invalid_id;
+  s.project(ids, 3, 4);
+  s.get_rows(got);
+  // 1 and 2 are kept or filled (degree 4), nearer first.
+  const kvsift::view_store<float> store(matrix_view<const float>(kf.data(), n, d));
+  kvsift::detail::pair_scorer<kvsift::view_store<float>, kvsift::l2> ps(store);
+  ps.set_pivot(3);
+  CHECK(got[3] == (ps.key(1) >= ps.key(2) ? std::vector<id_t>{1, 2} : std::vector<id_t>{2, 1}));
+  CHECK(got[4] == (std::vector<id_t>{5}));
+  CHECK(got[1] == (std::vector<id_t>{3}));
+  CHECK(got[5] == (std::vector<id_t>{4}));
+  CHECK(got[0].empty());
 }
 
 // Heads sharded over GPU builders (issue 20): one CUDA engine per device, each building its

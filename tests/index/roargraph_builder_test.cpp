@@ -449,6 +449,76 @@ struct limiting_engine : merging_engine {
   }
 };
 
+// A merging searcher that also runs step 2 (`ProjectingConnectivitySearcher`), written out
+// plainly on the host: pivots' candidate sets ranked and pruned around the pivot, then each
+// row's reverse pivots in ascending order, overflowing rows pruned again.
+class projecting_searcher : public merging_reference_searcher {
+ public:
+  projecting_searcher(kvsift::matrix_view<const float> keys, std::size_t width, std::size_t* calls,
+                      std::size_t* merges, std::size_t* projections)
+      : merging_reference_searcher(keys, width, calls, merges),
+        keys_(keys),
+        width_(width),
+        projections_(projections) {}
+
+  void project(std::span<const id_t> ids, std::size_t k, std::size_t degree) {
+    ++*projections_;
+    const kvsift::view_store<float> store(keys_);
+    const std::size_t n = keys_.rows();
+    std::vector<float> scratch;
+    auto prune = [&](std::size_t x, const std::vector<id_t>& c) {
+      kvsift::detail::pair_scorer<kvsift::view_store<float>, kvsift::l2> ps(store);
+      ps.set_pivot(static_cast<id_t>(x));
+      std::vector<kvsift::scored_id> cands;
+      for (const id_t y : c) cands.push_back({ps.key(y), y});
+      std::vector<id_t> kept;
+      kvsift::detail::rng_prune<kvsift::view_store<float>, kvsift::l2>(store, cands, degree, true,
+                                                                       scratch, kept);
+      return kept;
+    };
+    std::vector<std::set<id_t>> pooled(n);
+    for (std::size_t q = 0; q * k < ids.size(); ++q) {
+      for (std::size_t j = 1; j < k && ids[q * k + j] != kvsift::invalid_id; ++j) {
+        if (ids[q * k + j] != ids[q * k]) pooled[ids[q * k]].insert(ids[q * k + j]);
+      }
+    }
+    std::vector<std::vector<id_t>> fwd(n), rows(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      if (!pooled[p].empty()) fwd[p] = prune(p, {pooled[p].begin(), pooled[p].end()});
+    }
+    for (std::size_t p = 0; p < n; ++p) rows[p] = fwd[p];
+    for (std::size_t p = 0; p < n; ++p) {
+      for (const id_t x : fwd[p]) {
+        if (std::find(fwd[x].begin(), fwd[x].end(), p) == fwd[x].end()) {
+          rows[x].push_back(static_cast<id_t>(p));
+        }
+      }
+    }
+    std::vector<id_t> all(n), flat(n * width_, kvsift::invalid_id);
+    for (std::size_t x = 0; x < n; ++x) {
+      if (rows[x].size() > degree) rows[x] = prune(x, rows[x]);
+      all[x] = static_cast<id_t>(x);
+      std::copy(rows[x].begin(), rows[x].end(), flat.begin() + x * width_);
+    }
+    set_rows(all, flat);
+  }
+
+ private:
+  kvsift::matrix_view<const float> keys_;
+  std::size_t width_;
+  std::size_t* projections_;
+};
+static_assert(kvsift::ProjectingConnectivitySearcher<projecting_searcher>);
+static_assert(!kvsift::ProjectingConnectivitySearcher<merging_reference_searcher>);
+
+struct projecting_engine : merging_engine {
+  std::shared_ptr<std::size_t> projections = std::make_shared<std::size_t>(0);
+  projecting_searcher make_connectivity_searcher(kvsift::matrix_view<const float> keys,
+                                                 std::size_t width) const {
+    return projecting_searcher(keys, width, calls.get(), merges.get(), projections.get());
+  }
+};
+
 }  // namespace
 
 // The merge on the engine (roargraph_params::engine_merge): the same rounds, the rows kept by
@@ -492,6 +562,56 @@ TEST_CASE("roargraph_builder: step 3 merged on the engine equals the CPU build",
     CHECK(*engine.calls == 14);
     if (!cap) CHECK(std::ranges::equal(cpu.adjacency(), g.adjacency()));
   }
+}
+
+// Step 2 on the engine (roargraph_params::engine_projection): used only where step 3's merge
+// runs there too (the rows then never come to the host before step 3 ends), the same graph as
+// the CPU build; the CPU's step 2 when switched off, without step 3's merge on the engine, or
+// with a degree cap.
+TEST_CASE("roargraph_builder: step 2 on the engine equals the CPU build", "[index][roargraph]") {
+  const kvsift::view_store<float> store(data().key_view());
+  auto p = small_params(2);
+  p.batch = 256;
+  p.connectivity_expand_fraction = 1;  // these searchers expand every entry
+  kvsift::roargraph_build_stats st_cpu, st_engine;
+  const auto cpu = kvsift::roargraph_builder<>(p).build(store, train(), &st_cpu);
+  {
+    const projecting_engine engine;
+    const auto g =
+        kvsift::roargraph_builder<kvsift::inner_product, projecting_engine>(p, engine).build(
+            store, train(), &st_engine);
+    CHECK(std::ranges::equal(cpu.adjacency(), g.adjacency()));
+    CHECK(cpu.entry_points()[0] == g.entry_points()[0]);
+    CHECK(std::ranges::equal(cpu.entry_points(), g.entry_points()));
+    CHECK(*engine.projections == 1);
+    CHECK(*engine.merges == 14);
+    CHECK(st_engine.projection_seconds > 0);
+  }
+  struct variant {
+    bool projection, merge;
+    std::size_t cap;
+  };
+  for (const variant v :
+       {variant{false, true, 0}, variant{true, false, 0}, variant{true, true, 8}}) {
+    INFO("engine_projection " << v.projection << ", engine_merge " << v.merge << ", cap " << v.cap);
+    auto q = p;
+    q.engine_projection = v.projection;
+    q.engine_merge = v.merge;
+    q.connectivity_degree_cap = v.cap;
+    const projecting_engine engine;
+    const auto g =
+        kvsift::roargraph_builder<kvsift::inner_product, projecting_engine>(q, engine).build(
+            store, train());
+    CHECK(*engine.projections == 0);
+    if (v.cap == 0) CHECK(std::ranges::equal(cpu.adjacency(), g.adjacency()));
+  }
+  // Without step 3 the build never asks the engine for a searcher.
+  p.connectivity = false;
+  const projecting_engine engine;
+  (void)kvsift::roargraph_builder<kvsift::inner_product, projecting_engine>(p, engine).build(
+      store, train());
+  CHECK(*engine.projections == 0);
+  CHECK(*engine.calls == 0);
 }
 
 // roargraph_params::connectivity_expand_fraction: step 3's searches expand only the best

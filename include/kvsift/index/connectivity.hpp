@@ -65,6 +65,20 @@ concept ExpandLimitingSearcher = ConnectivitySearcher<S> && requires(S& s, std::
   s.set_expand_limit(z);
 };
 
+/// A merging step-3 searcher that also runs step 2 (the projection) where its rows live, so
+/// that a build's rows go to the engine once:
+/// - `project(knn_ids, k, degree)`: `knn_ids` holds m lists of k ids (the training queries'
+///   nearest keys, best first, invalid_id padded at the end); every row becomes what
+///   `roargraph_builder`'s own step 2 makes of them at pivot degree `degree`: each list's first
+///   id (its pivot) gets the other ids of the lists it heads, ranked by l2 distance to it (ties
+///   to the lower id) and RNG-pruned with fill; then each row x appends, in ascending order,
+///   the pivots whose list kept x, and is ranked and pruned again if longer than `degree`.
+template <class S>
+concept ProjectingConnectivitySearcher = MergingConnectivitySearcher<S> &&
+    requires(S& s, std::span<const id_t> ids, std::size_t z) {
+  s.project(ids, z, z);
+};
+
 /// An engine that creates step-3 searchers for keys of element type T and adjacency width R.
 template <class E, class T>
 concept ConnectivityEngine = requires(const E& e, matrix_view<const T> keys, std::size_t width) {

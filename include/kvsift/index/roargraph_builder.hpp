@@ -86,6 +86,11 @@ struct roargraph_params {
   /// `connectivity_degree_cap` is 0; the rows then stay on the engine until step 3 ends. Same
   /// graph as the CPU merge (up to summation order, as above).
   bool engine_merge = true;
+  /// With step 3's merge on the engine (`engine_merge` applies): run step 2 (the projection)
+  /// there too when its searcher offers it (`ProjectingConnectivitySearcher`, the CUDA engine
+  /// does), so that the rows are made where step 3 reads them. Same graph as the CPU step 2
+  /// (up to summation order, as above).
+  bool engine_projection = true;
   /// Fill step 3's RNG-pruned lists (and re-pruned rows) up to their degree with pruned
   /// candidates, as step 2 does. Without fill the graph is about 2.7x sparser (mean degree 19
   /// instead of 52 at M = 35): fewer keys scored per query at top-10 (-28% at recall@10 0.95
@@ -297,9 +302,24 @@ class roargraph_builder {
   void enhance(const Store& store, detail::adjacency_lists& adj, id_t entry,
                roargraph_build_stats& st, OnRound&& on_round) const;
 
+  // Steps 2 and 3 on the engine's searcher when it can run both and every step-3 rule lets it
+  // (`engine_projection`): the projection made on the engine, step 3's rounds merged there,
+  // the rows downloaded once at the end. Returns false, having done nothing, otherwise.
+  // t_connect: set when step 3 starts.
+  template <MatrixStore Store, class OnProjected, class OnRound>
+  bool engine_steps_2_3(const Store& store, const knn_result& knn, detail::adjacency_lists& adj,
+                        id_t& entry, roargraph_build_stats& st, double& t_connect,
+                        OnProjected&& on_projected, OnRound&& on_round) const;
+
+  // Whether step 3's searches may run on an engine's searcher of type S over n keys.
+  template <class S>
+  bool engine_searches(std::size_t n) const;
+
+  // rows_on_engine: the searcher already holds every row (the engine's projection).
   template <MatrixStore Store, class OnRound, class Searcher>
   void enhance_rounds(const Store& store, detail::adjacency_lists& adj, id_t entry,
-                      roargraph_build_stats& st, OnRound& on_round, Searcher* searcher) const;
+                      roargraph_build_stats& st, OnRound& on_round, Searcher* searcher,
+                      bool rows_on_engine = false) const;
 
   // Sends `rows` of the adjacency to an engine's searcher, padded to width R. Only the first
   // `width` ids of each row are sent: a search over rows cut to the degree cap is the capped

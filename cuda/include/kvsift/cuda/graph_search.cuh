@@ -160,6 +160,30 @@ class connectivity_searcher {
   std::size_t search_and_merge(std::span<const id_t> rows, id_t entry, std::size_t L,
                                std::size_t degree, bool fill);
 
+  /**
+   * @brief Step 2 of the build (the projection) on the device (models
+   *        `kvsift::ProjectingConnectivitySearcher`): every row is replaced by its projection
+   *        row, as `roargraph_builder` computes it on the CPU.
+   *
+   * `knn_ids` holds m lists of k ids (row-major, best first, padded with invalid_id at the
+   * end): the training queries' nearest keys. A list's first id is its pivot. Each pivot's
+   * candidates (the other ids of the lists it heads, distinct, itself excluded) are ranked by
+   * l2 distance to it (ties to the lower id) and RNG-pruned to `degree` with fill; then each
+   * row x gets, in ascending order, the pivots whose pruned list holds x and that it does not
+   * hold, and a row longer than `degree` is ranked and pruned around x the same way. Rows of
+   * keys no list reaches are empty.
+   * @throw kvsift::invalid_argument k = 0, a size that is not a multiple of k, degree outside
+   *        1..min(width, max_graph_search_degree), m x (k - 1) or n x degree > INT_MAX, an id
+   *        after a list's padding; kvsift::out_of_range an id >= n other than invalid_id
+   *        (all checked before anything is uploaded)
+   * @throw kvsift::cuda_error on device failure
+   * @note O(m k) to check and sort the lists, O(c * degree * d) per pivot's c candidates to
+   *       prune (a warp per pivot), O(t^2 / 32 + t * degree * d) per lane for a row of t > degree
+   *       after the reverse edges. Allocates about 60 bytes per list entry on the device for
+   *       the call only; synchronises the searcher's stream.
+   */
+  void project(std::span<const id_t> knn_ids, std::size_t k, std::size_t degree);
+
   /// Later searches expand only the best `limit` entries of their pool (0 = all; models
   /// `kvsift::ExpandLimitingSearcher`); a limit above a search's L expands every entry.
   void set_expand_limit(std::size_t limit) noexcept;

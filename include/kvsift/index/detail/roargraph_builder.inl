@@ -115,18 +115,23 @@ graph_index<Store, M> roargraph_builder<M, Engine>::finish(Store store, const kn
     ++done;
     if (progress) progress({done, total, detail::seconds_since(t0), phase});
   };
-  auto t1 = detail::monotonic_seconds();
-  detail::adjacency_lists adj = project(store, knn);
-  st.projection_seconds = detail::seconds_since(t1);
-  report("projection");
-
-  // Without step 3 most keys have no out-edges (only pivots and their reverse edges do); an
-  // entry without out-edges ends every search at one key, so it is chosen among keys with
-  // edges there.
-  const id_t entry = centroid_entry(keys, adj, /*with_edges_only=*/!params_.connectivity);
-  t1 = detail::monotonic_seconds();
+  auto on_round = [&] { report("connectivity"); };
+  detail::adjacency_lists adj;
+  id_t entry = 0;
+  double t1 = detail::monotonic_seconds();
+  if (!engine_steps_2_3(
+          store, knn, adj, entry, st, t1, [&] { report("projection"); }, on_round)) {
+    adj = project(store, knn);
+    st.projection_seconds = detail::seconds_since(t1);
+    report("projection");
+    // Without step 3 most keys have no out-edges (only pivots and their reverse edges do); an
+    // entry without out-edges ends every search at one key, so it is chosen among keys with
+    // edges there.
+    entry = centroid_entry(keys, adj, /*with_edges_only=*/!params_.connectivity);
+    t1 = detail::monotonic_seconds();
+    if (params_.connectivity) enhance(store, adj, entry, st, on_round);
+  }
   if (params_.connectivity) {
-    enhance(store, adj, entry, st, [&] { report("connectivity"); });
     const auto t2 = detail::monotonic_seconds();
     repair_reachability(store, adj, entry);
     st.repair_seconds = detail::seconds_since(t2);
@@ -250,19 +255,57 @@ detail::adjacency_lists roargraph_builder<M, Engine>::project(const Store& store
 }
 
 template <Metric M, KnnEngine Engine>
+template <class S>
+bool roargraph_builder<M, Engine>::engine_searches(std::size_t n) const {
+  // An engine's searches fill their pruned lists (the `ConnectivitySearcher` contract), so a
+  // build without fill searches on the CPU: it would otherwise get other edges.
+  // So does a build with an expand limit on an engine whose searches cannot honour it.
+  const bool limit_ok = expand_limit(std::min(params_.L, n)) == 0 || ExpandLimitingSearcher<S>;
+  return params_.engine_connectivity && params_.connectivity_fill &&
+         params_.connectivity_knn == 0 && limit_ok && n > 1;
+}
+
+template <Metric M, KnnEngine Engine>
+template <MatrixStore Store, class OnProjected, class OnRound>
+bool roargraph_builder<M, Engine>::engine_steps_2_3(const Store& store, const knn_result& knn,
+                                                    detail::adjacency_lists& adj, id_t& entry,
+                                                    roargraph_build_stats& st, double& t_connect,
+                                                    OnProjected&& on_projected,
+                                                    OnRound&& on_round) const {
+  if constexpr (ConnectivityEngine<Engine, typename Store::value_type>) {
+    using searcher_t = decltype(engine_.make_connectivity_searcher(store.view(), std::size_t{}));
+    if constexpr (ProjectingConnectivitySearcher<searcher_t>) {
+      // Only where the rows would stay on the engine through step 3 anyway (its merge path):
+      // otherwise the CPU needs them between the rounds.
+      if (!params_.connectivity || !params_.engine_projection || !params_.engine_merge ||
+          params_.connectivity_degree_cap != 0 || !engine_searches<searcher_t>(store.size())) {
+        return false;
+      }
+      const auto t0 = detail::monotonic_seconds();
+      auto searcher = engine_.make_connectivity_searcher(store.view(), degree_cap());
+      searcher.project(std::span<const id_t>(knn.ids), knn.k, params_.M);
+      st.projection_seconds = detail::seconds_since(t0);
+      on_projected();
+      // With step 3 the entry is chosen among all keys (centroid_entry reads no row then).
+      entry = centroid_entry(store.view(), adj, /*with_edges_only=*/false);
+      t_connect = detail::monotonic_seconds();
+      enhance_rounds(store, adj, entry, st, on_round, &searcher, /*rows_on_engine=*/true);
+      return true;
+    }
+  }
+  (void)store, (void)knn, (void)adj, (void)entry, (void)st, (void)t_connect, (void)on_projected,
+      (void)on_round;
+  return false;
+}
+
+template <Metric M, KnnEngine Engine>
 template <MatrixStore Store, class OnRound>
 void roargraph_builder<M, Engine>::enhance(const Store& store, detail::adjacency_lists& adj,
                                            id_t entry, roargraph_build_stats& st,
                                            OnRound&& on_round) const {
   if constexpr (ConnectivityEngine<Engine, typename Store::value_type>) {
-    // An engine's searches fill their pruned lists (the `ConnectivitySearcher` contract), so a
-    // build without fill searches on the CPU: it would otherwise get other edges.
-    // So does a build with an expand limit on an engine whose searches cannot honour it.
     using searcher_t = decltype(engine_.make_connectivity_searcher(store.view(), std::size_t{}));
-    const bool limit_ok =
-        expand_limit(std::min(params_.L, store.size())) == 0 || ExpandLimitingSearcher<searcher_t>;
-    if (params_.engine_connectivity && params_.connectivity_fill && params_.connectivity_knn == 0 &&
-        limit_ok && store.size() > 1) {
+    if (engine_searches<searcher_t>(store.size())) {
       auto searcher = engine_.make_connectivity_searcher(store.view(), degree_cap());
       enhance_rounds(store, adj, entry, st, on_round, &searcher);
       return;
@@ -275,7 +318,9 @@ template <Metric M, KnnEngine Engine>
 template <MatrixStore Store, class OnRound, class Searcher>
 void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::adjacency_lists& adj,
                                                   id_t entry, roargraph_build_stats& st,
-                                                  OnRound& on_round, Searcher* searcher) const {
+                                                  OnRound& on_round, Searcher* searcher,
+                                                  bool rows_on_engine) const {
+  (void)rows_on_engine;  // read on the engine's path only
   constexpr bool on_engine = !std::is_same_v<Searcher, detail::no_searcher>;
   const std::size_t n = store.size(), R = degree_cap();
   const bool fill = params_.connectivity_fill;
@@ -333,9 +378,11 @@ void roargraph_builder<M, Engine>::enhance_rounds(const Store& store, detail::ad
   const std::size_t width = cap == 0 ? R : std::min(cap, R);
   if constexpr (on_engine) {
     if constexpr (ExpandLimitingSearcher<Searcher>) searcher->set_expand_limit(E);
-    std::vector<id_t> all(n);
-    for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<id_t>(i);
-    upload_rows(*searcher, adj, all, R, width, padded_rows, threads);
+    if (!rows_on_engine) {
+      std::vector<id_t> all(n);
+      for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<id_t>(i);
+      upload_rows(*searcher, adj, all, R, width, padded_rows, threads);
+    }
     if constexpr (MergingConnectivitySearcher<Searcher>) {
       if (params_.engine_merge && cap == 0) {
         // The merge on the engine: the rounds are the same (order, batch sizes), the rows stay

@@ -77,6 +77,31 @@ struct grow_buffer {
   }
 };
 
+/// Stream-ordered device allocation (cudaMallocAsync), freed on the same stream when it goes
+/// out of scope. For a call's temporaries while other work runs on the device: cudaFree waits
+/// for the whole device, so a builder that freed its buffers so waited for every other
+/// builder's kernels.
+class stream_buffer {
+ public:
+  stream_buffer() = default;
+  stream_buffer(const stream_buffer&) = delete;
+  stream_buffer& operator=(const stream_buffer&) = delete;
+  ~stream_buffer() {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
+  }
+  /// `bytes` of device memory ordered on `stream` (at most one allocation per buffer).
+  void* allocate(std::size_t bytes, cudaStream_t stream) {
+    kvsift::detail::require(p_ == nullptr, "stream_buffer: allocated twice");
+    KVSIFT_CUDA_CHECK(cudaMallocAsync(&p_, bytes, stream));
+    stream_ = stream;
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
 /// Throws unless `stream` is a default stream or one of `device`; `who` prefixes the message.
 inline void require_stream_on(cudaStream_t stream, int device, const char* who) {
   // The default stream handles (0, legacy, per-thread) always mean the current device.

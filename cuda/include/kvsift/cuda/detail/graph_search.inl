@@ -1006,3 +1006,5 @@ void connectivity_searcher<T>::get_rows(std::vector<std::vector<id_t>>& rows) co
 }
 
 }  // namespace kvsift::cuda
+
+#include <kvsift/cuda/detail/graph_projection.inl>
