@@ -105,20 +105,31 @@ __device__ __forceinline__ float walk_accumulate(float acc, float a, float b) {
   }
 }
 
-/// Raw score of a f32 query (shared memory) against a key row.
+/// Raw score of a f32 query (shared memory, 16-byte aligned when `vec`) against a key row.
 template <bool L2, class T>
 __device__ float walk_score(const float* q, const T* __restrict__ row, int d, bool vec) {
   float acc = 0.0f;
   if (vec) {
     constexpr int V = vec_size_v<T>;
+    static_assert(V % 4 == 0, "the query is read as float4");
     // Unrolled so that several 16-byte loads of the row are in flight at once: the walk is
     // bound by the latency of these reads, not by the FMAs.
 #pragma unroll 8
     for (int j = 0; j < d; j += V) {
       float x[V];
       load_vec(row + j, x);
+      // The query as 16-byte shared loads, the same values in the same order: one float at a
+      // time (the compiler does not know q's alignment), its loads were 65% of the step-3
+      // search's shared-memory wavefronts and the L1's load pipe its busiest unit (Nsight
+      // Compute, bench/results/h200_graph_search_query_loads.txt).
 #pragma unroll
-      for (int t = 0; t < V; ++t) acc = walk_accumulate<L2>(acc, q[j + t], x[t]);
+      for (int t = 0; t < V; t += 4) {
+        const float4 q4 = *reinterpret_cast<const float4*>(q + j + t);
+        acc = walk_accumulate<L2>(acc, q4.x, x[t]);
+        acc = walk_accumulate<L2>(acc, q4.y, x[t + 1]);
+        acc = walk_accumulate<L2>(acc, q4.z, x[t + 2]);
+        acc = walk_accumulate<L2>(acc, q4.w, x[t + 3]);
+      }
     }
   } else {
     for (int j = 0; j < d; ++j) acc = walk_accumulate<L2>(acc, q[j], to_f32(row[j]));
