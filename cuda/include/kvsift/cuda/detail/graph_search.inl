@@ -310,11 +310,30 @@ __device__ inline int walk_merge(walk_entry* pool, int cnt, int L, walk_entry* i
   // loop was O(L) per expansion).
   const int p0 = static_cast<int>(inc[0].id);
   if (first_new != nullptr) *first_new = p0;
+  // A pool entry i moves up by the survivors that rank before it: survivor j does iff its
+  // insertion point, the inc[j].id - j pool entries that rank before it, is <= i. With at most
+  // 32 survivors lane j holds that point (non-decreasing in j) and each pool entry counts by a
+  // binary search over the lanes with shuffles instead of one over srt in shared memory (the
+  // merge's binary searches were a sixth of the step-3 search's instructions).
+  constexpr unsigned full = 0xffffffffu;
+  const bool by_lanes = keep_n <= 32;
+  const int ins = lane < keep_n ? static_cast<int>(inc[lane].id) - lane : INT_MAX;
   for (int c0 = (cnt - 1) / 32 * 32; c0 >= p0 / 32 * 32; c0 -= 32) {
     const int i = c0 + lane;
     walk_entry e{};
     int pos = L;
-    if (i < cnt) {
+    if (by_lanes) {  // warp-uniform
+      int before = 0;
+#pragma unroll
+      for (int step = 32; step > 0; step >>= 1) {
+        const int v = __shfl_sync(full, ins, min(before + step, 32) - 1);
+        if (before + step <= keep_n && v <= i) before += step;
+      }
+      if (i < cnt) {
+        e = pool[i];
+        pos = i + before;
+      }
+    } else if (i < cnt) {
       e = pool[i];
       pos = i + walk_count_better(srt, keep_n, e.key, e.id);
     }
@@ -351,11 +370,23 @@ inline std::int64_t walk_words(std::int64_t n) { return ((n + 31) / 32 + 3) / 4 
 
 inline std::int64_t walk_slots(std::int64_t m) { return std::min(m, walk_max_slots); }
 
+// The search kernel's register bound. ptxas left to itself gave it 56 registers and spilled
+// 20 / 28 bytes in the merge's lane-shuffle counts; capped at 64 (8 blocks of 128 threads per
+// SM, what the shared memory allows anyway) it does not spill and 8192 step-3 searches took
+// 12.60-12.69 ms against 13.43-13.44 ms (h200_graph_search_query_loads.txt). __maxnreg__ needs
+// nvcc 12.4; older ones keep the thread bound alone.
+#if defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
+#define KVSIFT_WALK_KERNEL_BOUNDS __maxnreg__(64)
+#else
+#define KVSIFT_WALK_KERNEL_BOUNDS __launch_bounds__(walk_warps_per_block * 32)
+#endif
+
 template <class T, bool L2>
-__global__ void __launch_bounds__(walk_warps_per_block * 32)
-    graph_search_kernel(graph_ref<T> g, const id_t* __restrict__ query_rows, int m, int L,
-                        int limit, int degree, graph_search_outputs out, std::uint32_t* visited_all,
-                        int words, bool vec, walk_layout lay, int slots) {
+__global__ void KVSIFT_WALK_KERNEL_BOUNDS
+graph_search_kernel(graph_ref<T> g, const id_t* __restrict__ query_rows, int m, int L, int limit,
+                    int degree, graph_search_outputs out, std::uint32_t* visited_all, int words,
+                    bool vec, walk_layout lay, int slots) {
   extern __shared__ __align__(16) unsigned char walk_smem[];
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
