@@ -27,14 +27,15 @@ namespace kvsift::cuda::detail {
 /// Stage 1's keys: candidate j >= 1 of list q as (pivot << 32 | id); (n << 32) for a slot
 /// without one (an invalid id, the pivot itself, or a list without a valid pivot), which sorts
 /// last and is dropped by the run loop.
-__global__ void projection_pairs_kernel(const id_t* ids, std::int64_t m, int k, id_t n,
+template <class Id>
+__global__ void projection_pairs_kernel(const Id* ids, std::int64_t m, int k, Id n,
                                         std::uint64_t* out) {
   const std::int64_t per = k - 1, total = m * per;
   const std::uint64_t none = static_cast<std::uint64_t>(n) << 32;
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t q = t / per, j = t - q * per + 1;
-    const id_t p = ids[q * k], c = ids[q * k + j];
+    const Id p = ids[q * k], c = ids[q * k + j];
     const bool valid = p < n && c < n && c != p;
     out[t] = valid ? (static_cast<std::uint64_t>(p) << 32 | c) : none;
   }
@@ -118,8 +119,9 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
 
 /// Stage 4's keys: the kept edge p -> x (slot j of row p) as (x << 32 | p); (n << 32) for an
 /// empty slot.
-__global__ void projection_reverse_kernel(const id_t* pruned, const std::uint32_t* pruned_count,
-                                          id_t n, int degree, std::uint64_t* out) {
+template <class Id>
+__global__ void projection_reverse_kernel(const Id* pruned, const std::uint32_t* pruned_count, Id n,
+                                          int degree, std::uint64_t* out) {
   const std::int64_t total = static_cast<std::int64_t>(n) * degree;
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -131,15 +133,17 @@ __global__ void projection_reverse_kernel(const id_t* pruned, const std::uint32_
 }
 
 /// The high half of each key (stage 4's rows, for the run-length encoding).
-__global__ void projection_high_kernel(const std::uint64_t* in, std::int64_t total, id_t* out) {
+template <class Id>
+__global__ void projection_high_kernel(const std::uint64_t* in, std::int64_t total, Id* out) {
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[t] = static_cast<id_t>(in[t] >> 32);
+    out[t] = static_cast<Id>(in[t] >> 32);
   }
 }
 
 /// Every row's pruned list copied into the adjacency, padded to the width.
-__global__ void projection_rows_kernel(const id_t* pruned, id_t n, int degree, id_t* adjacency,
+template <class Id>
+__global__ void projection_rows_kernel(const Id* pruned, Id n, int degree, Id* adjacency,
                                        int width) {
   const std::int64_t total = static_cast<std::int64_t>(n) * width;
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
@@ -331,7 +335,7 @@ void connectivity_searcher<T>::project(std::span<const id_t> knn_ids, std::size_
     auto* d_ids = static_cast<id_t*>(b.ids.allocate(knn_ids.size_bytes(), s.stream));
     KVSIFT_CUDA_CHECK(cudaMemcpyAsync(d_ids, knn_ids.data(), knn_ids.size_bytes(),
                                       cudaMemcpyHostToDevice, s.stream));
-    detail::projection_pairs_kernel<<<detail::projection_blocks(E1), 256, 0, s.stream>>>(
+    detail::projection_pairs_kernel<id_t><<<detail::projection_blocks(E1), 256, 0, s.stream>>>(
         d_ids, static_cast<std::int64_t>(m), static_cast<int>(k), n, p_pairs);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
     const int iE1 = static_cast<int>(E1);
@@ -364,20 +368,21 @@ void connectivity_searcher<T>::project(std::span<const id_t> knn_ids, std::size_
     KVSIFT_CUDA_CHECK(cudaGetLastError());
   }
   // Every row starts as its pruned list (empty for a key that is no pivot).
-  detail::projection_rows_kernel<<<detail::projection_blocks(s.n * s.width), 256, 0, s.stream>>>(
-      p_pruned, n, static_cast<int>(degree), adjacency, s.width);
+  detail::projection_rows_kernel<id_t>
+      <<<detail::projection_blocks(s.n * s.width), 256, 0, s.stream>>>(
+          p_pruned, n, static_cast<int>(degree), adjacency, s.width);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
   if (E1 > 0) {
     // Stages 4-5: the reverse edges, merged into the rows they reach.
-    detail::projection_reverse_kernel<<<detail::projection_blocks(E2), 256, 0, s.stream>>>(
+    detail::projection_reverse_kernel<id_t><<<detail::projection_blocks(E2), 256, 0, s.stream>>>(
         p_pruned, p_pruned_count, n, static_cast<int>(degree), p_pairs);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
     const int iE2 = static_cast<int>(E2);
     tb = temp_bytes;
     KVSIFT_CUDA_CHECK(
         cub::DeviceRadixSort::SortKeys(p_temp, tb, p_pairs, p_sorted, iE2, 0, bits, s.stream));
-    detail::projection_high_kernel<<<detail::projection_blocks(E2), 256, 0, s.stream>>>(p_sorted,
-                                                                                        E2, p_piv);
+    detail::projection_high_kernel<id_t>
+        <<<detail::projection_blocks(E2), 256, 0, s.stream>>>(p_sorted, E2, p_piv);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
     tb = temp_bytes;
     KVSIFT_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(p_temp, tb, p_piv, p_run_id, p_run_len,
