@@ -466,7 +466,39 @@ kc::decode_search_params dipr(float beta, int l0, int max_results,
   return p;
 }
 
+/// A kernel to set attributes on (never launched).
+__global__ void carveout_probe_kernel(int* p) {
+  if (p != nullptr) *p = 1;
+}
+
+int carveout_of_probe() {
+  cudaFuncAttributes a{};
+  KVSIFT_CUDA_CHECK(cudaFuncGetAttributes(&a, carveout_probe_kernel));
+  return a.preferredShmemCarveout;
+}
+
 }  // namespace
+
+// The decode search's block kernel asks, per launch, for the shared memory of the blocks an SM
+// must hold (detail::prefer_resident_blocks), so that the rest stays L1. The percent is the
+// smallest that holds them (rounded up), at least one block's, at most all.
+TEST_CASE("prefer_resident_blocks_asks_for_the_blocks_shared_memory", "[cuda][decode_search]") {
+  using kvsift::cuda::detail::prefer_resident_blocks;
+  int dev = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&dev));
+  const int sm = 228 * 1024;
+  const std::size_t block = 28 * 1024;
+  prefer_resident_blocks<carveout_probe_kernel>(dev, 4, block, sm);  // 112 of 228 KiB: 49.1%
+  CHECK(carveout_of_probe() == 50);
+  prefer_resident_blocks<carveout_probe_kernel>(dev, 8, block, sm);  // 224 KiB: 98.2%
+  CHECK(carveout_of_probe() == 99);
+  prefer_resident_blocks<carveout_probe_kernel>(dev, 9, block, sm);  // more than an SM has
+  CHECK(carveout_of_probe() == 100);
+  prefer_resident_blocks<carveout_probe_kernel>(dev, 0, block, sm);  // one block at least: 12.3%
+  CHECK(carveout_of_probe() == 13);
+  prefer_resident_blocks<carveout_probe_kernel>(dev, 4, block, sm);  // back: set again
+  CHECK(carveout_of_probe() == 50);
+}
 
 TEST_CASE("decode_search_topk_matches_cpu", "[cuda][decode_search]") {
   // Sizes across a 1-key graph, graphs below and above L, and one past the 8192-slot batch.

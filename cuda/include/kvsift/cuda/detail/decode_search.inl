@@ -1620,14 +1620,22 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   auto launch = [&]<bool L2, bool Dipr, bool Filtered>() {
     if constexpr (!Dipr) {
       if (c.block) {
+        int sms = 0;
+        KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         auto run_block = [&]<int NT>() {
           constexpr auto kernel = decode_search_block_kernel<T, Src, L2, Filtered, NT>;
-          allow_shared_memory<kernel>(device, smem_max, cudaSharedmemCarveoutMaxShared);
+          allow_shared_memory<kernel>(device, smem_max, cudaSharedmemCarveoutDefault);
+          // Shared memory for the blocks an SM must hold to run the launch at once (or as many
+          // as it can), the rest as L1 for the walk's page-table entries and adjacency rows:
+          // B = 16's 512 searches ran 1.05x faster with half the shared memory than with all.
+          const auto [most, static_bytes] = resident_limit<kernel, NT>(device);
+          const int wanted = static_cast<int>((c.slots + sms - 1) / sms);
+          prefer_resident_blocks<kernel>(
+              device, wanted < most ? wanted : most,
+              smem + static_bytes + static_cast<std::size_t>(smem_reserved), smem_sm);
           kernel<<<static_cast<unsigned>(c.slots), NT, smem, stream>>>(
               set, src, qs, static_cast<int>(m), c, out, ws);
         };
-        int sms = 0;
-        KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         if (ds_block_threads_for(c.warps_per_search, m, sms) == 256) {
           run_block.template operator()<256>();
         } else {
