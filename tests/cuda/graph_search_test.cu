@@ -28,6 +28,7 @@
 #include <kvsift/search/beam_search.hpp>
 #pragma nv_diagnostic pop
 
+#include "../index/step2_reference.hpp"
 #include "cuda_test.cuh"
 #include "test_util.cuh"
 
@@ -418,60 +419,11 @@ TEST_CASE("connectivity_searcher_merge_matches_the_builders_merge", "[cuda][grap
 }
 
 // The projection on the device (`connectivity_searcher::project`) against step 2 written out
-// on the host (`project_on_host`, as roargraph_builder::project does it) and against the
+// on the host (`project_on_host` of tests/index/step2_reference.hpp) and against the
 // builder's own step 2 (a CPU build without step 3 keeps the projection's rows). Integer keys
 // and queries (exact scores); few keys and many training queries, so pivots head hundreds of
 // lists (candidate sets of several warps' chunks) and some keys are kept by many pivots (rows
 // that overflow after the reverse edges and are pruned again).
-std::vector<std::vector<id_t>> project_on_host(const kvsift::view_store<float>& store,
-                                               const kvsift::knn_result& knn, std::size_t M,
-                                               std::size_t* longest, std::size_t* repruned) {
-  const std::size_t n = store.size();
-  std::vector<float> scratch;
-  auto prune = [&](id_t x, const std::vector<id_t>& ids) {
-    kvsift::detail::pair_scorer<kvsift::view_store<float>, kvsift::l2> ps(store);
-    ps.set_pivot(x);
-    std::vector<kvsift::scored_id> cands;
-    for (const id_t c : ids) cands.push_back({ps.key(c), c});
-    std::vector<id_t> kept;
-    kvsift::detail::rng_prune<kvsift::view_store<float>, kvsift::l2>(store, cands, M, true, scratch,
-                                                                     kept);
-    return kept;
-  };
-  std::vector<std::vector<id_t>> pooled(n), fwd(n), rev(n), out(n);
-  for (std::size_t q = 0; q < knn.rows; ++q) {
-    const auto ids = knn.row_ids(q);
-    for (std::size_t j = 1; j < ids.size() && ids[j] != kvsift::invalid_id; ++j) {
-      pooled[ids[0]].push_back(ids[j]);
-    }
-  }
-  *longest = 0;
-  for (std::size_t p = 0; p < n; ++p) {
-    auto& c = pooled[p];
-    std::sort(c.begin(), c.end());
-    c.erase(std::unique(c.begin(), c.end()), c.end());
-    std::erase(c, static_cast<id_t>(p));
-    *longest = std::max(*longest, c.size());
-    if (!c.empty()) fwd[p] = prune(static_cast<id_t>(p), c);
-  }
-  for (std::size_t p = 0; p < n; ++p) {
-    for (const id_t c : fwd[p]) rev[c].push_back(static_cast<id_t>(p));
-  }
-  *repruned = 0;
-  for (std::size_t x = 0; x < n; ++x) {
-    auto merged = fwd[x];
-    for (const id_t r : rev[x]) {
-      if (std::find(merged.begin(), merged.end(), r) == merged.end()) merged.push_back(r);
-    }
-    if (merged.size() > M) {
-      ++*repruned;
-      merged = prune(static_cast<id_t>(x), merged);
-    }
-    out[x] = merged;
-  }
-  return out;
-}
-
 TEST_CASE("connectivity_searcher_projection_matches_the_builders_step_2", "[cuda][graph_search]") {
   const std::size_t n = 600, d = 16, m = 3000, nq = 60, M = 12, width = 2 * M;
   const auto kf = integer_matrix(n, d, 3);
@@ -480,8 +432,8 @@ TEST_CASE("connectivity_searcher_projection_matches_the_builders_step_2", "[cuda
   const kvsift::view_store<float> store(kv);
   const kvsift::cpu_knn_engine engine;
   const auto knn = engine.search(train, kv, nq);  // the builder's step 1 (inner product)
-  std::size_t longest = 0, repruned = 0;
-  const auto expected = project_on_host(store, knn, M, &longest, &repruned);
+  kvsift_test::step2_stats seen;
+  const auto expected = kvsift_test::project_on_host(kv, knn.ids, knn.k, M, &seen);
 
   kvsift::cuda::connectivity_searcher<float> s(kv, width);
   s.project(knn.ids, knn.k, M);
@@ -496,11 +448,11 @@ TEST_CASE("connectivity_searcher_projection_matches_the_builders_step_2", "[cuda
   std::printf(
       "  projection: %zu of %zu rows differ; %zu edges, longest candidate set %zu, %zu "
       "rows pruned again\n",
-      differ, n, edges, longest, repruned);
+      differ, n, edges, seen.longest, seen.repruned);
   CHECK(differ == 0);
   // The case exercises what it claims to.
-  CHECK(longest > 64);
-  CHECK(repruned > 20);
+  CHECK(seen.longest > 64);
+  CHECK(seen.repruned > 20);
 
   // The builder's step 2 is what project_on_host says it is: a CPU build without step 3 keeps
   // the projection's rows (padded to 2M).
@@ -541,15 +493,9 @@ TEST_CASE("connectivity_searcher_projection_matches_the_builders_step_2", "[cuda
   for (std::size_t q = 0; q < m; ++q) {
     std::fill(cut.begin() + q * nq + 5, cut.begin() + (q + 1) * nq, kvsift::invalid_id);
   }
-  kvsift::knn_result knn5;
-  knn5.rows = m;
-  knn5.k = 5;
-  for (std::size_t q = 0; q < m; ++q) {
-    knn5.ids.insert(knn5.ids.end(), cut.begin() + q * nq, cut.begin() + q * nq + 5);
-  }
   s.project(cut, nq, M);
   s.get_rows(got);
-  const auto expected5 = project_on_host(store, knn5, M, &longest, &repruned);
+  const auto expected5 = kvsift_test::project_on_host(kv, cut, nq, M);
   differ = 0;
   for (std::size_t x = 0; x < n; ++x) differ += got[x] != expected5[x];
   CHECK(differ == 0);

@@ -16,6 +16,7 @@
 #include "kvsift/index/flat_index.hpp"
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/testing/ood_generator.hpp"
+#include "step2_reference.hpp"
 
 namespace {
 
@@ -463,40 +464,10 @@ class projecting_searcher : public merging_reference_searcher {
 
   void project(std::span<const id_t> ids, std::size_t k, std::size_t degree) {
     ++*projections_;
-    const kvsift::view_store<float> store(keys_);
+    const auto rows = kvsift_test::project_on_host(keys_, ids, k, degree);
     const std::size_t n = keys_.rows();
-    std::vector<float> scratch;
-    auto prune = [&](std::size_t x, const std::vector<id_t>& c) {
-      kvsift::detail::pair_scorer<kvsift::view_store<float>, kvsift::l2> ps(store);
-      ps.set_pivot(static_cast<id_t>(x));
-      std::vector<kvsift::scored_id> cands;
-      for (const id_t y : c) cands.push_back({ps.key(y), y});
-      std::vector<id_t> kept;
-      kvsift::detail::rng_prune<kvsift::view_store<float>, kvsift::l2>(store, cands, degree, true,
-                                                                       scratch, kept);
-      return kept;
-    };
-    std::vector<std::set<id_t>> pooled(n);
-    for (std::size_t q = 0; q * k < ids.size(); ++q) {
-      for (std::size_t j = 1; j < k && ids[q * k + j] != kvsift::invalid_id; ++j) {
-        if (ids[q * k + j] != ids[q * k]) pooled[ids[q * k]].insert(ids[q * k + j]);
-      }
-    }
-    std::vector<std::vector<id_t>> fwd(n), rows(n);
-    for (std::size_t p = 0; p < n; ++p) {
-      if (!pooled[p].empty()) fwd[p] = prune(p, {pooled[p].begin(), pooled[p].end()});
-    }
-    for (std::size_t p = 0; p < n; ++p) rows[p] = fwd[p];
-    for (std::size_t p = 0; p < n; ++p) {
-      for (const id_t x : fwd[p]) {
-        if (std::find(fwd[x].begin(), fwd[x].end(), p) == fwd[x].end()) {
-          rows[x].push_back(static_cast<id_t>(p));
-        }
-      }
-    }
     std::vector<id_t> all(n), flat(n * width_, kvsift::invalid_id);
     for (std::size_t x = 0; x < n; ++x) {
-      if (rows[x].size() > degree) rows[x] = prune(x, rows[x]);
       all[x] = static_cast<id_t>(x);
       std::copy(rows[x].begin(), rows[x].end(), flat.begin() + x * width_);
     }

@@ -211,12 +211,7 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
           walk_score_rows<true>(xr, keys + static_cast<std::size_t>(c[j].id) * ld, d, vec));
     }
     __syncwarp();
-    walk_entry* const s = srt + base;
-    walk_rank_sort(c, tot, s, lane);
-    const int nk = walk_rng_prune<true>(s, tot, invalid_id, degree, true, kept, dropped, keys, ld,
-                                        d, vec, lane);
-    for (int j = lane; j < degree; j += 32) row[j] = j < nk ? kept[j] : invalid_id;
-    __syncwarp();
+    walk_reprune_row(c, tot, srt + base, degree, true, kept, dropped, keys, ld, d, vec, row, lane);
   }
 }
 

@@ -280,6 +280,23 @@ __device__ inline void walk_rank_sort(const walk_entry* in, int n, walk_entry* o
   __syncwarp();
 }
 
+/// The end of a row's re-pruning, shared by the build's merge (`merge_rows_kernel`) and the
+/// projection's (`projection_merge_kernel`): cand[0, n) hold the row's candidates with their
+/// keys (squared distance to the row's key); they are ranked into srt, pruned by the RNG rule
+/// (with `fill`) to at most `keep`, and row[0, keep) is written, padded with invalid_id.
+/// Warp-synchronous: every lane calls it.
+template <class T>
+__device__ void walk_reprune_row(const walk_entry* cand, int n, walk_entry* srt, int keep,
+                                 bool fill, std::uint32_t* kept, std::uint32_t* dropped,
+                                 const T* __restrict__ keys, std::int64_t ld, int d, bool vec,
+                                 id_t* row, int lane) {
+  walk_rank_sort(cand, n, srt, lane);
+  const int nk =
+      walk_rng_prune<true>(srt, n, invalid_id, keep, fill, kept, dropped, keys, ld, d, vec, lane);
+  for (int j = lane; j < keep; j += 32) row[j] = j < nk ? kept[j] : invalid_id;
+  __syncwarp();
+}
+
 /// Merges the scored candidates inc[0, n) (ids distinct, not in the pool; an id of invalid_id
 /// marks a candidate to ignore) into the sorted pool[0, cnt) of capacity L and returns the new
 /// count. When the pool is full only candidates better than its worst survive. `inc` is
@@ -652,11 +669,7 @@ __global__ void __launch_bounds__(walk_warps_per_block * 32)
       cand[j].key = walk_key<true>(walk_score<true>(q, row_of(cand[j].id), d, vec));
     }
     __syncwarp();
-    walk_rank_sort(cand, tot, srt, lane);
-    const int nk = walk_rng_prune<true>(srt, tot, invalid_id, width, a.fill, kept, dropped, keys,
-                                        ld, d, vec, lane);
-    for (int j = lane; j < width; j += 32) row[j] = j < nk ? kept[j] : invalid_id;
-    __syncwarp();
+    walk_reprune_row(cand, tot, srt, width, a.fill, kept, dropped, keys, ld, d, vec, row, lane);
   }
 }
 
