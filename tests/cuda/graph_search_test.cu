@@ -499,6 +499,11 @@ TEST_CASE("connectivity_searcher_projection_matches_the_builders_step_2", "[cuda
   differ = 0;
   for (std::size_t x = 0; x < n; ++x) differ += got[x] != expected5[x];
   CHECK(differ == 0);
+  // No lists at all: the rows set above are replaced by empty ones.
+  REQUIRE(std::ranges::any_of(got, [](const auto& r) { return !r.empty(); }));
+  s.project(std::span<const id_t>(), nq, M);
+  s.get_rows(got);
+  CHECK(std::ranges::all_of(got, [](const auto& r) { return r.empty(); }));
 }
 
 TEST_CASE("connectivity_searcher_projection_rejects_bad_input", "[cuda][graph_search]") {
