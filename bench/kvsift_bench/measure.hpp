@@ -37,12 +37,6 @@ struct build_record {
   std::optional<std::size_t> bytes;
 };
 
-/// The bytes of a graph index's structure (not its keys).
-template <class Graph>
-std::size_t graph_bytes(const Graph& g) {
-  return (g.adjacency().size() + g.size() + g.entry_points().size()) * sizeof(kvsift::id_t);
-}
-
 struct timing {
   std::vector<double> us;
   void add(clock_type::time_point t0) {

@@ -138,7 +138,7 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       builds["roargraph"].seconds = bs.total_seconds;
       if (!o.save_index.empty()) kvsift::save_graph(g, o.save_index);
     }
-    builds["roargraph"].bytes = graph_bytes(g);
+    builds["roargraph"].bytes = g.memory().total();
     // --entry-window: the static window's keys seed every search (the first and last W ids).
     std::vector<kvsift::id_t> window_entries;
     const std::size_t nk = w.keys.rows();

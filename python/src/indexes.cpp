@@ -274,6 +274,22 @@ void bind_indexes(py::module_& m) {
                               g.index());
           },
           "The search's entry points (uint32), the first one the entry point.")
+      .def_property_readonly(
+          "memory",
+          [](const py_graph& g) {
+            const auto m = std::visit([](const auto& i) { return i.memory(); }, g.index());
+            py::dict d;
+            d["adjacency"] = m.adjacency;
+            d["degrees"] = m.degrees;
+            d["entries"] = m.entries;
+            d["total"] = m.total();
+            d["edges"] = m.edges;
+            d["compact"] = m.compact(std::visit([](const auto& i) { return i.size(); }, g.index()));
+            return d;
+          },
+          "The graph's bytes, the keys excluded (they are the caller's array): adjacency "
+          "(size x max_degree uint32, padded rows), degrees, entries, their total; edges (the "
+          "edge count) and compact (bytes of the same edges as CSR with int64 offsets). O(size).")
       .def("adjacency", &graph_adjacency, py::kw_only(), py::arg("width") = 0,
            "The graph as a fixed-width table: uint32 [size, width], row u = u's out-neighbours "
            "in the builder's order, padded with 0xFFFFFFFF (kvsift.cuda.graph_set stacks these "

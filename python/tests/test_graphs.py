@@ -53,6 +53,17 @@ def test_adjacency_agrees_with_the_cpu_search(indexes):
     assert len(ids[ids >= 0]) == 200 and set(ids[ids >= 0].tolist()) <= seen
 
 
+def test_memory_counts_the_padded_rows_and_the_edges(indexes):
+    for idx in indexes:
+        m = idx.memory
+        full = idx.adjacency()
+        edges = int((full != np.uint32(0xFFFFFFFF)).sum())
+        assert m["adjacency"] == full.size * 4 and m["degrees"] == idx.size * 4
+        assert m["entries"] == len(idx.entry_points) * 4
+        assert m["total"] == m["adjacency"] + m["degrees"] + m["entries"]
+        assert m["edges"] == edges and m["compact"] == (idx.size + 1) * 8 + edges * 4
+
+
 def test_entry_points_start_with_the_entry_point(indexes):
     for idx in indexes:
         e = idx.entry_points

@@ -63,6 +63,29 @@ TEST_CASE("graph_index neighbors, degrees and scores", "[index][graph_index]") {
   CHECK(empty.degrees().max == 0);
 }
 
+TEST_CASE("graph_index memory counts the structure and not the keys", "[index][graph_index]") {
+  std::vector<float> data = {1, 0, 0, 1, 1, 1, 2, 0};  // 4 x 2
+  const store s(kvsift::matrix_view<const float>(data.data(), 4, 2));
+  const std::vector<kvsift::id_t> adj = {1,          2,          3,           //
+                                         0,          invalid_id, invalid_id,  //
+                                         invalid_id, invalid_id, invalid_id,  //
+                                         3,          0,          invalid_id};
+  const graph g(s, 3, adj, std::vector<kvsift::id_t>{2, 0});
+  const auto m = g.memory();
+  CHECK(m.adjacency == 12 * 4);  // 4 rows x 3, padding included
+  CHECK(m.degrees == 4 * 4);
+  CHECK(m.entries == 2 * 4);
+  CHECK(m.edges == 6);
+  CHECK(m.total() == 48 + 16 + 8);
+  CHECK(m.compact(g.size()) == 5 * 8 + 6 * 4);
+
+  const kvsift::graph_index<kvsift::owning_store<float>> empty(kvsift::owning_store<float>{}, 4, {},
+                                                               0);
+  const auto e = empty.memory();
+  CHECK(e.total() == 0);
+  CHECK(e.edges == 0);
+}
+
 TEST_CASE("graph_index constructor validation", "[index][graph_index]") {
   std::vector<float> data(3 * 2, 1.0f);
   const store s(kvsift::matrix_view<const float>(data.data(), 3, 2));

@@ -37,6 +37,22 @@ struct degree_stats {
   std::size_t zero_degree = 0;  ///< nodes without out-edges
 };
 
+/// Memory held by a graph_index's structure, in bytes (sizes, not capacities). The keys are
+/// not counted: they belong to the store (in a decode engine, the KV cache itself).
+struct graph_index_memory {
+  std::size_t adjacency = 0;  ///< n x max_degree ids: the padded rows a search reads
+  std::size_t degrees = 0;    ///< n row lengths
+  std::size_t entries = 0;    ///< the entry points
+  std::size_t edges = 0;      ///< edges held (the sum of the degrees); not bytes
+  /// What the index holds: adjacency + degrees + entries.
+  [[nodiscard]] std::size_t total() const noexcept { return adjacency + degrees + entries; }
+  /// The bytes of the same edges without padding (CSR: n + 1 offsets and one id per edge),
+  /// what a compacted copy for storage or transfer would take.
+  [[nodiscard]] std::size_t compact(std::size_t n) const noexcept {
+    return (n + 1) * sizeof(std::uint64_t) + edges * sizeof(id_t);
+  }
+};
+
 /// A graph index over a vector store. Does not own the vectors (the store may borrow them).
 /// Thread safety: const members are safe to call concurrently; nothing mutates after
 /// construction except assignment.
@@ -139,6 +155,17 @@ class graph_index {
     }
     s.mean = static_cast<double>(total) / static_cast<double>(degrees_.size());
     return s;
+  }
+
+  /// The structure's memory (the keys excluded: see graph_index_memory). O(n) for the edge
+  /// count; noexcept.
+  [[nodiscard]] graph_index_memory memory() const noexcept {
+    graph_index_memory m;
+    m.adjacency = adjacency_.size() * sizeof(id_t);
+    m.degrees = degrees_.size() * sizeof(std::uint32_t);
+    m.entries = entries_.size() * sizeof(id_t);
+    for (const std::uint32_t d : degrees_) m.edges += d;
+    return m;
   }
 
   /// Hints the CPU to fetch stored vector i (a search about to score it). O(row bytes / 64).
