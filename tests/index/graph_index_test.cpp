@@ -20,17 +20,23 @@ using graph = kvsift::graph_index<store>;
 
 using kvsift_test::message_of;
 
+/// Four 2-d keys and their rows of width 3: degrees 3, 1, 0 (isolated) and 2.
+std::vector<float> four_keys() { return {1, 0, 0, 1, 1, 1, 2, 0}; }
+std::vector<kvsift::id_t> four_rows() {
+  return {1,          2,          3,           //
+          0,          invalid_id, invalid_id,  //
+          invalid_id, invalid_id, invalid_id,  //
+          3,          0,          invalid_id};
+}
+
 }  // namespace
 
 using Catch::Matchers::Contains;
 
 TEST_CASE("graph_index neighbors, degrees and scores", "[index][graph_index]") {
-  std::vector<float> data = {1, 0, 0, 1, 1, 1, 2, 0};  // 4 x 2
+  const std::vector<float> data = four_keys();
   const store s(kvsift::matrix_view<const float>(data.data(), 4, 2));
-  const std::vector<kvsift::id_t> adj = {1,          2,          3,           //
-                                         0,          invalid_id, invalid_id,  //
-                                         invalid_id, invalid_id, invalid_id,  //
-                                         3,          0,          invalid_id};
+  const std::vector<kvsift::id_t> adj = four_rows();
   const graph g(s, 3, adj, 2);
   CHECK(g.size() == 4);
   CHECK(g.dim() == 2);
@@ -64,12 +70,9 @@ TEST_CASE("graph_index neighbors, degrees and scores", "[index][graph_index]") {
 }
 
 TEST_CASE("graph_index memory counts the structure and not the keys", "[index][graph_index]") {
-  std::vector<float> data = {1, 0, 0, 1, 1, 1, 2, 0};  // 4 x 2
+  const std::vector<float> data = four_keys();
   const store s(kvsift::matrix_view<const float>(data.data(), 4, 2));
-  const std::vector<kvsift::id_t> adj = {1,          2,          3,           //
-                                         0,          invalid_id, invalid_id,  //
-                                         invalid_id, invalid_id, invalid_id,  //
-                                         3,          0,          invalid_id};
+  const std::vector<kvsift::id_t> adj = four_rows();
   const graph g(s, 3, adj, std::vector<kvsift::id_t>{2, 0});
   const auto m = g.memory();
   CHECK(m.adjacency == 12 * 4);  // 4 rows x 3, padding included
