@@ -5,7 +5,9 @@
 // with cudaFuncSetAttribute; each call costs host time on every launch of a decode step. The
 // attribute is a limit, not the launch's size, so raising it to the device's opt-in maximum
 // once lets every later launch of any size through. Per device: an engine that drives several
-// GPUs from one process (tensor parallelism) launches the same kernel on each.
+// GPUs from one process (tensor parallelism) launches the same kernel on each. The L1 /
+// shared split that follows a launch's size (`prefer_resident_blocks`) is set only when it
+// changes.
 #include <cuda_runtime.h>
 
 #include <cstddef>
