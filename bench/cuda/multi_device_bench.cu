@@ -137,26 +137,25 @@ void build_part(const options& o, int devices) {
     const double s = seconds_since(t);
     // Issue 15's memory report: the graphs' bytes per head (the keys are the cache's own and
     // not counted), and a whole model of 32 layers x 8 KV heads (Llama-3-8B) at this size.
-    kvsift::graph_index_memory mem;
+    std::size_t bytes = 0, compact_bytes = 0, edges = 0;
     for (const auto& x : g) {
       const auto one = x.memory();
-      mem.adjacency += one.adjacency;
-      mem.degrees += one.degrees;
-      mem.entries += one.entries;
-      mem.edges += one.edges;
+      bytes += one.total();
+      compact_bytes += one.compact();
+      edges += one.edges;
     }
     {
       constexpr double mib = 1024.0 * 1024.0, model_heads = 32.0 * 8.0;
       const double heads = static_cast<double>(g.size());
-      const double per_head = static_cast<double>(mem.total()) / heads;
-      const double compact = static_cast<double>(mem.compact(o.build_keys * g.size())) / heads;
+      const double per_head = static_cast<double>(bytes) / heads;
+      const double compact = static_cast<double>(compact_bytes) / heads;
       std::printf(
           "  graph memory per head: %.2f MiB (width %zu, padded) = %.1f bytes per key; edges "
           "without padding %.2f MiB (mean degree %.1f); whole model (32 x 8 KV heads): %.2f GiB "
           "padded, %.2f GiB compact; the head's keys %.2f MiB\n",
           per_head / mib, g.empty() ? std::size_t{0} : g.front().max_degree(),
           per_head / static_cast<double>(o.build_keys), compact / mib,
-          static_cast<double>(mem.edges) / (heads * static_cast<double>(o.build_keys)),
+          static_cast<double>(edges) / (heads * static_cast<double>(o.build_keys)),
           per_head * model_heads / (mib * 1024.0), compact * model_heads / (mib * 1024.0),
           static_cast<double>(o.build_keys * d * sizeof(E)) / mib);
     }

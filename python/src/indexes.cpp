@@ -284,7 +284,7 @@ void bind_indexes(py::module_& m) {
             d["entries"] = m.entries;
             d["total"] = m.total();
             d["edges"] = m.edges;
-            d["compact"] = m.compact(std::visit([](const auto& i) { return i.size(); }, g.index()));
+            d["compact"] = m.compact();
             return d;
           },
           "The graph's bytes, the keys excluded (they are the caller's array): adjacency "

@@ -80,7 +80,8 @@ TEST_CASE("graph_index memory counts the structure and not the keys", "[index][g
   CHECK(m.entries == 2 * 4);
   CHECK(m.edges == 6);
   CHECK(m.total() == 48 + 16 + 8);
-  CHECK(m.compact(g.size()) == 5 * 8 + 6 * 4);
+  CHECK(m.rows == 4);
+  CHECK(m.compact() == 5 * 8 + 6 * 4);
 
   const kvsift::graph_index<kvsift::owning_store<float>> empty(kvsift::owning_store<float>{}, 4, {},
                                                                0);

@@ -44,12 +44,13 @@ struct graph_index_memory {
   std::size_t degrees = 0;    ///< n row lengths
   std::size_t entries = 0;    ///< the entry points
   std::size_t edges = 0;      ///< edges held (the sum of the degrees); not bytes
+  std::size_t rows = 0;       ///< nodes (n); not bytes
   /// What the index holds: adjacency + degrees + entries.
   [[nodiscard]] std::size_t total() const noexcept { return adjacency + degrees + entries; }
   /// The bytes of the same edges without padding (CSR: n + 1 offsets and one id per edge),
   /// what a compacted copy for storage or transfer would take.
-  [[nodiscard]] std::size_t compact(std::size_t n) const noexcept {
-    return (n + 1) * sizeof(std::uint64_t) + edges * sizeof(id_t);
+  [[nodiscard]] std::size_t compact() const noexcept {
+    return (rows + 1) * sizeof(std::uint64_t) + edges * sizeof(id_t);
   }
 };
 
@@ -164,6 +165,7 @@ class graph_index {
     m.adjacency = adjacency_.size() * sizeof(id_t);
     m.degrees = degrees_.size() * sizeof(std::uint32_t);
     m.entries = entries_.size() * sizeof(id_t);
+    m.rows = degrees_.size();
     for (const std::uint32_t d : degrees_) m.edges += d;
     return m;
   }
