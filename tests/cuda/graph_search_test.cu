@@ -200,6 +200,24 @@ TEST_CASE("graph_search_matches_cpu_beam_search", "[cuda][graph_search]") {
   }
 }
 
+// Rows wide enough that a scoring team's lanes take several 16-byte vectors each, in more than
+// one round and with some lanes one vector short (f32: 34 / 66 vectors per row, f16: 17 / 33,
+// against teams of 8 lanes that load two vectors per round).
+TEST_CASE("graph_search_team_scoring_of_wide_rows", "[cuda][graph_search]") {
+  const std::size_t n = 1000;
+  for (const std::size_t d : {std::size_t{136}, std::size_t{264}}) {
+    INFO("d " << d);
+    const auto kf = integer_matrix(n, d, 3);
+    const auto adj = random_graph(n, 32);
+    const auto queries = iota_ids(200);
+    CHECK((compare_with_cpu<kvsift::l2, float>(kf, n, d, adj, 32, 0, 100, 16, queries)) == 0);
+    CHECK((compare_with_cpu<kvsift::inner_product, kvsift::half>(kf, n, d, adj, 32, 3, 100, 0,
+                                                                 queries)) == 0);
+    CHECK((compare_with_cpu<kvsift::l2, kvsift::bfloat16>(kf, n, d, adj, 32, 0, 64, 16, queries)) ==
+          0);
+  }
+}
+
 // The pruned lists against rng_prune with fill, on a RoarGraph-built graph (the real use) and
 // on a random one; pools of several batches of 32 candidates (the GPU prunes a batch at a time,
 // one candidate per lane) and degrees below and above 32.

@@ -8,9 +8,9 @@
 // memory as shared memory (`walk_carveout_percent`), eight blocks of four warps, so that the
 // L1 keeps room for the key and adjacency rows. The visited set is a bitset of n bits per
 // concurrently running warp, in global memory (L2 in practice), cleared before each search. Every
-// step is warp-synchronous: a candidate is scored by one lane (lane-per-vector keeps up to 32 row
-// reads in flight, which is what a latency-bound walk needs), the pool merge computes each entry's
-// final position by binary search in the other sorted list.
+// step is warp-synchronous: a fresh row is scored by a team of 8 lanes (16-byte rows; one lane per
+// row otherwise), the pool merge computes each entry's final position by counting in the other
+// sorted list.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -135,6 +135,54 @@ __device__ float walk_score(const float* q, const T* __restrict__ row, int d, bo
     for (int j = 0; j < d; ++j) acc = walk_accumulate<L2>(acc, q[j], to_f32(row[j]));
   }
   return acc;
+}
+
+/// Partial raw scores of R key rows scored by teams of S lanes (16-byte aligned rows,
+/// d % vec_size_v<T> == 0): lane `part` < S of a team adds the row's vectors part, part + S, ...
+/// into acc[r] for rows[r] (null: skipped); the team's lanes add their parts afterwards. A row's
+/// 16-byte vectors are then read by S adjacent lanes (S * 16 contiguous bytes per load) instead of
+/// one lane reading all of them, so a warp's load touches R * 32 / S lines rather than 32.
+template <bool L2, int S, int R, class T>
+__device__ __forceinline__ void walk_score_parts(const float* q, const T* const (&rows)[R], int d,
+                                                 int part, float (&acc)[R]) {
+  constexpr int V = vec_size_v<T>;
+  static_assert(V % 4 == 0, "the query is read as float4");
+  const int nvec = d / V;
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  constexpr int U = 2;  // 16-byte loads in flight per row and lane
+  for (int v0 = part; v0 < nvec; v0 += U * S) {
+    uint4 raw[R][U];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int v = v0 + u * S;
+        if (rows[r] != nullptr && v < nvec) {
+          raw[r][u] = *reinterpret_cast<const uint4*>(rows[r] + v * V);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * S;
+      if (v >= nvec) break;
+#pragma unroll
+      for (int t = 0; t < V; t += 4) {
+        const float4 q4 = *reinterpret_cast<const float4*>(q + v * V + t);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (rows[r] == nullptr) continue;
+          float x[V];
+          widen_vec<T>(raw[r][u], x);
+          acc[r] = walk_accumulate<L2>(acc[r], q4.x, x[t]);
+          acc[r] = walk_accumulate<L2>(acc[r], q4.y, x[t + 1]);
+          acc[r] = walk_accumulate<L2>(acc[r], q4.z, x[t + 2]);
+          acc[r] = walk_accumulate<L2>(acc[r], q4.w, x[t + 3]);
+        }
+      }
+    }
+  }
 }
 
 /// Raw score between two key rows.
@@ -476,10 +524,37 @@ graph_search_kernel(graph_ref<T> g, const id_t* __restrict__ query_rows, int m, 
       }
       __syncwarp();
 
-      // Score them, then merge the survivors into the pool.
-      for (int j = lane; j < fresh_n; j += 32) {
-        const std::uint32_t v = inc[j].id;
-        inc[j].key = walk_key<L2>(walk_score<L2>(q, row_of(v), d, vec));
+      // Score them: a row by a team of S = 8 lanes (each two of its 16-byte vectors at
+      // d = 128 f16), two rows per team at a time. One lane per row made each warp load touch
+      // up to 32 lines, and 8192 searches fill every SM with warps, so the L1's load pipe, not
+      // a search's latency, bounds them: 8192 step-3 searches took 10.93 ms against 13.32 ms
+      // (bench/results/h200_graph_search_team_scoring.txt). decode_search keeps a lane per row:
+      // a decode batch has few searches per SM and waits on each round's latency.
+      if (vec) {
+        constexpr int S = 8, R = 2, per_pass = 32 / S * R;
+        const int part = lane % S, tm = lane / S;
+        for (int j0 = 0; j0 < fresh_n; j0 += per_pass) {
+          const T* rows[R];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const int j = j0 + tm + (32 / S) * r;
+            rows[r] = j < fresh_n ? row_of(inc[j].id) : nullptr;
+          }
+          float x[R];
+          walk_score_parts<L2, S, R>(q, rows, d, part, x);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int o = S / 2; o > 0; o >>= 1) x[r] += __shfl_xor_sync(full, x[r], o);
+            const int j = j0 + tm + (32 / S) * r;
+            if (part == 0 && j < fresh_n) inc[j].key = walk_key<L2>(x[r]);
+          }
+        }
+      } else {
+        for (int j = lane; j < fresh_n; j += 32) {
+          const std::uint32_t v = inc[j].id;
+          inc[j].key = walk_key<L2>(walk_score<L2>(q, row_of(v), d, vec));
+        }
       }
       scored += static_cast<std::uint32_t>(fresh_n);
       __syncwarp();
