@@ -1254,9 +1254,14 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     // Scores inc[0, nv), one to four threads per row, and merges them into the pool.
     // Block-uniform.
     auto visit = [&](int nv) {
-      // S lanes per row when the rows are few (most steps once the pool is full): a row's
-      // chain of load rounds is S times shorter and its loads coalesce (H200, 512 searches,
-      // docs/decode_search.md). The score is the same whatever S (ds_score_part).
+      // Four lanes per row whenever the rows are 16-byte vectors: a row's chain of load rounds
+      // is four times shorter and its loads coalesce (four lanes read 64 contiguous bytes). The
+      // block used to split rows only when one pass held them all (S = 4 up to NT / 4 rows,
+      // 2 up to NT / 2, else 1); in several passes it is faster still. H200, 128K tokens,
+      // L 256, top-100 search of 1024 queries (width 8): 0.448 against 0.590 ms; of 512
+      // (width 16): 0.243 against 0.313 ms; S >= 2 always: 0.459 / 0.256 ms
+      // (bench/results/h200_decode_search_lanes_per_row.txt). The score is the same whatever S
+      // (ds_score_part).
       auto score = [&]<int S>() {
         for (int j0 = 0; j0 < nv; j0 += NT / S) {  // block-uniform trip count (shuffles)
           const int j = j0 + rank / S;
@@ -1270,10 +1275,8 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
           if (j < nv && rank % S == 0) inc[j].key = r != nullptr ? walk_key<L2>(x) : neg_inf();
         }
       };
-      if (c.vec && 4 * nv <= NT) {
+      if (c.vec) {
         score.template operator()<4>();
-      } else if (c.vec && 2 * nv <= NT) {
-        score.template operator()<2>();
       } else {
         score.template operator()<1>();
       }
