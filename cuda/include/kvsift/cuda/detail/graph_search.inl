@@ -527,9 +527,8 @@ graph_search_kernel(graph_ref<T> g, const id_t* __restrict__ query_rows, int m, 
       // Score them: a row by a team of S = 8 lanes (each two of its 16-byte vectors at
       // d = 128 f16), two rows per team at a time. One lane per row made each warp load touch
       // up to 32 lines, and 8192 searches fill every SM with warps, so the L1's load pipe, not
-      // a search's latency, bounds them: 8192 step-3 searches took 10.93 ms against 13.32 ms
-      // (bench/results/h200_graph_search_team_scoring.txt). decode_search keeps a lane per row:
-      // a decode batch has few searches per SM and waits on each round's latency.
+      // a search's latency, bounds them: 8192 step-3 searches took 10.93 ms against 13.32 ms,
+      // teams of 4 / 16 11.08 / 11.84 ms (bench/results/h200_graph_search_team_scoring.txt).
       if (vec) {
         constexpr int S = 8, R = 2, per_pass = 32 / S * R;
         const int part = lane % S, tm = lane / S;
