@@ -141,7 +141,8 @@ __device__ float walk_score(const float* q, const T* __restrict__ row, int d, bo
 /// d % vec_size_v<T> == 0): lane `part` < S of a team adds the row's vectors part, part + S, ...
 /// into acc[r] for rows[r] (null: skipped); the team's lanes add their parts afterwards. A row's
 /// 16-byte vectors are then read by S adjacent lanes (S * 16 contiguous bytes per load) instead of
-/// one lane reading all of them, so a warp's load touches R * 32 / S lines rather than 32.
+/// one lane reading all of them, so a load instruction of the warp touches 32 / S rows' lines
+/// (4 lines at S = 8) rather than 32.
 template <bool L2, int S, int R, class T>
 __device__ __forceinline__ void walk_score_parts(const float* q, const T* const (&rows)[R], int d,
                                                  int part, float (&acc)[R]) {
