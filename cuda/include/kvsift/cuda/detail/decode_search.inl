@@ -207,8 +207,8 @@ __device__ __forceinline__ float ds_add_parts(const float (&s)[4]) {
 /// in order), added as (s0 + s2) + (s1 + s3). Four short chains of FMAs instead of one long
 /// one, and a fixed order whoever computes it: one thread (S = 1), or S = 2 or 4 adjacent lanes
 /// that each compute this function's part `part` < S and add their results with
-/// ds_combine_parts<S>. So the block kernel, which splits rows when a step has few of them,
-/// and the warp kernel score every row bit for bit alike.
+/// ds_combine_parts<S>. So the block kernel, which scores a row of 16-byte vectors with four
+/// lanes, and the warp kernel score every row bit for bit alike.
 template <bool L2, int S, class T>
 __device__ __forceinline__ float ds_score_part(const float* q, const T* __restrict__ a, int d,
                                                int part) {
@@ -1251,7 +1251,8 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     const id_t* adj = set.adjacency + static_cast<std::size_t>(base) * width;
     const ds_graph_walk gw{adj, width, cols, static_cast<std::uint32_t>(n), first, last, visited};
 
-    // Scores inc[0, nv), one to four threads per row, and merges them into the pool.
+    // Scores inc[0, nv), four threads per row (one for rows not in 16-byte vectors), and
+    // merges them into the pool.
     // Block-uniform.
     auto visit = [&](int nv) {
       // Four lanes per row whenever the rows are 16-byte vectors: a row's chain of load rounds
