@@ -450,7 +450,9 @@ __device__ inline int ds_block_compact_survivors(const walk_entry* pool, int cnt
   return keep_n;
 }
 
-/// Survivor counts up to which the block kernel's merge counts ranks instead of sorting.
+/// Survivor counts up to which the block kernel's merge counts ranks instead of sorting. 64 and
+/// 128 were slower at 1024 searches (H200: 0.485 and 0.507-0.517 ms against 0.471-0.481 ms;
+/// bench/results/h200_decode_search_rank_merge_threshold.txt).
 inline constexpr int ds_rank_merge_max = 32;
 
 /// Entries of a[0, len) (in any order, distinct) that rank before e.
