@@ -195,123 +195,43 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
   return c;
 }
 
-/// The fixed combination of a row's four partial sums, (s0 + s2) + (s1 + s3): every path that
-/// holds all four (ds_score_part with one lane per row, ds_score_pair) adds them here, so the
-/// block and warp kernels cannot drift apart; ds_combine_parts reaches the same sum across lanes.
-__device__ __forceinline__ float ds_add_parts(const float (&s)[4]) {
-  return (s[0] + s[2]) + (s[1] + s[3]);
-}
-
-/// The decode kernels' score of a key row (16-byte vectors, d % vec_size_v<T> == 0): four
-/// partial sums, s_p over the vectors v with v % 4 == p in increasing v (each vector's elements
-/// in order), added as (s0 + s2) + (s1 + s3). Four short chains of FMAs instead of one long
-/// one, and a fixed order whoever computes it: one thread (S = 1), or S = 2 or 4 adjacent lanes
-/// that each compute this function's part `part` < S and add their results with
-/// ds_combine_parts<S>. So the block kernel, which scores a row of 16-byte vectors with four
-/// lanes, and the warp kernel score every row bit for bit alike.
+/// The decode kernels' score of a key row: walk_score_parts' order with N = 4 partial sums,
+/// computed by S = 1 or 4 lanes (part < S; the caller adds the lanes with
+/// walk_combine_lanes<S>), so the block kernel, which scores a row of 16-byte vectors with four
+/// lanes, and the warp kernel score every row bit for bit alike. Four 16-byte loads in flight
+/// per round, not eight: at 64 registers per thread the block kernel spilled with eight (52 / 84
+/// bytes of spill stores / loads in its eight-warp paged version, none with four), and without
+/// the spills the search is faster although a row of 128 f16 takes four rounds instead of two
+/// (H200, 512 searches, L 256, width 16: 0.397 against 0.418 ms, alternated;
+/// docs/decode_search.md).
 template <bool L2, int S, class T>
 __device__ __forceinline__ float ds_score_part(const float* q, const T* __restrict__ a, int d,
                                                int part) {
-  static_assert(S == 1 || S == 2 || S == 4, "a row is scored by 1, 2 or 4 lanes");
-  constexpr int V = vec_size_v<T>;
-  static_assert(V % 4 == 0, "the query is read as float4");
-  constexpr int P = 4 / S;  // partial sums this lane holds: s_part, s_(part + S), ...
-  // Four 16-byte loads in flight per round, not eight: at 64 registers per thread the block
-  // kernel spilled with eight (52 / 84 bytes of spill stores / loads in its eight-warp paged
-  // version, none with four), and without the spills the search is faster although a row of
-  // 128 f16 takes four rounds instead of two (H200, 512 searches, L 256, width 16: 0.397
-  // against 0.418 ms, alternated; docs/decode_search.md).
-  constexpr int U = 4;
-  static_assert(U % P == 0);
-  const int nvec = d / V;
-  float acc[P] = {};
-  // Lane `part` reads vectors part, part + S, part + 2S, ...: vector part + S * j belongs to
-  // partial sum (part + S * j) % 4, held in acc[j % P].
-  for (int j0 = 0; part + S * j0 < nvec; j0 += U) {
-    uint4 ra[U];
-#pragma unroll
-    for (int t = 0; t < U; ++t) {
-      const int v = part + S * (j0 + t);
-      if (v < nvec) ra[t] = *reinterpret_cast<const uint4*>(a + v * V);
-    }
-#pragma unroll
-    for (int t = 0; t < U; ++t) {
-      const int v = part + S * (j0 + t);
-      if (v < nvec) {
-        float x[V];
-        widen_vec<T>(ra[t], x);
-        // The query's floats as 16-byte shared loads (the compiler does not know q's
-        // alignment): a quarter of the instructions, the same values in the same order.
-#pragma unroll
-        for (int e = 0; e < V; e += 4) {
-          const float4 q4 = *reinterpret_cast<const float4*>(q + v * V + e);
-          acc[t % P] = walk_accumulate<L2>(acc[t % P], q4.x, x[e]);
-          acc[t % P] = walk_accumulate<L2>(acc[t % P], q4.y, x[e + 1]);
-          acc[t % P] = walk_accumulate<L2>(acc[t % P], q4.z, x[e + 2]);
-          acc[t % P] = walk_accumulate<L2>(acc[t % P], q4.w, x[e + 3]);
-        }
-      }
-    }
-  }
-  if constexpr (P == 4) return ds_add_parts(acc);
-  if constexpr (P == 2) return acc[0] + acc[1];  // s_part + s_(part + 2)
+  const T* const rows[1] = {a};
+  float acc[1];
+  walk_score_parts<L2, 4, S, 4, 1>(q, rows, d, part, acc);
   return acc[0];
 }
 
-/// The row's score from its S lanes' ds_score_part results, in every one of them: (s0 + s2) +
-/// (s1 + s3) (float addition commutes, so the lanes' order within a pair does not matter).
-/// The S lanes are adjacent and aligned; every lane of the warp calls it.
-template <int S>
-__device__ __forceinline__ float ds_combine_parts(float x) {
-  if constexpr (S == 4) x += __shfl_xor_sync(0xffffffffu, x, 2);  // s_p + s_(p + 2)
-  if constexpr (S >= 2) x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x;
-}
-
 /// Raw scores of a f32 query (shared memory) against two key rows (either may be null: its
-/// score is left alone), the loads of both rows interleaved so that they are in flight
-/// together; ds_score_part's order of summation.
+/// score is left alone), all sixteen 16-byte vectors of both rows at d = 128 f16 in flight
+/// together (one memory latency for the pair; the warp kernel's scoring, 0.81 instead of 1.00
+/// ms at 512 queries, L 256, expand_width 8 on the H200 when written out so); ds_score_part's
+/// order of summation.
 template <bool L2, class T>
 __device__ __forceinline__ void ds_score_pair(const float* q, const T* __restrict__ a,
                                               const T* __restrict__ b, int d, bool vec, float& sa,
                                               float& sb) {
-  if (vec && a != nullptr && b != nullptr) {
-    constexpr int V = vec_size_v<T>;
-    constexpr int U = 16;  // vectors of each row in flight: all of a 128-dim f16 row
-    float acc_a[4] = {}, acc_b[4] = {};
-    // Every load of a chunk is issued before any is used, so a chunk of both rows costs one
-    // memory latency. Written out because the compiler did not hoist them across the FMAs by
-    // itself: 0.81 ms instead of 1.00 ms (512 queries, L 256, expand_width 8, H200).
-    for (int j0 = 0; j0 < d; j0 += U * V) {
-      uint4 ra[U], rb[U];
-#pragma unroll
-      for (int t = 0; t < U; ++t) {
-        if (j0 + t * V < d) {
-          ra[t] = *reinterpret_cast<const uint4*>(a + j0 + t * V);
-          rb[t] = *reinterpret_cast<const uint4*>(b + j0 + t * V);
-        }
-      }
-      // Vector j0 / V + t is in partial sum t % 4 (j0 / V is a multiple of U = 16).
-#pragma unroll
-      for (int t = 0; t < U; ++t) {
-        if (j0 + t * V < d) {
-          float x[V], y[V];
-          widen_vec<T>(ra[t], x);
-          widen_vec<T>(rb[t], y);
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            acc_a[t % 4] = walk_accumulate<L2>(acc_a[t % 4], q[j0 + t * V + e], x[e]);
-            acc_b[t % 4] = walk_accumulate<L2>(acc_b[t % 4], q[j0 + t * V + e], y[e]);
-          }
-        }
-      }
-    }
-    sa = ds_add_parts(acc_a);
-    sb = ds_add_parts(acc_b);
+  if (vec) {
+    const T* const rows[2] = {a, b};
+    float acc[2];
+    walk_score_parts<L2, 4, 1, 16, 2>(q, rows, d, 0, acc);
+    if (a != nullptr) sa = acc[0];
+    if (b != nullptr) sb = acc[1];
     return;
   }
-  if (a != nullptr) sa = vec ? ds_score_part<L2, 1>(q, a, d, 0) : walk_score<L2>(q, a, d, false);
-  if (b != nullptr) sb = vec ? ds_score_part<L2, 1>(q, b, d, 0) : walk_score<L2>(q, b, d, false);
+  if (a != nullptr) sa = walk_score<L2>(q, a, d, false);
+  if (b != nullptr) sb = walk_score<L2>(q, b, d, false);
 }
 
 /// Inclusive prefix maximum over the warp's lanes.
@@ -1274,7 +1194,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
           if (r != nullptr) {
             x = c.vec ? ds_score_part<L2, S>(q, r, d, rank % S) : walk_score<L2>(q, r, d, false);
           }
-          x = ds_combine_parts<S>(x);
+          x = walk_combine_lanes<S>(x);
           if (j < nv && rank % S == 0) inc[j].key = r != nullptr ? walk_key<L2>(x) : neg_inf();
         }
       };

@@ -137,21 +137,36 @@ __device__ float walk_score(const float* q, const T* __restrict__ row, int d, bo
   return acc;
 }
 
-/// Partial raw scores of R key rows scored by teams of S lanes (16-byte aligned rows,
-/// d % vec_size_v<T> == 0): lane `part` < S of a team adds the row's vectors part, part + S, ...
-/// into acc[r] for rows[r] (null: skipped); the team's lanes add their parts afterwards. A row's
-/// 16-byte vectors are then read by S adjacent lanes (S * 16 contiguous bytes per load) instead of
-/// one lane reading all of them, so a load instruction of the warp touches 32 / S rows' lines
-/// (4 lines at S = 8) rather than 32.
-template <bool L2, int S, int R, class T>
+/// Raw scores of R key rows (16-byte aligned, d % vec_size_v<T> == 0) in a fixed order of N
+/// partial sums, computed by a team of S adjacent lanes (S divides N; N and S powers of two):
+/// partial sum p < N adds the row's 16-byte vectors p, p + N, p + 2N, ... (each vector's
+/// elements in order), and the N sums are added as a tree, first p with p + N / 2, then with
+/// p + N / 4, ..., down to p + 1. Lane `part` < S of a team holds the partial sums part,
+/// part + S, ... and returns in acc[r] their sum (the tree's upper levels) for row rows[r] (a
+/// null row is skipped); walk_combine_lanes<S> then adds the team's lanes (the lower levels),
+/// so a row's score is the same float whatever S: one lane (S = 1) or a team. Several short chains
+/// of FMAs instead of one long one, and S lanes reading a row's vectors together (S * 16 contiguous
+/// bytes per load) instead of one lane reading all of them. U: 16-byte loads in flight per row and
+/// lane, all issued before any is used. The decode search scores with N = 4 (one lane in its warp
+/// kernel, four in its block kernel, bit for bit alike), step 3 with N = S = 8 and two rows per
+/// team.
+template <bool L2, int N, int S, int U, int R, class T>
 __device__ __forceinline__ void walk_score_parts(const float* q, const T* const (&rows)[R], int d,
                                                  int part, float (&acc)[R]) {
   constexpr int V = vec_size_v<T>;
   static_assert(V % 4 == 0, "the query is read as float4");
+  static_assert(N > 0 && (N & (N - 1)) == 0 && S > 0 && N % S == 0, "S lanes hold N sums");
+  constexpr int P = N / S;  // partial sums per lane: part + S * j in sums[r][j]
+  static_assert(U % P == 0, "a load round holds whole sets of the lane's partial sums");
   const int nvec = d / V;
+  float sums[R][P];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  constexpr int U = 2;  // 16-byte loads in flight per row and lane
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) sums[r][j] = 0.0f;
+  }
+  // Lane `part` reads vectors part, part + S, part + 2S, ...: vector part + S * j belongs to
+  // partial sum (part + S * j) % N, held in sums[r][j % P].
   for (int v0 = part; v0 < nvec; v0 += U * S) {
     uint4 raw[R][U];
 #pragma unroll
@@ -168,6 +183,8 @@ __device__ __forceinline__ void walk_score_parts(const float* q, const T* const 
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * S;
       if (v >= nvec) break;
+        // The query's floats as 16-byte shared loads (the compiler does not know q's
+        // alignment): a quarter of the instructions, the same values in the same order.
 #pragma unroll
       for (int t = 0; t < V; t += 4) {
         const float4 q4 = *reinterpret_cast<const float4*>(q + v * V + t);
@@ -175,15 +192,36 @@ __device__ __forceinline__ void walk_score_parts(const float* q, const T* const 
         for (int r = 0; r < R; ++r) {
           if (rows[r] == nullptr) continue;
           float x[V];
-          widen_vec<T>(raw[r][u], x);
-          acc[r] = walk_accumulate<L2>(acc[r], q4.x, x[t]);
-          acc[r] = walk_accumulate<L2>(acc[r], q4.y, x[t + 1]);
-          acc[r] = walk_accumulate<L2>(acc[r], q4.z, x[t + 2]);
-          acc[r] = walk_accumulate<L2>(acc[r], q4.w, x[t + 3]);
+          widen_vec<T>(raw[r][u], x);  // (once per vector: the compiler keeps it)
+          float& a = sums[r][u % P];
+          a = walk_accumulate<L2>(a, q4.x, x[t]);
+          a = walk_accumulate<L2>(a, q4.y, x[t + 1]);
+          a = walk_accumulate<L2>(a, q4.z, x[t + 2]);
+          a = walk_accumulate<L2>(a, q4.w, x[t + 3]);
         }
       }
     }
   }
+  // The tree's levels within the lane: sums j and j + P / 2 (partial sums N / 2 apart), ...
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int h = P / 2; h > 0; h /= 2) {
+#pragma unroll
+      for (int j = 0; j < h; ++j) sums[r][j] += sums[r][j + h];
+    }
+    acc[r] = sums[r][0];
+  }
+}
+
+/// The tree's levels across a team's S lanes (adjacent, aligned; every lane of the warp calls
+/// it): lanes S / 2 apart, then S / 4, ... (walk_score_parts). Float addition commutes, so
+/// every lane of the team ends with the same sum.
+template <int S>
+__device__ __forceinline__ float walk_combine_lanes(float x) {
+#pragma unroll
+  for (int o = S / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
 }
 
 /// Raw score between two key rows.
@@ -541,11 +579,10 @@ graph_search_kernel(graph_ref<T> g, const id_t* __restrict__ query_rows, int m, 
             rows[r] = j < fresh_n ? row_of(inc[j].id) : nullptr;
           }
           float x[R];
-          walk_score_parts<L2, S, R>(q, rows, d, part, x);
+          walk_score_parts<L2, S, S, 2, R>(q, rows, d, part, x);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int o = S / 2; o > 0; o >>= 1) x[r] += __shfl_xor_sync(full, x[r], o);
+            x[r] = walk_combine_lanes<S>(x[r]);
             const int j = j0 + tm + (32 / S) * r;
             if (part == 0 && j < fresh_n) inc[j].key = walk_key<L2>(x[r]);
           }
