@@ -183,10 +183,10 @@ __device__ __forceinline__ void walk_score_parts(const float* q, const T* const 
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * S;
       if (v >= nvec) break;
-        // The query's floats as 16-byte shared loads (the compiler does not know q's
-        // alignment): a quarter of the instructions, the same values in the same order.
 #pragma unroll
       for (int t = 0; t < V; t += 4) {
+        // The query's floats as 16-byte shared loads (the compiler does not know q's
+        // alignment): a quarter of the instructions, the same values in the same order.
         const float4 q4 = *reinterpret_cast<const float4*>(q + v * V + t);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
