@@ -9,8 +9,9 @@
 // none do (about k ln(n / k) survivors per row in all for data in random order), so the
 // selection's cost is one comparison per score.
 //
-// Per chunk: keys arrive by cp.async into a ring of shared-memory stages (the load of chunk
-// c + stages - 1 overlaps the products of chunk c); each warp's 16 rows' query fragments, held in
+// Per chunk: keys arrive by cp.async into a ring of shared-memory stages of 128 keys (64 at
+// d = 256; the load of stage c + stages - 1 overlaps the products of stage c, and the block meets
+// at one barrier per stage); each warp's 16 rows' query fragments, held in
 // registers for the whole kernel, are multiplied by the chunk's 64 keys (f32 accumulation): in an
 // sm_90a build by Hopper's wgmma (a warpgroup's 64 rows per instruction, the keys read from shared
 // memory by the tensor cores; 1.19x the mma.sync kernel at 131072^2, k = 100), in any other build
@@ -23,7 +24,7 @@
 // survivors go through a radix select of the k-th largest, the keys above it are written back
 // and the threshold rises. A buffer of 256 takes the chunk after any check (at most 192 + 64),
 // so no survivor is ever dropped. A row's buffer, count, threshold and merges belong to one
-// warp, so the only block barrier is the stage ring's, and with 70 KiB of shared memory and 128
+// warp, so the only block barrier is the stage ring's, and with 91 KiB of shared memory and 128
 // registers per thread two blocks share an SM and hide each other's waits. Few queries split
 // the keys into slices (blockIdx.y), each with its own running top-k per row; the final sort
 // (knn_finalize_kernel) takes them all.
@@ -46,17 +47,23 @@ static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after 
 inline constexpr std::size_t fknn_smem_align = 1024;
 
 /// Layout of the fused kernel for dimension D. Each warp owns 16 query rows (one m-tile) and
-/// all 64 keys of a chunk, so a row's survivors, count, threshold and merges belong to one warp
-/// and need no block barrier. Staged key rows have a pitch of D + 32 halves (an odd multiple of
-/// 16 words), so the 16-byte fragment loads of a quarter-warp (2 rows x 4 lanes) hit 32 distinct
-/// banks.
+/// all 64 keys of a chunk (a stage holds one or two chunks), so a row's survivors, count, threshold
+/// and merges belong to one warp and need no block barrier. Staged key rows have a pitch of D + 32
+/// halves (an odd multiple of 16 words), so the 16-byte fragment loads of a quarter-warp (2 rows x
+/// 4 lanes) hit 32 distinct banks.
 template <int D>
 struct fknn_shape {
   static_assert(D == 64 || D == 128 || D == 256);
   static constexpr int ni = fknn_cols / 8;  // n-tiles (8 keys) per warp
-  static constexpr int stages = D == 64 ? 4 : D == 128 ? 3 : 2;
+  // A stage holds `stage_keys` keys, multiplied a chunk of 64 at a time, with one block barrier
+  // per stage: two chunks per barrier took 131072^2 x 128 at k = 100 from 21.5 to 20.2 ms on the
+  // H200 (h200_knn_fused_stage_copies.txt). At d = 256 two such stages would leave one block
+  // per SM.
+  static constexpr int stage_keys = D == 256 ? 64 : 128;
+  static constexpr int subs = stage_keys / fknn_cols;
+  static constexpr int stages = D == 64 ? 3 : 2;
   static constexpr int pitch = D + 32;  // halves per staged key row
-  static constexpr std::size_t stage_bytes = std::size_t{fknn_cols} * pitch * 2;
+  static constexpr std::size_t stage_bytes = std::size_t{stage_keys} * pitch * 2;
   static constexpr std::size_t rows_offset = stages * stage_bytes;
   static constexpr std::size_t smem_bytes =
       rows_offset + std::size_t{fknn_rows} * (8 + 4 + 4)  // k-th, threshold, count
@@ -97,23 +104,31 @@ __device__ inline void fknn_mma(float (&c)[4], const std::uint32_t (&a)[4], std:
 #endif
 
 // wgmma's K-major layout with the 128-byte swizzle, as a stage holds it: the dimension in panels
-// of 64 elements, one 128-byte line per key, a panel of 64 keys x 128 bytes.
+// of 64 elements, one 128-byte line per key, a panel of stage_keys keys x 128 bytes.
 inline constexpr int fknn_line_bytes = 128;
-inline constexpr int fknn_panel_bytes = fknn_cols * fknn_line_bytes;
 
-/// Byte offset of key row r's 16-byte segment s in a stage: segment s of a line is stored at
-/// position s ^ (r % 8), which spreads the eight rows of a core matrix over all 32 banks.
+/// Byte offset of key row r's 16-byte segment s in a stage of Keys keys: segment s of a line is
+/// stored at position s ^ (r % 8), which spreads the eight rows of a core matrix over all 32 banks.
+template <int Keys>
 __device__ inline int fknn_swizzled(int r, int s) {
-  return (s >> 3) * fknn_panel_bytes + r * fknn_line_bytes + (((s & 7) ^ (r & 7)) << 4);
+  return (s >> 3) * (Keys * fknn_line_bytes) + r * fknn_line_bytes + (((s & 7) ^ (r & 7)) << 4);
 }
 
 /// wgmma shared-memory descriptor of k-step kk (16 elements) of the stage at shared address
 /// `stage`: the k-step starts 32 bytes into its panel's swizzled lines; 8-row core-matrix groups
 /// are 8 lines apart (stride byte offset); the leading byte offset is unused for this layout.
+template <int Keys>
 __device__ inline std::uint64_t fknn_desc(std::uint32_t stage, int kk) {
-  const std::uint32_t addr = stage + (kk / 4) * fknn_panel_bytes + (kk % 4) * 32;
+  const std::uint32_t addr = stage + (kk / 4) * (Keys * fknn_line_bytes) + (kk % 4) * 32;
   return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t{1} << 16) |
          (std::uint64_t{(8 * fknn_line_bytes) >> 4} << 32) | (std::uint64_t{1} << 62);
+}
+
+/// What k-step kk adds to the descriptor of k-step 0: its start address, in the descriptor's
+/// 16-byte units (the address field cannot carry: shared addresses are below 2^18 bytes).
+template <int Keys>
+__device__ constexpr std::uint64_t fknn_desc_step(int kk) {
+  return static_cast<std::uint64_t>(((kk / 4) * (Keys * fknn_line_bytes) + (kk % 4) * 32) >> 4);
 }
 
 /// Keeps the compiler from moving reads or writes of the accumulators across the asynchronous
@@ -310,25 +325,41 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   const int key0 = slice * slice_keys;
   const int n = max(0, min(n_total - key0, slice_keys));
   keys += static_cast<std::int64_t>(key0) * k_pitch;
-  const int chunks = (n + fknn_cols - 1) / fknn_cols;
+  constexpr int stage_keys = shape::stage_keys;
+  const int chunks = (n + stage_keys - 1) / stage_keys;  // stages of keys
   const auto list = [&](int row) { return (row0 + row) * slices + slice; };
   const auto row_best = [&](int row) { return best + list(row) * k; };
   const auto row_buffer = [&](int row) { return buffer + list(row) * fknn_buffer; };
 
-  // Stage chunk c's keys (rows past n read as zeros and are never pushed).
+  // Stage chunk c's keys (rows past n read as zeros and are never pushed); chunks are staged in
+  // order, c = 0, 1, ... A chunk is stage_keys rows of `segs` 16-byte segments; thread tid
+  // copies segment tid % segs of rows tid / segs + j R (R = 256 / segs, a multiple of 8, so
+  // every row it copies has the same swizzle phase). Its addresses are worked out once and
+  // advanced by a chunk per call: a chunk costs a thread `passes` copies and a few adds, where
+  // computing each copy's row, segment and swizzle per chunk took two thirds of the kernel's
+  // instructions (Nsight Compute, 2026-11-30).
+  constexpr int copy_rows = fknn_threads / segs;  // R: rows apart of one thread's copies
+  constexpr int passes = stage_keys / copy_rows;
+  static_assert(fknn_threads % segs == 0 && copy_rows % 8 == 0 && stage_keys % copy_rows == 0);
+  constexpr int row_bytes = wgmma ? fknn_line_bytes : shape::pitch * 2;  // stage bytes per key
+  const int copy_seg = tid % segs, copy_row = tid / segs;
+  const int copy_dst = wgmma ? fknn_swizzled<stage_keys>(copy_row, copy_seg)
+                             : (copy_row * shape::pitch + copy_seg * 8) * 2;
+  const std::int64_t copy_stride = std::int64_t{copy_rows} * k_pitch;
+  const T* next_src = keys + static_cast<std::int64_t>(copy_row) * k_pitch + copy_seg * 8;
+  int rows_left = n - copy_row;  // of this thread's rows, from the next chunk to stage on
   auto load_chunk = [&](int c) {
-    std::uint16_t* dst = stage_base + (c % shape::stages) * (fknn_cols * shape::pitch);
-    for (int s = tid; s < fknn_cols * segs; s += fknn_threads) {
-      const int r = s / segs, col = (s % segs) * 8;
-      const int key = c * fknn_cols + r;
-      const T* src = key < n ? keys + static_cast<std::int64_t>(key) * k_pitch + col : keys;
-      if constexpr (wgmma) {
-        fknn_cp_async(reinterpret_cast<unsigned char*>(dst) + fknn_swizzled(r, s % segs), src,
-                      key < n);
-      } else {
-        fknn_cp_async(dst + r * shape::pitch + col, src, key < n);
-      }
+    unsigned char* const dst = reinterpret_cast<unsigned char*>(stage_base) +
+                               (c % shape::stages) * shape::stage_bytes + copy_dst;
+    const T* src = next_src;
+#pragma unroll
+    for (int j = 0; j < passes; ++j) {
+      const bool valid = j * copy_rows < rows_left;
+      fknn_cp_async(dst + j * copy_rows * row_bytes, valid ? src : keys, valid);
+      src += copy_stride;
     }
+    next_src = src;  // passes * copy_rows = stage_keys rows on
+    rows_left -= stage_keys;
   };
 #pragma unroll
   for (int s = 0; s < shape::stages - 1; ++s) {
@@ -391,83 +422,91 @@ __global__ void __launch_bounds__(fknn_threads, 2)
     if (c + shape::stages - 1 < chunks) load_chunk(c + shape::stages - 1);
     fknn_cp_commit();
 
-    const std::uint16_t* stage = stage_base + (c % shape::stages) * (fknn_cols * shape::pitch);
-    float acc[shape::ni][4] = {};
-    if constexpr (wgmma) {
-      // One m64n64k16 per k-step.
-      const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage));
-      fknn_fence_acc(acc);
-      fknn_wgmma_fence();
+    const std::uint16_t* const stage_c =
+        stage_base + (c % shape::stages) * (stage_keys * shape::pitch);
+#pragma unroll 1  // unrolled, the two chunks took 22.2 ms instead of 20.2 (same file)
+    for (int sub = 0; sub < shape::subs; ++sub) {
+      const int k0 = c * stage_keys + sub * fknn_cols;  // the sub-chunk's first key
+      float acc[shape::ni][4] = {};
+      if constexpr (wgmma) {
+        // One m64n64k16 per k-step.
+        const std::uint64_t desc =
+            fknn_desc<stage_keys>(static_cast<std::uint32_t>(__cvta_generic_to_shared(stage_c)) +
+                                      sub * fknn_cols * fknn_line_bytes,
+                                  0);
+        fknn_fence_acc(acc);
+        fknn_wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < ksteps; ++kk) {
-        fknn_wgmma<T>(acc, a[kk], fknn_desc(addr, kk));
-      }
-      fknn_wgmma_commit_and_wait();
-      fknn_fence_acc(acc);
-    } else {
+        for (int kk = 0; kk < ksteps; ++kk) {
+          fknn_wgmma<T>(acc, a[kk], desc + fknn_desc_step<stage_keys>(kk));
+        }
+        fknn_wgmma_commit_and_wait();
+        fknn_fence_acc(acc);
+      } else {
 #pragma unroll
-      for (int kk = 0; kk < ksteps / 2; ++kk) {
+        for (int kk = 0; kk < ksteps / 2; ++kk) {
 #pragma unroll
-        for (int nj = 0; nj < shape::ni; ++nj) {
-          // B of m16n8k16 (column-major 16 x 8) is 8 key rows; one load serves two k-steps.
-          const uint4 b = *reinterpret_cast<const uint4*>(stage + (nj * 8 + g) * shape::pitch +
-                                                          kk * 32 + 8 * t);
-          fknn_mma<T>(acc[nj], a[2 * kk], b.x, b.y);
-          fknn_mma<T>(acc[nj], a[2 * kk + 1], b.z, b.w);
+          for (int nj = 0; nj < shape::ni; ++nj) {
+            // B of m16n8k16 (column-major 16 x 8) is 8 key rows; one load serves two k-steps.
+            const uint4 b = *reinterpret_cast<const uint4*>(
+                stage_c + (sub * fknn_cols + nj * 8 + g) * shape::pitch + kk * 32 + 8 * t);
+            fknn_mma<T>(acc[nj], a[2 * kk], b.x, b.y);
+            fknn_mma<T>(acc[nj], a[2 * kk + 1], b.z, b.w);
+          }
         }
       }
-    }
 
-    // Filter: a score below the row's threshold cannot enter its top-k. One comparison per row
-    // of this thread's scores (their maximum) decides whether any of them needs a look. While a
-    // row's threshold is -inf (fewer than k keys merged) every score is looked at, since the
-    // maximum skips NaN, which ranks as -inf. Keys past n exist only in the last chunk.
-    const bool full_chunk = (c + 1) * fknn_cols <= n;
+      // Filter: a score below the row's threshold cannot enter its top-k. One comparison per row
+      // of this thread's scores (their maximum) decides whether any of them needs a look. While a
+      // row's threshold is -inf (fewer than k keys merged) every score is looked at, since the
+      // maximum skips NaN, which ranks as -inf. Keys past n exist only in the last chunk.
+      const bool full_chunk = k0 + fknn_cols <= n;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp * 16 + g + 8 * h;
-      const float thr = threshold[row];
-      const bool open = thr == -INFINITY;  // fewer than k keys merged: NaN must get a look
-      float pair[shape::ni];
-      float top = -INFINITY;
-#pragma unroll
-      for (int nj = 0; nj < shape::ni; ++nj) {
-        pair[nj] = fmaxf(acc[nj][2 * h], acc[nj][2 * h + 1]);
-        top = fmaxf(top, pair[nj]);
-      }
-      if (top >= thr || open) [[unlikely]] {
-        const rank_key thr_key = kth_key[row];
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp * 16 + g + 8 * h;
+        const float thr = threshold[row];
+        const bool open = thr == -INFINITY;  // fewer than k keys merged: NaN must get a look
+        float pair[shape::ni];
+        float top = -INFINITY;
 #pragma unroll
         for (int nj = 0; nj < shape::ni; ++nj) {
-          if (!(pair[nj] >= thr || open)) continue;
+          pair[nj] = fmaxf(acc[nj][2 * h], acc[nj][2 * h + 1]);
+          top = fmaxf(top, pair[nj]);
+        }
+        if (top >= thr || open) [[unlikely]] {
+          const rank_key thr_key = kth_key[row];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float s = acc[nj][2 * h + e];
-            const int key = c * fknn_cols + nj * 8 + 2 * t + e;
-            if (!(s < thr) && (full_chunk || key < n)) {  // NaN passes, ranks as -inf below
-              const rank_key rk = make_rank_key(s, static_cast<std::uint32_t>(key0 + key));
-              if (rk > thr_key) {
-                row_buffer(row)[atomicAdd(&count[row], 1)] = rk;
+          for (int nj = 0; nj < shape::ni; ++nj) {
+            if (!(pair[nj] >= thr || open)) continue;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float s = acc[nj][2 * h + e];
+              const int key = k0 + nj * 8 + 2 * t + e;
+              if (!(s < thr) && (full_chunk || key < n)) {  // NaN passes, ranks as -inf below
+                const rank_key rk = make_rank_key(s, static_cast<std::uint32_t>(key0 + key));
+                if (rk > thr_key) {
+                  row_buffer(row)[atomicAdd(&count[row], 1)] = rk;
+                }
               }
             }
           }
         }
       }
-    }
-    __syncwarp();  // this warp's survivors and counts are visible to all its lanes
+      __syncwarp();  // this warp's survivors and counts are visible to all its lanes
 
-    // A row merges when its buffer could not take another chunk, and at the end; its warp does
-    // it at once (lane l < 16 reads row 16 w + l's count).
-    const bool last = c + 1 == chunks;
-    const int my_count = lane < 16 ? count[warp * 16 + lane] : 0;
-    unsigned due =
-        __ballot_sync(0xffffffffu, my_count > fknn_buffer - fknn_cols || (last && my_count > 0));
-    while (due != 0) {
-      const int l = __ffs(due) - 1;
-      due &= due - 1;
-      const int row = warp * 16 + l;
-      fknn_merge_row(row_best(row), k, row_buffer(row), __shfl_sync(0xffffffffu, my_count, l),
-                     &kth_key[row], &threshold[row], &count[row], hist + warp * 256);
+      // A row merges when its buffer could not take another chunk, and at the end; its warp does
+      // it at once (lane l < 16 reads row 16 w + l's count).
+      const bool last = c + 1 == chunks && sub + 1 == shape::subs;
+      const int my_count = lane < 16 ? count[warp * 16 + lane] : 0;
+      unsigned due =
+          __ballot_sync(0xffffffffu, my_count > fknn_buffer - fknn_cols || (last && my_count > 0));
+      while (due != 0) {
+        const int l = __ffs(due) - 1;
+        due &= due - 1;
+        const int row = warp * 16 + l;
+        fknn_merge_row(row_best(row), k, row_buffer(row), __shfl_sync(0xffffffffu, my_count, l),
+                       &kth_key[row], &threshold[row], &count[row], hist + warp * 256);
+      }
     }
   }
 }
