@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -354,6 +355,54 @@ inline fused_knn_plan plan_fused_knn(std::int64_t m, std::int64_t n, int k, std:
   return p;
 }
 
+/// The TMA descriptor of the keys for the fused kernel's sm_90a build: rows of D 16-bit
+/// elements at the keys' pitch, boxes of 64 dimensions x `stage_keys` rows written with the
+/// 128-byte swizzle (the panels wgmma reads), rows past the end read as zeros. On a device below
+/// compute capability 9.0 no build uses it and it is left zeroed. The driver's encoder is looked
+/// up through the runtime, so nothing links against libcuda.
+/// @throw cuda_error if the driver has no encoder or rejects the layout
+template <class T, int D>
+CUtensorMap fused_key_map(matrix_view<const T> keys, int device) {
+  CUtensorMap map{};
+  int major = 0;
+  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9) return map;
+  using encode_fn =
+      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const encode_fn encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    KVSIFT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                       cudaEnableDefault, &found));
+#else  // before 12.5 only the plain lookup exists (deprecated from 12.5 on)
+    KVSIFT_CUDA_CHECK(
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found));
+#endif
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      throw cuda_error(cudaErrorNotSupported, "knn: the CUDA driver has no cuTensorMapEncodeTiled");
+    }
+    return reinterpret_cast<encode_fn>(fn);
+  }();
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(keys.rows())};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(keys.stride()) * sizeof(T)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(fknn_shape<D>::tma_stage_keys)};
+  const cuuint32_t unit[2] = {1, 1};
+  const CUresult r = encode(
+      &map,
+      std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      2, const_cast<T*>(keys.data()), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    throw cuda_error(cudaErrorInvalidValue, "knn: cuTensorMapEncodeTiled failed with CUresult " +
+                                                std::to_string(static_cast<int>(r)));
+  }
+  return map;
+}
+
 /// Launches the fused kernel over queries [q0, q0 + qn) into `best` (qn x k).
 template <class T, int D>
 void launch_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, std::int64_t q0,
@@ -367,7 +416,8 @@ void launch_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, s
   knn_fused_kernel<T, D><<<grid, fknn_threads, shape::smem_bytes, stream>>>(
       queries.row(static_cast<std::size_t>(q0)), static_cast<std::int64_t>(queries.stride()),
       static_cast<int>(qn), keys.data(), static_cast<std::int64_t>(keys.stride()),
-      static_cast<int>(keys.rows()), plan.slice_keys, k, best, buffer);
+      static_cast<int>(keys.rows()), plan.slice_keys, k, best, buffer,
+      fused_key_map<T, D>(keys, device));
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -9,28 +9,35 @@
 // none do (about k ln(n / k) survivors per row in all for data in random order), so the
 // selection's cost is one comparison per score.
 //
-// Per chunk: keys arrive by cp.async into a ring of shared-memory stages of 128 keys (64 at
-// d = 256; the load of stage c + stages - 1 overlaps the products of stage c, and the block meets
-// at one barrier per stage); each warp's 16 rows' query fragments, held in
-// registers for the whole kernel, are multiplied by the chunk's 64 keys (f32 accumulation): in an
-// sm_90a build by Hopper's wgmma (a warpgroup's 64 rows per instruction, the keys read from shared
-// memory by the tensor cores; 1.19x the mma.sync kernel at 131072^2, k = 100), in any other build
-// by mma.sync m16n8k16 (compute capability 8.0+). A thread compares the maximum of its 16 scores of
-// a row with the row's threshold (the score of its k-th best so far); only then does it look at its
-// pairs of scores, and at each score of a passing pair: packed into a rank key (knn.inl: same order
-// as the tiled path and the CPU engine), a score that ranks above the k-th best is appended to the
-// row's survivor buffer (global memory, 256 per row). A row whose buffer could not take another
-// chunk is merged by its warp: the row's running top-k (global memory, k rank keys) and its
-// survivors go through a radix select of the k-th largest, the keys above it are written back
-// and the threshold rises. A buffer of 256 takes the chunk after any check (at most 192 + 64),
-// so no survivor is ever dropped. A row's buffer, count, threshold and merges belong to one
-// warp, so the only block barrier is the stage ring's, and with 91 KiB of shared memory and 128
-// registers per thread two blocks share an SM and hide each other's waits. Few queries split
+// Keys arrive in a ring of shared-memory stages of 128 keys (64 at d = 256), multiplied a chunk
+// of 64 at a time: each warp's 16 rows' query fragments, held in registers for the whole kernel,
+// times the chunk's 64 keys (f32 accumulation). In an sm_90a build the products are Hopper's
+// wgmma (a warpgroup's 64 rows per instruction, the keys read from shared memory by the tensor
+// cores) and the stages are filled by TMA: one thread issues a stage's copy, a barrier in shared
+// memory (mbarrier) completes when its bytes have landed, and the second warpgroup to be done
+// with a stage refills it, so the two warpgroups run up to two stages apart and no warp waits
+// for another's merges at a block barrier (131072^2, k = 100: 17.3 ms against 19.5 with cp.async
+// and a block barrier per stage, 23.3 with a barrier per chunk; h200_knn_fused_tma.txt). Any
+// other build (compute capability 8.0+) multiplies by mma.sync m16n8k16 and stages by cp.async,
+// every thread copying its share, with one block barrier per stage. A thread compares the maximum
+// of its 16 scores of a row with the row's threshold (the score of its k-th best so far); only then
+// does it look at its pairs of scores, and at each score of a passing pair: packed into a rank key
+// (knn.inl: same order as the tiled path and the CPU engine), a score that ranks above the k-th
+// best is appended to the row's survivor buffer (global memory, 256 per row). A row whose buffer
+// could not take another chunk is merged by its warp: the row's running top-k (global memory, k
+// rank keys) and its survivors go through a radix select of the k-th largest, the keys above it are
+// written back and the threshold rises. A buffer of 256 takes the chunk after any check (at most
+// 192 + 64), so no survivor is ever dropped. A row's buffer, count, threshold and merges belong to
+// one warp, so the only block barriers are the start's and, with cp.async, the stage ring's; with
+// 107 KiB of shared memory and 128 registers per thread two blocks share an SM and hide each
+// other's waits. Few queries split
 // the keys into slices (blockIdx.y), each with its own running top-k per row; the final sort
 // (knn_finalize_kernel) takes them all.
 
+#include <cuda.h>  // CUtensorMap (the type only: its encoding is looked up at run time)
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -60,16 +67,25 @@ struct fknn_shape {
   // H200 (h200_knn_fused_stage_copies.txt). At d = 256 two such stages would leave one block
   // per SM.
   static constexpr int stage_keys = D == 256 ? 64 : 128;
-  static constexpr int subs = stage_keys / fknn_cols;
   static constexpr int stages = D == 64 ? 3 : 2;
   static constexpr int pitch = D + 32;  // halves per staged key row
   static constexpr std::size_t stage_bytes = std::size_t{stage_keys} * pitch * 2;
-  static constexpr std::size_t rows_offset = stages * stage_bytes;
+  // sm_90a builds fill the stages by TMA, unpadded (the swizzled panels), and keep more of them:
+  // a stage is released by the last warpgroup done with it, not at a block barrier. Six stages
+  // of 64 keys at d = 128 (the same bytes) measured the same, 17.33 against 17.28 ms.
+  static constexpr int tma_stage_keys = stage_keys;
+  static constexpr int tma_stages = D == 64 ? 4 : 3;
+  static constexpr std::size_t tma_stage_bytes = std::size_t{tma_stage_keys} * D * 2;
+  static constexpr std::size_t ring_bytes =
+      std::max(std::size_t{stages} * stage_bytes, std::size_t{tma_stages} * tma_stage_bytes);
+  static constexpr std::size_t rows_offset = ring_bytes;
+  static constexpr std::size_t bars_offset =
+      rows_offset + std::size_t{fknn_rows} * (8 + 4 + 4) + std::size_t{8} * 256 * 4;
   static constexpr std::size_t smem_bytes =
-      rows_offset + std::size_t{fknn_rows} * (8 + 4 + 4)  // k-th, threshold, count
-      + std::size_t{8} * 256 * 4                          // a radix histogram per warp
-      + fknn_smem_align;  // slack: the stages start at a 1024-byte boundary
-  static_assert(stage_bytes % fknn_smem_align == 0);
+      bars_offset  // stages; k-th, threshold, count per row; a histogram per warp
+      + std::size_t{tma_stages} * 12  // a full barrier and a release count per stage
+      + fknn_smem_align;              // slack: the stages start at a 1024-byte boundary
+  static_assert(stage_bytes % fknn_smem_align == 0 && tma_stage_bytes % fknn_smem_align == 0);
 };
 
 template <class T>
@@ -186,10 +202,60 @@ __device__ inline void fknn_wgmma_commit_and_wait() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
-/// Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy) reads.
-__device__ inline void fknn_fence_proxy_async() {
+
+/// The TMA ring's barriers (sm_90a): `full` completes a phase when a stage's bytes have landed.
+__device__ inline void fknn_bar_init(std::uint64_t* bar, unsigned count) {
 #if KVSIFT_FKNN_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+               "r"(count)
+               : "memory");
+#else
+  (void)bar, (void)count;
+#endif
+}
+__device__ inline void fknn_fence_bar_init() {
+#if KVSIFT_FKNN_WGMMA
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ inline void fknn_bar_wait(std::uint64_t* bar, unsigned parity) {
+#if KVSIFT_FKNN_WGMMA
+  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, "
+        "0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#else
+  (void)bar, (void)parity;
+#endif
+}
+/// Stages keys [row, row + Keys) x all D dimensions into the swizzled panels at `dst` by TMA (one
+/// box of 64 dimensions per panel); `bar` completes when they have landed.
+template <int D, int Keys>
+__device__ inline void fknn_tma_stage(const CUtensorMap* map, unsigned char* dst,
+                                      std::uint64_t* bar, int row) {
+#if KVSIFT_FKNN_WGMMA
+  const auto b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
+               "r"(Keys * D * 2)
+               : "memory");
+#pragma unroll
+  for (int p = 0; p < D / 64; ++p) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%2, %3}], [%4];\n" ::"r"(
+            static_cast<unsigned>(__cvta_generic_to_shared(dst + p * Keys * fknn_line_bytes))),
+        "l"(map), "r"(p * 64), "r"(row), "r"(b)
+        : "memory");
+  }
+#else
+  (void)map, (void)dst, (void)bar, (void)row;
 #endif
 }
 
@@ -293,7 +359,8 @@ template <class T, int D>
 __global__ void __launch_bounds__(fknn_threads, 2)
     knn_fused_kernel(const T* __restrict__ queries, std::int64_t q_pitch, int m,
                      const T* __restrict__ keys, std::int64_t k_pitch, int n_total, int slice_keys,
-                     int k, rank_key* __restrict__ best, rank_key* __restrict__ buffer) {
+                     int k, rank_key* __restrict__ best, rank_key* __restrict__ buffer,
+                     const __grid_constant__ CUtensorMap key_map) {
   using shape = fknn_shape<D>;
   constexpr int ksteps = D / 16;
   constexpr int segs = D / 8;  // 16-byte segments per key row
@@ -314,6 +381,8 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   auto* threshold = reinterpret_cast<float*>(kth_key + fknn_rows);
   auto* count = reinterpret_cast<int*>(threshold + fknn_rows);
   auto* hist = reinterpret_cast<unsigned*>(count + fknn_rows);
+  auto* full = reinterpret_cast<std::uint64_t*>(fknn_smem + shape::bars_offset);  // TMA ring
+  auto* released = reinterpret_cast<unsigned*>(full + shape::tma_stages);
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31;
@@ -325,7 +394,8 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   const int key0 = slice * slice_keys;
   const int n = max(0, min(n_total - key0, slice_keys));
   keys += static_cast<std::int64_t>(key0) * k_pitch;
-  constexpr int stage_keys = shape::stage_keys;
+  constexpr int stage_keys = wgmma ? shape::tma_stage_keys : shape::stage_keys;
+  constexpr int subs = stage_keys / fknn_cols;
   const int chunks = (n + stage_keys - 1) / stage_keys;  // stages of keys
   const auto list = [&](int row) { return (row0 + row) * slices + slice; };
   const auto row_best = [&](int row) { return best + list(row) * k; };
@@ -361,10 +431,25 @@ __global__ void __launch_bounds__(fknn_threads, 2)
     next_src = src;  // passes * copy_rows = stage_keys rows on
     rows_left -= stage_keys;
   };
+  if constexpr (wgmma) {
+    // Other threads wait on the barriers only after the block barrier before the main loop.
+    if (tid == 0) {
+      for (int s = 0; s < shape::tma_stages; ++s) {
+        fknn_bar_init(&full[s], 1);
+        released[s] = 0;
+      }
+      fknn_fence_bar_init();  // initialized before the TMA unit signals them
+      for (int s = 0; s < shape::tma_stages && s < chunks; ++s) {
+        fknn_tma_stage<D, stage_keys>(&key_map, fknn_smem + s * shape::tma_stage_bytes, &full[s],
+                                      key0 + s * stage_keys);
+      }
+    }
+  } else {
 #pragma unroll
-  for (int s = 0; s < shape::stages - 1; ++s) {
-    if (s < chunks) load_chunk(s);
-    fknn_cp_commit();
+    for (int s = 0; s < shape::stages - 1; ++s) {
+      if (s < chunks) load_chunk(s);
+      fknn_cp_commit();
+    }
   }
 
   // Rows past m never pass (threshold +inf; their zero scores are finite).
@@ -415,17 +500,26 @@ __global__ void __launch_bounds__(fknn_threads, 2)
     }
   }
 
-  for (int c = 0; c < chunks; ++c) {
-    fknn_cp_wait<shape::stages - 2>();
-    fknn_fence_proxy_async();  // wgmma reads the stage through the async proxy
-    __syncthreads();           // chunk c staged; the previous chunk's merges are done
-    if (c + shape::stages - 1 < chunks) load_chunk(c + shape::stages - 1);
-    fknn_cp_commit();
+  // Every row's threshold, count and k-th key (and the TMA ring's barriers) are set before any
+  // warp reads them: the rows of a warp were set by other warps' threads. Within the loop a
+  // row is read and written by its own warp only.
+  __syncthreads();
 
+  for (int c = 0; c < chunks; ++c) {
+    const int ring = wgmma ? c % shape::tma_stages : c % shape::stages;
+    if constexpr (wgmma) {
+      fknn_bar_wait(&full[ring], static_cast<unsigned>(c / shape::tma_stages) & 1u);
+    } else {
+      fknn_cp_wait<shape::stages - 2>();
+      __syncthreads();  // chunk c staged; the previous chunk's merges are done
+      if (c + shape::stages - 1 < chunks) load_chunk(c + shape::stages - 1);
+      fknn_cp_commit();
+    }
     const std::uint16_t* const stage_c =
-        stage_base + (c % shape::stages) * (stage_keys * shape::pitch);
+        wgmma ? reinterpret_cast<const std::uint16_t*>(fknn_smem + ring * shape::tma_stage_bytes)
+              : stage_base + ring * (stage_keys * shape::pitch);
 #pragma unroll 1  // unrolled, the two chunks took 22.2 ms instead of 20.2 (same file)
-    for (int sub = 0; sub < shape::subs; ++sub) {
+    for (int sub = 0; sub < subs; ++sub) {
       const int k0 = c * stage_keys + sub * fknn_cols;  // the sub-chunk's first key
       float acc[shape::ni][4] = {};
       if constexpr (wgmma) {
@@ -442,6 +536,16 @@ __global__ void __launch_bounds__(fknn_threads, 2)
         }
         fknn_wgmma_commit_and_wait();
         fknn_fence_acc(acc);
+        // The stage's last products are done: the second warpgroup to be done with it refills
+        // it (the two warpgroups run up to tma_stages - 1 stages apart).
+        if (sub + 1 == subs && (tid & 127) == 0) {
+          __threadfence_block();
+          if (atomicAdd(&released[ring], 1u) % 2u == 1u && c + shape::tma_stages < chunks) {
+            __threadfence_block();
+            fknn_tma_stage<D, stage_keys>(&key_map, fknn_smem + ring * shape::tma_stage_bytes,
+                                          &full[ring], key0 + (c + shape::tma_stages) * stage_keys);
+          }
+        }
       } else {
 #pragma unroll
         for (int kk = 0; kk < ksteps / 2; ++kk) {
@@ -496,7 +600,7 @@ __global__ void __launch_bounds__(fknn_threads, 2)
 
       // A row merges when its buffer could not take another chunk, and at the end; its warp does
       // it at once (lane l < 16 reads row 16 w + l's count).
-      const bool last = c + 1 == chunks && sub + 1 == shape::subs;
+      const bool last = c + 1 == chunks && sub + 1 == subs;
       const int my_count = lane < 16 ? count[warp * 16 + lane] : 0;
       unsigned due =
           __ballot_sync(0xffffffffu, my_count > fknn_buffer - fknn_cols || (last && my_count > 0));
@@ -507,6 +611,7 @@ __global__ void __launch_bounds__(fknn_threads, 2)
         fknn_merge_row(row_best(row), k, row_buffer(row), __shfl_sync(0xffffffffu, my_count, l),
                        &kth_key[row], &threshold[row], &count[row], hist + warp * 256);
       }
+      __syncwarp();  // lane 0's new thresholds, k-th keys and counts before the next filter
     }
   }
 }
