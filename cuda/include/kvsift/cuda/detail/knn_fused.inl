@@ -119,16 +119,11 @@ __device__ inline void fknn_mma(float (&c)[4], const std::uint32_t (&a)[4], std:
 #define KVSIFT_FKNN_WGMMA 0
 #endif
 
-// wgmma's K-major layout with the 128-byte swizzle, as a stage holds it: the dimension in panels
-// of 64 elements, one 128-byte line per key, a panel of stage_keys keys x 128 bytes.
+// wgmma's K-major layout with the 128-byte swizzle, as TMA writes a stage: the dimension in panels
+// of 64 elements, one 128-byte line per key, a panel of stage_keys keys x 128 bytes; segment s of
+// key r's line is stored at position s ^ (r % 8), which spreads the eight rows of a core matrix
+// over all 32 banks.
 inline constexpr int fknn_line_bytes = 128;
-
-/// Byte offset of key row r's 16-byte segment s in a stage of Keys keys: segment s of a line is
-/// stored at position s ^ (r % 8), which spreads the eight rows of a core matrix over all 32 banks.
-template <int Keys>
-__device__ inline int fknn_swizzled(int r, int s) {
-  return (s >> 3) * (Keys * fknn_line_bytes) + r * fknn_line_bytes + (((s & 7) ^ (r & 7)) << 4);
-}
 
 /// wgmma shared-memory descriptor of k-step kk (16 elements) of the stage at shared address
 /// `stage`: the k-step starts 32 bytes into its panel's swizzled lines; 8-row core-matrix groups
@@ -401,20 +396,18 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   const auto row_best = [&](int row) { return best + list(row) * k; };
   const auto row_buffer = [&](int row) { return buffer + list(row) * fknn_buffer; };
 
-  // Stage chunk c's keys (rows past n read as zeros and are never pushed); chunks are staged in
-  // order, c = 0, 1, ... A chunk is stage_keys rows of `segs` 16-byte segments; thread tid
-  // copies segment tid % segs of rows tid / segs + j R (R = 256 / segs, a multiple of 8, so
-  // every row it copies has the same swizzle phase). Its addresses are worked out once and
-  // advanced by a chunk per call: a chunk costs a thread `passes` copies and a few adds, where
-  // computing each copy's row, segment and swizzle per chunk took two thirds of the kernel's
-  // instructions (Nsight Compute, 2026-11-30).
+  // Builds without TMA: stage chunk c's keys by cp.async (rows past n read as zeros and are
+  // never pushed); chunks are staged in order, c = 0, 1, ... A chunk is stage_keys rows of
+  // `segs` 16-byte segments; thread tid copies segment tid % segs of rows tid / segs + j R
+  // (R = 256 / segs). Its addresses are worked out once and advanced by a chunk per call: a chunk
+  // costs a thread `passes` copies and a few adds, where computing each copy's row, segment and
+  // address per chunk took two thirds of the kernel's instructions (Nsight Compute, 2026-11-30).
   constexpr int copy_rows = fknn_threads / segs;  // R: rows apart of one thread's copies
   constexpr int passes = stage_keys / copy_rows;
-  static_assert(fknn_threads % segs == 0 && copy_rows % 8 == 0 && stage_keys % copy_rows == 0);
-  constexpr int row_bytes = wgmma ? fknn_line_bytes : shape::pitch * 2;  // stage bytes per key
+  static_assert(fknn_threads % segs == 0 && stage_keys % copy_rows == 0);
+  constexpr int row_bytes = shape::pitch * 2;  // stage bytes per key
   const int copy_seg = tid % segs, copy_row = tid / segs;
-  const int copy_dst = wgmma ? fknn_swizzled<stage_keys>(copy_row, copy_seg)
-                             : (copy_row * shape::pitch + copy_seg * 8) * 2;
+  const int copy_dst = (copy_row * shape::pitch + copy_seg * 8) * 2;
   const std::int64_t copy_stride = std::int64_t{copy_rows} * k_pitch;
   const T* next_src = keys + static_cast<std::int64_t>(copy_row) * k_pitch + copy_seg * 8;
   int rows_left = n - copy_row;  // of this thread's rows, from the next chunk to stage on
