@@ -214,10 +214,10 @@ __device__ __forceinline__ float ds_score_part(const float* q, const T* __restri
 }
 
 /// Raw scores of a f32 query (shared memory) against two key rows (either may be null: its
-/// score is left alone), all sixteen 16-byte vectors of both rows at d = 128 f16 in flight
-/// together (one memory latency for the pair; the warp kernel's scoring, 0.81 instead of 1.00
-/// ms at 512 queries, L 256, expand_width 8 on the H200 when written out so); ds_score_part's
-/// order of summation.
+/// score is left alone), in ds_score_part's order of summation. All sixteen 16-byte vectors of
+/// both rows at d = 128 f16 are loaded before the first is used, so the pair costs one memory
+/// latency: the warp kernel scores this way, and loading them together took 512 queries (L 256,
+/// expand_width 8, H200) from 1.00 to 0.81 ms when this routine was first written.
 template <bool L2, class T>
 __device__ __forceinline__ void ds_score_pair(const float* q, const T* __restrict__ a,
                                               const T* __restrict__ b, int d, bool vec, float& sa,

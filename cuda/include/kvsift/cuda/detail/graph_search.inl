@@ -192,7 +192,9 @@ __device__ __forceinline__ void walk_score_parts(const float* q, const T* const 
         for (int r = 0; r < R; ++r) {
           if (rows[r] == nullptr) continue;
           float x[V];
-          widen_vec<T>(raw[r][u], x);  // (once per vector: the compiler keeps it)
+          // Written inside the t loop for brevity; it does not depend on t, and the compiled
+          // code widens each vector once.
+          widen_vec<T>(raw[r][u], x);
           float& a = sums[r][u % P];
           a = walk_accumulate<L2>(a, q4.x, x[t]);
           a = walk_accumulate<L2>(a, q4.y, x[t + 1]);
