@@ -260,7 +260,8 @@ namespace kvsift::cuda::detail {
 
 /// Whether the fused kernel serves this call (see knn_policy) on `device`: 16-bit elements,
 /// d in {64, 128, 256}, k <= 128, 16-byte aligned rows, compute capability 8.0+ (mma.sync for
-/// bf16) and enough opt-in shared memory (H100/H200: 227 KiB; A100's 163 KiB takes d = 64).
+/// bf16) and enough opt-in shared memory (fused_knn_smem_bytes: 59-107 KiB on compute
+/// capability 9.0, where 227 KiB are available, 59-83 KiB below, within an A100's 163 KiB).
 template <class T>  // half or bfloat16; knn() asks only for those
 bool fused_knn_applies(matrix_view<const T> queries, matrix_view<const T> keys, int k,
                        const knn_policy& policy, int device) {
@@ -278,10 +279,8 @@ bool fused_knn_applies(matrix_view<const T> queries, matrix_view<const T> keys, 
   int major = 0, smem = 0;
   KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const std::size_t need = d == 64    ? fknn_shape<64>::smem_bytes
-                           : d == 128 ? fknn_shape<128>::smem_bytes
-                                      : fknn_shape<256>::smem_bytes;
-  return major >= 8 && static_cast<std::size_t>(smem) >= need;
+  return major >= 8 &&
+         static_cast<std::size_t>(smem) >= fused_knn_smem_bytes(static_cast<int>(d), major);
 }
 
 struct knn_layout {
@@ -408,12 +407,14 @@ template <class T, int D>
 void launch_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, std::int64_t q0,
                       std::int64_t qn, int k, const fused_knn_plan& plan, rank_key* best,
                       rank_key* buffer, int device, cudaStream_t stream) {
-  using shape = fknn_shape<D>;
-  allow_shared_memory<knn_fused_kernel<T, D>>(device, static_cast<int>(shape::smem_bytes),
+  int major = 0;
+  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const std::size_t smem = fused_knn_smem_bytes(D, major);
+  allow_shared_memory<knn_fused_kernel<T, D>>(device, static_cast<int>(smem),
                                               cudaSharedmemCarveoutMaxShared);
   const dim3 grid(static_cast<unsigned>((qn + fknn_rows - 1) / fknn_rows),
                   static_cast<unsigned>(plan.slices));
-  knn_fused_kernel<T, D><<<grid, fknn_threads, shape::smem_bytes, stream>>>(
+  knn_fused_kernel<T, D><<<grid, fknn_threads, smem, stream>>>(
       queries.row(static_cast<std::size_t>(q0)), static_cast<std::int64_t>(queries.stride()),
       static_cast<int>(qn), keys.data(), static_cast<std::int64_t>(keys.stride()),
       static_cast<int>(keys.rows()), plan.slice_keys, k, best, buffer,

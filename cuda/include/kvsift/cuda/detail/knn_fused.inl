@@ -53,12 +53,15 @@ static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after 
 // starts at a multiple of 1024 bytes.
 inline constexpr std::size_t fknn_smem_align = 1024;
 
-/// Layout of the fused kernel for dimension D. Each warp owns 16 query rows (one m-tile) and
+/// Layout of the fused kernel for dimension D; `Hopper`: for compute capability 9.0, whose SMs
+/// hold 228 KiB of shared memory (the layout of any other build is the one measured before the
+/// stages grew, so that two blocks still share an SM of 164 KiB, an A100's). Each warp owns 16
+/// query rows (one m-tile) and
 /// all 64 keys of a chunk (a stage holds one or two chunks), so a row's survivors, count, threshold
 /// and merges belong to one warp and need no block barrier. Staged key rows have a pitch of D + 32
 /// halves (an odd multiple of 16 words), so the 16-byte fragment loads of a quarter-warp (2 rows x
 /// 4 lanes) hit 32 distinct banks.
-template <int D>
+template <int D, bool Hopper = true>
 struct fknn_shape {
   static_assert(D == 64 || D == 128 || D == 256);
   static constexpr int ni = fknn_cols / 8;  // n-tiles (8 keys) per warp
@@ -66,15 +69,15 @@ struct fknn_shape {
   // per stage: two chunks per barrier took 131072^2 x 128 at k = 100 from 21.5 to 20.2 ms on the
   // H200 (h200_knn_fused_stage_copies.txt). At d = 256 two such stages would leave one block
   // per SM.
-  static constexpr int stage_keys = D == 256 ? 64 : 128;
-  static constexpr int stages = D == 64 ? 3 : 2;
+  static constexpr int stage_keys = Hopper && D != 256 ? 128 : 64;
+  static constexpr int stages = Hopper ? (D == 64 ? 3 : 2) : (D == 64 ? 4 : D == 128 ? 3 : 2);
   static constexpr int pitch = D + 32;  // halves per staged key row
   static constexpr std::size_t stage_bytes = std::size_t{stage_keys} * pitch * 2;
   // sm_90a builds fill the stages by TMA, unpadded (the swizzled panels), and keep more of them:
   // a stage is released by the last warpgroup done with it, not at a block barrier. Six stages
   // of 64 keys at d = 128 (the same bytes) measured the same, 17.33 against 17.28 ms.
   static constexpr int tma_stage_keys = stage_keys;
-  static constexpr int tma_stages = D == 64 ? 4 : 3;
+  static constexpr int tma_stages = !Hopper ? 1 : D == 64 ? 4 : 3;  // 1: no TMA below 9.0
   static constexpr std::size_t tma_stage_bytes = std::size_t{tma_stage_keys} * D * 2;
   static constexpr std::size_t ring_bytes =
       std::max(std::size_t{stages} * stage_bytes, std::size_t{tma_stages} * tma_stage_bytes);
@@ -87,6 +90,19 @@ struct fknn_shape {
       + fknn_smem_align;              // slack: the stages start at a 1024-byte boundary
   static_assert(stage_bytes % fknn_smem_align == 0 && tma_stage_bytes % fknn_smem_align == 0);
 };
+
+/// Shared memory of a fused-kernel launch at dimension d on a device of compute capability
+/// `major`.x: a 9.0 device may run a build for 9.0 or an older one (compiled from PTX), so it
+/// gets the larger of the two layouts.
+inline std::size_t fused_knn_smem_bytes(int d, int major) {
+  const auto pick = [major]<int D>() {
+    return major >= 9 ? std::max(fknn_shape<D, true>::smem_bytes, fknn_shape<D, false>::smem_bytes)
+                      : fknn_shape<D, false>::smem_bytes;
+  };
+  return d == 64    ? pick.template operator()<64>()
+         : d == 128 ? pick.template operator()<128>()
+                    : pick.template operator()<256>();
+}
 
 template <class T>
 __device__ inline void fknn_mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
@@ -117,6 +133,14 @@ __device__ inline void fknn_mma(float (&c)[4], const std::uint32_t (&a)[4], std:
 #define KVSIFT_FKNN_WGMMA 1
 #else
 #define KVSIFT_FKNN_WGMMA 0
+#endif
+// The layout of fknn_shape<D, true> in device code for compute capability 9.0 and the host's;
+// builds for older targets take fknn_shape<D, false> (the host sizes the launch by the device's
+// compute capability: fused_knn_smem_bytes).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define KVSIFT_FKNN_HOPPER 0
+#else
+#define KVSIFT_FKNN_HOPPER 1
 #endif
 
 // wgmma's K-major layout with the 128-byte swizzle, as TMA writes a stage: the dimension in panels
@@ -348,15 +372,16 @@ __device__ inline void fknn_merge_row(rank_key* __restrict__ best_row, int k,
 /// Running top-k (unsorted rank keys, m x slices x k) of every query over each slice of
 /// `slice_keys` keys (a multiple of 64; blockIdx.y picks the slice); see the file comment. Queries
 /// and keys: 16-byte aligned rows of D elements at the given pitches (elements, multiples of 8).
-/// Grid: ceil(m / 128) x slices blocks of 256 threads, fknn_shape<D>::smem_bytes. A slice past
-/// the keys (possible when the slices round up) leaves its lists empty (key 0, ranked last).
+/// Grid: ceil(m / 128) x slices blocks of 256 threads, fused_knn_smem_bytes(D, major) bytes. A
+/// slice past the keys (possible when the slices round up) leaves its lists empty (key 0, ranked
+/// last).
 template <class T, int D>
 __global__ void __launch_bounds__(fknn_threads, 2)
     knn_fused_kernel(const T* __restrict__ queries, std::int64_t q_pitch, int m,
                      const T* __restrict__ keys, std::int64_t k_pitch, int n_total, int slice_keys,
                      int k, rank_key* __restrict__ best, rank_key* __restrict__ buffer,
                      const __grid_constant__ CUtensorMap key_map) {
-  using shape = fknn_shape<D>;
+  using shape = fknn_shape<D, KVSIFT_FKNN_HOPPER != 0>;
   constexpr int ksteps = D / 16;
   constexpr int segs = D / 8;  // 16-byte segments per key row
   // Hopper's wgmma (sm_90a builds) or mma.sync (any other target, 8.0+): see fknn_wgmma.
@@ -612,4 +637,5 @@ __global__ void __launch_bounds__(fknn_threads, 2)
 }  // namespace kvsift::cuda::detail
 
 #undef KVSIFT_FKNN_WGMMA
+#undef KVSIFT_FKNN_HOPPER
 #undef KVSIFT_FKNN_WGMMA_ASM
