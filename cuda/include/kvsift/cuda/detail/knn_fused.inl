@@ -54,13 +54,13 @@ static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after 
 inline constexpr std::size_t fknn_smem_align = 1024;
 
 /// Layout of the fused kernel for dimension D; `Hopper`: for compute capability 9.0, whose SMs
-/// hold 228 KiB of shared memory (the layout of any other build is the one measured before the
-/// stages grew, so that two blocks still share an SM of 164 KiB, an A100's). Each warp owns 16
-/// query rows (one m-tile) and
-/// all 64 keys of a chunk (a stage holds one or two chunks), so a row's survivors, count, threshold
-/// and merges belong to one warp and need no block barrier. Staged key rows have a pitch of D + 32
-/// halves (an odd multiple of 16 words), so the 16-byte fragment loads of a quarter-warp (2 rows x
-/// 4 lanes) hit 32 distinct banks.
+/// hold 228 KiB of shared memory (any other build keeps the layout measured before the stages
+/// grew, so that two blocks still share an A100's SM of 164 KiB). Each warp owns 16 query rows
+/// (one m-tile) and all 64 keys of a chunk (a stage holds one or two chunks), so a row's
+/// survivors, count, threshold and merges belong to one warp and need no block barrier. Key rows
+/// staged by cp.async have a pitch of D + 32 halves (an odd multiple of 16 words), so the 16-byte
+/// fragment loads of a quarter-warp (2 rows x 4 lanes) hit 32 distinct banks; TMA stages hold
+/// the swizzled panels that wgmma reads, unpadded.
 template <int D, bool Hopper = true>
 struct fknn_shape {
   static_assert(D == 64 || D == 128 || D == 256);
@@ -371,7 +371,8 @@ __device__ inline void fknn_merge_row(rank_key* __restrict__ best_row, int k,
 
 /// Running top-k (unsorted rank keys, m x slices x k) of every query over each slice of
 /// `slice_keys` keys (a multiple of 64; blockIdx.y picks the slice); see the file comment. Queries
-/// and keys: 16-byte aligned rows of D elements at the given pitches (elements, multiples of 8).
+/// and keys: 16-byte aligned rows of D elements at the given pitches (elements, multiples of 8);
+/// `key_map` describes the same keys for TMA (fused_key_map; read only by sm_90a builds).
 /// Grid: ceil(m / 128) x slices blocks of 256 threads, fused_knn_smem_bytes(D, major) bytes. A
 /// slice past the keys (possible when the slices round up) leaves its lists empty (key 0, ranked
 /// last).
