@@ -355,7 +355,7 @@ inline fused_knn_plan plan_fused_knn(std::int64_t m, std::int64_t n, int k, std:
 }
 
 /// The TMA descriptor of the keys for the fused kernel's sm_90a build: rows of D 16-bit
-/// elements at the keys' pitch, boxes of 64 dimensions x `stage_keys` rows written with the
+/// elements at the keys' pitch, boxes of 64 dimensions x `tma_stage_keys` rows written with the
 /// 128-byte swizzle (the panels wgmma reads), rows past the end read as zeros. On a device below
 /// compute capability 9.0 no build uses it and it is left zeroed. The driver's encoder is looked
 /// up through the runtime, so nothing links against libcuda.
