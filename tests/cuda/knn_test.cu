@@ -243,6 +243,36 @@ TEST_CASE("knn_device_views_with_stride", "[cuda][knn]") {
   cublasDestroy(h);
 }
 
+// The fused kernel with row pitches other than d (keys 136, queries 160 halves): the TMA map's
+// row stride and the query fragments' pitch, against the CPU engine on the same data. m = 300
+// and n = 2500 leave partial blocks and a partial last stage.
+TEST_CASE("knn_fused_with_row_pitch", "[cuda][knn]") {
+  const std::size_t m = 300, n = 2500, d = 128, q_stride = 160, k_stride = 136;
+  const int k = 100;
+  const auto qf = integer_matrix(m, q_stride, 3);
+  const auto kf = integer_matrix(n, k_stride, 3);
+  const auto q16 = convert<kvsift::half>(qf);
+  const auto k16 = convert<kvsift::half>(kf);
+  device_buffer<kvsift::half> dq(q16), dk(k16);
+  device_buffer<float> ds(m * k);
+  device_buffer<id_t> di(m * k);
+  const kvsift::cuda::knn_policy policy{.fused_min_queries = 1};
+  const std::size_t bytes = kvsift::cuda::knn_workspace_size(m, n, k, policy);
+  device_buffer<char> ws(bytes);
+  const matrix_view<const kvsift::half> qv(dq.get(), m, d, q_stride), kv(dk.get(), n, d, k_stride);
+  REQUIRE(kvsift::cuda::detail::fused_knn_applies(qv, kv, k, policy, 0));
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  kvsift::cuda::knn(qv, kv, k, ds.get(), di.get(), ws.get(), bytes, h, nullptr, policy);
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  cublasDestroy(h);
+  const auto want = kvsift::cpu_knn_engine({.threads = 2})
+                        .search(matrix_view<const float>(qf.data(), m, d, q_stride),
+                                matrix_view<const kvsift::half>(k16.data(), n, d, k_stride), k);
+  const kvsift::knn_result got{m, k, di.download(), ds.download()};
+  CHECK(count_mismatched_rows(got, want) == 0);
+}
+
 TEST_CASE("knn_engine_rejects_bad_input", "[cuda][knn]") {
   const std::size_t n = 40, d = 8;
   auto qf = integer_matrix(5, d, 3);
