@@ -27,11 +27,13 @@
 // could not take another chunk is merged by its warp: the row's running top-k (global memory, k
 // rank keys) and its survivors go through a radix select of the k-th largest, the keys above it are
 // written back and the threshold rises. A buffer of 256 takes the chunk after any check (at most
-// 192 + 64), so no survivor is ever dropped. A row's buffer, count, threshold and merges belong to
-// one warp, so the only block barriers are the start's and, with cp.async, the stage ring's; with
-// 107 KiB of shared memory and 128 registers per thread two blocks share an SM and hide each
-// other's waits. Few queries split
-// the keys into slices (blockIdx.y), each with its own running top-k per row; the final sort
+// 192 + 64), so no survivor is ever dropped. With wgmma a merging warp holds up the three others
+// of its warpgroup (they issue each wgmma together), so a warp announces a merge one chunk ahead
+// and the whole warpgroup merges then, every row past a quarter full (17.3 -> 16.6 ms). A row's
+// buffer, count, threshold and merges belong to one warp, so the only block barriers are the
+// start's and, with cp.async, the stage ring's; with 107 KiB of shared memory and 128 registers
+// per thread two blocks share an SM and hide each other's waits. Few queries split the keys into
+// slices (blockIdx.y), each with its own running top-k per row; the final sort
 // (knn_finalize_kernel) takes them all.
 
 #include <cuda.h>  // CUtensorMap (the type only: its encoding is looked up at run time)
@@ -49,6 +51,16 @@ inline constexpr int fknn_buffer = 256;  // survivors held per row between merge
 inline constexpr int fknn_max_k = max_fused_knn_k;  // merge: k + buffer in 12 registers a lane
 inline constexpr int fknn_threads = 256;            // 8 warps
 static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after a check");
+// sm_90a merges in step within a warpgroup (see the kernel): a warp whose row holds more than
+// fknn_announce_merge survivors after a chunk announces a merge for the next chunk, and then every
+// warp of the warpgroup merges its rows holding more than fknn_align_merge. 131072^2 x 128 at
+// k = 100 on the H200: 16.59-16.63 ms against 17.27-17.32 with each row merged alone when full;
+// (176, 96) took 16.64-16.66, (176, 128) 16.9, (160, 96) 16.8-16.9
+// (bench/results/h200_knn_fused_merge_steps.txt).
+inline constexpr int fknn_announce_merge = 184;
+inline constexpr int fknn_align_merge = 64;
+static_assert(fknn_align_merge < fknn_announce_merge &&
+              fknn_announce_merge < fknn_buffer - fknn_cols);
 // wgmma's 128-byte swizzle is a function of the shared address bits 4-9, so a swizzled stage
 // starts at a multiple of 1024 bytes.
 inline constexpr std::size_t fknn_smem_align = 1024;
@@ -87,6 +99,7 @@ struct fknn_shape {
   static constexpr std::size_t smem_bytes =
       bars_offset  // stages; k-th, threshold, count per row; a histogram per warp
       + std::size_t{tma_stages} * 12  // a full barrier and a release count per stage
+      + 4 * 4                         // merge announcements: two steps per warpgroup
       + fknn_smem_align;              // slack: the stages start at a 1024-byte boundary
   static_assert(stage_bytes % fknn_smem_align == 0 && tma_stage_bytes % fknn_smem_align == 0);
 };
@@ -387,6 +400,10 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   constexpr int segs = D / 8;  // 16-byte segments per key row
   // Hopper's wgmma (sm_90a builds) or mma.sync (any other target, 8.0+): see fknn_wgmma.
   constexpr bool wgmma = KVSIFT_FKNN_WGMMA != 0;
+  // Merges in step (fknn_announce_merge) with wgmma only: mma.sync warps do not wait for each
+  // other. Not at d = 256, where the extra registers spill (96 bytes of loads against 36) and
+  // 32768 x 131072 took 5.88-5.95 ms against 5.83-5.85.
+  constexpr bool align_merges = wgmma && D != 256;
   extern __shared__ __align__(16) unsigned char fknn_smem_raw[];
   // Only the swizzled stages need the 1024-byte boundary; the mma.sync path keeps the constant
   // base (a computed one costs it registers and spills at the 128-register cap).
@@ -404,6 +421,7 @@ __global__ void __launch_bounds__(fknn_threads, 2)
   auto* hist = reinterpret_cast<unsigned*>(count + fknn_rows);
   auto* full = reinterpret_cast<std::uint64_t*>(fknn_smem + shape::bars_offset);  // TMA ring
   auto* released = reinterpret_cast<unsigned*>(full + shape::tma_stages);
+  auto* announce = reinterpret_cast<int*>(released + shape::tma_stages);
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31;
@@ -457,6 +475,7 @@ __global__ void __launch_bounds__(fknn_threads, 2)
         fknn_bar_init(&full[s], 1);
         released[s] = 0;
       }
+      for (int i = 0; i < 4; ++i) announce[i] = -1;
       fknn_fence_bar_init();  // initialized before the TMA unit signals them
       for (int s = 0; s < shape::tma_stages && s < chunks; ++s) {
         fknn_tma_stage<D, stage_keys>(&key_map, fknn_smem + s * shape::tma_stage_bytes, &full[s],
@@ -621,8 +640,24 @@ __global__ void __launch_bounds__(fknn_threads, 2)
       // it at once (lane l < 16 reads row 16 w + l's count).
       const bool last = c + 1 == chunks && sub + 1 == subs;
       const int my_count = lane < 16 ? count[warp * 16 + lane] : 0;
-      unsigned due =
-          __ballot_sync(0xffffffffu, my_count > fknn_buffer - fknn_cols || (last && my_count > 0));
+      bool merge = my_count > fknn_buffer - fknn_cols || (last && my_count > 0);
+      if constexpr (align_merges) {
+        // A warp merging a row holds up its warpgroup's next wgmma (the four warps issue it
+        // together), so the warpgroup merges in step: announcements for chunk `step` were made
+        // after chunk step - 1, before the announcing warp's wgmma of this chunk, which this warp
+        // has passed. Two slots by parity: a warp one chunk ahead writes the other one. A missed
+        // announcement costs time, never a survivor (a row merges alone when it must).
+        // Atomics: racecheck reports relaxed loads and stores between warps as hazards.
+        int* const slot = announce + 2 * (warp >> 2);
+        const int step = c * subs + sub;
+        int seen = 0;
+        if (lane == 0) seen = atomicAdd(slot + (step & 1), 0);
+        if (__shfl_sync(0xffffffffu, seen, 0) == step) merge = merge || my_count > fknn_align_merge;
+        if (__any_sync(0xffffffffu, !merge && my_count > fknn_announce_merge) && lane == 0) {
+          atomicExch(slot + ((step + 1) & 1), step + 1);
+        }
+      }
+      unsigned due = __ballot_sync(0xffffffffu, merge);
       while (due != 0) {
         const int l = __ffs(due) - 1;
         due &= due - 1;
