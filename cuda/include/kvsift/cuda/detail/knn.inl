@@ -357,14 +357,12 @@ inline fused_knn_plan plan_fused_knn(std::int64_t m, std::int64_t n, int k, std:
 /// The TMA descriptor of the keys for the fused kernel's sm_90a build: rows of D 16-bit
 /// elements at the keys' pitch, boxes of 64 dimensions x `tma_stage_keys` rows written with the
 /// 128-byte swizzle (the panels wgmma reads), rows past the end read as zeros. On a device below
-/// compute capability 9.0 no build uses it and it is left zeroed. The driver's encoder is looked
-/// up through the runtime, so nothing links against libcuda.
+/// compute capability 9.0 (`major` < 9) no build uses it and it is left zeroed. The driver's
+/// encoder is looked up through the runtime, so nothing links against libcuda.
 /// @throw cuda_error if the driver has no encoder or rejects the layout
 template <class T, int D>
-CUtensorMap fused_key_map(matrix_view<const T> keys, int device) {
+CUtensorMap fused_key_map(matrix_view<const T> keys, int major) {
   CUtensorMap map{};
-  int major = 0;
-  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major < 9) return map;
   using encode_fn =
       CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -402,26 +400,6 @@ CUtensorMap fused_key_map(matrix_view<const T> keys, int device) {
   return map;
 }
 
-/// Launches the fused kernel over queries [q0, q0 + qn) into `best` (qn x k).
-template <class T, int D>
-void launch_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, std::int64_t q0,
-                      std::int64_t qn, int k, const fused_knn_plan& plan, rank_key* best,
-                      rank_key* buffer, int device, cudaStream_t stream) {
-  int major = 0;
-  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const std::size_t smem = fused_knn_smem_bytes(D, major);
-  allow_shared_memory<knn_fused_kernel<T, D>>(device, static_cast<int>(smem),
-                                              cudaSharedmemCarveoutMaxShared);
-  const dim3 grid(static_cast<unsigned>((qn + fknn_rows - 1) / fknn_rows),
-                  static_cast<unsigned>(plan.slices));
-  knn_fused_kernel<T, D><<<grid, fknn_threads, smem, stream>>>(
-      queries.row(static_cast<std::size_t>(q0)), static_cast<std::int64_t>(queries.stride()),
-      static_cast<int>(qn), keys.data(), static_cast<std::int64_t>(keys.stride()),
-      static_cast<int>(keys.rows()), plan.slice_keys, k, best, buffer,
-      fused_key_map<T, D>(keys, device));
-  KVSIFT_CUDA_CHECK(cudaGetLastError());
-}
-
 /// Sorts rows [0, rows) of `best` (`count` rank keys each) and writes their first k scores and
 /// ids (knn_finalize_kernel, one block per row).
 inline void launch_knn_finalize(const rank_key* best, int count, int k, std::int64_t rows,
@@ -433,6 +411,33 @@ inline void launch_knn_finalize(const rank_key* best, int count, int k, std::int
       <<<static_cast<unsigned>(rows), threads, static_cast<std::size_t>(width) * sizeof(rank_key),
          stream>>>(best, count, k, width, out_scores, out_ids);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
+/// The fused path of knn(): launches of plan.rows queries, each the fused kernel into `best` and
+/// `buffer` and the final sort into the outputs. The device's compute capability (`major`: the
+/// launch's shared memory and whether a tensor map is needed) is asked once by the caller and the
+/// keys' tensor map encoded once per call, not per launch.
+template <class T, int D>
+void run_fused_knn(matrix_view<const T> queries, matrix_view<const T> keys, int k,
+                   const fused_knn_plan& plan, rank_key* best, rank_key* buffer, float* out_scores,
+                   std::uint32_t* out_ids, int device, int major, cudaStream_t stream) {
+  const std::size_t smem = fused_knn_smem_bytes(D, major);
+  allow_shared_memory<knn_fused_kernel<T, D>>(device, static_cast<int>(smem),
+                                              cudaSharedmemCarveoutMaxShared);
+  const CUtensorMap map = fused_key_map<T, D>(keys, major);
+  const auto m = static_cast<std::int64_t>(queries.rows());
+  for (std::int64_t q0 = 0; q0 < m; q0 += plan.rows) {
+    const std::int64_t qn = std::min(plan.rows, m - q0);
+    const dim3 grid(static_cast<unsigned>((qn + fknn_rows - 1) / fknn_rows),
+                    static_cast<unsigned>(plan.slices));
+    knn_fused_kernel<T, D><<<grid, fknn_threads, smem, stream>>>(
+        queries.row(static_cast<std::size_t>(q0)), static_cast<std::int64_t>(queries.stride()),
+        static_cast<int>(qn), keys.data(), static_cast<std::int64_t>(keys.stride()),
+        static_cast<int>(keys.rows()), plan.slice_keys, k, best, buffer, map);
+    KVSIFT_CUDA_CHECK(cudaGetLastError());
+    launch_knn_finalize(best, plan.slices * k, k, qn, out_scores + q0 * k, out_ids + q0 * k,
+                        stream);
+  }
 }
 
 }  // namespace kvsift::cuda::detail
@@ -483,23 +488,20 @@ void knn(matrix_view<const T> queries, matrix_view<const T> keys, int k, float* 
       // Running top-k lists (slices x k per query), then the survivor buffers.
       auto* best = static_cast<detail::rank_key*>(workspace);
       auto* buffer = best + plan.rows * plan.slices * k;
-      for (std::int64_t q0 = 0; q0 < m; q0 += plan.rows) {
-        const std::int64_t qn = std::min(plan.rows, m - q0);
-        switch (keys.cols()) {
-          case 64:
-            detail::launch_fused_knn<T, 64>(queries, keys, q0, qn, k, plan, best, buffer, device,
-                                            stream);
-            break;
-          case 128:
-            detail::launch_fused_knn<T, 128>(queries, keys, q0, qn, k, plan, best, buffer, device,
-                                             stream);
-            break;
-          default:
-            detail::launch_fused_knn<T, 256>(queries, keys, q0, qn, k, plan, best, buffer, device,
-                                             stream);
-        }
-        detail::launch_knn_finalize(best, plan.slices * k, k, qn, out_scores + q0 * k,
-                                    out_ids + q0 * k, stream);
+      int major = 0;
+      KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+      switch (keys.cols()) {
+        case 64:
+          detail::run_fused_knn<T, 64>(queries, keys, k, plan, best, buffer, out_scores, out_ids,
+                                       device, major, stream);
+          break;
+        case 128:
+          detail::run_fused_knn<T, 128>(queries, keys, k, plan, best, buffer, out_scores, out_ids,
+                                        device, major, stream);
+          break;
+        default:
+          detail::run_fused_knn<T, 256>(queries, keys, k, plan, best, buffer, out_scores, out_ids,
+                                        device, major, stream);
       }
       return;
     }
