@@ -141,19 +141,22 @@ TEST_CASE("knn_fused_matches_cpu", "[cuda][knn]") {
 
 namespace {
 
-/// knn() through the device entry point with the given policy; ids and scores downloaded. With
-/// policy.fused the shapes must take the fused kernel (checked, so that a test meant for it
-/// cannot pass on the tiled path).
+/// knn() through the device entry point with the given policy, over rows at the given pitches
+/// (elements; 0: d); ids and scores downloaded. With policy.fused the shapes must take the fused
+/// kernel (checked, so that a test meant for it cannot pass on the tiled path).
 template <class T>
 kvsift::knn_result device_knn(const std::vector<T>& q, const std::vector<T>& keys, std::size_t d,
-                              int k, kvsift::cuda::knn_policy policy) {
-  const std::size_t m = q.size() / d, n = keys.size() / d;
+                              int k, kvsift::cuda::knn_policy policy, std::size_t q_stride = 0,
+                              std::size_t k_stride = 0) {
+  q_stride = q_stride == 0 ? d : q_stride;
+  k_stride = k_stride == 0 ? d : k_stride;
+  const std::size_t m = q.size() / q_stride, n = keys.size() / k_stride;
   device_buffer<T> dq(q), dk(keys);
   device_buffer<float> ds(m * k);
   device_buffer<id_t> di(m * k);
   const std::size_t bytes = kvsift::cuda::knn_workspace_size(m, n, k, policy);
   device_buffer<char> ws(bytes);
-  const matrix_view<const T> qv(dq.get(), m, d), kv(dk.get(), n, d);
+  const matrix_view<const T> qv(dq.get(), m, d, q_stride), kv(dk.get(), n, d, k_stride);
   if (policy.fused) {
     REQUIRE(kvsift::cuda::detail::fused_knn_applies(qv, kv, k, policy, 0));
     int sms = 0;
@@ -215,62 +218,34 @@ TEST_CASE("knn_fused_adversarial_orders_equal_tiled", "[cuda][knn]") {
   }
 }
 
-// The device entry point with strided views, against the CPU engine on the same data.
-TEST_CASE("knn_device_views_with_stride", "[cuda][knn]") {
-  const std::size_t m = 50, n = 700, d = 20, stride = 24;
-  const int k = 17;
-  const auto qf = integer_matrix(m, stride, 5);
-  const auto kf = integer_matrix(n, stride, 5);
-  const auto q16 = convert<kvsift::half>(qf);
-  const auto k16 = convert<kvsift::half>(kf);
-  device_buffer<kvsift::half> dq(q16), dk(k16);
-  device_buffer<float> ds(m * k);
-  device_buffer<id_t> di(m * k);
-  const kvsift::cuda::knn_policy policy{16, 256};
-  const std::size_t bytes = kvsift::cuda::knn_workspace_size(m, n, k, policy);
-  device_buffer<char> ws(bytes);
-  cublasHandle_t h = nullptr;
-  CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-  kvsift::cuda::knn(matrix_view<const kvsift::half>(dq.get(), m, d, stride),
-                    matrix_view<const kvsift::half>(dk.get(), n, d, stride), k, ds.get(), di.get(),
-                    ws.get(), bytes, h, nullptr, policy);
-  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto want = kvsift::cpu_knn_engine({.threads = 2})
-                        .search(matrix_view<const float>(qf.data(), m, d, stride),
-                                matrix_view<const kvsift::half>(k16.data(), n, d, stride), k);
-  kvsift::knn_result got{m, k, di.download(), ds.download()};
-  CHECK(count_mismatched_rows(got, want) == 0);
-  cublasDestroy(h);
-}
+namespace {
 
-// The fused kernel with row pitches other than d (keys 136, queries 160 halves): the TMA map's
-// row stride and the query fragments' pitch, against the CPU engine on the same data. m = 300
-// and n = 2500 leave partial blocks and a partial last stage.
-TEST_CASE("knn_fused_with_row_pitch", "[cuda][knn]") {
-  const std::size_t m = 300, n = 2500, d = 128, q_stride = 160, k_stride = 136;
-  const int k = 100;
+/// knn() over f16 views at row pitches other than d against the CPU engine on the same
+/// (integer) data: every id and score equal.
+void strided_knn_matches_cpu(std::size_t m, std::size_t n, std::size_t d, std::size_t q_stride,
+                             std::size_t k_stride, int k, kvsift::cuda::knn_policy policy) {
   const auto qf = integer_matrix(m, q_stride, 3);
   const auto kf = integer_matrix(n, k_stride, 3);
-  const auto q16 = convert<kvsift::half>(qf);
   const auto k16 = convert<kvsift::half>(kf);
-  device_buffer<kvsift::half> dq(q16), dk(k16);
-  device_buffer<float> ds(m * k);
-  device_buffer<id_t> di(m * k);
-  const kvsift::cuda::knn_policy policy{.fused_min_queries = 1};
-  const std::size_t bytes = kvsift::cuda::knn_workspace_size(m, n, k, policy);
-  device_buffer<char> ws(bytes);
-  const matrix_view<const kvsift::half> qv(dq.get(), m, d, q_stride), kv(dk.get(), n, d, k_stride);
-  REQUIRE(kvsift::cuda::detail::fused_knn_applies(qv, kv, k, policy, 0));
-  cublasHandle_t h = nullptr;
-  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-  kvsift::cuda::knn(qv, kv, k, ds.get(), di.get(), ws.get(), bytes, h, nullptr, policy);
-  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
-  cublasDestroy(h);
+  const auto got = device_knn(convert<kvsift::half>(qf), k16, d, k, policy, q_stride, k_stride);
   const auto want = kvsift::cpu_knn_engine({.threads = 2})
                         .search(matrix_view<const float>(qf.data(), m, d, q_stride),
                                 matrix_view<const kvsift::half>(k16.data(), n, d, k_stride), k);
-  const kvsift::knn_result got{m, k, di.download(), ds.download()};
   CHECK(count_mismatched_rows(got, want) == 0);
+}
+
+}  // namespace
+
+// The tiled path with strided views (d = 20 is not the fused kernel's).
+TEST_CASE("knn_device_views_with_stride", "[cuda][knn]") {
+  strided_knn_matches_cpu(50, 700, 20, 24, 24, 17, {16, 256, false});
+}
+
+// The fused kernel with row pitches other than d (keys 136, queries 160 halves): the TMA map's
+// row stride and the query fragments' pitch. m = 300 and n = 2500 leave partial blocks and a
+// partial last stage.
+TEST_CASE("knn_fused_with_row_pitch", "[cuda][knn]") {
+  strided_knn_matches_cpu(300, 2500, 128, 160, 136, 100, {.fused_min_queries = 1});
 }
 
 TEST_CASE("knn_engine_rejects_bad_input", "[cuda][knn]") {
