@@ -642,12 +642,13 @@ __global__ void __launch_bounds__(fknn_threads, 2)
       const int my_count = lane < 16 ? count[warp * 16 + lane] : 0;
       bool merge = my_count > fknn_buffer - fknn_cols || (last && my_count > 0);
       if constexpr (align_merges) {
-        // A warp merging a row holds up its warpgroup's next wgmma (the four warps issue it
-        // together), so the warpgroup merges in step: announcements for chunk `step` were made
-        // after chunk step - 1, before the announcing warp's wgmma of this chunk, which this warp
-        // has passed. Two slots by parity: a warp one chunk ahead writes the other one. A missed
-        // announcement costs time, never a survivor (a row merges alone when it must).
-        // Atomics: racecheck reports relaxed loads and stores between warps as hazards.
+        // A warp merging a row holds up its warpgroup's next wgmma (it completes only once all
+        // four warps have issued it), so the warpgroup merges in step. An announcement for chunk
+        // `step` was written after chunk step - 1, before the writer issued this chunk's wgmma,
+        // which has completed here. Two slots by chunk parity: the next write to this one comes
+        // after chunk step + 1's wgmma, which this warp issues only after reading. A missed
+        // announcement costs time, never a survivor (a row merges alone when it must). Atomics:
+        // racecheck reports relaxed loads and stores between warps as hazards.
         int* const slot = announce + 2 * (warp >> 2);
         const int step = c * subs + sub;
         int seen = 0;
