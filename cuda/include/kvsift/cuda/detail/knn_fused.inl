@@ -59,6 +59,8 @@ static_assert(fknn_buffer >= 2 * fknn_cols, "a buffer must take the chunk after 
 // (bench/results/h200_knn_fused_merge_steps.txt).
 inline constexpr int fknn_announce_merge = 184;
 inline constexpr int fknn_align_merge = 64;
+// One announcement slot per warpgroup (128 threads) and chunk parity.
+inline constexpr int fknn_announce_slots = 2 * (fknn_threads / 128);
 static_assert(fknn_align_merge < fknn_announce_merge &&
               fknn_announce_merge < fknn_buffer - fknn_cols);
 // wgmma's 128-byte swizzle is a function of the shared address bits 4-9, so a swizzled stage
@@ -99,7 +101,7 @@ struct fknn_shape {
   static constexpr std::size_t smem_bytes =
       bars_offset  // stages; k-th, threshold, count per row; a histogram per warp
       + std::size_t{tma_stages} * 12  // a full barrier and a release count per stage
-      + 4 * 4                         // merge announcements: two steps per warpgroup
+      + fknn_announce_slots * 4       // merge announcements
       + fknn_smem_align;              // slack: the stages start at a 1024-byte boundary
   static_assert(stage_bytes % fknn_smem_align == 0 && tma_stage_bytes % fknn_smem_align == 0);
 };
@@ -162,18 +164,18 @@ __device__ inline void fknn_mma(float (&c)[4], const std::uint32_t (&a)[4], std:
 // over all 32 banks.
 inline constexpr int fknn_line_bytes = 128;
 
-/// wgmma shared-memory descriptor of k-step kk (16 elements) of the stage at shared address
-/// `stage`: the k-step starts 32 bytes into its panel's swizzled lines; 8-row core-matrix groups
-/// are 8 lines apart (stride byte offset); the leading byte offset is unused for this layout.
-template <int Keys>
-__device__ inline std::uint64_t fknn_desc(std::uint32_t stage, int kk) {
-  const std::uint32_t addr = stage + (kk / 4) * (Keys * fknn_line_bytes) + (kk % 4) * 32;
+/// wgmma shared-memory descriptor of the 64-key block whose swizzled lines start at shared
+/// address `addr` (its k-step 0; fknn_desc_step adds a later k-step's offset): 8-row core-matrix
+/// groups are 8 lines apart (stride byte offset); the leading byte offset is unused for this
+/// layout.
+__device__ inline std::uint64_t fknn_desc(std::uint32_t addr) {
   return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t{1} << 16) |
          (std::uint64_t{(8 * fknn_line_bytes) >> 4} << 32) | (std::uint64_t{1} << 62);
 }
 
-/// What k-step kk adds to the descriptor of k-step 0: its start address, in the descriptor's
-/// 16-byte units (the address field cannot carry: shared addresses are below 2^18 bytes).
+/// What k-step kk (16 elements) adds to the descriptor of k-step 0 in a stage of `Keys` keys: its
+/// start, 32 bytes per k-step into its panel's swizzled lines, in the descriptor's 16-byte units
+/// (the address field cannot carry: shared addresses are below 2^18 bytes).
 template <int Keys>
 __device__ constexpr std::uint64_t fknn_desc_step(int kk) {
   return static_cast<std::uint64_t>(((kk / 4) * (Keys * fknn_line_bytes) + (kk % 4) * 32) >> 4);
@@ -475,7 +477,7 @@ __global__ void __launch_bounds__(fknn_threads, 2)
         fknn_bar_init(&full[s], 1);
         released[s] = 0;
       }
-      for (int i = 0; i < 4; ++i) announce[i] = -1;
+      for (int i = 0; i < fknn_announce_slots; ++i) announce[i] = -1;
       fknn_fence_bar_init();  // initialized before the TMA unit signals them
       for (int s = 0; s < shape::tma_stages && s < chunks; ++s) {
         fknn_tma_stage<D, stage_keys>(&key_map, fknn_smem + s * shape::tma_stage_bytes, &full[s],
@@ -563,9 +565,8 @@ __global__ void __launch_bounds__(fknn_threads, 2)
       if constexpr (wgmma) {
         // One m64n64k16 per k-step.
         const std::uint64_t desc =
-            fknn_desc<stage_keys>(static_cast<std::uint32_t>(__cvta_generic_to_shared(stage_c)) +
-                                      sub * fknn_cols * fknn_line_bytes,
-                                  0);
+            fknn_desc(static_cast<std::uint32_t>(__cvta_generic_to_shared(stage_c)) +
+                      sub * fknn_cols * fknn_line_bytes);
         fknn_fence_acc(acc);
         fknn_wgmma_fence();
 #pragma unroll
