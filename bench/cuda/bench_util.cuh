@@ -90,19 +90,61 @@ inline void parse_options(int argc, char** argv, std::initializer_list<option_sp
   }
 }
 
+/// How a timed call's L2 is made cold. `dirty`: the flush buffer is overwritten (a memset),
+/// which leaves the L2 full of modified lines that the timed call then writes back to DRAM
+/// while it reads: a read-only kernel pays for the flush's writes (at a decode step's 161 MB of
+/// sparse attention, 8 us of 55; bench/results/h200_sparse_attention_clean_flush.txt). `clean`:
+/// the buffer is read, which evicts the same lines and leaves only unmodified ones, as a kernel
+/// preceded by reads (a decode step's search) finds the L2.
+enum class l2_flush { dirty, clean };
+
+/// Reads `n` 16-byte vectors; stores nothing unless an impossible value turns up, so the loads
+/// cannot be dropped. (A template, so that two benchmark objects may both include this header.)
+template <int = 0>
+__global__ void read_for_flush(const uint4* __restrict__ p, std::size_t n, uint4* sink) {
+  uint4 a = make_uint4(0u, 0u, 0u, 0u);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const uint4 x = p[i];
+    a.x ^= x.x;
+    a.y ^= x.y;
+    a.z ^= x.z;
+    a.w ^= x.w;
+  }
+  if (a.x == 0x9e3779b9u && a.y == 0x7f4a7c15u && a.z == 0x85ebca6bu && sink != nullptr) *sink = a;
+}
+
+/// Makes the L2 cold as `kind` says, `bytes` of `buffer` (at least twice the L2), on `stream`.
+/// `call` numbers the flushes, so that a dirty flush writes new values each time.
+inline void flush_l2(void* buffer, std::size_t bytes, l2_flush kind, int call,
+                     cudaStream_t stream) {
+  if (kind == l2_flush::dirty) {
+    KVSIFT_CUDA_CHECK(cudaMemsetAsync(buffer, call & 0xff, bytes, stream));
+    return;
+  }
+  int device = 0;
+  int sms = 0;
+  KVSIFT_CUDA_CHECK(cudaGetDevice(&device));
+  KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  read_for_flush<>
+      <<<sms * 8, 256, 0, stream>>>(static_cast<const uint4*>(buffer), bytes / 16, nullptr);
+  KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
 /// Median milliseconds of `runs` timed calls of f(stream) after `warmup` untimed ones. When
-/// `flush` is non-null, `flush_bytes` of it are overwritten before each timed call (outside the
-/// events) so that the call starts with a cold L2.
+/// `flush` is non-null, `flush_bytes` of it are flushed (`kind`, outside the events) before
+/// each timed call so that the call starts with a cold L2.
 template <class F>
 float median_ms(F&& f, cudaStream_t stream, int warmup = 5, int runs = 30, void* flush = nullptr,
-                std::size_t flush_bytes = 0) {
+                std::size_t flush_bytes = 0, l2_flush kind = l2_flush::dirty) {
   cudaEvent_t start, stop;
   KVSIFT_CUDA_CHECK(cudaEventCreate(&start));
   KVSIFT_CUDA_CHECK(cudaEventCreate(&stop));
   for (int i = 0; i < warmup; ++i) f(stream);
   std::vector<float> ms(runs);
   for (int i = 0; i < runs; ++i) {
-    if (flush != nullptr) KVSIFT_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
+    if (flush != nullptr) flush_l2(flush, flush_bytes, kind, i, stream);
     KVSIFT_CUDA_CHECK(cudaEventRecord(start, stream));
     f(stream);
     KVSIFT_CUDA_CHECK(cudaEventRecord(stop, stream));

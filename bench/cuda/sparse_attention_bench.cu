@@ -12,7 +12,12 @@
 // (32 heads, 616 tokens), each over a sweep of split counts.
 // Reports GB/s of K/V read (selected tokens x head_dim x 2 x element size) next to cudaMemcpy
 // device-to-device bandwidth (read + written) from the same run. L2 is flushed before every
-// timed call (a 256 MiB memset outside the events); a warm-L2 number is printed as well.
+// timed call, outside the events, two ways: a 256 MiB memset ("cold", which leaves the L2 full
+// of modified lines that the timed kernel writes back while it reads) and a 256 MiB read
+// ("clean", an L2 of unmodified lines, as after a decode step's search); a warm-L2 number is
+// printed as well. For each case, two references timed the same ways: a device-to-device copy of
+// the same number of bytes, and `gather_rows`, a kernel that reads the same K/V rows (offsets
+// resolved beforehand) and does no arithmetic: the floor for this access pattern.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,11 +37,49 @@
 
 namespace {
 
+using kvsift::cuda_bench::l2_flush;
 using kvsift::cuda_bench::median_ms;
 
 constexpr int kDim = 128;
 constexpr int kContext = 32768;
 constexpr int kPageSize = 16;
+
+/// The reference gather: reads every selected token's K and V row, 16 bytes per thread and four
+/// loads of each in flight, rows given as element offsets; XORs them and stores nothing (unless
+/// an impossible value turns up) so that the loads stay.
+template <class T>
+__global__ void gather_rows(const T* __restrict__ k, const T* __restrict__ v,
+                            const std::int64_t* __restrict__ offsets, std::int64_t rows,
+                            uint4* sink) {
+  constexpr int U = 4;
+  constexpr int vecs = kDim * static_cast<int>(sizeof(T)) / 16;
+  const std::int64_t items = rows * vecs;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  uint4 a = make_uint4(0u, 0u, 0u, 0u);
+  for (std::int64_t i0 = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       i0 < items; i0 += stride * U) {
+    uint4 x[U];
+    uint4 y[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::int64_t i = i0 + u * stride;
+      x[u] = y[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < items) {
+        const std::int64_t at = offsets[i / vecs] + (i % vecs) * (16 / sizeof(T));
+        x[u] = *reinterpret_cast<const uint4*>(k + at);
+        y[u] = *reinterpret_cast<const uint4*>(v + at);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      a.x ^= x[u].x ^ y[u].x;
+      a.y ^= x[u].y ^ y[u].y;
+      a.z ^= x[u].z ^ y[u].z;
+      a.w ^= x[u].w ^ y[u].w;
+    }
+  }
+  if (a.x == 0x9e3779b9u && a.y == 0x7f4a7c15u && a.z == 0x85ebca6bu) *sink = a;
+}
 
 /// One configuration: `qo_heads` query heads over `kv_heads` KV heads (GQA), `selected` random
 /// distinct tokens per query head, every split count in `splits` (0 = the automatic choice).
@@ -60,12 +103,19 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
   std::vector<std::int64_t> indptr(qo_heads + 1);
   std::vector<std::int32_t> ids;
   std::vector<std::int32_t> all(kContext);
+  std::vector<std::int64_t> offsets;  // each selected token's row, for the reference gather
+  const int group = qo_heads / kv_heads;
   for (int h = 0; h < qo_heads; ++h) {
     std::iota(all.begin(), all.end(), 0);
     std::shuffle(all.begin(), all.end(), rng);
     std::sort(all.begin(), all.begin() + selected);
     ids.insert(ids.end(), all.begin(), all.begin() + selected);
     indptr[h + 1] = static_cast<std::int64_t>(ids.size());
+    for (int i = 0; i < selected; ++i) {
+      const std::int32_t page =
+          table[static_cast<std::size_t>(h / group) * max_pages + all[i] / kPageSize];
+      offsets.push_back((std::int64_t{page} * kPageSize + all[i] % kPageSize) * kDim);
+    }
   }
   std::vector<float> q(qo_heads * kDim, 0.01f);
   float *d_q, *d_o, *d_lse;
@@ -84,6 +134,39 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
   const kvsift::cuda::paged_kv_ref<T> kv{k,    v,       num_pages, kPageSize,
                                          kDim, d_table, kv_heads,  max_pages};
   const double kv_bytes = 2.0 * qo_heads * selected * kDim * sizeof(T);
+  {
+    // The references: a copy of the same bytes (read kv_bytes / 2, written kv_bytes / 2) and
+    // the same rows gathered without arithmetic, each timed after both flushes.
+    kvsift::cuda_bench::dev<char> src(static_cast<std::size_t>(kv_bytes / 2));
+    kvsift::cuda_bench::dev<char> dst(static_cast<std::size_t>(kv_bytes / 2));
+    kvsift::cuda_bench::dev<std::int64_t> d_offsets(offsets.size());
+    kvsift::cuda_bench::dev<uint4> sink(1);
+    KVSIFT_CUDA_CHECK(
+        cudaMemcpy(d_offsets.p, offsets.data(), offsets.size() * 8, cudaMemcpyHostToDevice));
+    int sms = 0;
+    KVSIFT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    auto copy = [&](cudaStream_t st) {
+      KVSIFT_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, static_cast<std::size_t>(kv_bytes / 2),
+                                        cudaMemcpyDeviceToDevice, st));
+    };
+    auto gather = [&](cudaStream_t st) {
+      gather_rows<T><<<sms * 16, 128, 0, st>>>(k, v, d_offsets.p,
+                                               static_cast<std::int64_t>(offsets.size()), sink.p);
+      KVSIFT_CUDA_CHECK(cudaGetLastError());
+    };
+    const auto pct = [&](float ms) { return 100.0 * kv_bytes / (ms * 1e-3) / 1e9 / copy_gbps; };
+    const float copy_cold = median_ms(copy, s, 5, 30, flush, flush_bytes);
+    const float copy_clean = median_ms(copy, s, 5, 30, flush, flush_bytes, l2_flush::clean);
+    const float gather_cold = median_ms(gather, s, 5, 30, flush, flush_bytes);
+    const float gather_clean = median_ms(gather, s, 5, 30, flush, flush_bytes, l2_flush::clean);
+    std::printf(
+        "reference        %-4s qo=%d kv=%d d=%d sel=%d: copy of the same bytes cold %7.2f us "
+        "(%5.1f%%) clean %7.2f us (%5.1f%%) | gather_rows cold %7.2f us (%5.1f%%) clean %7.2f us "
+        "(%5.1f%%)\n",
+        type, qo_heads, kv_heads, kDim, selected, copy_cold * 1e3, pct(copy_cold), copy_clean * 1e3,
+        pct(copy_clean), gather_cold * 1e3, pct(gather_cold), gather_clean * 1e3,
+        pct(gather_clean));
+  }
   for (int splits : split_counts) {
     kvsift::cuda::sparse_attention_params params;
     params.num_splits = splits;
@@ -95,14 +178,16 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
                                         ws, st, params);
     };
     const float cold = median_ms(call, s, 5, 30, flush, flush_bytes);
+    const float clean = median_ms(call, s, 5, 30, flush, flush_bytes, l2_flush::clean);
     const float warm = median_ms(call, s, 5, 30);
     const double gb = kv_bytes / (cold * 1e-3) / 1e9;
     const int resolved = kvsift::cuda::detail::resolve_num_splits(qo_heads, params, {}, "bench");
     std::printf(
         "sparse_attention %-4s qo=%d kv=%d d=%d sel=%d splits=%-4s(~%2d): cold %7.2f us "
-        "%7.1f GB/s (%5.1f%% of copy) | warm L2 %7.2f us %7.1f GB/s\n",
+        "%7.1f GB/s (%5.1f%% of copy) | clean %7.2f us (%5.1f%%) | warm L2 %7.2f us %7.1f GB/s\n",
         type, qo_heads, kv_heads, kDim, selected, splits == 0 ? "auto" : "set",
-        splits == 0 ? resolved : splits, cold * 1e3, gb, 100.0 * gb / copy_gbps, warm * 1e3,
+        splits == 0 ? resolved : splits, cold * 1e3, gb, 100.0 * gb / copy_gbps, clean * 1e3,
+        100.0 * kv_bytes / (clean * 1e-3) / 1e9 / copy_gbps, warm * 1e3,
         kv_bytes / (warm * 1e-3) / 1e9);
     if (d_ws != nullptr) KVSIFT_CUDA_CHECK(cudaFree(d_ws));
   }
