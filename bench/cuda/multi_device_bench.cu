@@ -2,7 +2,9 @@
 // run, from one process.
 //
 //  1. Build: --build-heads KV heads of --build-keys keys x d (a GQA group of 4 query heads per
-//     KV head, 10% of their queries sampled for training; synthetic OOD data), built by
+//     KV head, 10% of their queries sampled for training; synthetic OOD data), each head
+//     --build-repeat times (a whole model's count of heads without generating each one's data:
+//     8 x 32 = Llama-3-8B's 256; a repeated head is built afresh, to the same graph), built by
 //     build_heads_sharded in each configuration of --configs (GPUs x builders: 1x8 = eight
 //     builders on GPU 0, 2x8 = builder s on GPU s mod 2), each builder with its share of the
 //     host's cores; a configuration suffixed ":host" merges step 3's rounds on the host
@@ -19,7 +21,8 @@
 //     the two are compared.
 //
 // Usage: kvsift-cuda-multi_device_bench [--devices 2] [--build 1] [--build-heads 16]
-//            [--build-keys 131072] [--configs 1x4,1x8,2x8,2x16] [--threads 0] [--step 1]
+//            [--build-keys 131072] [--build-repeat 1] [--configs 1x4,1x8,2x8,2x16] [--threads 0]
+//            [--step 1]
 //            (configs: GPUsxbuilders[:host][:full][:hostproj], e.g. 1x8:host,1x8,2x16:host,2x16;
 //            host: step 3's merge on the host; full: step 3's searches expand their whole pool,
 //            roargraph_params::connectivity_expand_fraction = 1; hostproj: step 2 on the host,
@@ -66,7 +69,7 @@ using kvsift::cuda_bench::seconds_since;
 using gpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine>;
 
 struct options {
-  std::size_t devices = 2, build = 1, build_heads = 16, build_keys = 131072;
+  std::size_t devices = 2, build = 1, build_heads = 16, build_keys = 131072, build_repeat = 1;
   std::size_t threads = 0, step = 1, requests = 16, n = 131072, distinct = 2, f16 = 0;
   std::size_t expand = 16, L = 256, hops = 272;
   std::string configs = "1x4,1x8,2x8,2x16";  // GPUs x builders of the build runs
@@ -97,7 +100,8 @@ void build_part(const options& o, int devices) {
     data.push_back(make_head(o.build_keys, group * o.build_keys, d, h, 100 + h));
     keys.push_back(kvsift::convert<E>(data.back().key_view()));
   }
-  for (std::size_t h = 0; h < data.size(); ++h) {
+  for (std::size_t i = 0; i < data.size() * std::max<std::size_t>(o.build_repeat, 1); ++i) {
+    const std::size_t h = i % data.size();
     const auto& x = data[h];
     kvsift::kv_head_job<store_t> j{store_t(keys[h].cview()), {}};
     for (std::size_t g = 0; g < group; ++g) {
@@ -106,9 +110,9 @@ void build_part(const options& o, int devices) {
     jobs.push_back(std::move(j));
   }
   std::printf(
-      "build: %zu KV heads x %zu %s keys x d=%zu, GQA group %zu, 10%% training queries; "
-      "data %.1f s; %zu host threads\n",
-      o.build_heads, o.build_keys, std::is_same_v<E, float> ? "f32" : "f16", d, group,
+      "build: %zu KV heads (%zu distinct) x %zu %s keys x d=%zu, GQA group %zu, 10%% training "
+      "queries; data %.1f s; %zu host threads\n",
+      jobs.size(), o.build_heads, o.build_keys, std::is_same_v<E, float> ? "f32" : "f16", d, group,
       seconds_since(t0), threads);
   using graphs_t = std::vector<kvsift::graph_index<store_t, kvsift::inner_product>>;
   // The first run's graphs per configuration kind (merge on the GPU or host, expand fraction,
@@ -193,7 +197,7 @@ void build_part(const options& o, int devices) {
       m.connectivity_merge_seconds += x.connectivity_merge_seconds;
       m.repair_seconds += x.repair_seconds;
     }
-    const double h = static_cast<double>(o.build_heads), ms = 1e3 / h;
+    const double h = static_cast<double>(jobs.size()), ms = 1e3 / h;
     std::printf(
         "  %zu GPU(s), %2zu builders (%2zu threads each), projection and merge on the %s and "
         "%s, expand fraction %.2f: "
@@ -469,6 +473,7 @@ int main(int argc, char** argv) {
       argc, argv,
       {cb::size_option("--devices", o.devices), cb::size_option("--build", o.build),
        cb::size_option("--build-heads", o.build_heads),
+       cb::size_option("--build-repeat", o.build_repeat),
        cb::size_option("--build-keys", o.build_keys), cb::size_option("--threads", o.threads),
        cb::size_option("--step", o.step), cb::size_option("--requests", o.requests),
        cb::size_option("--n", o.n), cb::size_option("--distinct", o.distinct),
