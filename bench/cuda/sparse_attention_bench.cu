@@ -134,6 +134,8 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
   const kvsift::cuda::paged_kv_ref<T> kv{k,    v,       num_pages, kPageSize,
                                          kDim, d_table, kv_heads,  max_pages};
   const double kv_bytes = 2.0 * qo_heads * selected * kDim * sizeof(T);
+  // Share of the copy's rate at which a call of `ms` milliseconds reads the K/V bytes.
+  const auto pct = [&](float ms) { return 100.0 * kv_bytes / (ms * 1e-3) / 1e9 / copy_gbps; };
   {
     // The references: a copy of the same bytes (read kv_bytes / 2, written kv_bytes / 2) and
     // the same rows gathered without arithmetic, each timed after both flushes.
@@ -154,7 +156,6 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
                                                static_cast<std::int64_t>(offsets.size()), sink.p);
       KVSIFT_CUDA_CHECK(cudaGetLastError());
     };
-    const auto pct = [&](float ms) { return 100.0 * kv_bytes / (ms * 1e-3) / 1e9 / copy_gbps; };
     const float copy_cold = median_ms(copy, s, 5, 30, flush, flush_bytes);
     const float copy_clean = median_ms(copy, s, 5, 30, flush, flush_bytes, l2_flush::clean);
     const float gather_cold = median_ms(gather, s, 5, 30, flush, flush_bytes);
@@ -186,9 +187,8 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
         "sparse_attention %-4s qo=%d kv=%d d=%d sel=%d splits=%-4s(~%2d): cold %7.2f us "
         "%7.1f GB/s (%5.1f%% of copy) | clean %7.2f us (%5.1f%%) | warm L2 %7.2f us %7.1f GB/s\n",
         type, qo_heads, kv_heads, kDim, selected, splits == 0 ? "auto" : "set",
-        splits == 0 ? resolved : splits, cold * 1e3, gb, 100.0 * gb / copy_gbps, clean * 1e3,
-        100.0 * kv_bytes / (clean * 1e-3) / 1e9 / copy_gbps, warm * 1e3,
-        kv_bytes / (warm * 1e-3) / 1e9);
+        splits == 0 ? resolved : splits, cold * 1e3, gb, pct(cold), clean * 1e3, pct(clean),
+        warm * 1e3, kv_bytes / (warm * 1e-3) / 1e9);
     if (d_ws != nullptr) KVSIFT_CUDA_CHECK(cudaFree(d_ws));
   }
   KVSIFT_CUDA_CHECK(cudaFree(k));
