@@ -23,12 +23,13 @@
 //      these edges recall after inserting 20% of OOD keys dropped by 0.03-0.04): appended
 //      while y's row has room; a full row becomes what the build's re-pruning (RNG in rank
 //      order, filled to R) makes of its R edges and x, edge for edge. A row remembers its
-//      last pruning's layout (kept edges, then pruned ones, each in rank order), so when x
-//      is occluded by a kept edge ranking before it only a few distances decide: the fill
-//      drops the farthest pruned candidate, x or the row's last edge; otherwise (x would be
-//      kept, or the layout is unknown) the row is re-pruned, O(R^2). If no row kept x, x
-//      replaces the lowest-ranked edge of its nearest chosen neighbour, so every inserted key
-//      has an in-edge;
+//      last pruning's layout (kept edges, then pruned ones, each in rank order), so a few
+//      distances decide when x is occluded by a kept edge ranking before it (the fill drops
+//      the farthest pruned candidate, x or the row's last edge) or when x is kept and
+//      occludes none of the kept edges after it (x joins them, the last pruned edge goes);
+//      otherwise (x frees pruned edges, or the layout is unknown) the row is re-pruned,
+//      O(R^2). If no row kept x, x replaces the lowest-ranked edge of its nearest chosen
+//      neighbour, so every inserted key has an in-edge;
 //   6. x -> p for every pivot p whose row kept x, while x's row has room (the projection links
 //      every key a pivot keeps back to the pivot; without it late queries of a real dump lost
 //      the attention sink, the pivot of most lists).
@@ -112,7 +113,7 @@ struct graph_insert_params {
 /// Memory held by an `insertable_graph`, in bytes (sizes, not capacities).
 struct insertable_graph_memory {
   std::size_t keys = 0;         ///< n x d x sizeof(T)
-  std::size_t graph = 0;        ///< n x max_degree ids + n degrees + n row layouts
+  std::size_t graph = 0;        ///< n x max_degree ids, n degrees, layouts, mark bits
   std::size_t queries = 0;      ///< m x d f32 training queries
   std::size_t query_knn = 0;    ///< m x nq ids and scores + per query its best and worst
   std::size_t query_index = 0;  ///< the key -> query lists of `query_candidates` (0 without)
@@ -251,11 +252,12 @@ class insertable_graph {
   std::vector<scored_id> best_;   // per query: its best kNN entry (the projection's pivot)
   std::vector<float> worst_key_;  // per query: the key of its worst kNN entry (list front)
   // With query_candidates: per key, the queries whose kNN list holds it (ascending; an entry
-  // leaves when the key leaves the list), and per query the stamp of the last insert that
-  // gathered it (deduplication without clearing an m-sized array per insert).
+  // leaves when the key leaves the list), and a bit per query, set while an insert gathers
+  // its queries (all clear between inserts).
   std::vector<std::vector<id_t>> holders_;
-  std::vector<std::uint32_t> gathered_;
-  std::uint32_t stamp_ = 0;
+  std::vector<std::uint64_t> gathered_;
+  // A bit per key, set while an insert collects its candidates (all clear between inserts).
+  std::vector<std::uint64_t> marked_;
   // Scratch of the insert (exclusive, so members): no allocation per key once warmed up.
   search_workspace ws_;
   std::vector<float> xf_, yf_, scratch_, qkeys_;

@@ -704,7 +704,8 @@ __global__ void __launch_bounds__(bi_threads)
     // A full row laid out as its last re-pruning left it (RNG-kept edges, then the fill, each
     // in rank order around y): while x is occluded by a kept edge ranking before it, the
     // re-pruning would keep the kept edges and drop the farthest of the fill and x, so a few
-    // distances decide (the CPU's link_back, edge for edge); otherwise re-prune.
+    // distances decide (the CPU's link_back, edge for edge); so they do when x is kept and
+    // occludes none of the kept edges after it (below); otherwise re-prune.
     const std::uint32_t kept = layouts != nullptr && fill ? layouts[base + y] : bi_unknown_layout;
     if (kept <= static_cast<std::uint32_t>(R)) {  // known (a corrupt count > R re-prunes)
       float sx = 0.0f;
@@ -715,6 +716,7 @@ __global__ void __launch_bounds__(bi_threads)
         sx = walk_key<true>(dist[0]);
       }
       bool occluded = false, stop = false;
+      int at = static_cast<int>(kept);  // x's rank among the kept edges, when it is kept
       for (int j0 = 0; j0 < static_cast<int>(kept) && !occluded && !stop; j0 += bi_rows_at_once) {
         const T* rows[bi_rows_at_once];
         float dy[bi_rows_at_once], dx[bi_rows_at_once];
@@ -729,6 +731,7 @@ __global__ void __launch_bounds__(bi_threads)
           if (occluded || stop || j0 + u >= static_cast<int>(kept)) continue;
           if (!bi_better(walk_key<true>(dy[u]), row_y[j0 + u], sx, x)) {
             stop = true;
+            at = j0 + u;
           } else {
             occluded = walk_key<true>(dx[u]) > sx;
           }
@@ -752,6 +755,36 @@ __global__ void __launch_bounds__(bi_threads)
           }
           __syncwarp();
         }
+        continue;
+      }
+      // x is kept. If it occludes none of the kept edges ranking after it, they stay kept and
+      // every fill edge keeps the kept edge that occluded it: x joins the kept edges at its
+      // rank and the fill's last edge goes (the CPU's link_back, edge for edge). Otherwise (or
+      // with R kept edges) x may free fill edges: re-prune.
+      bool frees = kept == static_cast<std::uint32_t>(R);
+      for (int j0 = at; j0 < static_cast<int>(kept) && !frees; j0 += bi_rows_at_once) {
+        const T* rows[bi_rows_at_once];
+        float dy[bi_rows_at_once], dx[bi_rows_at_once];
+#pragma unroll
+        for (int u = 0; u < bi_rows_at_once; ++u) {
+          rows[u] = j0 + u < static_cast<int>(kept) ? row_of(row_y[j0 + u]) : nullptr;
+        }
+        bi_warp_l2<bi_rows_at_once>(ry, rows, d, lane, dy);
+        bi_warp_l2<bi_rows_at_once>(row_of(x), rows, d, lane, dx);
+#pragma unroll
+        for (int u = 0; u < bi_rows_at_once; ++u) {
+          frees = frees || (j0 + u < static_cast<int>(kept) &&
+                            walk_key<true>(dx[u]) > walk_key<true>(dy[u]));
+        }
+      }
+      if (!frees) {
+        if (lane == 0) {
+          for (int j = R - 1; j > at; --j) row_y[j] = row_y[j - 1];
+          row_y[at] = x;
+          layouts[base + y] = kept + 1;
+          s_linked = 1;
+        }
+        __syncwarp();
         continue;
       }
     }
