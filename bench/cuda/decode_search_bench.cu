@@ -17,10 +17,12 @@
 // fastest setting reaching recall@100 0.95, against full attention, and its stages timed alone.
 //
 // Usage: kvsift-cuda-decode_search_bench [--n 131072] [--d 128] [--requests 32]
-//            [--kv-heads 8] [--group 4] [--distinct 2] [--page 16] [--quick 0|1]
+//            [--kv-heads 8] [--group 4] [--distinct 2] [--page 16] [--quick 0|1] [--dipr-only 0|1]
 //            [--step-expand W --step-L L --step-hops H] [--build-expand F]
 // --build-expand F: the indexes' step-3 expand fraction (default the library's).
 // --quick 1 sweeps only expand_width 4 to 32 without a degree cap and skips DIPR.
+// --dipr-only 1 runs only the DIPR rows of the sweep and stops before the decode step.
+// --dipr-caps C1,C2,...: the DIPR rows for each max_results C (default 8192, at most 8192).
 // --step-expand W (with --step-L, default 256, and --step-hops, default 0 = no cap): the
 // decode step uses this top-100 setting instead of the sweep's fastest at recall 0.95 (which
 // noise can flip between settings a few microseconds apart), and the sweep is skipped: only
@@ -33,6 +35,7 @@
 #include <numeric>
 #include <random>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -64,7 +67,9 @@ using kvsift::cuda_bench::seconds_since;
 
 struct options {
   std::size_t n = 131072, d = 128, requests = 32, kv_heads = 8, group = 4, distinct = 2, page = 16;
-  std::size_t quick = 0;  // 1: only the wide top-k walks, no DIPR (iterating on the kernel)
+  std::size_t quick = 0;      // 1: only the wide top-k walks, no DIPR (iterating on the kernel)
+  std::size_t dipr_only = 0;  // 1: only the DIPR rows of the sweep, no decode step
+  std::string dipr_caps = "8192";  // DIPR max_results swept (bounds the flat queries' walks)
   std::size_t step_expand = 0, step_L = 256, step_hops = 0;  // the step's setting, when given
   double build_expand = kvsift::roargraph_params{}.connectivity_expand_fraction;
 };
@@ -82,6 +87,8 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--distinct", o.distinct),
        kvsift::cuda_bench::size_option("--page", o.page),
        kvsift::cuda_bench::size_option("--quick", o.quick),
+       kvsift::cuda_bench::size_option("--dipr-only", o.dipr_only),
+       kvsift::cuda_bench::string_option("--dipr-caps", o.dipr_caps),
        kvsift::cuda_bench::size_option("--step-expand", o.step_expand),
        kvsift::cuda_bench::size_option("--step-L", o.step_L),
        kvsift::cuda_bench::size_option("--step-hops", o.step_hops),
@@ -274,6 +281,12 @@ int main(int argc, char** argv) {
         label, L, double(hit) / double(Q * K), sc / double(Q), paged_ms, dense_ms,
         exact_ms / paged_ms, found / double(Q), sorted_scored[Q / 2], sorted_scored[Q * 9 / 10],
         sorted_scored[Q * 99 / 100], sorted_scored[Q - 1]);
+    if (p.mode == kc::decode_search_mode::dipr) {
+      std::size_t at_cap = 0;
+      for (std::size_t i = 0; i < Q; ++i) at_cap += counts[i] >= std::uint32_t(cap);
+      std::printf("%-28s %6s %zu of %zu searches returned max_results = %d ids\n", "", "", at_cap,
+                  Q, cap);
+    }
     if (p.mode == kc::decode_search_mode::topk && double(hit) >= 0.95 * double(Q * K) &&
         paged_ms < chosen_ms) {
       chosen = p;
@@ -298,6 +311,7 @@ int main(int argc, char** argv) {
     const std::pair<int, int> walks[] = {{1, 0},  {2, 0},  {4, 0},  {8, 0}, {16, 0},
                                          {32, 0}, {8, 40}, {8, 32}, {8, 24}};
     for (const auto& [expand, degree_cap] : walks) {
+      if (o.dipr_only != 0) break;
       if (o.quick != 0 && (expand < 4 || degree_cap != 0)) continue;
       for (const int L : {100, 128, 160, 200, 224, 256, 320, 400}) {
         kc::decode_search_params p;
@@ -317,6 +331,7 @@ int main(int argc, char** argv) {
                              {24, 320, 11, 14}, {32, 256, 9, 12},  {32, 320, 9, 12},
                              {32, 400, 9, 12},  {12, 256, 20, 23}};
     for (const auto& [w, L, s0, s1] : capped) {
+      if (o.dipr_only != 0) break;
       for (int steps = s0; steps <= s1; ++steps) {
         kc::decode_search_params p;
         p.k = K;
@@ -328,20 +343,28 @@ int main(int argc, char** argv) {
         run(p, label, L);
       }
     }
-    for (const int expand : {1, 4, 8}) {
-      if (o.quick != 0) break;
-      for (const float beta : {0.5f, 1.0f, 1.5f}) {
-        kc::decode_search_params p;
-        p.mode = kc::decode_search_mode::dipr;
-        p.beta = beta;
-        p.l0 = 100;
-        p.max_results = cap_max;
-        p.expand_width = expand;
-        char label[64];
-        std::snprintf(label, sizeof label, "DIPR beta %.1f l0 100 expand %d", beta, expand);
-        run(p, label, 100);
+    for (const std::string& item : kvsift::cuda_bench::split_list(o.dipr_caps)) {
+      const int dipr_cap = std::stoi(item);
+      for (const int expand : {1, 4, 8}) {
+        if (o.quick != 0) break;
+        for (const float beta : {0.5f, 1.0f, 1.5f}) {
+          kc::decode_search_params p;
+          p.mode = kc::decode_search_mode::dipr;
+          p.beta = beta;
+          p.l0 = 100;
+          p.max_results = std::min(dipr_cap, cap_max);
+          p.expand_width = expand;
+          char label[64];
+          std::snprintf(label, sizeof label, "DIPR beta %.1f cap %d expand %d", beta, p.max_results,
+                        expand);
+          run(p, label, 100);
+        }
       }
     }
+  }
+  if (o.dipr_only != 0) {
+    cublasDestroy(handle);
+    return 0;
   }
   // 6. The composed decode step (window 512 + 4 sinks + top-100 at the chosen setting)
   // against full attention over every token with kvsift's own sparse_attention (all tokens
