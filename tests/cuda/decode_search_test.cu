@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #pragma nv_diagnostic push
@@ -852,6 +853,53 @@ TEST_CASE("decode_search_wider_expansion_returns_true_scores", "[cuda][decode_se
   CHECK(bad == 0);
   CHECK(four.status == 0u);
   CHECK(hit4 + hit1 / 50 >= hit1);
+}
+
+TEST_CASE("decode_search_dipr_wider_walk_equals_its_filtered_walk_under_an_all_pass_filter",
+          "[cuda][decode_search]") {
+  // The wider DIPR walk expands a step's nodes with ds_expand_one, whose unfiltered and
+  // filtered versions are separate code. A filter every id passes walks the same graph the
+  // same way, so both must return the same ids, scores, counts, keys scored and best score.
+  // Seeded and unseeded queries, seeds given as scores and as entry points, a cap that ends
+  // some searches, dense and paged keys. Mutants that fail it: the unfiltered expansion
+  // dropping each row's last neighbour; a variant that expanded an unfiltered step's nodes
+  // together (docs/decode_search.md, not on main) reading the step's rows in reverse order.
+  const graph_set s = make_set({2000, 3000, 700}, 32, 24, 2);
+  query_batch qb = make_queries(s, 600, true, false);
+  add_seeds(s, qb, 3);
+  query_batch all_pass = qb;
+  for (const std::int32_t g : qb.graph) {
+    all_pass.first.push_back(0);
+    all_pass.last.push_back(static_cast<std::uint32_t>(s.sizes[std::size_t(g)]));
+  }
+  std::size_t compared = 0, capped_runs = 0;
+  for (const int width : {2, 4, 8}) {
+    for (const auto& [beta, cap] : {std::pair{6.0f, 0}, std::pair{40.0f, 16}}) {
+      for (const bool paged : {false, true}) {
+        auto p = dipr(beta, 16, cap);
+        p.expand_width = width;
+        const gpu_result a = run_gpu<float>(s, qb, p, paged);
+        const gpu_result b = run_gpu<float>(s, all_pass, p, paged);
+        REQUIRE(a.capacity == b.capacity);
+        CHECK(a.counts == b.counts);
+        CHECK(a.scored == b.scored);
+        CHECK(a.best == b.best);
+        CHECK(a.status == b.status);
+        std::size_t diff = 0;
+        for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+          for (std::size_t j = 0; j < a.counts[i] && j < std::size_t(a.capacity); ++j) {
+            const std::size_t at = i * std::size_t(a.capacity) + j;
+            diff += a.ids[at] != b.ids[at] || a.scores[at] != b.scores[at];
+          }
+        }
+        CHECK(diff == 0);
+        compared += qb.graph.size();
+        capped_runs += (a.status & kc::decode_status_capped) != 0u;
+      }
+    }
+  }
+  INFO("queries compared: " << compared);
+  CHECK(capped_runs >= 1u);  // beta 40 with a cap of 16 ends some searches
 }
 
 TEST_CASE("decode_search_dipr_wider_walk_keeps_the_range_contract", "[cuda][decode_search]") {
