@@ -547,6 +547,66 @@ TEST_CASE("insert: holder_capacity caps the key -> query lists as its model does
   REQUIRE(x_truncated >= (n - base) / 4);
 }
 
+TEST_CASE("insert: the new key's own edges are the pruning of its rule's candidates",
+          "[index][insert]") {
+  // Steps 1-3 replayed outside the index before each insert, on integer data (exact scores):
+  // the Euclidean graph search from x (pool L), every training query scored (query_candidates
+  // = 0), the kNN lists of the query_neighbors queries that score x highest (ties: lower id),
+  // their keys and the found keys taken once each, RNG-pruned around x with fill. x's row must
+  // begin with exactly those edges, in that order (step 6 may append pivots after them).
+  const integer_data data(560, 23);
+  kvsift::graph_insert_params ip;
+  ip.query_candidates = 0;
+  auto g = data.build(400, ip);
+  const std::size_t d = integer_data::d, t = ip.query_neighbors;
+  kvsift::search_workspace ws;
+  std::vector<float> scratch;
+  std::size_t wrong = 0, checked = 0;
+  for (std::size_t i = 400; i < data.n; ++i) {
+    const float* x = data.keys.data() + i * d;
+    const std::size_t n = g.size(), L = std::min(ip.L, n);
+    std::vector<id_t> found(L);
+    std::vector<float> found_scores(L);
+    const kvsift::detail::euclidean_view<kvsift::insertable_graph<float>> eg{g};
+    const auto st = kvsift::beam_search(eg, std::span<const float>(x, d), {L, L}, ws,
+                                        std::span<id_t>(found), std::span<float>(found_scores));
+    found.resize(st.count);
+    std::vector<std::pair<int, id_t>> qs;  // (-score, query): nearest first, ties lower id
+    for (std::size_t q = 0; q < integer_data::m; ++q) {
+      int s = 0;
+      for (std::size_t c = 0; c < d; ++c) {
+        s += static_cast<int>(data.queries[q * d + c]) * static_cast<int>(x[c]);
+      }
+      qs.push_back({-s, static_cast<id_t>(q)});
+    }
+    std::sort(qs.begin(), qs.end());
+    const kvsift::knn_result lists = g.query_knn();
+    std::vector<id_t> ids(found);
+    for (std::size_t j = 0; j < t; ++j) {
+      for (std::size_t e = 0; e < lists.k; ++e) {
+        const id_t c = lists.ids[std::size_t(qs[j].second) * lists.k + e];
+        if (c != kvsift::invalid_id) ids.push_back(c);
+      }
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<kvsift::scored_id> cands;
+    for (const id_t c : ids) {
+      cands.push_back({kvsift::to_key<kvsift::l2>(kvsift::l2::score(x, g.row(c), d)), c});
+    }
+    std::vector<id_t> expect;
+    const kvsift::detail::key_rows<float> rows{g.row(0), n, d};
+    kvsift::detail::rng_prune<kvsift::detail::key_rows<float>, kvsift::l2>(
+        rows, cands, g.max_degree() / 2, true, scratch, expect);
+    const auto xid = static_cast<id_t>(g.insert(data.key_view().row_range(i, 1)));
+    const auto row = g.neighbors(xid);
+    wrong += row.size() < expect.size() || !std::equal(expect.begin(), expect.end(), row.begin());
+    ++checked;
+  }
+  INFO(wrong << " of " << checked << " new keys' rows differ from the replayed rule");
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("insert: a full row ends as the build's re-pruning with the new key leaves it",
           "[index][insert]") {
   // The build's rule, replayed outside the index (detail::rng_prune) for every full row among

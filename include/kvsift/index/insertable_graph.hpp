@@ -58,6 +58,7 @@
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/topk.hpp"
 #include "kvsift/core/vector_store.hpp"
+#include "kvsift/core/visited_set.hpp"
 #include "kvsift/index/graph_index.hpp"
 #include "kvsift/index/knn_result.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
@@ -113,7 +114,7 @@ struct graph_insert_params {
 /// Memory held by an `insertable_graph`, in bytes (sizes, not capacities).
 struct insertable_graph_memory {
   std::size_t keys = 0;         ///< n x d x sizeof(T)
-  std::size_t graph = 0;        ///< n x max_degree ids, n degrees, layouts, mark bits
+  std::size_t graph = 0;        ///< n x max_degree ids + n degrees + n row layouts
   std::size_t queries = 0;      ///< m x d f32 training queries
   std::size_t query_knn = 0;    ///< m x nq ids and scores + per query its best and worst
   std::size_t query_index = 0;  ///< the key -> query lists of `query_candidates` (0 without)
@@ -256,8 +257,6 @@ class insertable_graph {
   // its queries (all clear between inserts).
   std::vector<std::vector<id_t>> holders_;
   std::vector<std::uint64_t> gathered_;
-  // A bit per key, set while an insert collects its candidates (all clear between inserts).
-  std::vector<std::uint64_t> marked_;
   // Scratch of the insert (exclusive, so members): no allocation per key once warmed up.
   search_workspace ws_;
   std::vector<float> xf_, yf_, scratch_, qkeys_;
@@ -265,7 +264,8 @@ class insertable_graph {
   std::vector<std::uint32_t> offered_, entering_;
   std::vector<float> scores_;
   std::vector<scored_id> cands_, top_;
-  bool linked_ = false;  // a re-pruning of link_back's current insert kept x
+  visited_set offered_keys_;  // the keys an insert has made candidates
+  bool linked_ = false;       // a re-pruning of link_back's current insert kept x
 };
 
 /// Builds a RoarGraph index with `builder` over `keys` from `train_queries` and returns it

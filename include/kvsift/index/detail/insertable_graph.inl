@@ -187,7 +187,6 @@ requires std::same_as<typename Store::value_type, T> insertable_graph<T, M>::ins
   adj_.assign(built.adjacency().begin(), built.adjacency().end());
   degrees_.resize(n);
   kept_count_.assign(n, unknown_layout);
-  marked_.assign((n + 63) / 64, 0);
   for (std::size_t i = 0; i < n; ++i) {
     degrees_[i] = static_cast<std::uint32_t>(built.neighbors(static_cast<id_t>(i)).size());
   }
@@ -252,7 +251,6 @@ id_t insertable_graph<T, M>::insert(matrix_view<const T> keys) {
   detail::grow_to(degrees_, need);
   detail::grow_to(kept_count_, need);
   if (params_.query_candidates > 0) detail::grow_to(holders_, need);
-  marked_.resize((need + 63) / 64, 0);  // all clear between inserts
   for (std::size_t i = 0; i < count; ++i) insert_one(keys.row(i));
   return static_cast<id_t>(n);
 }
@@ -293,16 +291,15 @@ void insertable_graph<T, M>::insert_one(const T* key) {
     for (float& k : qkeys_) k = to_key<M>(k);
   }
   // 2. Candidates: the nearest queries' kNN keys, then the keys the graph search found.
-  // Each candidate once (a key in several lists, or also found), marked in a bitset over
-  // the keys that is cleared again below: no sort of the ids. The pruning ranks the
-  // candidates, so the order they are scored in does not matter.
+  // Each candidate once (a key in several lists, or also found), deduplicated by a visited
+  // set over the keys: no sort of the ids. The pruning ranks the candidates, so the order
+  // they are scored in does not matter.
   cands_.clear();
+  offered_keys_.reset(n);
   const auto offer = [&](id_t c) {
-    std::uint64_t& word = marked_[c >> 6];
-    const std::uint64_t bit = std::uint64_t{1} << (c & 63u);
-    if ((word & bit) != 0) return;
-    word |= bit;
-    cands_.push_back({to_key<l2>(l2::score(xf_.data(), row(c), d)), c});
+    if (offered_keys_.try_insert(c)) {
+      cands_.push_back({to_key<l2>(l2::score(xf_.data(), row(c), d)), c});
+    }
   };
   if (t > 0) {
     top_.clear();
@@ -315,7 +312,6 @@ void insertable_graph<T, M>::insert_one(const T* key) {
     }
   }
   for (const id_t c : found_) offer(c);
-  for (const scored_id& c : cands_) marked_[c.id >> 6] = 0;
   // 3. Its own edges, pruned as the build prunes.
   const detail::key_rows<T> old_keys{keys_.data(), n, d};
   detail::rng_prune<detail::key_rows<T>, l2>(old_keys, cands_, degree_, params_.fill, scratch_,
@@ -598,8 +594,7 @@ insertable_graph_memory insertable_graph<T, M>::memory() const noexcept {
   std::size_t index = gathered_.size() * sizeof(std::uint64_t);
   for (const auto& h : holders_) index += sizeof(h) + h.size() * sizeof(id_t);
   return {keys_.size() * sizeof(T),
-          adj_.size() * sizeof(id_t) + (degrees_.size() + kept_count_.size()) * 4 +
-              marked_.size() * sizeof(std::uint64_t),
+          adj_.size() * sizeof(id_t) + (degrees_.size() + kept_count_.size()) * 4,
           queries_.size() * sizeof(float),
           (knn_.size() + best_.size()) * sizeof(scored_id) + worst_key_.size() * sizeof(float),
           index};
