@@ -715,17 +715,21 @@ __global__ void __launch_bounds__(bi_threads)
         bi_warp_l2<1>(row_of(x), one, d, lane, dist);
         sx = walk_key<true>(dist[0]);
       }
-      bool occluded = false, stop = false;
-      int at = static_cast<int>(kept);  // x's rank among the kept edges, when it is kept
-      for (int j0 = 0; j0 < static_cast<int>(kept) && !occluded && !stop; j0 += bi_rows_at_once) {
+      // The squared distances of kept edges [j0, j0 + bi_rows_at_once) to y and to x.
+      auto kept_distances = [&](int j0, float(&dy)[bi_rows_at_once], float(&dx)[bi_rows_at_once]) {
         const T* rows[bi_rows_at_once];
-        float dy[bi_rows_at_once], dx[bi_rows_at_once];
 #pragma unroll
         for (int u = 0; u < bi_rows_at_once; ++u) {
           rows[u] = j0 + u < static_cast<int>(kept) ? row_of(row_y[j0 + u]) : nullptr;
         }
         bi_warp_l2<bi_rows_at_once>(ry, rows, d, lane, dy);
         bi_warp_l2<bi_rows_at_once>(row_of(x), rows, d, lane, dx);
+      };
+      bool occluded = false, stop = false;
+      int at = static_cast<int>(kept);  // x's rank among the kept edges, when it is kept
+      for (int j0 = 0; j0 < static_cast<int>(kept) && !occluded && !stop; j0 += bi_rows_at_once) {
+        float dy[bi_rows_at_once], dx[bi_rows_at_once];
+        kept_distances(j0, dy, dx);
 #pragma unroll
         for (int u = 0; u < bi_rows_at_once; ++u) {
           if (occluded || stop || j0 + u >= static_cast<int>(kept)) continue;
@@ -763,14 +767,8 @@ __global__ void __launch_bounds__(bi_threads)
       // with R kept edges) x may free fill edges: re-prune.
       bool frees = kept == static_cast<std::uint32_t>(R);
       for (int j0 = at; j0 < static_cast<int>(kept) && !frees; j0 += bi_rows_at_once) {
-        const T* rows[bi_rows_at_once];
         float dy[bi_rows_at_once], dx[bi_rows_at_once];
-#pragma unroll
-        for (int u = 0; u < bi_rows_at_once; ++u) {
-          rows[u] = j0 + u < static_cast<int>(kept) ? row_of(row_y[j0 + u]) : nullptr;
-        }
-        bi_warp_l2<bi_rows_at_once>(ry, rows, d, lane, dy);
-        bi_warp_l2<bi_rows_at_once>(row_of(x), rows, d, lane, dx);
+        kept_distances(j0, dy, dx);
 #pragma unroll
         for (int u = 0; u < bi_rows_at_once; ++u) {
           frees = frees || (j0 + u < static_cast<int>(kept) &&
