@@ -23,6 +23,9 @@
 // --quick 1 sweeps only expand_width 4 to 32 without a degree cap and skips DIPR.
 // --dipr-only 1 runs only the DIPR rows of the sweep and stops before the decode step.
 // --dipr-caps C1,C2,...: the DIPR rows for each max_results C (default 8192, at most 8192).
+// --dipr-step 1: after the top-k step, the decode step with DIPR (l0 100, expand_width 8) at
+// beta 0.5, 1.0, 1.5 and each cap of --dipr-caps, with dense_when_capped on and off: time,
+// heads capped, tokens attended per head, output error against full attention.
 // --step-expand W (with --step-L, default 256, and --step-hops, default 0 = no cap): the
 // decode step uses this top-100 setting instead of the sweep's fastest at recall 0.95 (which
 // noise can flip between settings a few microseconds apart), and the sweep is skipped: only
@@ -70,6 +73,7 @@ struct options {
   std::size_t quick = 0;      // 1: only the wide top-k walks, no DIPR (iterating on the kernel)
   std::size_t dipr_only = 0;  // 1: only the DIPR rows of the sweep, no decode step
   std::string dipr_caps = "8192";  // DIPR max_results swept (bounds the flat queries' walks)
+  std::size_t dipr_step = 0;       // 1: DIPR decode steps after the top-k one
   std::size_t step_expand = 0, step_L = 256, step_hops = 0;  // the step's setting, when given
   double build_expand = kvsift::roargraph_params{}.connectivity_expand_fraction;
 };
@@ -89,6 +93,7 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--quick", o.quick),
        kvsift::cuda_bench::size_option("--dipr-only", o.dipr_only),
        kvsift::cuda_bench::string_option("--dipr-caps", o.dipr_caps),
+       kvsift::cuda_bench::size_option("--dipr-step", o.dipr_step),
        kvsift::cuda_bench::size_option("--step-expand", o.step_expand),
        kvsift::cuda_bench::size_option("--step-L", o.step_L),
        kvsift::cuda_bench::size_option("--step-hops", o.step_hops),
@@ -435,6 +440,66 @@ int main(int argc, char** argv) {
         "decode step, walk_through = false: %.3f ms (%.2fx the step above); speedup over full "
         "attention %.2fx; relative output error %.2e (V = K)\n",
         step2_ms, step_ms / step2_ms, full_ms / step2_ms, step_error());
+
+    // DIPR steps: a capped search (more keys within beta than max_results: flat attention)
+    // attends every token with dense_when_capped, its truncated answer without. Heads capped
+    // and tokens attended come from the same search run alone with the step's filter.
+    for (const std::string& item : kvsift::cuda_bench::split_list(o.dipr_caps)) {
+      if (o.dipr_step == 0) break;
+      for (const float beta : {0.5f, 1.0f, 1.5f}) {
+        kc::decode_step_params dp;
+        dp.search.mode = kc::decode_search_mode::dipr;
+        dp.search.beta = beta;
+        dp.search.l0 = 100;
+        dp.search.max_results = std::min(std::stoi(item), cap_max);
+        dp.search.expand_width = 8;
+        const std::uint32_t lo = std::uint32_t(dp.sink);
+        const std::uint32_t hi =
+            std::uint32_t(std::max<std::size_t>(n - std::size_t(dp.window), lo));
+        std::vector<std::uint32_t> fl(Q, lo), fh(Q, hi);
+        dev<std::uint32_t> dfl(Q), dfh(Q), dcap(Q);
+        KVSIFT_CUDA_CHECK(cudaMemcpy(dfl.p, fl.data(), Q * 4, cudaMemcpyHostToDevice));
+        KVSIFT_CUDA_CHECK(cudaMemcpy(dfh.p, fh.data(), Q * 4, cudaMemcpyHostToDevice));
+        kc::decode_queries fq{dq.p, std::int64_t(d), dqg.p};
+        fq.filter_first = dfl.p;
+        fq.filter_last = dfh.p;
+        kc::decode_search_outputs so = out;
+        so.capped = dcap.p;
+        const std::size_t swb = kc::decode_search_workspace_size(set, std::int64_t(Q), dp.search);
+        dev<char> sws(swb);
+        kc::decode_search(set, kv, fq, std::int64_t(Q), dp.search, so, sws.p, swb, stream);
+        KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<std::uint32_t> counts(Q), capped(Q);
+        KVSIFT_CUDA_CHECK(cudaMemcpy(counts.data(), ocounts.p, Q * 4, cudaMemcpyDeviceToHost));
+        KVSIFT_CUDA_CHECK(cudaMemcpy(capped.data(), dcap.p, Q * 4, cudaMemcpyDeviceToHost));
+        const double window_tokens = double(lo) + double(n - hi);
+        double heads_capped = 0, attended_dense = 0, attended_plain = 0;
+        for (std::size_t i = 0; i < Q; ++i) {
+          const double got = window_tokens + std::min<double>(counts[i], dp.search.max_results);
+          heads_capped += capped[i];
+          attended_plain += got;
+          attended_dense += capped[i] != 0u ? double(n) : got;
+        }
+        for (const bool dense : {true, false}) {
+          dp.dense_when_capped = dense;
+          const std::size_t dwb = kc::decode_step_workspace_size(set, int(Q), int(d), dp);
+          dev<char> dws(dwb);
+          auto dstep = [&](cudaStream_t s) {
+            kc::decode_step(set, kv, dq.p, int(Q), int(d), o1.p, l1.p, dws.p, dwb, s, dp,
+                            ostatus.p);
+          };
+          const float ms = kvsift::cuda_bench::median_ms(dstep, stream, 2, 10);
+          std::printf(
+              "decode step, window + DIPR beta %.1f cap %d expand 8, dense_when_capped %d: %.3f "
+              "ms (speedup over full attention %.2fx); %.0f of %zu heads capped; %.0f tokens "
+              "attended per head (%.2f%% of %zu); relative output error %.2e (V = K)\n",
+              beta, dp.search.max_results, int(dense), ms, full_ms / ms, heads_capped, Q,
+              (dense ? attended_dense : attended_plain) / double(Q),
+              100.0 * (dense ? attended_dense : attended_plain) / double(Q) / double(n), n,
+              step_error());
+        }
+      }
+    }
 
     // The step's stages, each timed alone over the step's own inputs: the search with the
     // window excluded by an id range, the CSR compaction, attention over the retrieved and

@@ -280,6 +280,9 @@ class DecodeSearchResult(NamedTuple):
     counts: object  #: int32 [queries]: results in each row
     scored: object  #: int32 [queries]: vectors scored by each search (its cost)
     best: object  #: float32 [queries]: DIPR's best raw score seen (seed included); None for top-k
+    #: int32 [queries]: DIPR, 1 where the search hit ``max_results`` (its answer may be
+    #: incomplete: attention too flat for the cap); None for top-k
+    capped: object = None
 
 
 def _graph_fields(graphs):
@@ -383,12 +386,13 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
         counts = _empty(q, (m,), "int32")
         scored = _empty(q, (m,), "int32")
         best = _empty(q, (m,), "float32") if mode == "dipr" else None
+        capped = _empty(q, (m,), "int32") if mode == "dipr" else None
         ws = _empty(q, (max(ws_bytes, 1),), "uint8")
         _ext.decode_search(*_dl(adjacency, row_offset, entries), int(max_keys),
                            *_dl(q, keys, k_pages, page_table, graph, seed_score, first, last,
-                                seeds, ids, scores, counts, scored, best, ws),
+                                seeds, ids, scores, counts, scored, best, capped, ws),
                            *knobs, st, *_dl(status, sizes))
-    return DecodeSearchResult(ids, scores, counts, scored, best)
+    return DecodeSearchResult(ids, scores, counts, scored, best, capped)
 
 
 def results_to_csr(result, *, stream=None):
@@ -409,7 +413,7 @@ def results_to_csr(result, *, stream=None):
 def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, L=128,
                 expand_width=1, walk_through=True, degree_cap=0, beta=1.0, l0=64, max_results=0,
                 sink=4, window=512, scale=None, lse_base="e", stream=None, status=None,
-                carry=None, expand_limit=0, max_hops=0):
+                carry=None, expand_limit=0, max_hops=0, dense_when_capped=False):
     """One decode step of retrieval attention for one layer, on the GPU: the graph search of
     every query head over its KV head's index (the window excluded), then one sparse attention
     pass over the window (the first ``sink`` and last ``window`` tokens) and the retrieved
@@ -437,6 +441,13 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     (docs/decode_search.md). ``max_hops`` (top-k, 0 = no cap) caps the nodes a search
     expands, as in ``decode_search``: with L 256 and 272 hops the B = 16 step at 131072 tokens
     took 0.381-0.387 ms against torch SDPA's 1.897-1.976 ms (H200, docs/decode_search.md).
+
+    ``dense_when_capped`` (DIPR): a query head whose search hit ``max_results`` (more keys
+    within beta of the best than the cap: nearly flat attention) attends every token instead
+    of the truncated answer, in a second attention pass merged with the first; False (the
+    default) attends what the capped walk found. An exact answer for flat heads within a
+    bounded search, at the price of their whole context: on Gemma-3 layer 11 a larger top-k
+    reaches the same output error with fewer tokens (docs/decode_search.md).
     """
     base2 = _check_base(lse_base)
     st = _stream(q, stream)
@@ -444,7 +455,7 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     adjacency, row_offset, entries, max_keys, sizes = _graph_fields(graphs)
     knobs = (str(mode), int(k), int(L), int(expand_width), bool(walk_through), int(degree_cap),
              float(beta), int(l0), int(max_results), int(expand_limit), int(max_hops), int(sink),
-             int(window))
+             int(window), bool(dense_when_capped))
     with _on_stream(q, st, stream is not None):
         o = _empty(q, (heads, dim), "float32")
         lse = _empty(q, (heads,), "float32")

@@ -519,6 +519,24 @@ def test_decode_step_top_k_attends_the_window_and_the_best_keys():
         assert torch.logsumexp(window, 0).item() - 1e-4 <= lse[h].item() <= full_lse[-1] + 1e-4
 
 
+def test_decode_step_capped_dipr_heads_attend_every_token():
+    # Every DIPR search caps (an unbounded beta and a cap of 16 below the middle's 532 tokens):
+    # with dense_when_capped each head attends all its tokens, full attention; without (the
+    # default), the window and 16 keys, which hold less than the full softmax mass.
+    n, group, dim = 600, 4, 64
+    graphs, q, k, v, table, kd, vd = decode_case(torch.float16, seed=31)
+    args = dict(mode="dipr", beta=1e30, l0=16, max_results=16, sink=4, window=64)
+    o, lse = kc.decode_step(graphs, q, k, v, table, dense_when_capped=True, **args)
+    _, lse_capped = kc.decode_step(graphs, q, k, v, table, **args)
+    for h in range(q.shape[0]):
+        kh, vh = kd[h // group].double(), vd[h // group].double()
+        logits = (kh @ q[h].double()) / math.sqrt(dim)
+        full = torch.logsumexp(logits, 0).item()
+        assert abs(lse[h].item() - full) < 1e-4
+        assert torch.allclose(o[h].double(), torch.softmax(logits, 0) @ vh, atol=1e-4, rtol=1e-4)
+        assert lse_capped[h].item() < full - 1e-3
+
+
 def test_decode_step_carry_is_the_search_and_its_seeds():
     # A carry of -1 is the cold step (same output) and comes back holding each head's
     # retrieved ids (the middle only); passed again it seeds the next step's search, so with
@@ -610,12 +628,18 @@ def test_decode_search_equals_the_cpu_walk(dtype, layout):
         scored += r.scored[i].item()
     assert scored < 0.5 * q.shape[0] * keys.shape[1]  # the walk routed, it did not scan
     # DIPR: the same in-range set (the GPU returns it in discovery order) and best score.
-    r = kc.decode_search(graphs, qd, **where, mode="dipr", beta=6.0, l0=16)
-    for i in range(q.shape[0]):
-        cpu = idx[i // group].dipr(q[i], 6.0, l0=16)
-        got = np.sort(r.ids[i, : r.counts[i].item()].cpu().numpy())
-        assert np.array_equal(got, np.sort(cpu.ids.astype(np.int32)))
-        assert r.best[i].item() == cpu.best_score
+    # With a cap of 16 some searches stop at it: each query's capped flag is the CPU's.
+    capped = 0
+    for cap in (0, 16):
+        r = kc.decode_search(graphs, qd, **where, mode="dipr", beta=6.0, l0=16, max_results=cap)
+        for i in range(q.shape[0]):
+            cpu = idx[i // group].dipr(q[i], 6.0, l0=16, max_candidates=cap)
+            got = np.sort(r.ids[i, : r.counts[i].item()].cpu().numpy())
+            assert np.array_equal(got, np.sort(cpu.ids.astype(np.int32)))
+            assert r.best[i].item() == cpu.best_score
+            assert r.capped[i].item() == int(cpu.capped)
+            capped += int(cpu.capped)
+    assert capped > 0
 
 
 def test_decode_search_seeds_and_expand_limit_equal_the_cpu():

@@ -125,6 +125,7 @@ struct gpu_result {
   std::vector<id_t> ids;
   std::vector<float> scores, best;
   std::vector<std::uint32_t> counts, scored;
+  std::vector<std::uint32_t> capped;  // per query (7 where the kernel did not write it)
   std::uint32_t status = 0;
   int capacity = 0;
 };
@@ -170,8 +171,10 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
   device_buffer<id_t> ids(m * cap);
   device_buffer<float> scores(m * cap), best(m);
   device_buffer<std::uint32_t> counts(m), scored(m), status(std::vector<std::uint32_t>{0});
+  device_buffer<std::uint32_t> capped(std::vector<std::uint32_t>(m, 7u));
   kc::decode_search_outputs out{ids.get(),  scores.get(), counts.get(),
                                 best.get(), scored.get(), status.get()};
+  out.capped = capped.get();
   const std::size_t wb = kc::decode_search_workspace_size(set, std::int64_t(m), p);
   device_buffer<char> ws(wb);
 
@@ -225,6 +228,7 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
   r.best = best.download();
   r.counts = counts.download();
   r.scored = scored.download();
+  r.capped = capped.download();
   r.status = status.download()[0];
   return r;
 }
@@ -296,7 +300,7 @@ query_batch first_queries(const query_batch& qb, std::size_t m, std::size_t d) {
 }
 
 /// Counts queries where the GPU differs from the CPU search (ids, scores, count, vectors
-/// scored; DIPR also best score and capping).
+/// scored, the per-query capped flag; DIPR also best score and capping).
 template <class M, class T>
 int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_params& p,
             bool paged, std::int64_t declared_keys = 0) {
@@ -313,6 +317,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
     std::vector<float> want_scores;
     std::size_t want_scored = 0;
     float want_best = 0;
+    bool want_capped = false;
     std::vector<id_t> extra;  // the query's seeds without the padding
     for (int j = 0; j < qb.seeds_ld; ++j) {
       const id_t e = qb.seeds[i * std::size_t(qb.seeds_ld) + std::size_t(j)];
@@ -332,6 +337,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         want_scores = res.scores;
         want_scored = res.stats.distance_computations;
         want_best = res.best_score;
+        want_capped = res.capped;
         any_capped |= res.capped;
       } else {
         std::vector<id_t> ids(std::size_t(p.k));
@@ -367,7 +373,8 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
                (a.first == b.first && a.second < b.second);
       });
     }
-    bool same = count == want_ids.size() && r.scored[i] == want_scored;
+    bool same = count == want_ids.size() && r.scored[i] == want_scored &&
+                r.capped[i] == (want_capped ? 1u : 0u);
     for (std::size_t j = 0; same && j < want_ids.size(); ++j) {
       same = got[j].second == want_ids[j] && got[j].first == want_scores[j];
     }

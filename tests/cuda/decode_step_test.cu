@@ -31,6 +31,9 @@ struct step_result {
   std::vector<id_t> carry;  // the carry after the step (with one)
   // Per query head, its exact top-k of the retrieval range [sink', n - window) (host, double).
   std::vector<std::vector<id_t>> exact_middle;
+  // Per query head (without a carry): whether the composed search was capped (DIPR), and how
+  // many ids it retrieved.
+  std::vector<std::uint32_t> capped, retrieved;
 };
 
 /// Graphs of the given sizes over random f32 keys; each graph a ring (i -> i + 1) plus random
@@ -39,10 +42,11 @@ struct step_result {
 /// in the exact top-k of each head's retrieval range instead.
 /// `spare` > 0: each graph gets that many rows beyond its keys (room to grow; linked among
 /// themselves, their tokens holding large keys and values) and `graph_set_ref::sizes` says how
-/// many are keys; the step must neither retrieve nor attend to the spare ones.
+/// many are keys; the step must neither retrieve nor attend to the spare ones. `nan_head` >= 0
+/// puts a NaN into that query head's vector.
 step_result run_step(const std::vector<int>& sizes, int group, int d,
                      const kc::decode_step_params& p, const std::vector<id_t>* carry = nullptr,
-                     bool carry_exact = false, int spare = 0) {
+                     bool carry_exact = false, int spare = 0, int nan_head = -1) {
   const int G = static_cast<int>(sizes.size());
   const int H = G * group;
   const int width = 12, page = 16;
@@ -84,6 +88,7 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   }
   std::vector<float> q(static_cast<std::size_t>(H) * d);
   for (auto& x : q) x = uniform(-2.0f, 2.0f);
+  if (nan_head >= 0) q[static_cast<std::size_t>(nan_head) * d + 1] = std::nanf("");
   const int cap = kc::decode_search_capacity(p.search);
   std::vector<std::vector<id_t>> exact_middle(static_cast<std::size_t>(H));
   for (int h = 0; h < H; ++h) {
@@ -136,6 +141,7 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
     }
     device_buffer<std::int32_t> dgraph(graph_of);
     device_buffer<std::uint32_t> dlo(lo), dhi(hi), dcounts(static_cast<std::size_t>(H));
+    device_buffer<std::uint32_t> dcapped(static_cast<std::size_t>(H));
     device_buffer<id_t> dids(static_cast<std::size_t>(H) * cap);
     kc::decode_queries qs{dq.get(), d, dgraph.get()};
     qs.filter_first = dlo.get();
@@ -143,11 +149,14 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
     kc::decode_search_outputs so{};
     so.ids = dids.get();
     so.counts = dcounts.get();
+    so.capped = dcapped.get();
     const std::size_t swb = kc::decode_search_workspace_size(set, H, p.search);
     device_buffer<char> sws(swb);
     kc::decode_search(set, kv, qs, H, p.search, so, sws.get(), swb, nullptr);
     const std::vector<id_t> ids = dids.download();
     const std::vector<std::uint32_t> counts = dcounts.download();
+    r.capped = dcapped.download();
+    r.retrieved = counts;
     std::vector<std::int64_t> indptr{0};
     std::vector<std::int32_t> tokens;
     for (int h = 0; h < H; ++h) {
@@ -193,6 +202,14 @@ int mismatches(const step_result& r) {
   for (std::size_t i = 0; i < r.lse.size(); ++i)
     bad += !(std::fabs(r.lse[i] - r.want_lse[i]) <= 2e-5);
   if (bad != 0) std::printf("    %d mismatches (o[0] %g vs %g)\n", bad, r.o[0], r.want_o[0]);
+  return bad;
+}
+
+/// Elements of query head h's output (o and lse) farther than 2e-5 from full attention.
+int head_mismatches(const step_result& r, std::size_t h, int d) {
+  int bad = !(std::fabs(r.lse[h] - r.want_lse[h]) <= 2e-5);
+  for (std::size_t i = h * d; i < (h + 1) * d; ++i)
+    bad += !(std::fabs(r.o[i] - r.want_o[i]) <= 2e-5);
   return bad;
 }
 
@@ -245,6 +262,59 @@ TEST_CASE("decode_step_dipr_with_infinite_beta_equals_full_attention", "[cuda][d
   p.search.l0 = 1000;
   p.search.max_results = 4096;
   CHECK(mismatches(run_step({700, 10}, 2, 64, p)) == 0);
+}
+
+TEST_CASE("decode_step_capped_dipr_heads_attend_every_token", "[cuda][decode_step]") {
+  // A DIPR search that hits max_results returns an arbitrary part of its range; with
+  // dense_when_capped that head attends every token, so its output is full
+  // attention, while an uncapped head's output is the same as the one-pass composition over
+  // its window and retrieved ids, bit for bit (the full-attention pass leaves it an empty
+  // state). Without the switch a capped head attends the truncated answer: not full attention.
+  kc::decode_step_params p;
+  p.sink = 2;
+  p.window = 16;
+  p.search.mode = kc::decode_search_mode::dipr;
+  p.search.l0 = 16;
+  p.search.max_results = 32;
+  // Middles of 7 (never capped), ~280, ~1480 and ~3980 tokens (where a capped head's dense
+  // pass has several splits of decode_step_dense_chunk).
+  const std::vector<int> sizes{25, 300, 1500, 4000, 9000};
+  int capped = 0, partial = 0;
+  for (const float beta : {1e30f, 4.0f, 8.0f, 12.0f}) {
+    p.search.beta = beta;
+    for (const bool dense : {true, false}) {
+      p.dense_when_capped = dense;
+      rng().seed(41);
+      const step_result r = run_step(sizes, 2, 64, p);
+      CHECK((r.status & ~kc::decode_status_capped) == 0u);
+      const int d = 64;
+      int bad = 0;
+      for (std::size_t h = 0; h < r.capped.size(); ++h) {
+        const auto head_o = [&](const std::vector<float>& v) {
+          return std::vector<float>(v.begin() + h * d, v.begin() + (h + 1) * d);
+        };
+        if (r.capped[h] != 0u) {
+          if (!dense) continue;  // checked in aggregate below
+          ++capped;
+          bad += head_mismatches(r, h, d);
+        } else {
+          partial += dense && r.retrieved[h] > 0u && r.retrieved[h] < 300u ? 1 : 0;
+          bad += head_o(r.o) != head_o(r.composed_o) ? 1 : 0;
+          bad += r.lse[h] != r.composed_lse[h] ? 1 : 0;
+        }
+      }
+      CHECK(bad == 0);
+      if (!dense) {  // the capped heads attend their truncated answers: not full attention
+        int capped_wrong = 0;
+        for (std::size_t h = 0; h < r.capped.size(); ++h) {
+          if (r.capped[h] != 0u) capped_wrong += std::fabs(r.lse[h] - r.want_lse[h]) > 1e-3 ? 1 : 0;
+        }
+        CHECK(capped_wrong > 0);
+      }
+    }
+  }
+  CHECK(capped > 0);  // both kinds of head are in the batches: the check bites on each
+  CHECK(partial > 0);
 }
 
 TEST_CASE("decode_step_carry_warm_starts_the_search", "[cuda][decode_step]") {
@@ -327,6 +397,39 @@ TEST_CASE("decode_step_equals_its_composition_from_public_calls", "[cuda][decode
   const step_result r = run_step({700, 5, 1200}, 4, 64, p);
   CHECK(r.o == r.composed_o);
   CHECK(r.lse == r.composed_lse);
+}
+
+TEST_CASE("decode_step_nan_query_shows_in_its_head_only", "[cuda][decode_step]") {
+  // A NaN query head returns no retrieval and its output is NaN (o and lse), as sparse_attention
+  // gives it; the other heads are exact. DIPR with dense_when_capped merges two passes: the
+  // merge must propagate the NaN, not empty the row.
+  kc::decode_step_params topk;
+  topk.sink = 4;
+  topk.window = 32;
+  topk.search.k = 1000;
+  topk.search.L = 1000;
+  kc::decode_step_params dipr = topk;
+  dipr.search.mode = kc::decode_search_mode::dipr;
+  dipr.search.beta = 1e30f;  // every head caps at 32 and attends all its tokens
+  dipr.search.l0 = 16;
+  dipr.search.max_results = 32;
+  dipr.dense_when_capped = true;
+  for (const kc::decode_step_params& p : {topk, dipr}) {
+    rng().seed(51);
+    const int d = 64, nan_head = 5;
+    const step_result r = run_step({300, 1000}, 4, d, p, nullptr, false, 0, nan_head);
+    int bad = 0, nan = 0;
+    for (std::size_t h = 0; h < r.lse.size(); ++h) {
+      if (static_cast<int>(h) != nan_head) {
+        bad += head_mismatches(r, h, d);
+        continue;
+      }
+      nan += std::isnan(r.lse[h]) ? 1 : 0;
+      for (int j = 0; j < d; ++j) nan += std::isnan(r.o[h * d + j]) ? 1 : 0;
+    }
+    CHECK(bad == 0);
+    CHECK(nan == d + 1);
+  }
 }
 
 TEST_CASE("decode_step_rejects_bad_input", "[cuda][decode_step]") {

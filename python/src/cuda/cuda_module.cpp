@@ -330,12 +330,13 @@ ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int
 ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int expand_width,
                                   bool walk_through, int degree_cap, float beta, int l0,
                                   int max_results, int expand_limit, int max_hops, int sink,
-                                  int window, float scale) {
+                                  int window, bool dense_when_capped, float scale) {
   ops::decode_step_knobs p;
   p.search = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                           "ip", expand_limit, max_hops);
   p.sink = sink;
   p.window = window;
+  p.dense_when_capped = dense_when_capped;
   p.scale = scale;
   return p;
 }
@@ -731,19 +732,20 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
          std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
          int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
-         int max_results, int expand_limit, int max_hops, int sink, int window) {
+         int max_results, int expand_limit, int max_hops, int sink, int window,
+         bool dense_when_capped) {
         return ops::decode_step_workspace_size(
             graph_sizes(graphs, rows, width, max_entries, max_keys), as_int(qo_heads, "qo_heads"),
             as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                       expand_limit, max_hops, sink, window,
+                       expand_limit, max_hops, sink, window, dense_when_capped,
                        std::numeric_limits<float>::quiet_NaN()));
       },
       py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
       py::arg("max_keys"), py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"),
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
-      py::arg("max_hops"), py::arg("sink"), py::arg("window"),
+      py::arg("max_hops"), py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"),
       "Bytes of device workspace decode_step needs for a graph set of `graphs` graphs over an "
       "adjacency of `rows` x `width`; raises for bad parameters (max_keys outside [1, rows] "
       "included).");
@@ -754,8 +756,8 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle q, py::handle k_pages, py::handle v_pages, py::handle page_table, py::handle o,
          py::handle lse, py::handle workspace, const std::string& mode, int k, int L,
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
-         int expand_limit, int max_hops, int sink, int window, float scale, std::intptr_t stream,
-         py::object status, py::object carry, py::object sizes) {
+         int expand_limit, int max_hops, int sink, int window, bool dense_when_capped, float scale,
+         std::intptr_t stream, py::object status, py::object carry, py::object sizes) {
         const intake in{stream};
         ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
                                          in(entries, "entries"), max_keys);
@@ -773,7 +775,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         if (!status.is_none()) st = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const ops::decode_step_knobs p =
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                       expand_limit, max_hops, sink, window, scale);
+                       expand_limit, max_hops, sink, window, dense_when_capped, scale);
         std::uint32_t* carry_ids = nullptr;
         if (!carry.is_none()) {
           const tensor tc = in(carry, "carry");
@@ -792,8 +794,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("lse"), py::arg("workspace"), py::arg("mode"), py::arg("k"), py::arg("L"),
       py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
       py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("max_hops"),
-      py::arg("sink"), py::arg("window"), py::arg("scale"), py::arg("stream"),
-      py::arg("status") = py::none(), py::arg("carry") = py::none(), py::arg("sizes") = py::none(),
+      py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"), py::arg("scale"),
+      py::arg("stream"), py::arg("status") = py::none(), py::arg("carry") = py::none(),
+      py::arg("sizes") = py::none(),
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(
@@ -822,10 +825,10 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle q, py::object keys, py::object k_pages, py::object page_table, py::handle graph,
          py::object seed_score, py::object filter_first, py::object filter_last, py::object seeds,
          py::handle ids, py::handle scores, py::handle counts, py::handle scored, py::object best,
-         py::handle workspace, const std::string& mode, const std::string& metric, int k, int L,
-         int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
-         int expand_limit, int max_hops, std::intptr_t stream, py::object status,
-         py::object sizes) {
+         py::object capped, py::handle workspace, const std::string& mode,
+         const std::string& metric, int k, int L, int expand_width, bool walk_through,
+         int degree_cap, float beta, int l0, int max_results, int expand_limit, int max_hops,
+         std::intptr_t stream, py::object status, py::object sizes) {
         const intake in{stream};
         const tensor tadj = in(adjacency, "adjacency");
         ops::decode_graphs g =
@@ -873,6 +876,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         require_u32(tn, {m}, "scored");
         out.scored = ptr<std::uint32_t>(tn);
         out.best = optional_vector<float>(best, in, m, "best");
+        out.capped = optional_vector<std::uint32_t>(capped, in, m, "capped");
         if (!status.is_none())
           out.status = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const tensor tw = in(workspace, "workspace");
@@ -885,10 +889,11 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("q"), py::arg("keys"), py::arg("k_pages"), py::arg("page_table"), py::arg("graph"),
       py::arg("seed_score"), py::arg("filter_first"), py::arg("filter_last"), py::arg("seeds"),
       py::arg("ids"), py::arg("scores"), py::arg("counts"), py::arg("scored"), py::arg("best"),
-      py::arg("workspace"), py::arg("mode"), py::arg("metric"), py::arg("k"), py::arg("L"),
-      py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"), py::arg("beta"),
-      py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("max_hops"),
-      py::arg("stream"), py::arg("status") = py::none(), py::arg("sizes") = py::none(),
+      py::arg("capped"), py::arg("workspace"), py::arg("mode"), py::arg("metric"), py::arg("k"),
+      py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
+      py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
+      py::arg("max_hops"), py::arg("stream"), py::arg("status") = py::none(),
+      py::arg("sizes") = py::none(),
       "Low level: the batched GPU graph search into padded rows. Use kvsift.cuda.decode_search.");
 
   bind_batch_insert(m);

@@ -195,6 +195,7 @@ kc::decode_step_params step_params(const decode_step_knobs& k) {
   p.search = search_params(k.search);
   p.sink = k.sink;
   p.window = k.window;
+  p.dense_when_capped = k.dense_when_capped;
   if (!std::isnan(k.scale)) p.scale = k.scale;
   return p;
 }
@@ -248,6 +249,7 @@ kc::decode_search_outputs search_outputs(const decode_search_outputs& o) {
   r.scored = o.scored;
   r.best_scores = o.best;
   r.status = o.status;
+  r.capped = o.capped;
   return r;
 }
 

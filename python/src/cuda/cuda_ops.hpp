@@ -102,6 +102,7 @@ struct decode_search_outputs {
   std::uint32_t* scored = nullptr;  ///< [m]
   float* best = nullptr;            ///< [m]
   std::uint32_t* status = nullptr;
+  std::uint32_t* capped = nullptr;  ///< [m] DIPR: 1 where the search hit max_results
 };
 
 /// kvsift::cuda::decode_search_capacity: result slots per query.
@@ -141,6 +142,7 @@ struct decode_step_knobs {
   int sink = 4;
   int window = 512;
   float scale = std::numeric_limits<float>::quiet_NaN();
+  bool dense_when_capped = false;  ///< DIPR: a capped head attends every token
 };
 
 /// kvsift::cuda::decode_step_workspace_size.

@@ -180,6 +180,10 @@ struct decode_search_outputs {
   float* best_scores = nullptr;     ///< [m] DIPR: best raw score seen (seed included)
   std::uint32_t* scored = nullptr;  ///< [m] vectors scored
   std::uint32_t* status = nullptr;  ///< one word of decode_status_* bits (optional)
+  /// [m]: 1 where a DIPR search hit max_results (its answer may be incomplete: the walk
+  /// stopped; `dipr_result::capped` on the CPU), else 0 (always 0 for top-k). `status` says
+  /// only that some search of the launch was capped; this says which.
+  std::uint32_t* capped = nullptr;
 };
 
 /**

@@ -13,6 +13,11 @@
 // did before: two passes, a merge and three more launches; one pass is faster,
 // docs/decode_search.md). With a retrieval that finds every middle token it equals full
 // attention (tests/cuda/decode_step_test.cu checks this against a double-precision reference).
+//
+// With `dense_when_capped`, DIPR heads whose search hit its cap (nearly flat attention: more
+// keys within beta of the best than max_results) attend every token instead: the window pass
+// leaves their retrieved ids out, a second pass attends their whole middle range, and a merge
+// writes the outputs.
 
 #include <cuda_runtime.h>
 
@@ -38,11 +43,29 @@ struct decode_step_params {
   int window = 512;  ///< last tokens of every KV head always attended, >= 0
   /// Attention logit scale; std::nullopt (default) = 1 / sqrt(head_dim). Must be finite.
   std::optional<float> scale;
+  /// DIPR only: a query head whose search hit `search.max_results` attends every token of its
+  /// KV head (full attention) instead of the truncated answer (true); false (default) attends
+  /// what the capped walk found. A search is capped when nearly flat attention puts more keys
+  /// within beta of the best than the cap: its answer is then the first max_results in-range
+  /// keys the walk met, an arbitrary part of a set that full attention covers exactly. A small
+  /// cap bounds the launch, whose time is the flat queries' walks, and the switch keeps those
+  /// heads exact. Not a cheap route to accuracy: on Gemma-3 layer 11 a larger top-k reaches the
+  /// same output error with fewer tokens (docs/decode_search.md). Costs a second attention
+  /// pass over the capped heads' middle tokens, in `decode_step_dense_chunk`-token splits, and
+  /// a merge, also when no head is capped (its blocks then stop at once: 45-56 us at 1024
+  /// query heads, H200). Ignored by top-k, which is never capped.
+  bool dense_when_capped = false;
 };
 
+/// Tokens per block of decode_step's full-attention pass over a capped DIPR head's middle
+/// tokens (`dense_when_capped`): a 131072-token head is split 32 ways, so one capped head
+/// does not leave the step waiting on one block.
+inline constexpr int decode_step_dense_chunk = 4096;
+
 /**
- * @brief Bytes of workspace `decode_step` needs (ids, CSR lists and partial states of both
- *        token sets, the search's and the attention's workspaces).
+ * @brief Bytes of workspace `decode_step` needs: the search's results and workspace, the
+ *        attention's split states; for DIPR with `dense_when_capped`, also each head's capped
+ *        flag, two states per head and the full-attention pass's split states.
  * @throw kvsift::invalid_argument bad sizes or parameters (as decode_search and
  *        sparse_attention_workspace_size), sink or window negative
  * @throw kvsift::cuda_error a device query failed
@@ -58,7 +81,8 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  * row g); query head h uses graph h / (num_qo_heads / set.num_graphs) (GQA). The window of
  * head g is tokens [0, min(sink, n_g)) and [max(sink, n_g - window), n_g); retrieval searches
  * the tokens between (none when the window covers the head). Output: o = attention over the
- * union, lse its natural-log normaliser, as `sparse_attention`.
+ * union, lse its natural-log normaliser, as `sparse_attention`. For DIPR with
+ * `p.dense_when_capped`, a head whose search hit max_results attends all n_g tokens instead.
  *
  * @param q        device, [num_qo_heads][head_dim] f32
  * @param out_o    device, [num_qo_heads][head_dim] f32
@@ -74,9 +98,11 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  * @throw kvsift::invalid_argument kv.num_kv_heads != set.num_graphs, a GQA ratio that does not
  *        divide, a too-small workspace, and whatever decode_search and sparse_attention throw
  *        for these arguments
- * @note One launch plus the search's and the attention's; asynchronous; never allocates.
- *       Work: the search (see decode_search) plus O((k + sink + window) * head_dim) per query
- *       head. Thread safety: no state; concurrent calls need separate workspaces and outputs.
+ * @note One launch plus the search's and the attention's (DIPR with dense_when_capped: three
+ *       more, the full-attention pass, its split merge and the merge of the two passes);
+ *       asynchronous; never allocates. Work: the search (see decode_search) plus
+ *       O((results + sink + window) * head_dim) per query head, O(n_g * head_dim) for a
+ *       capped one. Thread safety: no state; concurrent calls need separate workspaces and outputs.
  */
 template <class T>
 void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,

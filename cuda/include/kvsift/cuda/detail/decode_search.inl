@@ -1104,6 +1104,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     if (lane == 0) {
       out.counts[qi] = static_cast<std::uint32_t>(count);
       if (out.scored != nullptr) out.scored[qi] = scored;
+      if (out.capped != nullptr) out.capped[qi] = capped ? 1u : 0u;
     }
     __syncwarp();  // the next search reuses this warp's shared memory and workspace
   }
@@ -1383,6 +1384,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     if (rank == 0) {
       out.counts[qi] = static_cast<std::uint32_t>(count);
       if (out.scored != nullptr) out.scored[qi] = scored;
+      if (out.capped != nullptr) out.capped[qi] = 0u;  // top-k: never capped
     }
     __syncthreads();  // the next search reuses the block's shared memory and workspace
   }
@@ -1495,7 +1497,8 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
         static_cast<const void*>(qs.filter_first), static_cast<const void*>(qs.filter_last),
         static_cast<const void*>(out.ids), static_cast<const void*>(out.scores),
         static_cast<const void*>(out.counts), static_cast<const void*>(out.best_scores),
-        static_cast<const void*>(out.scored), static_cast<const void*>(out.status)}) {
+        static_cast<const void*>(out.scored), static_cast<const void*>(out.status),
+        static_cast<const void*>(out.capped)}) {
     if (o != nullptr) require_device_pointer(o, device, who, "an optional input or output");
   }
   c.d = dim;

@@ -12,6 +12,7 @@
 
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/device_buffer.cuh>
+#include <kvsift/cuda/merge.cuh>
 
 namespace kvsift::cuda::detail {
 
@@ -39,11 +40,53 @@ __global__ void __launch_bounds__(Threads)
 }
 
 /// Carves the workspace into pieces aligned to `workspace_alignment`, in a fixed order.
+/// `dense`: DIPR with dense_when_capped, which adds the capped flags, the window pass's state
+/// per head and the full-attention pass's split states (o, then lse; [heads * splits] rows).
 struct dstep_layout {
   std::size_t graph = 0, first = 0, last = 0, ids = 0, counts = 0, win_counts = 0;
   std::size_t search_ws = 0, attn_ws = 0, total = 0;
   std::size_t search_bytes = 0, attn_bytes = 0;
   int capacity = 0;
+  bool dense = false;
+  int dense_splits = 0;
+  std::size_t capped = 0, main_o = 0, main_lse = 0, dense_o = 0, dense_lse = 0;
+};
+
+/// decode_step's last merge with the full-attention pass: head h's window-pass state, then,
+/// where its search was capped, the pass's `splits` states of that head (rows h * splits ..).
+/// Heads that were not capped merge their one state (the output is that state, bit for bit).
+struct capped_merge_source {
+  static constexpr bool dependent_range = false;
+  struct range {};
+  struct states {
+    const float* main_o;
+    float main_lse;
+    const float* dense_o;
+    const float* dense_lse;
+    std::int64_t n;
+    int head_dim;
+    __device__ const float* o_at(std::int64_t j) const {
+      return j == 0 ? main_o : dense_o + (j - 1) * head_dim;
+    }
+    __device__ float lse_at(std::int64_t j) const { return j == 0 ? main_lse : dense_lse[j - 1]; }
+  };
+  const float* main_o;
+  const float* main_lse;
+  const float* dense_o;
+  const float* dense_lse;
+  const std::uint32_t* capped;
+  int splits;
+  int head_dim;
+  __device__ range range_of(std::int64_t) const { return {}; }
+  __device__ states at(std::int64_t, int h, range) const {
+    const std::int64_t rows = static_cast<std::int64_t>(h) * splits;
+    return {main_o + static_cast<std::int64_t>(h) * head_dim,
+            main_lse[h],
+            dense_o + rows * head_dim,
+            dense_lse + rows,
+            capped[h] != 0u ? splits + 1 : 1,
+            head_dim};
+  }
 };
 
 inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim,
@@ -78,6 +121,21 @@ inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim
   ap.scale = p.scale;
   l.attn_bytes = sparse_attention_workspace_size(heads, head_dim, ap);
   l.attn_ws = take(l.attn_bytes);
+  l.dense = p.search.mode == decode_search_mode::dipr && p.dense_when_capped;
+  if (l.dense) {
+    // Splits of decode_step_dense_chunk tokens over the longest graph: the pass does not know
+    // on the host how many heads are capped, and one capped head must not run on one block.
+    const std::int64_t pieces =
+        (set.max_keys + decode_step_dense_chunk - 1) / decode_step_dense_chunk;
+    l.dense_splits = static_cast<int>(std::clamp<std::int64_t>(pieces, 1, 64));
+    const auto D = static_cast<std::size_t>(head_dim);
+    const std::size_t rows = H * static_cast<std::size_t>(l.dense_splits);
+    l.capped = take(H * 4);
+    l.main_o = take(H * D * sizeof(float));
+    l.main_lse = take(H * sizeof(float));
+    l.dense_o = take(rows * D * sizeof(float));
+    l.dense_lse = take(rows * sizeof(float));
+  }
   l.total = at;
   return l;
 }
@@ -152,10 +210,12 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
     qs.seeds = carry;
     qs.seeds_ld = l.capacity;
   }
+  auto* capped = l.dense ? static_cast<std::uint32_t*>(at(l.capped)) : nullptr;
   decode_search_outputs out;
   out.ids = ids;
   out.counts = counts;
   out.status = status;
+  out.capped = capped;
   run_decode_search(set, kv, qs, num_qo_heads, p.search, out, at(l.search_ws), l.search_bytes,
                     stream, enqueue);
   // One attention pass per query head over its window, then its retrieved tokens (disjoint:
@@ -169,10 +229,34 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
   sparse_attention_params ap;
   ap.scale = p.scale;
   void* aw = l.attn_bytes > 0 ? at(l.attn_ws) : nullptr;
-  const window_then_rows lists{first, last, win_counts, ids, counts, l.capacity};
+  const window_then_rows lists{first, last, win_counts, ids, counts, l.capacity, capped};
+  // With the full-attention pass, both passes leave their states in the workspace and a merge
+  // writes the outputs.
+  auto* main_o = l.dense ? static_cast<float*>(at(l.main_o)) : out_o;
+  auto* main_lse = l.dense ? static_cast<float*>(at(l.main_lse)) : out_lse;
   run_attention_lists(
-      q, num_qo_heads, head_dim, kv, lists, [](int) {}, out_o, out_lse, aw, l.attn_bytes, stream,
+      q, num_qo_heads, head_dim, kv, lists, [](int) {}, main_o, main_lse, aw, l.attn_bytes, stream,
       ap, {}, false, enqueue, true);
+  if (!l.dense) return;
+  // Heads whose DIPR search was capped attend their whole middle range in a second pass, in
+  // splits of decode_step_dense_chunk tokens; its blocks of other heads stop at once and write
+  // nothing. The two passes' token sets are disjoint, so merging a capped head's window-pass
+  // state with its split states is attention over the union; a head that was not capped keeps
+  // its window-pass state. The merge propagates NaN (a NaN query's head shows it, as in one
+  // pass) instead of emptying the row.
+  auto* dense_o = static_cast<float*>(at(l.dense_o));
+  auto* dense_lse = static_cast<float*>(at(l.dense_lse));
+  sparse_attention_params dp = ap;
+  dp.num_splits = l.dense_splits;
+  run_attention_lists(
+      q, num_qo_heads, head_dim, kv, capped_middle{first, last, capped}, [](int) {}, dense_o,
+      dense_lse, nullptr, 0, stream, dp, {}, false, enqueue, false);
+  if (!enqueue) return;
+  const capped_merge_source both{main_o, main_lse,       dense_o, dense_lse,
+                                 capped, l.dense_splits, head_dim};
+  launch_merge<float, false, capped_merge_source, true>(
+      both, out_o, out_lse, num_qo_heads, num_qo_heads, head_dim, stream, merge_policy{}, nullptr,
+      "kvsift::cuda::decode_step (merge of the window and full-attention passes)");
 }
 
 }  // namespace detail

@@ -56,7 +56,8 @@ struct csr_token_lists {
 /// head h attends its static window, window[h] tokens: [0, first[h]) and then [last[h], ...)
 /// (from the step's first kernel), then the first min(counts[h], capacity) ids of its search
 /// result row ids[h * capacity, ...). Window first, as the step's CSR lists had them, so the
-/// attention sums in the same order as over those lists.
+/// attention sums in the same order as over those lists. With `capped` (optional), a head whose
+/// flag is set attends its window only: its middle tokens are the dense pass's (capped_middle).
 struct window_then_rows {
   const std::uint32_t* __restrict__ first;
   const std::uint32_t* __restrict__ last;
@@ -64,6 +65,7 @@ struct window_then_rows {
   const id_t* __restrict__ ids;
   const std::uint32_t* __restrict__ counts;
   int capacity;
+  const std::uint32_t* __restrict__ capped = nullptr;
   struct head_list {
     std::int64_t begin, end;
     std::uint32_t first, last, window;
@@ -79,12 +81,39 @@ struct window_then_rows {
   };
   __device__ head_list head(int h) const {
     const std::uint32_t w = window[h];
-    const std::uint32_t n = min(counts[h], static_cast<std::uint32_t>(capacity));
+    const bool dense = capped != nullptr && capped[h] != 0u;
+    const std::uint32_t n = dense ? 0u : min(counts[h], static_cast<std::uint32_t>(capacity));
     return {0,        std::int64_t{w} + n,
             first[h], last[h],
             w,        ids + static_cast<std::int64_t>(h) * capacity};
   }
 };
+
+/// decode_step's full-attention pass for DIPR heads whose search was capped: head h attends
+/// every token of [first[h], last[h]) (its retrieval range, the window excluded) where
+/// capped[h] is set, nothing otherwise. The pass leaves its split states to the caller's merge
+/// (leaves_split_states_v), and a head with an empty list writes none: most heads are not
+/// capped, and the merge reads a head's split states only where it is.
+struct capped_middle {
+  const std::uint32_t* __restrict__ first;
+  const std::uint32_t* __restrict__ last;
+  const std::uint32_t* __restrict__ capped;
+  struct head_list {
+    std::int64_t begin, end;
+    __device__ std::int32_t id(std::int64_t i) const { return static_cast<std::int32_t>(i); }
+  };
+  __device__ head_list head(int h) const {
+    if (capped[h] == 0u) return {0, 0};
+    return {std::int64_t{first[h]}, std::int64_t{last[h]}};
+  }
+};
+
+/// Whether the attention over `Lists` leaves its split states ([heads * splits] rows in the
+/// outputs, no split merge) and skips heads with empty lists, for a merge of the caller's.
+template <class Lists>
+inline constexpr bool leaves_split_states_v = false;
+template <>
+inline constexpr bool leaves_split_states_v<capped_middle> = true;
 
 /// One block per (split, query head). Online softmax in base 2 per group, then the groups'
 /// states are combined through shared memory and written as one partial state. `Lists` gives
@@ -110,6 +139,12 @@ __global__ void __launch_bounds__(attention_threads)
   const int kv_head = head / group_size;
   const int g = threadIdx.x / S::group;
   const int lane = threadIdx.x % S::group;
+  if constexpr (leaves_split_states_v<Lists>) {
+    // decode_step's full-attention pass, not a dependent launch, where most heads have empty
+    // lists: the block stops before it loads anything else (it writes no state).
+    const auto l = lists.head(head);
+    if (l.end <= l.begin) return;
+  }
 
   float qr[VPT][V];
 #pragma unroll
@@ -314,7 +349,9 @@ void launch_sparse_attention(const float* q, int num_qo_heads, const paged_kv_re
   constexpr float log2e = 1.44269504088896340736f;
   float* part_o = out_o;
   float* part_lse = out_lse;
-  if (splits > 1) {
+  // Lists that leave their split states write them to the outputs ([heads * splits] rows).
+  constexpr bool merge_here = !leaves_split_states_v<Lists>;
+  if (merge_here && splits > 1) {
     const std::size_t rows = static_cast<std::size_t>(num_qo_heads) * splits;
     part_o = static_cast<float*>(workspace);
     part_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
@@ -330,7 +367,7 @@ void launch_sparse_attention(const float* q, int num_qo_heads, const paged_kv_re
         q, kv, lists, group_size, scale * log2e, splits, part_o, part_lse, status);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
   }
-  if (splits > 1) {
+  if (merge_here && splits > 1) {
     const indptr_source<float, fixed_indptr> src{part_o, part_lse, fixed_indptr{splits}, 1, D};
     // The split states come from the kernel above: finite or -inf lse, or NaN when the query
     // holds NaN. That NaN is propagated (as it is without splits) so the head's output shows
@@ -399,7 +436,11 @@ void run_attention_lists(const float* q, int num_qo_heads, int head_dim, const p
   const float scale = params.scale.value_or(1.0f / std::sqrt(static_cast<float>(head_dim)));
   require(std::isfinite(scale), what, ": scale must be finite, got ", scale);
   const int splits = detail::resolve_num_splits(num_qo_heads, params, policy, what);
-  const std::size_t needed = detail::workspace_bytes_for(num_qo_heads, head_dim, splits);
+  // Lists that leave their split states write them to the outputs, sized by the caller.
+  std::size_t needed = 0;
+  if constexpr (!leaves_split_states_v<Lists>) {
+    needed = detail::workspace_bytes_for(num_qo_heads, head_dim, splits);
+  }
   if (num_qo_heads == 0) return;
   detail::require_device_ptr(q, true, what, "q");
   detail::require_device_ptr(kv.k_pages, true, what, "k_pages");
