@@ -35,6 +35,10 @@ window (first --sink + last --recent tokens) alone, window + exact top-k of the 
 window + exact DIPR of the middle (every middle token within beta logits of the best score),
 against full attention with V: softmax-mass recovery and relative L2 error of the output. Top-k
 is also run at DIPR's budget: k = the mean number of middle tokens DIPR attended at that beta.
+And DIPR with a cap (--dipr-cap C, as the GPU decode step's max_results): a query whose middle
+holds C or more tokens within beta of the best is capped and attends every token (full
+attention, the decode step's dense_when_capped), or in the "best" rows its best C middle tokens;
+the others attend their DIPR set. The rows give the share of queries capped.
 
 Writes into --out (default: a new temporary directory, printed; inside the repository only when
 --out says so): pyeval.json (every sweep point), pyeval.md (tables, targets), and with
@@ -449,7 +453,7 @@ def quality(ld, sp, args, log):
             for b in args.beta:
                 counts[b].append(int(np.count_nonzero(S[i, lo:hi] >= best - b)))
         matched = {b: max(1, int(round(np.mean(c)))) for b, c in counts.items()}
-        acc = {}  # (method, param) -> list of (attended, recovery, error)
+        acc = {}  # (method, param) -> list of (attended, recovery, error, capped 0 or 1)
         for i, p in enumerate(sp.eval_positions):
             lo, hi = middle(p, args)
             logit = S[i, : p + 1]
@@ -463,7 +467,8 @@ def quality(ld, sp, args, log):
                 err = np.linalg.norm(o / mass - o_full / z) / np.linalg.norm(o_full / z)
                 return (len(win) + n_mid, mass / z, err)
 
-            acc.setdefault(("window", 0), []).append(metrics(base_w, base_o, 0))
+            acc.setdefault(("window", 0), []).append(metrics(base_w, base_o, 0) + (0.0,))
+            capped_best = set()  # this query's "dipr cap c best" keys where it was capped
             # Top-k and DIPR of the middle are both prefixes of the middle sorted best first
             # (DIPR keeps every token >= best - beta): accumulate the prefix sums once.
             order = lo + np.argsort(-logit[lo:hi], kind="stable")
@@ -472,16 +477,28 @@ def quality(ld, sp, args, log):
                 lengths[("dipr", b)] = counts[b][i]
                 # top-k at DIPR's budget: the same mean number of middle tokens, spread evenly
                 lengths[("top-k at dipr budget", b)] = min(matched[b], hi - lo)
+                # A query whose DIPR range holds c or more middle tokens is capped: it attends
+                # everything (decode_step's dense_when_capped), or its best c ("best").
+                for c in args.dipr_cap:
+                    key, best_c = (f"dipr cap {c}", b), (f"dipr cap {c} best", b)
+                    if counts[b][i] >= c:
+                        acc.setdefault(key, []).append(metrics(z, o_full, hi - lo) + (1.0,))
+                        capped_best.add(best_c)
+                        lengths[best_c] = c
+                    else:
+                        lengths[key] = lengths[best_c] = counts[b][i]
             done, mass, o = 0, base_w, base_o.copy()
             for key, c in sorted(lengths.items(), key=lambda kv: kv[1]):
                 if c > done:
                     seg = order[done:c]
                     mass, o, done = mass + w[seg].sum(), o + w[seg] @ V[seg], c
-                acc.setdefault(key, []).append(metrics(mass, o, c))
+                acc.setdefault(key, []).append(metrics(mass, o, c) + (float(key in capped_best),))
         for (method, param), v in acc.items():
             a = np.array(v)
             row = {"head": h, "method": method, "param": param, "attended": float(a[:, 0].mean()),
                    "recovery": float(a[:, 1].mean()), "rel_l2_error": float(a[:, 2].mean())}
+            if method.startswith("dipr cap"):
+                row["capped"] = float(a[:, 3].mean())  # share of queries that attend everything
             if method == "top-k at dipr budget":
                 row["k"] = matched[param]
             out.append(row)
@@ -654,9 +671,14 @@ def write_markdown(path, res):
             qa.setdefault((r["method"], r["param"]), []).append(r)
         for (method, param), rs in sorted(qa.items(), key=lambda kv: (kv[0][0], kv[0][1])):
             name = {"dipr": "beta", "top-k": "k", "top-k at dipr budget": "beta"}.get(method)
+            name = "beta" if method.startswith("dipr cap") else name
             tag = f"{name}={param}" if name else "-"
             if method == "top-k at dipr budget":
                 tag += " (k=" + "/".join(str(r["k"]) for r in rs) + " per head)"
+            if method.startswith("dipr cap"):
+                what = "best c" if method.endswith("best") else "full attention"
+                tag += f" (capped, {what}: " + "/".join(
+                    f"{100 * r['capped']:.0f}%" for r in rs) + " of queries per head)"
             L.append(f"| {method} | {tag} | {np.mean([r['attended'] for r in rs]):.0f} | "
                      f"{np.mean([r['recovery'] for r in rs]):.4f} | "
                      f"{np.mean([r['rel_l2_error'] for r in rs]):.4f} |")
@@ -743,6 +765,9 @@ def main(argv=None):
     ap.add_argument("--nprobe", help="IVF nprobe sweep")
     ap.add_argument("--beta", help="DIPR beta sweep, logit units")
     ap.add_argument("--attn-k", help="top-k budgets of the attention-quality sweep")
+    ap.add_argument("--dipr-cap", default="512,2048",
+                    help="DIPR caps of the attention-quality sweep: a query with this many "
+                         "middle tokens within beta attends everything")
     ap.add_argument("--nq", type=int, default=100)
     ap.add_argument("--M", type=int, default=35)
     ap.add_argument("--build-L", type=int, default=500)
@@ -785,6 +810,7 @@ def main(argv=None):
     args.nprobe = ints(args.nprobe or sweep["nprobe"], "nprobe")
     args.beta = floats(args.beta or sweep["beta"], "beta")
     args.attn_k = ints(args.attn_k or sweep["attn_k"], "attn-k")
+    args.dipr_cap = ints(args.dipr_cap, "dipr-cap")
     args.expand_fractions = floats(args.expand_fractions, "expand-fractions")
     args.warm_fractions = floats(args.warm_fractions, "warm-fractions")
     for name in ("expand_fractions", "warm_fractions"):

@@ -110,7 +110,7 @@ def test_tiny_dump_exact_limits(tmp_path):
     res = pyeval.main(["--dump", str(dump), "--out", str(tmp_path / "out"), "--methods",
                        "flat,roargraph", "--eval-stride", "1", "--train-fraction", "0.9",
                        "--L", "10,100,400", "--beta", "0.5,1000", "--attn-k", "8,100000",
-                       "--recent", "64", "--threads", "1", "--no-plots"])
+                       "--recent", "64", "--threads", "1", "--no-plots", "--dipr-cap", "1,100000"])
     lay = res["layers"][0]
     rows = lay["rows"]
     assert {r["head"] for r in rows} == {0, 1}
@@ -134,6 +134,18 @@ def test_tiny_dump_exact_limits(tmp_path):
         # Top-k at DIPR's budget attends the same mean number of tokens (rounding only).
         tb = q[(h, "top-k at dipr budget", 0.5)]
         assert tb["attended"] == pytest.approx(q[(h, "dipr", 0.5)]["attended"], abs=1.0)
+        # A cap no range reaches changes nothing; a cap of 1 with every middle token in range
+        # caps every query: full attention, or the window and its best token.
+        for method in ("dipr cap 100000", "dipr cap 100000 best"):
+            never = q[(h, method, 0.5)]
+            assert never["capped"] == 0
+            assert never["attended"] == q[(h, "dipr", 0.5)]["attended"]
+            assert never["rel_l2_error"] == q[(h, "dipr", 0.5)]["rel_l2_error"]
+        full, best = q[(h, "dipr cap 1", 1000.0)], q[(h, "dipr cap 1 best", 1000.0)]
+        assert full["capped"] == 1 and best["capped"] == 1
+        assert full["recovery"] == pytest.approx(1.0) and full["rel_l2_error"] < 1e-9
+        assert best["attended"] == pytest.approx(win["attended"] + 1)
+        assert best["rel_l2_error"] > 1e-3  # one middle token is not the whole middle
     assert (tmp_path / "out" / "pyeval.md").exists() and (tmp_path / "out" / "pyeval.json").exists()
 
 
