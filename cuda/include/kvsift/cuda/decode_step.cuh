@@ -65,7 +65,7 @@ inline constexpr int decode_step_dense_chunk = 4096;
 /**
  * @brief Bytes of workspace `decode_step` needs: the search's results and workspace, the
  *        attention's split states; for DIPR with `dense_when_capped`, also each head's capped
- *        flag, two states per head and the full-attention pass's split states.
+ *        flag, its window-pass state and the full-attention pass's split states.
  * @throw kvsift::invalid_argument bad sizes or parameters (as decode_search and
  *        sparse_attention_workspace_size), sink or window negative
  * @throw kvsift::cuda_error a device query failed
@@ -98,8 +98,8 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  * @throw kvsift::invalid_argument kv.num_kv_heads != set.num_graphs, a GQA ratio that does not
  *        divide, a too-small workspace, and whatever decode_search and sparse_attention throw
  *        for these arguments
- * @note One launch plus the search's and the attention's (DIPR with dense_when_capped: three
- *       more, the full-attention pass, its split merge and the merge of the two passes);
+ * @note One launch plus the search's and the attention's (DIPR with dense_when_capped: two
+ *       more, the full-attention pass and the merge of the two passes' states);
  *       asynchronous; never allocates. Work: the search (see decode_search) plus
  *       O((results + sink + window) * head_dim) per query head, O(n_g * head_dim) for a
  *       capped one. Thread safety: no state; concurrent calls need separate workspaces and outputs.
