@@ -24,8 +24,9 @@
 // --dipr-only 1 runs only the DIPR rows of the sweep and stops before the decode step.
 // --dipr-caps C1,C2,...: the DIPR rows for each max_results C (default 8192, at most 8192).
 // --dipr-step 1: after the top-k step, the decode step with DIPR (l0 100, expand_width 8) at
-// beta 0.5, 1.0, 1.5 and each cap of --dipr-caps, with dense_when_capped on and off: time,
-// heads capped, tokens attended per head, output error against full attention.
+// beta 0.5, 1.0, 1.5, each cap of --dipr-caps and each hop cap of --dipr-hops (default 0 =
+// none), with dense_when_capped on and off: time, heads capped, tokens attended per head,
+// output error against full attention.
 // --step-expand W (with --step-L, default 256, and --step-hops, default 0 = no cap): the
 // decode step uses this top-100 setting instead of the sweep's fastest at recall 0.95 (which
 // noise can flip between settings a few microseconds apart), and the sweep is skipped: only
@@ -74,6 +75,7 @@ struct options {
   std::size_t dipr_only = 0;  // 1: only the DIPR rows of the sweep, no decode step
   std::string dipr_caps = "8192";  // DIPR max_results swept (bounds the flat queries' walks)
   std::size_t dipr_step = 0;       // 1: DIPR decode steps after the top-k one
+  std::string dipr_hops = "0";     // DIPR max_hops of those steps (0 = no cap)
   std::size_t step_expand = 0, step_L = 256, step_hops = 0;  // the step's setting, when given
   double build_expand = kvsift::roargraph_params{}.connectivity_expand_fraction;
 };
@@ -94,6 +96,7 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--dipr-only", o.dipr_only),
        kvsift::cuda_bench::string_option("--dipr-caps", o.dipr_caps),
        kvsift::cuda_bench::size_option("--dipr-step", o.dipr_step),
+       kvsift::cuda_bench::string_option("--dipr-hops", o.dipr_hops),
        kvsift::cuda_bench::size_option("--step-expand", o.step_expand),
        kvsift::cuda_bench::size_option("--step-L", o.step_L),
        kvsift::cuda_bench::size_option("--step-hops", o.step_hops),
@@ -444,14 +447,21 @@ int main(int argc, char** argv) {
     // DIPR steps: a capped search (more keys within beta than max_results: flat attention)
     // attends every token with dense_when_capped, its truncated answer without. Heads capped
     // and tokens attended come from the same search run alone with the step's filter.
-    for (const std::string& item : kvsift::cuda_bench::split_list(o.dipr_caps)) {
+    std::vector<std::pair<int, int>> dipr_caps;  // (max_results, max_hops)
+    for (const std::string& c : kvsift::cuda_bench::split_list(o.dipr_caps)) {
+      for (const std::string& h : kvsift::cuda_bench::split_list(o.dipr_hops)) {
+        dipr_caps.emplace_back(std::min(std::stoi(c), cap_max), std::stoi(h));
+      }
+    }
+    for (const auto& [max_results, max_hops] : dipr_caps) {
       if (o.dipr_step == 0) break;
       for (const float beta : {0.5f, 1.0f, 1.5f}) {
         kc::decode_step_params dp;
         dp.search.mode = kc::decode_search_mode::dipr;
         dp.search.beta = beta;
         dp.search.l0 = 100;
-        dp.search.max_results = std::min(std::stoi(item), cap_max);
+        dp.search.max_results = max_results;
+        dp.search.max_hops = max_hops;
         dp.search.expand_width = 8;
         const std::uint32_t lo = std::uint32_t(dp.sink);
         const std::uint32_t hi =
@@ -490,10 +500,10 @@ int main(int argc, char** argv) {
           };
           const float ms = kvsift::cuda_bench::median_ms(dstep, stream, 2, 10);
           std::printf(
-              "decode step, window + DIPR beta %.1f cap %d expand 8, dense_when_capped %d: %.3f "
-              "ms (speedup over full attention %.2fx); %.0f of %zu heads capped; %.0f tokens "
-              "attended per head (%.2f%% of %zu); relative output error %.2e (V = K)\n",
-              beta, dp.search.max_results, int(dense), ms, full_ms / ms, heads_capped, Q,
+              "decode step, window + DIPR beta %.1f cap %d hops %d expand 8, dense_when_capped "
+              "%d: %.3f ms (speedup over full attention %.2fx); %.0f of %zu heads capped; %.0f "
+              "tokens attended per head (%.2f%% of %zu); relative output error %.2e (V = K)\n",
+              beta, max_results, max_hops, int(dense), ms, full_ms / ms, heads_capped, Q,
               (dense ? attended_dense : attended_plain) / double(Q),
               100.0 * (dense ? attended_dense : attended_plain) / double(Q) / double(n), n,
               step_error());

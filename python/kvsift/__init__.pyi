@@ -184,6 +184,7 @@ class RoarGraphIndex:
         filter: Filter = None,
         entries: Optional[ArrayLike] = None,
         degree_cap: int = 0,
+        max_hops: int = 0,
     ) -> DiprResult: ...
     def save(self, path: PathLike) -> None: ...
     @staticmethod

@@ -353,7 +353,8 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
     ``max_hops``); a launch waits for its slowest search, so a cap with a larger pool is
     faster at equal recall: 512 searches at 131072 keys, expand_width 16, L 256 with
     max_hops 272 reached recall@100 0.951 in 0.350 ms against 0.384 ms uncapped at L 224
-    (H200, docs/decode_search.md).
+    (H200, docs/decode_search.md). DIPR takes the same cap: a search about to expand one node
+    more stops and is capped (``capped`` in the result), as at ``max_results``.
 
     Returns a ``DecodeSearchResult`` of tensors of q's framework. The workspace comes from q's
     framework's allocator. ``status``: int32 device word that you zeroed, ORed with bits of
@@ -438,12 +439,13 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     start: read as each query head's search seeds and overwritten with this step's retrieved
     ids; start it at -1 (no seeds). With ``expand_limit`` (0..L, 0 = L) below L the search
     stops after fewer steps; it pays where consecutive queries of a head share many keys
-    (docs/decode_search.md). ``max_hops`` (top-k, 0 = no cap) caps the nodes a search
-    expands, as in ``decode_search``: with L 256 and 272 hops the B = 16 step at 131072 tokens
+    (docs/decode_search.md). ``max_hops`` (0 = no cap) caps the nodes a search expands, as
+    in ``decode_search`` (a DIPR search that reaches it is capped): with L 256 and 272 hops the B = 16 step at 131072 tokens
     took 0.381-0.387 ms against torch SDPA's 1.897-1.976 ms (H200, docs/decode_search.md).
 
-    ``dense_when_capped`` (DIPR): a query head whose search hit ``max_results`` (more keys
-    within beta of the best than the cap: nearly flat attention) attends every token instead
+    ``dense_when_capped`` (DIPR): a query head whose search hit ``max_results`` or ``max_hops``
+    (more keys within beta of the best than the caps allow: nearly flat attention) attends every
+    token instead
     of the truncated answer, in a second attention pass merged with the first; False (the
     default) attends what the capped walk found. An exact answer for flat heads within a
     bounded search, at the price of their whole context: on Gemma-3 layer 11 a larger top-k

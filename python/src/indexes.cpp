@@ -307,9 +307,11 @@ void bind_indexes(py::module_& m) {
       .def("dipr", &graph_dipr, py::arg("query"), py::arg("beta"), py::kw_only(),
            py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
            py::arg("filter") = py::none(), py::arg("entries") = py::none(),
-           py::arg("degree_cap") = 0,
+           py::arg("degree_cap") = 0, py::arg("max_hops") = 0,
            "DIPRS graph search: keys with score >= best - beta; seed_score (e.g. the best "
-           "window score) tightens pruning from the first hop; degree_cap as in search.")
+           "window score) tightens pruning from the first hop; degree_cap as in search. "
+           "max_hops > 0 stops a walk about to expand one node more and marks it capped, as "
+           "max_candidates does (0 = no cap).")
       .def_property_readonly("key_fingerprint", &roargraph_fingerprint,
                              "64-bit FNV-1a fingerprint of the keys (shape, dtype and bytes; "
                              "every row up to 16 MiB of keys, 4096 evenly spaced rows beyond) "

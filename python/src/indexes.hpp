@@ -136,7 +136,8 @@ dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, 
                       const py::object& filter, const py::object& entries);
 dipr_output graph_dipr(const py_graph& self, const py::handle& query, float beta, std::size_t l0,
                        std::size_t max_candidates, std::optional<float> seed_score,
-                       const py::object& filter, const py::object& entries, std::size_t degree_cap);
+                       const py::object& filter, const py::object& entries, std::size_t degree_cap,
+                       std::size_t max_hops);
 search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,
                                 std::size_t L, std::size_t threads);
 /// Block-index searches: the k best blocks, block-level DIPR, and the tokens of blocks.

@@ -21,11 +21,12 @@ template <class Index>
 dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, std::size_t l0,
                      std::size_t max_candidates, std::optional<float> seed_score,
                      const py::object& filter, const py::object& entries,
-                     std::size_t degree_cap = 0) {
+                     std::size_t degree_cap = 0, std::size_t max_hops = 0) {
   const auto qv = vector_of(query_h, "query");
   const std::span<const float> q = qv.s;
   auto p = dipr_params_of(beta, l0, max_candidates, seed_score);
   p.degree_cap = bounded_count(degree_cap, "dipr: degree_cap");
+  p.max_hops = bounded_count(max_hops, "dipr: max_hops");
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -343,9 +344,10 @@ dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, 
 
 dipr_output graph_dipr(const py_graph& self, const py::handle& query, float beta, std::size_t l0,
                        std::size_t max_candidates, std::optional<float> seed_score,
-                       const py::object& filter, const py::object& entries,
-                       std::size_t degree_cap) {
-  return run_dipr(self, query, beta, l0, max_candidates, seed_score, filter, entries, degree_cap);
+                       const py::object& filter, const py::object& entries, std::size_t degree_cap,
+                       std::size_t max_hops) {
+  return run_dipr(self, query, beta, l0, max_candidates, seed_score, filter, entries, degree_cap,
+                  max_hops);
 }
 
 search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,

@@ -628,12 +628,14 @@ def test_decode_search_equals_the_cpu_walk(dtype, layout):
         scored += r.scored[i].item()
     assert scored < 0.5 * q.shape[0] * keys.shape[1]  # the walk routed, it did not scan
     # DIPR: the same in-range set (the GPU returns it in discovery order) and best score.
-    # With a cap of 16 some searches stop at it: each query's capped flag is the CPU's.
+    # With a cap of 16 results, or of 5 hops, some searches stop at it: each query's capped
+    # flag is the CPU's.
     capped = 0
-    for cap in (0, 16):
-        r = kc.decode_search(graphs, qd, **where, mode="dipr", beta=6.0, l0=16, max_results=cap)
+    for cap, hops in ((0, 0), (16, 0), (0, 5)):
+        r = kc.decode_search(graphs, qd, **where, mode="dipr", beta=6.0, l0=16, max_results=cap,
+                             max_hops=hops)
         for i in range(q.shape[0]):
-            cpu = idx[i // group].dipr(q[i], 6.0, l0=16, max_candidates=cap)
+            cpu = idx[i // group].dipr(q[i], 6.0, l0=16, max_candidates=cap, max_hops=hops)
             got = np.sort(r.ids[i, : r.counts[i].item()].cpu().numpy())
             assert np.array_equal(got, np.sort(cpu.ids.astype(np.int32)))
             assert r.best[i].item() == cpu.best_score

@@ -112,6 +112,25 @@ def test_dipr_matches_exact_range(data, graph):
     assert np.mean(recalls) >= 0.9
 
 
+def test_dipr_max_hops_stops_the_walk_and_marks_it_capped(data, graph):
+    # A cap at the search's own hops changes nothing; half of them stops it there, capped.
+    keys, queries = data
+    cut = 0
+    for q in queries[300:320]:
+        free = graph.dipr(q, 3.0, l0=32)
+        assert not free.capped
+        same = graph.dipr(q, 3.0, l0=32, max_hops=free.hops)
+        assert not same.capped and same.ids.tolist() == free.ids.tolist()
+        if free.hops < 2:
+            continue
+        half = graph.dipr(q, 3.0, l0=32, max_hops=free.hops // 2)
+        assert half.capped and half.hops == free.hops // 2
+        cut += 1
+    assert cut >= 10
+    with pytest.raises((TypeError, ValueError, OverflowError)):
+        graph.dipr(queries[0], 3.0, max_hops=-1)
+
+
 def test_dipr_seed_score_narrows_the_range(data):
     keys, queries = data
     q = queries[0]

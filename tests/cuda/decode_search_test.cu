@@ -331,6 +331,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         dp.max_candidates = cap;
         dp.seed_score = qb.seed.empty() ? std::numeric_limits<float>::quiet_NaN() : qb.seed[i];
         dp.degree_cap = std::size_t(p.degree_cap);
+        dp.max_hops = std::size_t(p.max_hops);
         kvsift::dipr_result res;
         kvsift::dipr_search(g, q, dp, ws, res, pred, extra);
         want_ids = res.ids;
@@ -628,6 +629,47 @@ TEST_CASE("decode_search_dipr_matches_cpu", "[cuda][decode_search]") {
       (compare<kvsift::l2, float>(s, plain, dipr(6.0f, 16, 0, kc::graph_metric::l2), kDense) == 0));
   // A cap the wide range reaches: the stop must happen at the same visit as on the CPU.
   CHECK((compare<kvsift::inner_product, float>(s, plain, dipr(12.0f, 8, 40), kDense) == 0));
+}
+
+TEST_CASE("decode_search_dipr_max_hops_matches_cpu", "[cuda][decode_search]") {
+  // A DIPR walk about to expand one node more than max_hops stops and is capped: with
+  // expand_width 1 the CPU's dipr_search with the same cap, id for id, vectors scored and the
+  // per-query capped flag (plain and filtered, dense and paged, seeds too).
+  const graph_set s = make_set({50, 1200, 4000}, 32, 24, 2);
+  const query_batch plain = make_queries(s, 1200, false, false);
+  query_batch ranged = make_queries(s, 1200, true, true);
+  add_seeds(s, ranged, 5);
+  for (const int hops : {1, 3, 10, 40}) {
+    auto p = dipr(6.0f, 16, 0);
+    p.max_hops = hops;
+    INFO("max_hops " << hops);
+    CHECK((compare<kvsift::inner_product, float>(s, plain, p, kDense) == 0));
+    CHECK((compare<kvsift::inner_product, __half>(s, ranged, p, kPaged) == 0));
+  }
+  // The wider walk: a step takes the nodes the cap leaves. With 8 hops and 8 nodes a step the
+  // searches that need more are capped and score fewer vectors; a cap no search reaches
+  // changes nothing, bit for bit.
+  auto p = dipr(6.0f, 16, 0);
+  p.expand_width = 8;
+  const gpu_result free_walk = run_gpu<float>(s, plain, p, kDense);
+  p.max_hops = 1 << 20;
+  const gpu_result loose = run_gpu<float>(s, plain, p, kDense);
+  CHECK(loose.ids == free_walk.ids);
+  CHECK(loose.scored == free_walk.scored);
+  CHECK(loose.capped == free_walk.capped);
+  p.max_hops = 8;
+  const gpu_result tight = run_gpu<float>(s, plain, p, kDense);
+  std::size_t capped = 0, fewer = 0, bad = 0;
+  for (std::size_t i = 0; i < tight.scored.size(); ++i) {
+    capped += tight.capped[i];
+    fewer += tight.scored[i] < free_walk.scored[i] ? 1 : 0;
+    bad += tight.scored[i] > free_walk.scored[i] ? 1 : 0;
+    bad += tight.capped[i] == 0u && tight.scored[i] != free_walk.scored[i] ? 1 : 0;
+  }
+  CHECK(bad == 0);
+  CHECK(capped > 0);
+  CHECK(fewer > 0);  // (a capped walk may rarely miss only steps that find nothing new)
+  CHECK((tight.status & kc::decode_status_capped) != 0u);
 }
 
 TEST_CASE("decode_search_degree_cap_matches_cpu", "[cuda][decode_search]") {
@@ -1110,9 +1152,8 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   bad.expand_limit = 4;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected 0 for DIPR, got 4"));
   bad = dipr(1.0f, 8, 0);
-  bad.max_hops = 7;
-  CHECK(contains(msg(set, k, qs, 1, bad, out, wb),
-                 "max_hops is for top-k; expected 0 for DIPR, got 7"));
+  bad.max_hops = -2;
+  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected max_hops >= 0 (0 = no cap), got -2"));
   bad = p;
   bad.max_hops = -1;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected max_hops >= 0 (0 = no cap), got -1"));

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include <kvsift/cuda/decode_step.cuh>
@@ -280,8 +281,13 @@ TEST_CASE("decode_step_capped_dipr_heads_attend_every_token", "[cuda][decode_ste
   // pass has several splits of decode_step_dense_chunk).
   const std::vector<int> sizes{25, 300, 1500, 4000, 9000};
   int capped = 0, partial = 0;
-  for (const float beta : {1e30f, 4.0f, 8.0f, 12.0f}) {
+  // (beta, max_hops): capped by max_results (32), and at the end by a hop cap of 3 under a
+  // max_results the ranges do not reach.
+  for (const auto& [beta, hops] : {std::pair{1e30f, 0}, std::pair{4.0f, 0}, std::pair{8.0f, 0},
+                                   std::pair{12.0f, 0}, std::pair{4.0f, 3}}) {
     p.search.beta = beta;
+    p.search.max_hops = hops;
+    p.search.max_results = hops != 0 ? 4096 : 32;
     for (const bool dense : {true, false}) {
       p.dense_when_capped = dense;
       rng().seed(41);

@@ -74,6 +74,35 @@ TEST_CASE("dipr_search: window seeding and capping", "[search][dipr]") {
   CHECK(plain.ids.empty());
 }
 
+TEST_CASE("dipr_search: max_hops stops the walk and marks it capped", "[search][dipr]") {
+  // A cap at or above a search's own hops changes nothing; below them the search expands
+  // exactly max_hops nodes, scores fewer keys, and is capped.
+  const auto& f = fx();
+  kvsift::search_workspace ws;
+  kvsift::dipr_result plain, capped;
+  std::size_t cut = 0;
+  for (std::size_t i = 0; i < 20; ++i) {
+    const auto q = f.eval.row_span(i);
+    const kvsift::dipr_params p{.beta = 2.0f, .l0 = 32};
+    kvsift::dipr_search(f.graph, q, p, ws, plain);
+    REQUIRE_FALSE(plain.capped);
+    kvsift::dipr_params at = p;
+    at.max_hops = plain.stats.hops;
+    kvsift::dipr_search(f.graph, q, at, ws, capped);
+    CHECK_FALSE(capped.capped);
+    CHECK(capped.ids == plain.ids);
+    CHECK(capped.stats.hops == plain.stats.hops);
+    at.max_hops = plain.stats.hops / 2;
+    if (at.max_hops == 0) continue;
+    kvsift::dipr_search(f.graph, q, at, ws, capped);
+    CHECK(capped.capped);
+    CHECK(capped.stats.hops == at.max_hops);
+    CHECK(capped.stats.distance_computations < plain.stats.distance_computations);
+    ++cut;
+  }
+  CHECK(cut >= 10);
+}
+
 TEST_CASE("dipr_search rejects bad input", "[search][dipr]") {
   const auto& f = fx();
   kvsift::search_workspace ws;

@@ -11,7 +11,7 @@
 // best unexpanded candidate of either part and stops when the beam is exhausted and no
 // unexpanded candidate is within beta of the best. Every scored key within beta of the final
 // best is returned. `max_candidates` bounds the in-range part so a pathological query (a flat
-// score landscape) cannot run away.
+// score landscape) cannot run away; `max_hops` bounds the walk itself.
 
 #include <algorithm>
 #include <cmath>
@@ -101,6 +101,10 @@ void dipr_search(const G& g, std::span<const float> query, const dipr_params& pa
         break;
       }
       if (!ws.expanded.try_insert(next)) continue;  // reached through both parts
+      if (params.max_hops != 0 && out.stats.hops >= params.max_hops) {
+        out.capped = true;  // more to expand than the hop cap allows
+        break;
+      }
       ++out.stats.hops;
       detail::expand(g, next, pred, params.degree_cap, ws, visit);
     }

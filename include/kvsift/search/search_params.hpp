@@ -54,6 +54,12 @@ struct dipr_params {
   float seed_score = std::numeric_limits<float>::quiet_NaN();
   /// Expand at most this many neighbours of each node (0 = all); as beam_search_params.
   std::size_t degree_cap = 0;
+  /// Expand at most this many nodes (0 = no cap): a search about to expand one more stops
+  /// and sets `capped`, as at `max_candidates`. That cap bounds a nearly flat query's walk
+  /// only through the keys in range, which it visits ~max_degree rows per hop to find; this
+  /// one bounds the walk itself (the GPU decode search's `max_hops`, the same rule: a batch
+  /// waits for its longest walk; docs/decode_search.md).
+  std::size_t max_hops = 0;
 };
 
 /// Output of a DIPR search; reuse one object across calls to avoid allocation.
@@ -62,7 +68,7 @@ struct dipr_result {
   std::vector<float> scores;  ///< raw metric scores, best-first
   search_stats stats;
   float best_score = 0;  ///< best raw score seen (including seed_score)
-  bool capped = false;   ///< hit max_candidates: the answer may be incomplete
+  bool capped = false;   ///< hit max_candidates or max_hops: the answer may be incomplete
 };
 
 }  // namespace kvsift

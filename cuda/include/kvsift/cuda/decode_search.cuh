@@ -135,7 +135,10 @@ struct decode_search_params {
   /// cap that cuts the longest walks cuts the launch: 512 searches over 131072-key graphs,
   /// expand_width 16, L 256 with 272 hops (17 steps) reached recall@100 0.951 in 0.350 ms
   /// against 0.384 ms uncapped at L 224 (0.954), the fastest before (H200, one command;
-  /// docs/decode_search.md). DIPR: must be 0.
+  /// docs/decode_search.md). DIPR: the same cap, as `dipr_params::max_hops` (same results
+  /// with expand_width 1): a search about to expand one node more stops and is capped
+  /// (`decode_status_capped`, `decode_search_outputs::capped`), as at max_results, which
+  /// bounds a flat query's walk only through its in-range keys.
   int max_hops = 0;
 };
 
@@ -167,7 +170,7 @@ struct decode_queries {
 /// Status bits ORed into `decode_search_outputs::status` (device, caller zeroes it).
 inline constexpr std::uint32_t decode_status_bad_graph = 1;  ///< graph id or size out of range
 inline constexpr std::uint32_t decode_status_bad_id = 2;     ///< neighbour/entry/page out of range
-inline constexpr std::uint32_t decode_status_capped = 4;     ///< a DIPR search hit max_results
+inline constexpr std::uint32_t decode_status_capped = 4;     ///< a DIPR search hit a cap
 /// A filter with first > last or reaching past the graph, or an infinite seed score.
 inline constexpr std::uint32_t decode_status_bad_query = 8;
 
@@ -180,9 +183,9 @@ struct decode_search_outputs {
   float* best_scores = nullptr;     ///< [m] DIPR: best raw score seen (seed included)
   std::uint32_t* scored = nullptr;  ///< [m] vectors scored
   std::uint32_t* status = nullptr;  ///< one word of decode_status_* bits (optional)
-  /// [m]: 1 where a DIPR search hit max_results (its answer may be incomplete: the walk
-  /// stopped; `dipr_result::capped` on the CPU), else 0 (always 0 for top-k). `status` says
-  /// only that some search of the launch was capped; this says which.
+  /// [m]: 1 where a DIPR search hit max_results or max_hops (its answer may be incomplete: the
+  /// walk stopped; `dipr_result::capped` on the CPU), else 0 (always 0 for top-k). `status`
+  /// says only that some search of the launch was capped; this says which.
   std::uint32_t* capped = nullptr;
 };
 

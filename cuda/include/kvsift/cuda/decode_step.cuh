@@ -43,17 +43,17 @@ struct decode_step_params {
   int window = 512;  ///< last tokens of every KV head always attended, >= 0
   /// Attention logit scale; std::nullopt (default) = 1 / sqrt(head_dim). Must be finite.
   std::optional<float> scale;
-  /// DIPR only: a query head whose search hit `search.max_results` attends every token of its
-  /// KV head (full attention) instead of the truncated answer (true); false (default) attends
-  /// what the capped walk found. A search is capped when nearly flat attention puts more keys
-  /// within beta of the best than the cap: its answer is then the first max_results in-range
-  /// keys the walk met, an arbitrary part of a set that full attention covers exactly. A small
-  /// cap bounds the launch, whose time is the flat queries' walks, and the switch keeps those
-  /// heads exact. Not a cheap route to accuracy: on Gemma-3 layer 11 a larger top-k reaches the
-  /// same output error with fewer tokens (docs/decode_search.md). Costs a second attention
-  /// pass over the capped heads' middle tokens, in `decode_step_dense_chunk`-token splits, and
-  /// a merge, also when no head is capped (its blocks then stop at once: 45-56 us at 1024
-  /// query heads, H200). Ignored by top-k, which is never capped.
+  /// DIPR only: a query head whose search hit `search.max_results` or `search.max_hops`
+  /// attends every token of its KV head (full attention) instead of the truncated answer
+  /// (true); false (default) attends what the capped walk found. A search is capped when nearly
+  /// flat attention puts more keys within beta of the best than the caps allow: its answer is
+  /// then the in-range keys the walk met before it stopped, an arbitrary part of a set that full
+  /// attention covers exactly. Caps bound the launch, whose time is the flat queries' walks,
+  /// and the switch keeps those heads exact. Not a cheap route to accuracy: on Gemma-3 layer 11 a
+  /// larger top-k reaches the same output error with fewer tokens (docs/decode_search.md). Costs a
+  /// second attention pass over the capped heads' middle tokens, in `decode_step_dense_chunk`-token
+  /// splits, and a merge, also when no head is capped (its blocks then stop at once: 45-56 us at
+  /// 1024 query heads, H200). Ignored by top-k, which is never capped.
   bool dense_when_capped = false;
 };
 
@@ -82,7 +82,7 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  * head g is tokens [0, min(sink, n_g)) and [max(sink, n_g - window), n_g); retrieval searches
  * the tokens between (none when the window covers the head). Output: o = attention over the
  * union, lse its natural-log normaliser, as `sparse_attention`. For DIPR with
- * `p.dense_when_capped`, a head whose search hit max_results attends all n_g tokens instead.
+ * `p.dense_when_capped`, a head whose search was capped attends all n_g tokens instead.
  *
  * @param q        device, [num_qo_heads][head_dim] f32
  * @param out_o    device, [num_qo_heads][head_dim] f32

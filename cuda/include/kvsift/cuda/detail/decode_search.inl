@@ -103,7 +103,7 @@ struct ds_config {
   float beta = 0.0f;
   int expand = 1;               // top-k: pool entries expanded per step
   int limit = 0;                // pool entries that may be expanded (expand_limit or the pool)
-  int max_hops = 0;             // top-k: nodes a search may expand (0 = no cap)
+  int max_hops = 0;             // nodes a search may expand (0 = no cap)
   bool walk_through = true;     // filtered top-k: failing neighbours walked through (2-hop)
   bool block = false;           // top-k on decode_search_block_kernel (4 or 8 warps per search)
   int warps_per_search = 0;     // as asked (0: the launch picks 4 or 8 by the batch size)
@@ -145,7 +145,8 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
             "expected walk_through = true, got false");
     require(p.expand_limit == 0, who, ": expand_limit is for top-k; expected 0 for DIPR, got ",
             p.expand_limit);
-    require(p.max_hops == 0, who, ": max_hops is for top-k; expected 0 for DIPR, got ", p.max_hops);
+    require(p.max_hops >= 0, who, ": expected max_hops >= 0 (0 = no cap), got ", p.max_hops);
+    c.max_hops = p.max_hops;
     c.pool = p.l0;
     c.limit = p.l0;
     c.expand = p.expand_width;
@@ -983,7 +984,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
         }
       }
 
-      int hops = 0;  // top-k: nodes expanded (max_hops)
+      int hops = 0;  // nodes expanded (max_hops)
       for (;;) {
         if (capped) break;
         int pick = unexpanded_from(0);
@@ -997,6 +998,7 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
             // in another order than the CPU's best-first one, so results may differ from it.
             int nv = 0;
             int took = 0;
+            bool out_of_hops = false;  // capped by max_hops once this batch is visited
             const bool from_beam = pick != INT_MAX;  // a batch is beam entries or range entries
             while (took < c.expand && !capped) {
               std::uint32_t u = invalid_id;
@@ -1030,11 +1032,17 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
               if (lane == 0) was = atomicOr(&expanded[u >> 5], 1u << (u & 31u));
               was = __shfl_sync(full, was, 0);
               ++took;
-              if ((was >> (u & 31u)) & 1u) continue;  // reached through both parts
+              if ((was >> (u & 31u)) & 1u) continue;        // reached through both parts
+              if (c.max_hops != 0 && hops >= c.max_hops) {  // as the CPU: about to expand one more
+                out_of_hops = true;
+                break;
+              }
+              ++hops;
               nv += expand(u, nv);
             }
             if (took == 0) break;
             if (nv > 0) visit(nv);
+            if (out_of_hops) capped = true;
             continue;
           }
           const bool beam = pick != INT_MAX;
@@ -1056,7 +1064,12 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
           std::uint32_t was = 0;
           if (lane == 0) was = atomicOr(&expanded[next >> 5], 1u << (next & 31u));
           was = __shfl_sync(full, was, 0);
-          if ((was >> (next & 31u)) & 1u) continue;  // reached through both parts
+          if ((was >> (next & 31u)) & 1u) continue;     // reached through both parts
+          if (c.max_hops != 0 && hops >= c.max_hops) {  // the CPU's rule: one more is too many
+            capped = true;
+            break;
+          }
+          ++hops;
         } else {
           // The best `expand` unexpanded entries in pool order, their fresh neighbours visited
           // as one batch (expand = 1 is the CPU's walk), while the hop cap leaves any.
