@@ -89,7 +89,7 @@ struct plan_retrieval {
   std::vector<float> scores;        ///< raw scores of `ids` (flat, graph); empty for coarse plans
   bool everything = false;          ///< a full-attention plan: attend [0, context); ids stay empty
   std::size_t scanned = 0;          ///< vectors (flat, graph) or blocks (coarse) scored
-  bool capped = false;              ///< DIPR hit max_candidates
+  bool capped = false;              ///< DIPR hit max_candidates or max_hops
   id_range range;                   ///< the token range searched (empty when first >= last)
   std::vector<std::size_t> blocks;  ///< coarse plans: the blocks chosen, best first
 };
