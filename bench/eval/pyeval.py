@@ -415,26 +415,32 @@ def warm_rows(m, ld, sp, heads, truth, args):
 
 
 def dipr_rows(graph, oracle, evalq, scale, n, args):
-    """RoarGraph DIPR vs exact DIPR (FlatIndex.dipr) per head and beta (logit units)."""
+    """RoarGraph DIPR vs exact DIPR (FlatIndex.dipr) per head, beta (logit units) and hop cap
+    (--dipr-hops; query "dipr hops H", whose rows also give the share of searches capped)."""
     rows = []
     for h, qs in evalq.items():
-        for beta in args.beta:
-            raw = beta / scale  # kvsift's beta is in raw q.k units
-            rec, scanned, attended, secs = [], [], [], 0.0
-            for q in qs:
-                exact = oracle.dipr(q, raw, l0=args.l0).ids
-                t = time.perf_counter()
-                r = graph.dipr(q, raw, l0=args.l0)
-                secs += time.perf_counter() - t
-                rec.append(len(np.intersect1d(r.ids, exact)) / max(1, len(exact)))
-                scanned.append(r.distance_computations)
-                attended.append(len(exact))
-            us = secs / len(qs) * 1e6
-            rows.append({"index": "roargraph", "head": h, "query": "dipr", "k": None,
-                         "param_name": "beta", "param": beta, "recall": float(np.mean(rec)),
-                         "scanned_keys": float(np.mean(scanned)),
-                         "scanned": float(np.mean(scanned)) / n, "exact_set_size": float(np.mean(attended)),
-                         "latency_us": us, "qps": 1e6 / us})
+        for hops in [0] + args.dipr_hops:
+            for beta in args.beta:
+                raw = beta / scale  # kvsift's beta is in raw q.k units
+                rec, scanned, attended, capped, secs = [], [], [], [], 0.0
+                for q in qs:
+                    exact = oracle.dipr(q, raw, l0=args.l0).ids
+                    t = time.perf_counter()
+                    r = graph.dipr(q, raw, l0=args.l0, max_hops=hops)
+                    secs += time.perf_counter() - t
+                    rec.append(len(np.intersect1d(r.ids, exact)) / max(1, len(exact)))
+                    scanned.append(r.distance_computations)
+                    attended.append(len(exact))
+                    capped.append(float(r.capped))
+                us = secs / len(qs) * 1e6
+                rows.append({"index": "roargraph", "head": h,
+                             "query": f"dipr hops {hops}" if hops else "dipr", "k": None,
+                             "param_name": "beta", "param": beta, "recall": float(np.mean(rec)),
+                             "scanned_keys": float(np.mean(scanned)),
+                             "scanned": float(np.mean(scanned)) / n,
+                             "exact_set_size": float(np.mean(attended)),
+                             "capped": float(np.mean(capped)), "max_hops": hops,
+                             "latency_us": us, "qps": 1e6 / us})
     return rows
 
 
@@ -523,10 +529,12 @@ def head_mean(rows, keys=("index", "query", "param", "expand_limit")):
     out = []
     for key, rs in acc.items():
         m = dict(zip(keys, key))
-        for f in ("recall", "scanned", "scored", "scanned_keys", "latency_us", "exact_set_size"):
+        for f in ("recall", "scanned", "scored", "scanned_keys", "latency_us", "exact_set_size",
+                  "capped"):
             vals = [r.get(f) for r in rs]
             m[f] = None if any(v is None for v in vals) else float(np.mean(vals))
         m["param_name"] = rs[0]["param_name"]
+        m["max_hops"] = rs[0].get("max_hops")  # the same in a group (its query says it)
         m["heads"] = len(rs)
         out.append(m)
     return out
@@ -618,7 +626,8 @@ def write_markdown(path, res):
         L.append("| index | build s | size MiB |\n|---|---|---|")
         for b in lay["builds"]:
             L.append(f"| {b['index']} | {b['build_s']:.1f} | {b['bytes'] / 2**20:.1f} |")
-        for query in sorted({r["query"] for r in avg if r["query"] != "dipr"}, key=len):
+        for query in sorted({r["query"] for r in avg if not r["query"].startswith("dipr")},
+                            key=len):
             L.append(f"\n### {query}: Pareto points (recall vs keys scanned)\n")
             L.append("| index | param | recall | scanned (rows read) | scored | latency us | "
                      "QPS |\n|---|---|---|---|---|---|---|")
@@ -633,15 +642,17 @@ def write_markdown(path, res):
                              f"{r['recall']:.4f} | {pct(r['scanned'])} | {pct(r.get('scored'))} | "
                              f"{r['latency_us']:.0f} | "
                              f"{1e6 / r['latency_us']:.0f} |")
-        dipr = sorted((r for r in avg if r["query"] == "dipr"), key=lambda r: r["param"])
+        dipr = sorted((r for r in avg if r["query"].startswith("dipr")),
+                      key=lambda r: (r.get("max_hops", 0), r["param"]))
         if dipr:
             # Every beta is its own query (its own exact set), so no frontier across betas.
             L.append("\n### RoarGraph DIPR: set recall vs the exact DIPR set, per beta\n")
-            L.append("| beta (logits) | exact set size | set recall | scanned | latency us |\n"
-                     "|---|---|---|---|---|")
+            L.append("| beta (logits) | max hops | exact set size | set recall | scanned | capped | "
+                     "latency us |\n|---|---|---|---|---|---|---|")
             for r in dipr:
-                L.append(f"| {r['param']:g} | {r['exact_set_size']:.0f} | {r['recall']:.4f} | "
-                         f"{pct(r['scanned'])} | {r['latency_us']:.0f} |")
+                L.append(f"| {r['param']:g} | {r.get('max_hops', 0) or '-'} | "
+                         f"{r['exact_set_size']:.0f} | {r['recall']:.4f} | {pct(r['scanned'])} | "
+                         f"{pct(r.get('capped'))} | {r['latency_us']:.0f} |")
         t = lay["targets"]
         L.append("\n### Targets\n")
         for index, count in FIVE_PERCENT:
@@ -765,6 +776,8 @@ def main(argv=None):
     ap.add_argument("--nprobe", help="IVF nprobe sweep")
     ap.add_argument("--beta", help="DIPR beta sweep, logit units")
     ap.add_argument("--attn-k", help="top-k budgets of the attention-quality sweep")
+    ap.add_argument("--dipr-hops", default="",
+                    help="RoarGraph DIPR rows also with these hop caps (max_hops)")
     ap.add_argument("--dipr-cap", default="512,2048",
                     help="DIPR caps of the attention-quality sweep: a query with this many "
                          "middle tokens within beta attends everything")
@@ -811,6 +824,7 @@ def main(argv=None):
     args.beta = floats(args.beta or sweep["beta"], "beta")
     args.attn_k = ints(args.attn_k or sweep["attn_k"], "attn-k")
     args.dipr_cap = ints(args.dipr_cap, "dipr-cap")
+    args.dipr_hops = ints(args.dipr_hops, "dipr-hops") if args.dipr_hops else []
     args.expand_fractions = floats(args.expand_fractions, "expand-fractions")
     args.warm_fractions = floats(args.warm_fractions, "warm-fractions")
     for name in ("expand_fractions", "warm_fractions"):

@@ -110,7 +110,8 @@ def test_tiny_dump_exact_limits(tmp_path):
     res = pyeval.main(["--dump", str(dump), "--out", str(tmp_path / "out"), "--methods",
                        "flat,roargraph", "--eval-stride", "1", "--train-fraction", "0.9",
                        "--L", "10,100,400", "--beta", "0.5,1000", "--attn-k", "8,100000",
-                       "--recent", "64", "--threads", "1", "--no-plots", "--dipr-cap", "1,100000"])
+                       "--recent", "64", "--threads", "1", "--no-plots", "--dipr-cap", "1,100000",
+                       "--dipr-hops", "1"])
     lay = res["layers"][0]
     rows = lay["rows"]
     assert {r["head"] for r in rows} == {0, 1}
@@ -123,6 +124,12 @@ def test_tiny_dump_exact_limits(tmp_path):
     small = {(r["head"], r["k"]): r["scanned"] for r in rows
              if r["index"] == "roargraph" and r["param"] == 100}
     assert all(r["scanned"] > small[(r["head"], r["k"])] for r in big)
+    # A hop cap of 1 stops every wide-range DIPR walk after one node: capped, fewer keys scanned.
+    dipr = {(r["head"], r["query"], r["param"]): r for r in rows if r["query"].startswith("dipr")}
+    for h in (0, 1):
+        free, one = dipr[(h, "dipr", 1000.0)], dipr[(h, "dipr hops 1", 1000.0)]
+        assert free["capped"] == 0 and one["capped"] == 1
+        assert one["scanned"] < free["scanned"] and one["recall"] < free["recall"]
     q = {(r["head"], r["method"], r["param"]): r for r in lay["quality"]}
     for h in (0, 1):
         # A budget covering the whole middle, or a beta no logit gap reaches, is full attention.
