@@ -102,7 +102,7 @@ struct decode_search_outputs {
   std::uint32_t* scored = nullptr;  ///< [m]
   float* best = nullptr;            ///< [m]
   std::uint32_t* status = nullptr;
-  std::uint32_t* capped = nullptr;  ///< [m] DIPR: 1 where the search hit max_results
+  std::uint32_t* capped = nullptr;  ///< [m] DIPR: 1 where the search hit a cap
 };
 
 /// kvsift::cuda::decode_search_capacity: result slots per query.
