@@ -444,35 +444,40 @@ int main(int argc, char** argv) {
         "attention %.2fx; relative output error %.2e (V = K)\n",
         step2_ms, step_ms / step2_ms, full_ms / step2_ms, step_error());
 
-    // DIPR steps: a capped search (more keys within beta than max_results: flat attention)
-    // attends every token with dense_when_capped, its truncated answer without. Heads capped
-    // and tokens attended come from the same search run alone with the step's filter.
+    // The step's filter, for its searches run alone below: the tokens between the sinks and
+    // the window, [lo, hi), in every query.
+    const std::uint32_t lo = std::uint32_t(sp.sink);
+    const std::uint32_t hi = std::uint32_t(std::max<std::size_t>(n - std::size_t(sp.window), lo));
+    std::vector<std::uint32_t> fl(Q, lo), fh(Q, hi);
+    dev<std::uint32_t> dfl(Q), dfh(Q);
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dfl.p, fl.data(), Q * 4, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dfh.p, fh.data(), Q * 4, cudaMemcpyHostToDevice));
+    kc::decode_queries fq{dq.p, std::int64_t(d), dqg.p};
+    fq.filter_first = dfl.p;
+    fq.filter_last = dfh.p;
+
+    // DIPR steps (the step's sink and window, a DIPR search): a capped search (more keys
+    // within beta than max_results, or a walk longer than max_hops: flat attention) attends
+    // every token with dense_when_capped, its truncated answer without. Heads capped and tokens
+    // attended come from the same search run alone with the step's filter.
     std::vector<std::pair<int, int>> dipr_caps;  // (max_results, max_hops)
     for (const std::string& c : kvsift::cuda_bench::split_list(o.dipr_caps)) {
       for (const std::string& h : kvsift::cuda_bench::split_list(o.dipr_hops)) {
         dipr_caps.emplace_back(std::min(std::stoi(c), cap_max), std::stoi(h));
       }
     }
+    dev<std::uint32_t> dcap(Q);
     for (const auto& [max_results, max_hops] : dipr_caps) {
       if (o.dipr_step == 0) break;
       for (const float beta : {0.5f, 1.0f, 1.5f}) {
-        kc::decode_step_params dp;
+        kc::decode_step_params dp = sp;
+        dp.search = {};
         dp.search.mode = kc::decode_search_mode::dipr;
         dp.search.beta = beta;
         dp.search.l0 = 100;
         dp.search.max_results = max_results;
         dp.search.max_hops = max_hops;
         dp.search.expand_width = 8;
-        const std::uint32_t lo = std::uint32_t(dp.sink);
-        const std::uint32_t hi =
-            std::uint32_t(std::max<std::size_t>(n - std::size_t(dp.window), lo));
-        std::vector<std::uint32_t> fl(Q, lo), fh(Q, hi);
-        dev<std::uint32_t> dfl(Q), dfh(Q), dcap(Q);
-        KVSIFT_CUDA_CHECK(cudaMemcpy(dfl.p, fl.data(), Q * 4, cudaMemcpyHostToDevice));
-        KVSIFT_CUDA_CHECK(cudaMemcpy(dfh.p, fh.data(), Q * 4, cudaMemcpyHostToDevice));
-        kc::decode_queries fq{dq.p, std::int64_t(d), dqg.p};
-        fq.filter_first = dfl.p;
-        fq.filter_last = dfh.p;
         kc::decode_search_outputs so = out;
         so.capped = dcap.p;
         const std::size_t swb = kc::decode_search_workspace_size(set, std::int64_t(Q), dp.search);
@@ -515,15 +520,7 @@ int main(int argc, char** argv) {
     // window excluded by an id range, the CSR compaction, attention over the retrieved and
     // over the window tokens, the merge. Their sum next to the step shows what composing them
     // costs (the step also builds its per-head lists: one small kernel, not timed alone).
-    const std::uint32_t lo = std::uint32_t(sp.sink);
-    const std::uint32_t hi = std::uint32_t(std::max<std::size_t>(n - std::size_t(sp.window), lo));
-    std::vector<std::uint32_t> fl(Q, lo), fh(Q, hi);
-    dev<std::uint32_t> dfl(Q), dfh(Q);
-    KVSIFT_CUDA_CHECK(cudaMemcpy(dfl.p, fl.data(), Q * 4, cudaMemcpyHostToDevice));
-    KVSIFT_CUDA_CHECK(cudaMemcpy(dfh.p, fh.data(), Q * 4, cudaMemcpyHostToDevice));
-    kc::decode_queries fq{dq.p, std::int64_t(d), dqg.p};
-    fq.filter_first = dfl.p;
-    fq.filter_last = dfh.p;
+    // The search runs over the step's filter (fq, above).
     const int cap = kc::decode_search_capacity(chosen);
     dev<id_t> sids(Q * cap);
     dev<std::uint32_t> scounts(Q);
