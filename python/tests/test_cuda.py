@@ -674,8 +674,8 @@ def test_decode_search_seeds_and_expand_limit_equal_the_cpu():
 def test_decode_search_max_hops_caps_the_walk():
     # max_hops stops each top-k walk after that many expanded nodes (the C++ tests hold it to
     # the CPU's capped search id for id): a cap above every walk changes nothing, a small one
-    # scores fewer vectors for every query; decode_step takes it too; DIPR and a negative cap
-    # are refused.
+    # scores fewer vectors for every query; decode_step takes it too; a negative cap is
+    # refused (DIPR takes the cap as well: test_decode_search_equals_the_cpu_walk).
     idx, graphs, keys, q, pool, table = search_case()
     qd = torch.from_numpy(q).cuda()
     where = dict(pages=(pool, table))
@@ -689,8 +689,6 @@ def test_decode_search_max_hops_caps_the_walk():
                                                  expand_width=8).scored).all())
     with pytest.raises(ValueError, match="max_hops >= 0"):
         kc.decode_search(graphs, qd, **where, k=10, L=40, max_hops=-1)
-    with pytest.raises(ValueError, match="max_hops is for top-k"):
-        kc.decode_search(graphs, qd, **where, mode="dipr", max_hops=5)
 
 
 def test_decode_search_id_range_and_csr():
