@@ -414,7 +414,8 @@ def results_to_csr(result, *, stream=None):
 def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, L=128,
                 expand_width=1, walk_through=True, degree_cap=0, beta=1.0, l0=64, max_results=0,
                 sink=4, window=512, scale=None, lse_base="e", stream=None, status=None,
-                carry=None, expand_limit=0, max_hops=0, dense_when_capped=False):
+                carry=None, expand_limit=0, max_hops=0, dense_when_capped=False,
+                seed_from_window=False):
     """One decode step of retrieval attention for one layer, on the GPU: the graph search of
     every query head over its KV head's index (the window excluded), then one sparse attention
     pass over the window (the first ``sink`` and last ``window`` tokens) and the retrieved
@@ -429,7 +430,7 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     ``max_results``); ``expand_width`` nodes expanded per step (1 = the CPU's walk, up to 32 for
     top-k, 8 for DIPR);
     ``walk_through=False`` drops window tokens met by the walk instead of walking through
-    them (top-k; faster, docs/decode_search.md); ``degree_cap`` > 0 reads each node's first
+    them (top-k and DIPR; faster, docs/decode_search.md); ``degree_cap`` > 0 reads each node's first
     neighbours only. Returns ``(o [qo_heads, dim] float32, lse [qo_heads] float32)``: with a
     retrieval that finds every middle token, full attention. The workspace comes from q's
     framework's allocator. ``status``: int32 device word, bits of kvsift::cuda's
@@ -450,6 +451,12 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     default) attends what the capped walk found. An exact answer for flat heads within a
     bounded search, at the price of their whole context: on Gemma-3 layer 11 a larger top-k
     reaches the same output error with fewer tokens (docs/decode_search.md).
+
+    ``seed_from_window`` (DIPR): each search starts from its head's best raw score over the
+    window tokens, so the range is every middle token within ``beta`` of the best token of the
+    whole context (window included), as an exact DIPR over the context keeps of the middle;
+    False (the default) measures the range from the best middle token, a wider range where the
+    window holds the best keys.
     """
     base2 = _check_base(lse_base)
     st = _stream(q, stream)
@@ -464,12 +471,13 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
         # Checks max_keys against the adjacency's rows before a workspace is sized by it.
         ws_bytes = _ext.decode_step_workspace_size(int(entries.shape[0]), int(adjacency.shape[0]),
                                                    int(adjacency.shape[1]), int(entries.shape[1]),
-                                                   int(max_keys), heads, dim, *knobs)
+                                                   int(max_keys), heads, dim, *knobs,
+                                                   bool(seed_from_window))
         ws = _empty(q, (max(ws_bytes, 1),), "uint8")
         _ext.decode_step(*_dl(adjacency, row_offset, entries), int(max_keys),
                          *_dl(q, k_pages, v_pages, page_table, o, lse, ws), *knobs,
                          float("nan") if scale is None else float(scale), st,
-                         *_dl(status, carry, sizes))
+                         *_dl(status, carry, sizes), bool(seed_from_window))
         if base2:
             lse *= 1.0 / _LN2
     return o, lse

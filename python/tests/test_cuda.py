@@ -537,6 +537,33 @@ def test_decode_step_capped_dipr_heads_attend_every_token():
         assert lse_capped[h].item() < full - 1e-3
 
 
+def test_decode_step_dipr_seed_from_window_measures_the_range_from_the_window():
+    # seed_from_window: every retrieved token is within beta of the best of the window and the
+    # middle together (raw q.k); unseeded, the range is measured from the middle's best alone, so
+    # where the window holds the best key some head retrieves tokens below that bound. Without
+    # the walk-through the retrieval stays inside the middle and within the same bound.
+    n, group, dim, sink, window, beta = 600, 4, 64, 4, 300, 2.5
+    graphs, q, k, v, table, kd, vd = decode_case(torch.float16, seed=17)
+    heads = q.shape[0]
+    args = dict(mode="dipr", beta=beta, l0=16, max_results=1024, sink=sink, window=window)
+    below = {}
+    for seeded, through in ((False, True), (True, True), (True, False)):
+        carry = torch.full((heads, 1024), -1, dtype=torch.int32, device="cuda")
+        kc.decode_step(graphs, q, k, v, table, carry=carry, seed_from_window=seeded,
+                       walk_through=through, **args)
+        torch.cuda.synchronize()
+        count = 0
+        for h in range(heads):
+            raw = kd[h // group].double() @ q[h].double()
+            ids = carry[h][carry[h] >= 0].long().cpu()
+            assert bool(((ids >= sink) & (ids < n - window)).all())
+            top = torch.cat([raw[:sink], raw[n - window:], raw[ids]]).max().item()
+            count += int((raw[ids] < top - beta - 1e-3).sum())
+        below[(seeded, through)] = count
+    assert below[(True, True)] == 0 and below[(True, False)] == 0
+    assert below[(False, True)] > 0
+
+
 def test_decode_step_carry_is_the_search_and_its_seeds():
     # A carry of -1 is the cold step (same output) and comes back holding each head's
     # retrieved ids (the middle only); passed again it seeds the next step's search, so with
@@ -567,8 +594,6 @@ def test_decode_step_refuses_bad_input():
         kc.decode_step(host, q, k, v, table)
     with pytest.raises(Exception, match="'topk' or 'dipr'"):
         kc.decode_step(graphs, q, k, v, table, mode="flat")
-    with pytest.raises(Exception, match="walk_through = true"):
-        kc.decode_step(graphs, q, k, v, table, mode="dipr", walk_through=False)
     with pytest.raises(Exception, match="page_table"):
         kc.decode_step(graphs, q, k, v, table[:1].contiguous())
     for bad in (0, 10**9):  # outside [1, adjacency rows]: refused before a workspace is sized

@@ -951,6 +951,63 @@ TEST_CASE("decode_search_dipr_wider_walk_equals_its_filtered_walk_under_an_all_p
   CHECK(capped_runs >= 1u);  // beta 40 with a cap of 16 ends some searches
 }
 
+TEST_CASE("decode_search_dipr_without_walk_through_walks_the_rows_without_filtered_ids",
+          "[cuda][decode_search]") {
+  // DIPR with walk_through = false (as in a decode step that leaves its window out): a
+  // neighbour outside the filter is marked visited and dropped, not walked through. That is
+  // the walk-through walk over the same graph with those ids deleted from every row (a failing
+  // seed is still walked through, over its passing neighbours, on both): ids, scores, counts,
+  // keys scored and best score must agree, at every expand width, seeded and not.
+  const graph_set s = make_set({2000, 3000, 700}, 32, 24, 2);
+  query_batch qb = make_queries(s, 600, true, false);
+  // One filter per graph, a decode step's: everything but a few sinks and a recent window.
+  for (const std::int32_t g : qb.graph) {
+    const auto n = static_cast<std::uint32_t>(s.sizes[std::size_t(g)]);
+    qb.first.push_back(3);
+    qb.last.push_back(n - 60);
+  }
+  graph_set dropped = s;
+  for (std::size_t g = 0; g < s.sizes.size(); ++g) {
+    const auto n = static_cast<id_t>(s.sizes[g]);
+    for (std::size_t i = 0; i < s.sizes[g]; ++i) {
+      id_t* row = dropped.adj.data() + (std::size_t(s.offsets[g]) + i) * s.width;
+      id_t* end = std::remove_if(row, row + s.width, [&](id_t v) {
+        return v != kvsift::invalid_id && (v < 3 || v >= n - 60);
+      });
+      std::fill(end, row + s.width, kvsift::invalid_id);
+    }
+  }
+  std::size_t compared = 0, differs_from_walk_through = 0;
+  for (const int width : {1, 4, 8}) {
+    for (const bool paged : {false, true}) {
+      auto p = dipr(6.0f, 16, 0);
+      p.expand_width = width;
+      const gpu_result through = run_gpu<float>(s, qb, p, paged);
+      const gpu_result b = run_gpu<float>(dropped, qb, p, paged);
+      p.walk_through = false;
+      const gpu_result a = run_gpu<float>(s, qb, p, paged);
+      REQUIRE(a.capacity == b.capacity);
+      CHECK(a.counts == b.counts);
+      CHECK(a.scored == b.scored);
+      CHECK(a.best == b.best);
+      CHECK(a.status == b.status);
+      std::size_t diff = 0;
+      for (std::size_t i = 0; i < qb.graph.size(); ++i) {
+        for (std::size_t j = 0; j < a.counts[i] && j < std::size_t(a.capacity); ++j) {
+          const std::size_t at = i * std::size_t(a.capacity) + j;
+          diff += a.ids[at] != b.ids[at] || a.scores[at] != b.scores[at];
+          diff += a.ids[at] < qb.first[i] || a.ids[at] >= qb.last[i];
+        }
+      }
+      CHECK(diff == 0);
+      compared += qb.graph.size();
+      differs_from_walk_through += a.scored != through.scored;
+    }
+  }
+  INFO("queries compared: " << compared);
+  CHECK(differs_from_walk_through == 6u);  // the filter changes every walk's course
+}
+
 TEST_CASE("decode_search_dipr_wider_walk_keeps_the_range_contract", "[cuda][decode_search]") {
   // DIPR with expand_width > 1 floods the in-range region in discovery order, several nodes per
   // step: check what must hold (distinct ids of the graph, true scores, every result within
@@ -1119,9 +1176,6 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "degree_cap >= 0 (0 = all), got -1"));
   bad = dipr(1.0f, 8, 4);
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "max_results"));
-  bad = dipr(1.0f, 8, 0);
-  bad.walk_through = false;
-  CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected walk_through = true, got false"));
   bad = dipr(1.0f, 8, 0);
   bad.warps_per_search = 4;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "warps_per_search 0 or 1 for DIPR, got 4"));

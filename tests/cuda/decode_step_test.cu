@@ -147,6 +147,23 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
     kc::decode_queries qs{dq.get(), d, dgraph.get()};
     qs.filter_first = dlo.get();
     qs.filter_last = dhi.get();
+    // seed_from_window: each head's best raw score over its window, summed as the device sums
+    // it (fmaf in element order), NaN for an empty window.
+    std::vector<float> seeds(static_cast<std::size_t>(H), std::nanf(""));
+    for (int h = 0; h < H; ++h) {
+      const int g = h / group, n = sizes[g];
+      float best = -INFINITY;
+      for (int t = 0; t < n; ++t) {
+        if (t >= static_cast<int>(lo[h]) && t < static_cast<int>(hi[h])) continue;
+        float acc = 0.0f;
+        for (int j = 0; j < d; ++j) acc = std::fma(q[h * d + j], hk[g][t * d + j], acc);
+        best = std::max(best, acc);
+      }
+      if (best != -INFINITY) seeds[h] = best;
+    }
+    device_buffer<float> dseeds(seeds);
+    if (p.seed_from_window && p.search.mode == kc::decode_search_mode::dipr)
+      qs.seed_score = dseeds.get();
     kc::decode_search_outputs so{};
     so.ids = dids.get();
     so.counts = dcounts.get();
@@ -321,6 +338,75 @@ TEST_CASE("decode_step_capped_dipr_heads_attend_every_token", "[cuda][decode_ste
   }
   CHECK(capped > 0);  // both kinds of head are in the batches: the check bites on each
   CHECK(partial > 0);
+}
+
+TEST_CASE("decode_step_dipr_seeded_from_the_window_equals_its_composition", "[cuda][decode_step]") {
+  // seed_from_window: each DIPR search starts from the best raw score of its head's window, so
+  // it keeps only the middle tokens within beta of the best token of the whole context. The
+  // step must equal decode_search seeded with each window's best (computed on the host, summed
+  // as the device sums it) + sparse_attention over the window and those ids, bit for bit; and
+  // where a window holds the context's best key, the seed must narrow that head's retrieval.
+  kc::decode_step_params p;
+  p.sink = 2;
+  p.window = 200;
+  p.search.mode = kc::decode_search_mode::dipr;
+  p.search.beta = 3.0f;
+  p.search.l0 = 32;
+  p.search.max_results = 4096;
+  const std::vector<int> sizes{600, 900, 1500, 250, 700, 400, 1100};
+  // Windows mostly at the end, then mostly sinks (so that both ranges hold some head's best).
+  for (const auto& [sink, window] : {std::pair{2, 200}, std::pair{200, 20}}) {
+    p.sink = sink;
+    p.window = window;
+    p.seed_from_window = false;
+    p.search.expand_width = 1;
+    rng().seed(57);
+    const step_result plain = run_step(sizes, 2, 64, p);
+    p.seed_from_window = true;
+    for (const int expand : {1, 4}) {
+      p.search.expand_width = expand;
+      rng().seed(57);
+      const step_result r = run_step(sizes, 2, 64, p);
+      CHECK(r.status == 0u);
+      CHECK(r.o == r.composed_o);
+      CHECK(r.lse == r.composed_lse);
+      int narrower = 0;
+      for (std::size_t h = 0; h < r.retrieved.size(); ++h)
+        narrower += r.retrieved[h] < plain.retrieved[h] ? 1 : 0;
+      CHECK(narrower > 0);
+    }
+  }
+}
+
+TEST_CASE("decode_step_seeded_checks_its_arguments_before_any_launch", "[cuda][decode_step]") {
+  // The window's scores launch before the search: a host query pointer must be refused with
+  // the search's message, not read by a kernel.
+  const int n = 40, d = 64, width = 4, page = 16, pages = (n + page - 1) / page;
+  std::vector<id_t> adj(static_cast<std::size_t>(n) * width, kvsift::invalid_id);
+  for (int i = 0; i < n; ++i) fill_ring_row(adj.data() + i * width, i, n, width);
+  device_buffer<id_t> dadj(adj), dent(std::vector<id_t>{5});
+  device_buffer<std::int64_t> doff(std::vector<std::int64_t>{0, n});
+  device_buffer<float> dk(std::vector<float>(static_cast<std::size_t>(pages) * page * d, 0.5f));
+  device_buffer<float> o(d), lse(1);
+  std::vector<std::int32_t> table(pages);
+  for (int i = 0; i < pages; ++i) table[i] = i;
+  device_buffer<std::int32_t> dt(table);
+  const kc::graph_set_ref set{dadj.get(), doff.get(), dent.get(), 1, width, 1, n};
+  const kc::paged_kv_ref<float> kv{dk.get(), dk.get(), pages, page, d, dt.get(), 1, pages};
+  kc::decode_step_params p;
+  p.sink = 1;
+  p.window = 8;
+  p.search.mode = kc::decode_search_mode::dipr;
+  p.seed_from_window = true;
+  const std::size_t wb = kc::decode_step_workspace_size(set, 1, d, p);
+  device_buffer<char> ws(wb);
+  const std::vector<float> host_q(d, 1.0f);
+  CHECK(contains(message_of([&] {
+                   kc::decode_step(set, kv, host_q.data(), 1, d, o.get(), lse.get(), ws.get(), wb,
+                                   nullptr, p);
+                 }),
+                 "queries"));
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());  // nothing was launched that could fault
 }
 
 TEST_CASE("decode_step_carry_warm_starts_the_search", "[cuda][decode_step]") {

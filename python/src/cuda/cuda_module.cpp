@@ -330,13 +330,15 @@ ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int
 ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int expand_width,
                                   bool walk_through, int degree_cap, float beta, int l0,
                                   int max_results, int expand_limit, int max_hops, int sink,
-                                  int window, bool dense_when_capped, float scale) {
+                                  int window, bool dense_when_capped, bool seed_from_window,
+                                  float scale) {
   ops::decode_step_knobs p;
   p.search = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                           "ip", expand_limit, max_hops);
   p.sink = sink;
   p.window = window;
   p.dense_when_capped = dense_when_capped;
+  p.seed_from_window = seed_from_window;
   p.scale = scale;
   return p;
 }
@@ -733,12 +735,12 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
          int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
          int max_results, int expand_limit, int max_hops, int sink, int window,
-         bool dense_when_capped) {
+         bool dense_when_capped, bool seed_from_window) {
         return ops::decode_step_workspace_size(
             graph_sizes(graphs, rows, width, max_entries, max_keys), as_int(qo_heads, "qo_heads"),
             as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                       expand_limit, max_hops, sink, window, dense_when_capped,
+                       expand_limit, max_hops, sink, window, dense_when_capped, seed_from_window,
                        std::numeric_limits<float>::quiet_NaN()));
       },
       py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
@@ -746,6 +748,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
       py::arg("max_hops"), py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"),
+      py::arg("seed_from_window") = false,
       "Bytes of device workspace decode_step needs for a graph set of `graphs` graphs over an "
       "adjacency of `rows` x `width`; raises for bad parameters (max_keys outside [1, rows] "
       "included).");
@@ -757,7 +760,8 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::handle lse, py::handle workspace, const std::string& mode, int k, int L,
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
          int expand_limit, int max_hops, int sink, int window, bool dense_when_capped, float scale,
-         std::intptr_t stream, py::object status, py::object carry, py::object sizes) {
+         std::intptr_t stream, py::object status, py::object carry, py::object sizes,
+         bool seed_from_window) {
         const intake in{stream};
         ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
                                          in(entries, "entries"), max_keys);
@@ -773,9 +777,9 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
                                             g.num_graphs, "), got ", tp.shape[0], " rows");
         std::uint32_t* st = nullptr;
         if (!status.is_none()) st = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
-        const ops::decode_step_knobs p =
-            step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                       expand_limit, max_hops, sink, window, dense_when_capped, scale);
+        const ops::decode_step_knobs p = step_knobs(
+            mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results, expand_limit,
+            max_hops, sink, window, dense_when_capped, seed_from_window, scale);
         std::uint32_t* carry_ids = nullptr;
         if (!carry.is_none()) {
           const tensor tc = in(carry, "carry");
@@ -796,7 +800,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"), py::arg("max_hops"),
       py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"), py::arg("scale"),
       py::arg("stream"), py::arg("status") = py::none(), py::arg("carry") = py::none(),
-      py::arg("sizes") = py::none(),
+      py::arg("sizes") = py::none(), py::arg("seed_from_window") = false,
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(

@@ -143,6 +143,7 @@ struct decode_step_knobs {
   int window = 512;
   float scale = std::numeric_limits<float>::quiet_NaN();
   bool dense_when_capped = false;  ///< DIPR: a capped head attends every token
+  bool seed_from_window = false;   ///< DIPR: seeded with each head's best window score
 };
 
 /// kvsift::cuda::decode_step_workspace_size.

@@ -37,7 +37,8 @@ struct decode_step_params {
   /// Retrieval: top-k (default k 100, L 128) or DIPR. For top-k, `walk_through = false` and
   /// `expand_width` 16 (8 from 1024 queries a step) are the fast setting: the step's filter
   /// only excludes the window, and the walk-through of window tokens cost 31% of the step at
-  /// 128K, B = 16 for no recall (docs/decode_search.md).
+  /// 128K, B = 16 for no recall (docs/decode_search.md). DIPR takes `walk_through = false`
+  /// too (with `seed_from_window`, below).
   decode_search_params search{};
   int sink = 4;      ///< first tokens of every KV head always attended (attention sinks), >= 0
   int window = 512;  ///< last tokens of every KV head always attended, >= 0
@@ -55,6 +56,17 @@ struct decode_step_params {
   /// splits, and a merge, also when no head is capped (its blocks then stop at once: 45-56 us at
   /// 1024 query heads, H200). Ignored by top-k, which is never capped.
   bool dense_when_capped = false;
+  /// DIPR only: seed each search with its query head's best raw score q.k over the window
+  /// tokens (`decode_queries::seed_score`, as the CPU's `plan_step_params::seed_from_window`):
+  /// the range is then every middle token within beta of the best token of the whole context,
+  /// window included, which is what an exact DIPR over the context keeps of the middle. Without
+  /// the seed (false, default) the range is measured from the best middle token, so where the
+  /// window holds the best keys (the attention sink, recent tokens) the range is wider and the
+  /// walk longer: on Gemma-3 layer 11 at 32K (beta 4 logits) 827 tokens a head in 9.37 ms
+  /// unseeded, 551 (the exact selection's count) in 2.48 ms seeded, 1.87 ms seeded without the
+  /// walk-through (64 query heads, H200; docs/decode_search.md). Costs one launch that scores
+  /// each head's window rows (read again by the attention). Ignored by top-k.
+  bool seed_from_window = false;
 };
 
 /// Tokens per block of decode_step's full-attention pass over a capped DIPR head's middle
@@ -99,7 +111,8 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  *        divide, a too-small workspace, and whatever decode_search and sparse_attention throw
  *        for these arguments
  * @note One launch plus the search's and the attention's (DIPR with dense_when_capped: two
- *       more, the full-attention pass and the merge of the two passes' states);
+ *       more, the full-attention pass and the merge of the two passes' states; DIPR with
+ *       seed_from_window: one more, the window's scores, O(window * head_dim) per head);
  *       asynchronous; never allocates. Work: the search (see decode_search) plus
  *       O((results + sink + window) * head_dim) per query head, O(n_g * head_dim) for a
  *       capped one. Thread safety: no state; concurrent calls need separate workspaces and outputs.

@@ -140,13 +140,11 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
     require(p.expand_width >= 1 && p.expand_width <= max_decode_dipr_expand_width, who,
             ": expected 1 <= expand_width <= ", max_decode_dipr_expand_width, " for DIPR, got ",
             p.expand_width);
-    require(p.walk_through, who,
-            ": DIPR always walks through filtered-out neighbours; "
-            "expected walk_through = true, got false");
     require(p.expand_limit == 0, who, ": expand_limit is for top-k; expected 0 for DIPR, got ",
             p.expand_limit);
     require(p.max_hops >= 0, who, ": expected max_hops >= 0 (0 = no cap), got ", p.max_hops);
     c.max_hops = p.max_hops;
+    c.walk_through = p.walk_through;
     c.pool = p.l0;
     c.limit = p.l0;
     c.expand = p.expand_width;
@@ -499,6 +497,7 @@ struct ds_graph_walk {
   std::uint32_t n;
   std::uint32_t first, last;  // the filter's range (Filtered only)
   std::uint32_t* visited;
+  bool through;  // walk_through: a failing neighbour is walked through (else marked, dropped)
 
   template <bool Filtered>
   __device__ bool in_filter(std::uint32_t v) const {
@@ -553,10 +552,10 @@ __device__ int ds_expand_one(const ds_graph_walk& w, std::uint32_t u, walk_entry
   const id_t* nbrs = w.adj + static_cast<std::size_t>(u) * w.width;
   const int cols = w.cols;
   int fresh_n = 0;
-  if constexpr (!Filtered) {
+  if (!Filtered || !w.through) {
     // All of the row's ids are loaded, then all visited-set updates issued, before any
     // result is used: one load latency and one atomic latency per expansion, not one per
-    // 32 neighbours.
+    // 32 neighbours. Without the walk-through a failing id is marked visited and dropped.
     constexpr int rounds = max_graph_search_width / 32;
     std::uint32_t v[rounds];
     std::uint32_t was[rounds];
@@ -577,7 +576,7 @@ __device__ int ds_expand_one(const ds_graph_walk& w, std::uint32_t u, walk_entry
 #pragma unroll
     for (int t = 0; t < rounds; ++t) {
       if (t * 32 >= cols) continue;  // (not break: the loop stays fully unrolled)
-      const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u;
+      const bool fresh = ((was[t] >> (v[t] & 31u)) & 1u) == 0u && w.in_filter<Filtered>(v[t]);
       const unsigned b = __ballot_sync(full, fresh);
       if (fresh) inc[at + fresh_n + __popc(b & lower_lanes)].id = v[t];
       fresh_n += __popc(b);
@@ -865,7 +864,8 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
       cnt = ds_merge<32>(pool, other, cnt, c.pool, inc, nv, lane);
     };
 
-    const ds_graph_walk gw{adj, width, cols, static_cast<std::uint32_t>(n), first, last, visited};
+    const ds_graph_walk gw{adj,   width, cols,    static_cast<std::uint32_t>(n),
+                           first, last,  visited, c.walk_through};
     auto expand = [&](std::uint32_t u, int at) {
       return ds_expand_one<Filtered>(gw, u, inc, at, lane, status);
     };
@@ -1185,7 +1185,8 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
       __syncthreads();
     }
     const id_t* adj = set.adjacency + static_cast<std::size_t>(base) * width;
-    const ds_graph_walk gw{adj, width, cols, static_cast<std::uint32_t>(n), first, last, visited};
+    const ds_graph_walk gw{adj,   width, cols,    static_cast<std::uint32_t>(n),
+                           first, last,  visited, c.walk_through};
 
     // Scores inc[0, nv), four threads per row (one for rows not in 16-byte vectors), and
     // merges them into the pool.

@@ -12,6 +12,7 @@
 
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail/device_buffer.cuh>
+#include <kvsift/cuda/detail/vec.cuh>
 #include <kvsift/cuda/merge.cuh>
 
 namespace kvsift::cuda::detail {
@@ -39,6 +40,56 @@ __global__ void __launch_bounds__(Threads)
   win_counts[h] = static_cast<std::uint32_t>(s + (n - lo));
 }
 
+/// DIPR's window seed (`decode_step_params::seed_from_window`): per query head h, the best raw
+/// score q.k over its window tokens [0, first[h]) and [last[h], n), NaN when the window is
+/// empty. One block per head; each thread scores whole rows (16-byte loads, products summed
+/// with fmaf in element order), so a block has `Threads` rows in flight; q in shared memory.
+/// A page id outside the pool is skipped (the search and the attention flag it).
+template <int Threads, class T>
+__global__ void __launch_bounds__(Threads)
+    dstep_window_seed_kernel(graph_set_ref set, paged_kv_ref<T> kv, const float* __restrict__ q,
+                             int head_dim, const std::int32_t* __restrict__ graph,
+                             const std::uint32_t* __restrict__ first,
+                             const std::uint32_t* __restrict__ last, float* __restrict__ seed) {
+  extern __shared__ float dstep_q[];
+  __shared__ float warp_best[Threads / 32];
+  const int h = static_cast<int>(blockIdx.x);
+  for (int j = static_cast<int>(threadIdx.x); j < head_dim; j += Threads)
+    dstep_q[j] = q[static_cast<std::size_t>(h) * head_dim + j];
+  __syncthreads();
+  const int g = graph[h];
+  const std::int64_t keys = ds_graph_keys(set, g);
+  const std::int64_t n = keys < 0 ? 0 : keys;
+  const std::int64_t s = first[h], lo = last[h];
+  const std::int64_t win = s + (n - lo);
+  constexpr int V = vec_size_v<T>;
+  float best = -INFINITY;
+  for (std::int64_t i = threadIdx.x; i < win; i += Threads) {
+    const std::int64_t t = i < s ? i : lo + (i - s);
+    const std::int32_t page =
+        kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + t / kv.page_size];
+    if (page < 0 || page >= kv.num_pages) continue;
+    const T* row =
+        kv.k_pages + (static_cast<std::int64_t>(page) * kv.page_size + t % kv.page_size) * head_dim;
+    float acc = 0.0f;
+    for (int j = 0; j < head_dim; j += V) {
+      float x[V];
+      load_vec<T>(row + j, x);
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc = fmaf(dstep_q[j + e], x[e], acc);
+    }
+    best = fmaxf(best, acc);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+  if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x / 32] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < Threads / 32; ++w) best = fmaxf(best, warp_best[w]);
+    seed[h] = best == -INFINITY ? __int_as_float(0x7fc00000) : best;
+  }
+}
+
 /// Carves the workspace into pieces aligned to `workspace_alignment`, in a fixed order.
 /// `dense`: DIPR with dense_when_capped, which adds the capped flags, the window pass's state
 /// per head and the full-attention pass's split states (o, then lse; [heads * splits] rows).
@@ -50,6 +101,8 @@ struct dstep_layout {
   bool dense = false;
   int dense_splits = 0;
   std::size_t capped = 0, main_o = 0, main_lse = 0, dense_o = 0, dense_lse = 0;
+  bool seeded = false;  ///< DIPR with seed_from_window: `seed` holds a score per head
+  std::size_t seed = 0;
 };
 
 /// decode_step's last merge with the full-attention pass: head h's window-pass state, then,
@@ -121,6 +174,8 @@ inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim
   ap.scale = p.scale;
   l.attn_bytes = sparse_attention_workspace_size(heads, head_dim, ap);
   l.attn_ws = take(l.attn_bytes);
+  l.seeded = p.search.mode == decode_search_mode::dipr && p.seed_from_window;
+  if (l.seeded) l.seed = take(H * 4);
   l.dense = p.search.mode == decode_search_mode::dipr && p.dense_when_capped;
   if (l.dense) {
     // Splits of decode_step_dense_chunk tokens over the longest graph: the pass does not know
@@ -160,6 +215,12 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
                      std::uint32_t* status, id_t* carry, bool enqueue) {
   using kvsift::detail::require;
   const dstep_layout l = dstep_plan(set, num_qo_heads, head_dim, p);
+  if (enqueue && l.seeded) {
+    // The window's scores launch before the search checks its arguments (q, the K pages, the
+    // head dimension): a dry pass, which launches nothing, checks every argument first.
+    run_decode_step(set, kv, q, num_qo_heads, head_dim, out_o, out_lse, workspace, workspace_bytes,
+                    stream, p, status, carry, false);
+  }
   require(kv.num_kv_heads == set.num_graphs, "decode_step: expected one graph per KV head (",
           kv.num_kv_heads, "), got ", set.num_graphs, " graphs");
   require(workspace_bytes >= l.total, "decode_step: workspace of ", workspace_bytes,
@@ -206,6 +267,18 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
   qs.graph = graph;
   qs.filter_first = first;
   qs.filter_last = last;
+  if (l.seeded) {
+    auto* seed = static_cast<float*>(at(l.seed));
+    if (enqueue) {
+      constexpr int threads = 128;
+      dstep_window_seed_kernel<threads, T>
+          <<<static_cast<unsigned>(num_qo_heads), threads,
+             static_cast<std::size_t>(head_dim) * sizeof(float), stream>>>(
+              set, kv, q, head_dim, graph, first, last, seed);
+      KVSIFT_CUDA_CHECK(cudaGetLastError());
+    }
+    qs.seed_score = seed;
+  }
   if (carry != nullptr) {
     qs.seeds = carry;
     qs.seeds_ld = l.capacity;
