@@ -14,10 +14,19 @@
 // Reports per setting: recall@100 against the exact top-100, vectors scored per query, and the
 // mean time per launch over the steps (CUDA events around each launch; a first pass untimed).
 //
+// With --dipr-betas B1,B2,... (attention logits; raw q.k = B / --scale) it also runs cold DIPR
+// launches on the same queries, each expand width of --dipr-widths and hop cap of --dipr-hops
+// (0 = none), and reports per setting: set recall against the exact DIPR set over all keys
+// (`exact_dipr`, f16 keys), results and exact set size per query, the share of searches capped,
+// vectors scored per query and ms per launch; and, per (hops, beta), the CPU's `dipr_search`
+// over the same graph (the walk the GPU's expand width 1 equals id for id on exact data).
+//
 // Usage: kvsift-cuda-decode_warm_start_bench --keys K --train T --eval E1[,E2...]
-//            [--requests 16] [--steps 60]
+//            [--requests 16] [--steps 60] [--topk 0|1]
+//            [--dipr-betas B,.. --scale S --dipr-l0 100 --dipr-widths 1,8 --dipr-hops 0,..]
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -29,10 +38,13 @@
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 554
 #include <kvsift/cuda/decode_search.cuh>
+#include <kvsift/cuda/decode_step.cuh>
 #include <kvsift/cuda/knn.cuh>
+#include <kvsift/cuda/sparse_attention.cuh>
 #include <kvsift/index/flat_index.hpp>
 #include <kvsift/index/roargraph_builder.hpp>
 #include <kvsift/io/vector_io.hpp>
+#include <kvsift/search/dipr_search.hpp>
 #pragma nv_diagnostic pop
 
 namespace {
@@ -46,13 +58,21 @@ using kvsift::cuda_bench::dev;
 
 int main(int argc, char** argv) {
   std::string keys_path, train_path, eval_paths;
-  std::size_t requests = 16, steps = 60;
+  std::string dipr_betas, dipr_widths = "1,8", dipr_hops = "0", values_path;
+  std::size_t requests = 16, steps = 60, topk = 1, dipr_l0 = 100, context = 0, dipr_set = 1;
+  double scale = 1.0;
+  using kvsift::cuda_bench::size_option;
   using kvsift::cuda_bench::string_option;
   kvsift::cuda_bench::parse_options(
       argc, argv,
       {string_option("--keys", keys_path), string_option("--train", train_path),
-       string_option("--eval", eval_paths), kvsift::cuda_bench::size_option("--requests", requests),
-       kvsift::cuda_bench::size_option("--steps", steps)});
+       string_option("--eval", eval_paths), size_option("--requests", requests),
+       size_option("--steps", steps), size_option("--topk", topk),
+       string_option("--dipr-betas", dipr_betas),
+       kvsift::cuda_bench::double_option("--scale", scale), size_option("--dipr-l0", dipr_l0),
+       string_option("--dipr-widths", dipr_widths), string_option("--dipr-hops", dipr_hops),
+       string_option("--values", values_path), size_option("--context", context),
+       size_option("--dipr-sets", dipr_set)});
   if (keys_path.empty() || train_path.empty() || eval_paths.empty()) {
     std::fprintf(stderr,
                  "usage: %s --keys K --train T --eval E1[,E2...] [--requests R] [--steps S]\n",
@@ -137,8 +157,9 @@ int main(int argc, char** argv) {
   dev<std::uint32_t> dcounts(m), dscored(steps * m), dstatus(1);
   KVSIFT_CUDA_CHECK(cudaMemset(dstatus.p, 0, 4));
 
-  std::printf("\n%-6s %5s %5s %6s %11s %13s %13s\n", "start", "L", "limit", "width", "recall@100",
-              "scored/query", "ms/launch");
+  if (topk != 0)
+    std::printf("\n%-6s %5s %5s %6s %11s %13s %13s\n", "start", "L", "limit", "width", "recall@100",
+                "scored/query", "ms/launch");
   auto run = [&](bool warm, int L, int limit, int expand) {
     kc::decode_search_params p;
     p.k = K;
@@ -193,10 +214,377 @@ int main(int argc, char** argv) {
                 total_ms / double(steps));
   };
   for (const int expand : {1, 8, 16}) {
+    if (topk == 0) break;
     for (const int L : {100, 128, 160, 200}) run(false, L, 0, expand);
     for (const int limit : {40, 60, 80}) run(false, 100, limit, expand);
     for (const int limit : {30, 40, 50, 60, 70, 80, 0}) run(true, 100, limit, expand);
   }
+
+  std::vector<double> betas_for_step;
+  for (const auto& b : kvsift::cuda_bench::split_list(dipr_betas))
+    if (!b.empty()) betas_for_step.push_back(std::stod(b));
+  // 4. DIPR (cold: the graph's entry points, no window seed), GPU and CPU, against the exact
+  // DIPR set of every query over all keys.
+  if (!dipr_betas.empty() && dipr_set != 0) {
+    std::vector<double> betas;
+    std::vector<int> widths, hop_caps;
+    for (const auto& b : kvsift::cuda_bench::split_list(dipr_betas)) betas.push_back(std::stod(b));
+    for (const auto& w : kvsift::cuda_bench::split_list(dipr_widths))
+      widths.push_back(std::stoi(w));
+    for (const auto& h : kvsift::cuda_bench::split_list(dipr_hops))
+      hop_caps.push_back(std::stoi(h));
+    const std::size_t nq = steps * m;
+    const matrix_view<const float> all_q(q.data(), nq, d);
+    const std::size_t threads = std::thread::hardware_concurrency();
+    std::printf(
+        "\nDIPR, cold, l0 %zu, beta in logits (raw q.k = beta / %g); set recall against the "
+        "exact DIPR set over all %zu keys\n",
+        dipr_l0, scale, n);
+    std::printf("%-4s %6s %5s %6s %10s %9s %9s %7s %13s %10s\n", "walk", "beta", "hops", "width",
+                "set recall", "results", "exact", "capped", "scored/query", "ms/launch");
+    for (const double beta : betas) {
+      kvsift::dipr_params ep;
+      ep.beta = static_cast<float>(beta / scale);
+      // Sorted exact sets (the flat scan ignores l0 and the caps).
+      auto exact_sets = kvsift::exact_dipr(flat, all_q, ep, threads);
+      double exact_mean = 0;
+      for (auto& e : exact_sets) {
+        std::sort(e.ids.begin(), e.ids.end());
+        exact_mean += double(e.ids.size());
+      }
+      exact_mean /= double(nq);
+      const auto set_recall = [&](std::size_t i, const id_t* got, std::size_t count) {
+        const auto& w = exact_sets[i].ids;
+        std::size_t hit = 0;
+        for (std::size_t j = 0; j < count; ++j)
+          hit += std::binary_search(w.begin(), w.end(), got[j]);
+        return w.empty() ? 1.0 : double(hit) / double(w.size());
+      };
+      for (const int hops : hop_caps) {
+        // The CPU walk over the same graph and keys.
+        {
+          kvsift::dipr_params cp = ep;
+          cp.l0 = dipr_l0;
+          cp.max_hops = std::size_t(hops);
+          std::vector<kvsift::search_workspace> ws(threads);
+          std::vector<double> rec(nq), res(nq), cap(nq), sc(nq);
+          kvsift::parallel_for(nq, threads, [&](std::size_t i, std::size_t t) {
+            kvsift::dipr_result r;
+            kvsift::dipr_search(index, all_q.row_span(i), cp, ws[t], r);
+            rec[i] = set_recall(i, r.ids.data(), r.ids.size());
+            res[i] = double(r.ids.size());
+            cap[i] = r.capped ? 1.0 : 0.0;
+            sc[i] = double(r.stats.distance_computations);
+          });
+          const auto mean = [&](const std::vector<double>& v) {
+            double a = 0;
+            for (const double x : v) a += x;
+            return a / double(v.size());
+          };
+          std::printf("%-4s %6g %5d %6s %10.4f %9.1f %9.1f %7.3f %13.0f %10s\n", "cpu", beta, hops,
+                      "-", mean(rec), mean(res), exact_mean, mean(cap), mean(sc), "-");
+        }
+        for (const int width : widths) {
+          kc::decode_search_params p;
+          p.mode = kc::decode_search_mode::dipr;
+          p.beta = static_cast<float>(beta / scale);
+          p.l0 = int(dipr_l0);
+          p.expand_width = width;
+          p.max_hops = hops;
+          const int cap = kc::decode_search_capacity(p);
+          const std::size_t wb = kc::decode_search_workspace_size(set, std::int64_t(m), p);
+          dev<char> ws(wb);
+          dev<id_t> dres(m * std::size_t(cap));
+          dev<std::uint32_t> dcap(m);
+          cudaEvent_t a, b;
+          KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
+          KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
+          double total_ms = 0, rec = 0, res = 0, capped = 0, sc = 0;
+          std::vector<id_t> got(m * std::size_t(cap));
+          std::vector<std::uint32_t> counts(m), caps(m), scored(m);
+          for (int pass = 0; pass < 2; ++pass) {  // pass 0 warms up, pass 1 is timed and scored
+            for (std::size_t t = 0; t < steps; ++t) {
+              const kc::decode_queries qs{dq.p + t * m * d, std::int64_t(d), dgraph.p};
+              kc::decode_search_outputs out{dres.p,  nullptr,   dcounts.p,
+                                            nullptr, dscored.p, dstatus.p};
+              out.capped = dcap.p;
+              KVSIFT_CUDA_CHECK(cudaEventRecord(a, stream));
+              kc::decode_search(set, keys, qs, std::int64_t(m), p, out, ws.p, wb, stream);
+              KVSIFT_CUDA_CHECK(cudaEventRecord(b, stream));
+              KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
+              float ms = 0;
+              KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+              if (pass == 0) continue;
+              total_ms += ms;
+              KVSIFT_CUDA_CHECK(
+                  cudaMemcpy(got.data(), dres.p, got.size() * 4, cudaMemcpyDeviceToHost));
+              KVSIFT_CUDA_CHECK(
+                  cudaMemcpy(counts.data(), dcounts.p, m * 4, cudaMemcpyDeviceToHost));
+              KVSIFT_CUDA_CHECK(cudaMemcpy(caps.data(), dcap.p, m * 4, cudaMemcpyDeviceToHost));
+              KVSIFT_CUDA_CHECK(
+                  cudaMemcpy(scored.data(), dscored.p, m * 4, cudaMemcpyDeviceToHost));
+              for (std::size_t i = 0; i < m; ++i) {
+                const std::size_t c = std::min<std::size_t>(counts[i], std::size_t(cap));
+                rec += set_recall(t * m + i, got.data() + i * std::size_t(cap), c);
+                res += double(c);
+                capped += caps[i];
+                sc += scored[i];
+              }
+            }
+          }
+          KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
+          KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
+          std::printf("%-4s %6g %5d %6d %10.4f %9.1f %9.1f %7.3f %13.0f %10.4f\n", "gpu", beta,
+                      hops, width, rec / double(nq), res / double(nq), exact_mean,
+                      capped / double(nq), sc / double(nq), total_ms / double(steps));
+        }
+      }
+    }
+  }
+  // 5. The decode step (kc::decode_step) on real keys and values: every eval query attends the
+  // first `context` tokens (the prefix before the held-out positions), through a graph built on
+  // them; each request holds its own copy of that prefix (pages and graph), as a batch of
+  // requests holds distinct caches, so no request's reads hit another's in the L2. Reference:
+  // the same kernel with a window covering every token (full attention). Quality per query
+  // head: relative L2 distance of the output to full attention's, and the softmax mass of the
+  // attended tokens, exp(lse - lse_full).
+  if (!values_path.empty()) {
+    const auto vals32 = kvsift::read_vectors(kvsift::file_path(values_path));
+    const std::size_t P = context == 0 ? n : std::min(context, n);
+    if (vals32.rows() < P || vals32.cols() != d) {
+      std::fprintf(stderr, "--values has %zu x %zu rows, need >= %zu x %zu\n", vals32.rows(),
+                   vals32.cols(), P, d);
+      return 2;
+    }
+    const kvsift::view_store<float> prefix(matrix_view<const float>(kf.data(), P, d));
+    const auto pindex = kvsift::roargraph_builder<kvsift::inner_product, kc::knn_engine>(bp).build(
+        prefix, train.view());
+    const std::size_t R = requests, pw = pindex.max_degree(), page = 16;
+    const std::size_t pages_per_head = (P + page - 1) / page, pages = R * pages_per_head;
+    std::vector<__half> kp(pages * page * d, __float2half(0.0f)), vp(kp.size(), __float2half(0.0f));
+    for (std::size_t r = 0; r < R; ++r) {
+      for (std::size_t t = 0; t < P; ++t) {
+        const std::size_t row = (r * pages_per_head + t / page) * page + t % page;
+        for (std::size_t j = 0; j < d; ++j) {
+          kp[row * d + j] = __float2half(static_cast<float>(k16[t * d + j]));
+          vp[row * d + j] = __float2half(vals32.view().row(t)[j]);
+        }
+      }
+    }
+    std::vector<std::int32_t> table(pages);
+    for (std::size_t i = 0; i < pages; ++i) table[i] = std::int32_t(i);
+    std::vector<id_t> padj(R * P * pw), pent(R * kvsift::max_entry_points, kvsift::invalid_id);
+    std::vector<std::int64_t> poff(R + 1);
+    for (std::size_t r = 0; r < R; ++r) {
+      std::copy_n(pindex.adjacency().data(), P * pw, padj.begin() + r * P * pw);
+      std::copy(pindex.entry_points().begin(), pindex.entry_points().end(),
+                pent.begin() + r * kvsift::max_entry_points);
+      poff[r + 1] = std::int64_t((r + 1) * P);
+    }
+    dev<__half> dkp(kp.size()), dvp(vp.size());
+    dev<std::int32_t> dtable(pages);
+    dev<id_t> dpadj(padj.size()), dpent(pent.size());
+    dev<std::int64_t> dpoff(R + 1);
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dkp.p, kp.data(), kp.size() * 2, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dvp.p, vp.data(), vp.size() * 2, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dtable.p, table.data(), pages * 4, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dpadj.p, padj.data(), padj.size() * 4, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dpent.p, pent.data(), pent.size() * 4, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dpoff.p, poff.data(), poff.size() * 8, cudaMemcpyHostToDevice));
+    const kc::graph_set_ref pset{
+        dpadj.p, dpoff.p, dpent.p, int(R), int(pw), int(kvsift::max_entry_points), std::int64_t(P)};
+    const kc::paged_kv_ref<__half> kv{dkp.p,    dvp.p,  std::int64_t(pages), int(page), int(d),
+                                      dtable.p, int(R), int(pages_per_head)};
+    const float attn_scale = static_cast<float>(scale);
+    dev<float> o_full(steps * m * d), lse_full(steps * m), o(m * d), lse(m);
+    std::printf(
+        "\ndecode step on real keys and values: %zu requests x %zu query heads (GQA %zu), "
+        "each attending its own copy of the first %zu tokens (graph built on them: width "
+        "%zu), %zu steps, logit scale %g\n",
+        R, H, H, P, pw, steps, scale);
+    std::printf("%-28s %9s %10s %9s %8s %10s %10s\n", "setting", "tokens", "rel. error", "mass",
+                "capped", "ms/step", "x full");
+    // Full attention: kvsift's sparse_attention with every token of the prefix listed.
+    double full_ms = 0;
+    {
+      std::vector<std::int64_t> indptr(m + 1);
+      for (std::size_t i = 0; i <= m; ++i) indptr[i] = std::int64_t(i * P);
+      std::vector<std::int32_t> all(m * P);
+      for (std::size_t i = 0; i < m * P; ++i) all[i] = std::int32_t(i % P);
+      dev<std::int64_t> dind(m + 1);
+      dev<std::int32_t> dall(m * P);
+      KVSIFT_CUDA_CHECK(cudaMemcpy(dind.p, indptr.data(), (m + 1) * 8, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(dall.p, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
+      kc::sparse_attention_params ap;
+      ap.scale = attn_scale;
+      const std::size_t awb = kc::sparse_attention_workspace_size(int(m), int(d), ap);
+      dev<char> aws(awb);
+      cudaEvent_t a, b;
+      KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
+      KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
+      for (int pass = 0; pass < 2; ++pass) {
+        for (std::size_t t = 0; t < steps; ++t) {
+          KVSIFT_CUDA_CHECK(cudaEventRecord(a, stream));
+          kc::sparse_attention(dq.p + t * m * d, int(m), int(d), kv, dind.p, dall.p,
+                               o_full.p + t * m * d, lse_full.p + t * m, aws.p, awb, stream, ap);
+          KVSIFT_CUDA_CHECK(cudaEventRecord(b, stream));
+          KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
+          float ms = 0;
+          KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+          if (pass == 1) full_ms += ms / double(steps);
+        }
+      }
+      KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
+      KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
+      std::printf("%-28s %9zu %10s %9s %8s %10.4f %10s\n", "full attention", P, "0", "1", "-",
+                  full_ms, "1.00");
+    }
+    // Which DIPR heads the step's search capped (decode_step does not say): the same search run
+    // alone on the step's queries, filter [sink', P - window) and, when seeded, each head's best
+    // raw score over its window (fmaf in element order, as the step computes it).
+    std::vector<std::int32_t> qgraph(m);
+    for (std::size_t i = 0; i < m; ++i) qgraph[i] = std::int32_t(i / H);
+    dev<std::int32_t> dqgraph(m);
+    dev<std::uint32_t> dfirst(m), dlast(m), dflags(m), dcounts2(m);
+    dev<float> dseed(m);
+    KVSIFT_CUDA_CHECK(cudaMemcpy(dqgraph.p, qgraph.data(), m * 4, cudaMemcpyHostToDevice));
+    auto capped_flags = [&](const kc::decode_step_params& p, std::size_t t) {
+      const std::size_t lo = std::min<std::size_t>(P, std::size_t(p.sink));
+      const std::size_t hi =
+          std::max<std::size_t>(lo, P > std::size_t(p.window) ? P - p.window : 0);
+      const std::vector<std::uint32_t> f(m, std::uint32_t(lo)), l(m, std::uint32_t(hi));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(dfirst.p, f.data(), m * 4, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(dlast.p, l.data(), m * 4, cudaMemcpyHostToDevice));
+      kc::decode_queries sq{dq.p + t * m * d, std::int64_t(d), dqgraph.p};
+      sq.filter_first = dfirst.p;
+      sq.filter_last = dlast.p;
+      if (p.seed_from_window) {
+        std::vector<float> seeds(m);
+        for (std::size_t i = 0; i < m; ++i) {
+          const float* qi = q.data() + (t * m + i) * d;
+          float best = -INFINITY;
+          const auto see = [&](std::size_t tok) {
+            float acc = 0.0f;
+            for (std::size_t j = 0; j < d; ++j) acc = std::fma(qi[j], kf[tok * d + j], acc);
+            best = std::max(best, acc);
+          };
+          for (std::size_t tok = 0; tok < lo; ++tok) see(tok);
+          for (std::size_t tok = hi; tok < P; ++tok) see(tok);
+          seeds[i] = best;
+        }
+        KVSIFT_CUDA_CHECK(cudaMemcpy(dseed.p, seeds.data(), m * 4, cudaMemcpyHostToDevice));
+        sq.seed_score = dseed.p;
+      }
+      const int cap = kc::decode_search_capacity(p.search);
+      dev<id_t> ids(m * std::size_t(cap));
+      kc::decode_search_outputs so{};
+      so.ids = ids.p;
+      so.counts = dcounts2.p;
+      so.capped = dflags.p;
+      const std::size_t swb = kc::decode_search_workspace_size(pset, std::int64_t(m), p.search);
+      dev<char> sws(swb);
+      kc::decode_search(pset, kv, sq, std::int64_t(m), p.search, so, sws.p, swb, stream);
+      std::vector<std::uint32_t> flags(m);
+      KVSIFT_CUDA_CHECK(cudaMemcpy(flags.data(), dflags.p, m * 4, cudaMemcpyDeviceToHost));
+      return flags;
+    };
+    // Runs `p` for every step (pass 0 untimed) and reports it; `warm` keeps the carry between
+    // steps (the previous step's retrieval as seeds), else it is reset before every step. The
+    // carry also returns each head's retrieved ids (their count).
+    auto step = [&](const char* name, kc::decode_step_params p, bool warm) {
+      p.scale = attn_scale;
+      const int cap = kc::decode_search_capacity(p.search);
+      const bool dipr = p.search.mode == kc::decode_search_mode::dipr;
+      const std::size_t wb = kc::decode_step_workspace_size(pset, int(m), int(d), p);
+      dev<char> ws(wb);
+      dev<id_t> carry(m * std::size_t(cap));
+      std::vector<id_t> got(m * std::size_t(cap));
+      std::vector<float> ho(m * d), hl(m), fo(m * d), fl(m);
+      cudaEvent_t a, b;
+      KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
+      KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
+      double total_ms = 0, err = 0, mass = 0, tokens = 0, capped = 0;
+      const std::size_t win = std::min<std::size_t>(P, std::size_t(p.sink + p.window));
+      for (int pass = 0; pass < 2; ++pass) {
+        KVSIFT_CUDA_CHECK(cudaMemset(carry.p, 0xff, got.size() * 4));
+        for (std::size_t t = 0; t < steps; ++t) {
+          if (!warm) KVSIFT_CUDA_CHECK(cudaMemset(carry.p, 0xff, got.size() * 4));
+          KVSIFT_CUDA_CHECK(cudaEventRecord(a, stream));
+          kc::decode_step(pset, kv, dq.p + t * m * d, int(m), int(d), o.p, lse.p, ws.p, wb, stream,
+                          p, dstatus.p, carry.p);
+          KVSIFT_CUDA_CHECK(cudaEventRecord(b, stream));
+          KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
+          float ms = 0;
+          KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+          if (pass == 0) continue;
+          total_ms += ms;
+          KVSIFT_CUDA_CHECK(cudaMemcpy(ho.data(), o.p, ho.size() * 4, cudaMemcpyDeviceToHost));
+          KVSIFT_CUDA_CHECK(cudaMemcpy(hl.data(), lse.p, hl.size() * 4, cudaMemcpyDeviceToHost));
+          KVSIFT_CUDA_CHECK(
+              cudaMemcpy(fo.data(), o_full.p + t * m * d, fo.size() * 4, cudaMemcpyDeviceToHost));
+          KVSIFT_CUDA_CHECK(
+              cudaMemcpy(fl.data(), lse_full.p + t * m, fl.size() * 4, cudaMemcpyDeviceToHost));
+          KVSIFT_CUDA_CHECK(
+              cudaMemcpy(got.data(), carry.p, got.size() * 4, cudaMemcpyDeviceToHost));
+          const std::vector<std::uint32_t> flags =
+              dipr ? capped_flags(p, t) : std::vector<std::uint32_t>(m, 0u);
+          for (std::size_t i = 0; i < m; ++i) {
+            double num = 0, den = 0;
+            for (std::size_t j = 0; j < d; ++j) {
+              const double x = double(ho[i * d + j]) - double(fo[i * d + j]);
+              num += x * x;
+              den += double(fo[i * d + j]) * fo[i * d + j];
+            }
+            err += std::sqrt(num / den);
+            mass += std::exp(double(hl[i]) - double(fl[i]));
+            std::size_t c = 0;
+            for (int j = 0; j < cap; ++j) c += got[i * std::size_t(cap) + j] != kvsift::invalid_id;
+            const bool was_capped = flags[i] != 0u;
+            capped += was_capped;
+            tokens += was_capped && p.dense_when_capped ? double(P) : double(c + win);
+          }
+        }
+      }
+      KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
+      KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
+      const double ms = total_ms / double(steps), q_n = double(steps * m);
+      std::printf("%-28s %9.1f %10.4f %9.4f %8.3f %10.4f %10.2f\n", name, tokens / q_n, err / q_n,
+                  mass / q_n, capped / q_n, ms, full_ms / ms);
+    };
+    char name[64];
+    for (const int k : {100, 1024}) {
+      for (const bool warm : {false, true}) {
+        kc::decode_step_params ps;
+        ps.search.k = k;
+        ps.search.L = k == 100 ? 128 : 1024;
+        ps.search.expand_width = 16;
+        ps.search.walk_through = false;
+        if (warm) ps.search.expand_limit = k == 100 ? 70 : 700;
+        std::snprintf(name, sizeof name, "window + top-%d%s", k, warm ? " warm" : "");
+        step(name, ps, warm);
+      }
+    }
+    for (const double beta : betas_for_step) {
+      // (seeded, walk-through): the step as before, seeded, seeded without the walk-through.
+      for (const auto& [seeded, through] :
+           {std::pair{false, true}, std::pair{true, true}, std::pair{true, false}}) {
+        for (const bool dense : {false, true}) {
+          kc::decode_step_params ps;
+          ps.search.mode = kc::decode_search_mode::dipr;
+          ps.search.beta = static_cast<float>(beta / scale);
+          ps.search.l0 = int(dipr_l0);
+          ps.search.expand_width = 8;
+          ps.search.walk_through = through;
+          ps.dense_when_capped = dense;
+          ps.seed_from_window = seeded;
+          std::snprintf(name, sizeof name, "DIPR %g%s%s%s", beta, seeded ? " seeded" : "",
+                        through ? "" : " no-wt", dense ? " dense" : "");
+          step(name, ps, false);
+        }
+      }
+    }
+  }
+
   std::uint32_t status = 0;
   KVSIFT_CUDA_CHECK(cudaMemcpy(&status, dstatus.p, 4, cudaMemcpyDeviceToHost));
   std::printf("status word: %u (0 = no device-side error)\n", status);
