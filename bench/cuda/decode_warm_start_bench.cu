@@ -83,6 +83,19 @@ int main(int argc, char** argv) {
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
   cudaStream_t stream = setup.stream;
+  // Milliseconds of what `launch` enqueues on the stream (CUDA events around it; waits for it).
+  cudaEvent_t ev_a, ev_b;
+  KVSIFT_CUDA_CHECK(cudaEventCreate(&ev_a));
+  KVSIFT_CUDA_CHECK(cudaEventCreate(&ev_b));
+  auto time_ms = [&](auto&& launch) {
+    KVSIFT_CUDA_CHECK(cudaEventRecord(ev_a, stream));
+    launch();
+    KVSIFT_CUDA_CHECK(cudaEventRecord(ev_b, stream));
+    KVSIFT_CUDA_CHECK(cudaEventSynchronize(ev_b));
+    float ms = 0;
+    KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_a, ev_b));
+    return ms;
+  };
 
   // 1. Data: keys rounded to f16 (the index, the search and the oracle see the same values).
   const auto keys32 = kvsift::read_vectors(kvsift::file_path(keys_path));
@@ -170,9 +183,6 @@ int main(int argc, char** argv) {
     dev<char> ws(wb);
     // Row block 0 of dids stays invalid_id: the first step's seeds (nothing decoded before).
     KVSIFT_CUDA_CHECK(cudaMemset(dids.p, 0xff, m * K * 4));
-    cudaEvent_t a, b;
-    KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
-    KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
     double total_ms = 0;
     for (int pass = 0; pass < 2; ++pass) {  // pass 0 warms up, pass 1 is timed
       for (std::size_t t = 0; t < steps; ++t) {
@@ -183,17 +193,11 @@ int main(int argc, char** argv) {
         }
         const kc::decode_search_outputs out{dids.p + (t + 1) * m * K, nullptr,  dcounts.p, nullptr,
                                             dscored.p + t * m,        dstatus.p};
-        KVSIFT_CUDA_CHECK(cudaEventRecord(a, stream));
-        kc::decode_search(set, keys, qs, std::int64_t(m), p, out, ws.p, wb, stream);
-        KVSIFT_CUDA_CHECK(cudaEventRecord(b, stream));
-        KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
-        float ms = 0;
-        KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        const float ms = time_ms(
+            [&] { kc::decode_search(set, keys, qs, std::int64_t(m), p, out, ws.p, wb, stream); });
         if (pass == 1) total_ms += ms;
       }
     }
-    KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
-    KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
     std::vector<id_t> got((steps + 1) * m * K);
     std::vector<std::uint32_t> scored(steps * m);
     KVSIFT_CUDA_CHECK(cudaMemcpy(got.data(), dids.p, got.size() * 4, cudaMemcpyDeviceToHost));
@@ -296,9 +300,6 @@ int main(int argc, char** argv) {
           dev<char> ws(wb);
           dev<id_t> dres(m * std::size_t(cap));
           dev<std::uint32_t> dcap(m);
-          cudaEvent_t a, b;
-          KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
-          KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
           double total_ms = 0, rec = 0, res = 0, capped = 0, sc = 0;
           std::vector<id_t> got(m * std::size_t(cap));
           std::vector<std::uint32_t> counts(m), caps(m), scored(m);
@@ -308,12 +309,9 @@ int main(int argc, char** argv) {
               kc::decode_search_outputs out{dres.p,  nullptr,   dcounts.p,
                                             nullptr, dscored.p, dstatus.p};
               out.capped = dcap.p;
-              KVSIFT_CUDA_CHECK(cudaEventRecord(a, stream));
-              kc::decode_search(set, keys, qs, std::int64_t(m), p, out, ws.p, wb, stream);
-              KVSIFT_CUDA_CHECK(cudaEventRecord(b, stream));
-              KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
-              float ms = 0;
-              KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+              const float ms = time_ms([&] {
+                kc::decode_search(set, keys, qs, std::int64_t(m), p, out, ws.p, wb, stream);
+              });
               if (pass == 0) continue;
               total_ms += ms;
               KVSIFT_CUDA_CHECK(
@@ -332,8 +330,6 @@ int main(int argc, char** argv) {
               }
             }
           }
-          KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
-          KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
           std::printf("%-4s %6g %5d %6d %10.4f %9.1f %9.1f %7.3f %13.0f %10.4f\n", "gpu", beta,
                       hops, width, rec / double(nq), res / double(nq), exact_mean,
                       capped / double(nq), sc / double(nq), total_ms / double(steps));
@@ -419,23 +415,15 @@ int main(int argc, char** argv) {
       ap.scale = attn_scale;
       const std::size_t awb = kc::sparse_attention_workspace_size(int(m), int(d), ap);
       dev<char> aws(awb);
-      cudaEvent_t a, b;
-      KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
-      KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
       for (int pass = 0; pass < 2; ++pass) {
         for (std::size_t t = 0; t < steps; ++t) {
-          KVSIFT_CUDA_CHECK(cudaEventRecord(a, stream));
-          kc::sparse_attention(dq.p + t * m * d, int(m), int(d), kv, dind.p, dall.p,
-                               o_full.p + t * m * d, lse_full.p + t * m, aws.p, awb, stream, ap);
-          KVSIFT_CUDA_CHECK(cudaEventRecord(b, stream));
-          KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
-          float ms = 0;
-          KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+          const float ms = time_ms([&] {
+            kc::sparse_attention(dq.p + t * m * d, int(m), int(d), kv, dind.p, dall.p,
+                                 o_full.p + t * m * d, lse_full.p + t * m, aws.p, awb, stream, ap);
+          });
           if (pass == 1) full_ms += ms / double(steps);
         }
       }
-      KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
-      KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
       std::printf("%-28s %9zu %10s %9s %8s %10.4f %10s\n", "full attention", P, "0", "1", "-",
                   full_ms, "1.00");
     }
@@ -500,22 +488,16 @@ int main(int argc, char** argv) {
       dev<id_t> carry(m * std::size_t(cap));
       std::vector<id_t> got(m * std::size_t(cap));
       std::vector<float> ho(m * d), hl(m), fo(m * d), fl(m);
-      cudaEvent_t a, b;
-      KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
-      KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
       double total_ms = 0, err = 0, mass = 0, tokens = 0, capped = 0;
       const std::size_t win = std::min<std::size_t>(P, std::size_t(p.sink + p.window));
       for (int pass = 0; pass < 2; ++pass) {
         KVSIFT_CUDA_CHECK(cudaMemset(carry.p, 0xff, got.size() * 4));
         for (std::size_t t = 0; t < steps; ++t) {
           if (!warm) KVSIFT_CUDA_CHECK(cudaMemset(carry.p, 0xff, got.size() * 4));
-          KVSIFT_CUDA_CHECK(cudaEventRecord(a, stream));
-          kc::decode_step(pset, kv, dq.p + t * m * d, int(m), int(d), o.p, lse.p, ws.p, wb, stream,
-                          p, dstatus.p, carry.p);
-          KVSIFT_CUDA_CHECK(cudaEventRecord(b, stream));
-          KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
-          float ms = 0;
-          KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+          const float ms = time_ms([&] {
+            kc::decode_step(pset, kv, dq.p + t * m * d, int(m), int(d), o.p, lse.p, ws.p, wb,
+                            stream, p, dstatus.p, carry.p);
+          });
           if (pass == 0) continue;
           total_ms += ms;
           KVSIFT_CUDA_CHECK(cudaMemcpy(ho.data(), o.p, ho.size() * 4, cudaMemcpyDeviceToHost));
@@ -545,8 +527,6 @@ int main(int argc, char** argv) {
           }
         }
       }
-      KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
-      KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
       const double ms = total_ms / double(steps), q_n = double(steps * m);
       std::printf("%-28s %9.1f %10.4f %9.4f %8.3f %10.4f %10.2f\n", name, tokens / q_n, err / q_n,
                   mass / q_n, capped / q_n, ms, full_ms / ms);
@@ -588,5 +568,7 @@ int main(int argc, char** argv) {
   std::uint32_t status = 0;
   KVSIFT_CUDA_CHECK(cudaMemcpy(&status, dstatus.p, 4, cudaMemcpyDeviceToHost));
   std::printf("status word: %u (0 = no device-side error)\n", status);
+  KVSIFT_CUDA_CHECK(cudaEventDestroy(ev_a));
+  KVSIFT_CUDA_CHECK(cudaEventDestroy(ev_b));
   return 0;
 }
