@@ -132,6 +132,24 @@ inline void flush_l2(void* buffer, std::size_t bytes, l2_flush kind, int call,
   KVSIFT_CUDA_CHECK(cudaGetLastError());
 }
 
+/// Milliseconds of the work f() enqueues on `s`: CUDA events recorded around it (made and
+/// destroyed outside the timed interval); waits for it.
+template <class F>
+float event_ms(cudaStream_t s, F&& f) {
+  cudaEvent_t a, b;
+  KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
+  KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
+  KVSIFT_CUDA_CHECK(cudaEventRecord(a, s));
+  f();
+  KVSIFT_CUDA_CHECK(cudaEventRecord(b, s));
+  KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
+  KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
+  return ms;
+}
+
 /// Median milliseconds of `runs` timed calls of f(stream) after `warmup` untimed ones. When
 /// `flush` is non-null, `flush_bytes` of it are flushed (`kind`, outside the events) before
 /// each timed call so that the call starts with a cold L2.

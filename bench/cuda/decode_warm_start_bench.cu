@@ -83,19 +83,7 @@ int main(int argc, char** argv) {
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
   cudaStream_t stream = setup.stream;
-  // Milliseconds of what `launch` enqueues on the stream (CUDA events around it; waits for it).
-  cudaEvent_t ev_a, ev_b;
-  KVSIFT_CUDA_CHECK(cudaEventCreate(&ev_a));
-  KVSIFT_CUDA_CHECK(cudaEventCreate(&ev_b));
-  auto time_ms = [&](auto&& launch) {
-    KVSIFT_CUDA_CHECK(cudaEventRecord(ev_a, stream));
-    launch();
-    KVSIFT_CUDA_CHECK(cudaEventRecord(ev_b, stream));
-    KVSIFT_CUDA_CHECK(cudaEventSynchronize(ev_b));
-    float ms = 0;
-    KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_a, ev_b));
-    return ms;
-  };
+  auto time_ms = [&](auto&& launch) { return kvsift::cuda_bench::event_ms(stream, launch); };
 
   // 1. Data: keys rounded to f16 (the index, the search and the oracle see the same values).
   const auto keys32 = kvsift::read_vectors(kvsift::file_path(keys_path));
@@ -427,65 +415,18 @@ int main(int argc, char** argv) {
       std::printf("%-28s %9zu %10s %9s %8s %10.4f %10s\n", "full attention", P, "0", "1", "-",
                   full_ms, "1.00");
     }
-    // Which DIPR heads the step's search capped (decode_step does not say): the same search run
-    // alone on the step's queries, filter [sink', P - window) and, when seeded, each head's best
-    // raw score over its window (fmaf in element order, as the step computes it).
-    std::vector<std::int32_t> qgraph(m);
-    for (std::size_t i = 0; i < m; ++i) qgraph[i] = std::int32_t(i / H);
-    dev<std::int32_t> dqgraph(m);
-    dev<std::uint32_t> dfirst(m), dlast(m), dflags(m), dcounts2(m);
-    dev<float> dseed(m);
-    KVSIFT_CUDA_CHECK(cudaMemcpy(dqgraph.p, qgraph.data(), m * 4, cudaMemcpyHostToDevice));
-    auto capped_flags = [&](const kc::decode_step_params& p, std::size_t t) {
-      const std::size_t lo = std::min<std::size_t>(P, std::size_t(p.sink));
-      const std::size_t hi =
-          std::max<std::size_t>(lo, P > std::size_t(p.window) ? P - p.window : 0);
-      const std::vector<std::uint32_t> f(m, std::uint32_t(lo)), l(m, std::uint32_t(hi));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(dfirst.p, f.data(), m * 4, cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(dlast.p, l.data(), m * 4, cudaMemcpyHostToDevice));
-      kc::decode_queries sq{dq.p + t * m * d, std::int64_t(d), dqgraph.p};
-      sq.filter_first = dfirst.p;
-      sq.filter_last = dlast.p;
-      if (p.seed_from_window) {
-        std::vector<float> seeds(m);
-        for (std::size_t i = 0; i < m; ++i) {
-          const float* qi = q.data() + (t * m + i) * d;
-          float best = -INFINITY;
-          const auto see = [&](std::size_t tok) {
-            float acc = 0.0f;
-            for (std::size_t j = 0; j < d; ++j) acc = std::fma(qi[j], kf[tok * d + j], acc);
-            best = std::max(best, acc);
-          };
-          for (std::size_t tok = 0; tok < lo; ++tok) see(tok);
-          for (std::size_t tok = hi; tok < P; ++tok) see(tok);
-          seeds[i] = best;
-        }
-        KVSIFT_CUDA_CHECK(cudaMemcpy(dseed.p, seeds.data(), m * 4, cudaMemcpyHostToDevice));
-        sq.seed_score = dseed.p;
-      }
-      const int cap = kc::decode_search_capacity(p.search);
-      dev<id_t> ids(m * std::size_t(cap));
-      kc::decode_search_outputs so{};
-      so.ids = ids.p;
-      so.counts = dcounts2.p;
-      so.capped = dflags.p;
-      const std::size_t swb = kc::decode_search_workspace_size(pset, std::int64_t(m), p.search);
-      dev<char> sws(swb);
-      kc::decode_search(pset, kv, sq, std::int64_t(m), p.search, so, sws.p, swb, stream);
-      std::vector<std::uint32_t> flags(m);
-      KVSIFT_CUDA_CHECK(cudaMemcpy(flags.data(), dflags.p, m * 4, cudaMemcpyDeviceToHost));
-      return flags;
-    };
     // Runs `p` for every step (pass 0 untimed) and reports it; `warm` keeps the carry between
     // steps (the previous step's retrieval as seeds), else it is reset before every step. The
-    // carry also returns each head's retrieved ids (their count).
+    // carry also returns each head's retrieved ids (their count), and `capped` which DIPR
+    // searches were capped.
     auto step = [&](const char* name, kc::decode_step_params p, bool warm) {
       p.scale = attn_scale;
       const int cap = kc::decode_search_capacity(p.search);
-      const bool dipr = p.search.mode == kc::decode_search_mode::dipr;
       const std::size_t wb = kc::decode_step_workspace_size(pset, int(m), int(d), p);
       dev<char> ws(wb);
       dev<id_t> carry(m * std::size_t(cap));
+      dev<std::uint32_t> dcapped(m);
+      std::vector<std::uint32_t> flags(m);
       std::vector<id_t> got(m * std::size_t(cap));
       std::vector<float> ho(m * d), hl(m), fo(m * d), fl(m);
       double total_ms = 0, err = 0, mass = 0, tokens = 0, capped = 0;
@@ -496,7 +437,7 @@ int main(int argc, char** argv) {
           if (!warm) KVSIFT_CUDA_CHECK(cudaMemset(carry.p, 0xff, got.size() * 4));
           const float ms = time_ms([&] {
             kc::decode_step(pset, kv, dq.p + t * m * d, int(m), int(d), o.p, lse.p, ws.p, wb,
-                            stream, p, dstatus.p, carry.p);
+                            stream, p, dstatus.p, carry.p, dcapped.p);
           });
           if (pass == 0) continue;
           total_ms += ms;
@@ -508,8 +449,7 @@ int main(int argc, char** argv) {
               cudaMemcpy(fl.data(), lse_full.p + t * m, fl.size() * 4, cudaMemcpyDeviceToHost));
           KVSIFT_CUDA_CHECK(
               cudaMemcpy(got.data(), carry.p, got.size() * 4, cudaMemcpyDeviceToHost));
-          const std::vector<std::uint32_t> flags =
-              dipr ? capped_flags(p, t) : std::vector<std::uint32_t>(m, 0u);
+          KVSIFT_CUDA_CHECK(cudaMemcpy(flags.data(), dcapped.p, m * 4, cudaMemcpyDeviceToHost));
           for (std::size_t i = 0; i < m; ++i) {
             double num = 0, den = 0;
             for (std::size_t j = 0; j < d; ++j) {
@@ -568,7 +508,5 @@ int main(int argc, char** argv) {
   std::uint32_t status = 0;
   KVSIFT_CUDA_CHECK(cudaMemcpy(&status, dstatus.p, 4, cudaMemcpyDeviceToHost));
   std::printf("status word: %u (0 = no device-side error)\n", status);
-  KVSIFT_CUDA_CHECK(cudaEventDestroy(ev_a));
-  KVSIFT_CUDA_CHECK(cudaEventDestroy(ev_b));
   return 0;
 }

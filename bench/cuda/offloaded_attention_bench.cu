@@ -48,6 +48,7 @@
 namespace {
 
 namespace kc = kvsift::cuda;
+using kvsift::cuda_bench::event_ms;
 using kvsift::cuda_bench::median_ms;
 
 constexpr int kv_heads = 8, group = 4, d = 128, page = 16, buckets = 64;
@@ -57,21 +58,6 @@ T* device_alloc(std::size_t n) {
   T* p = nullptr;
   KVSIFT_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
   return p;
-}
-
-float event_ms(cudaStream_t s, const std::function<void()>& f) {
-  cudaEvent_t a, b;
-  KVSIFT_CUDA_CHECK(cudaEventCreate(&a));
-  KVSIFT_CUDA_CHECK(cudaEventCreate(&b));
-  KVSIFT_CUDA_CHECK(cudaEventRecord(a, s));
-  f();
-  KVSIFT_CUDA_CHECK(cudaEventRecord(b, s));
-  KVSIFT_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  KVSIFT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  KVSIFT_CUDA_CHECK(cudaEventDestroy(a));
-  KVSIFT_CUDA_CHECK(cudaEventDestroy(b));
-  return ms;
 }
 
 float median(std::vector<float> v) {

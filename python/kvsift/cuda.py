@@ -415,7 +415,7 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
                 expand_width=1, walk_through=True, degree_cap=0, beta=1.0, l0=64, max_results=0,
                 sink=4, window=512, scale=None, lse_base="e", stream=None, status=None,
                 carry=None, expand_limit=0, max_hops=0, dense_when_capped=False,
-                seed_from_window=False):
+                seed_from_window=False, capped=None):
     """One decode step of retrieval attention for one layer, on the GPU: the graph search of
     every query head over its KV head's index (the window excluded), then one sparse attention
     pass over the window (the first ``sink`` and last ``window`` tokens) and the retrieved
@@ -457,6 +457,10 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     whole context (window included), as an exact DIPR over the context keeps of the middle;
     False (the default) measures the range from the best middle token, a wider range where the
     window holds the best keys.
+
+    ``capped``: int32 [qo_heads] on the device, written with 1 where the head's DIPR search
+    hit ``max_results`` or ``max_hops`` (with ``dense_when_capped``, the heads that attended
+    every token), else 0 (always 0 for top-k).
     """
     base2 = _check_base(lse_base)
     st = _stream(q, stream)
@@ -477,7 +481,7 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
         _ext.decode_step(*_dl(adjacency, row_offset, entries), int(max_keys),
                          *_dl(q, k_pages, v_pages, page_table, o, lse, ws), *knobs,
                          float("nan") if scale is None else float(scale), st,
-                         *_dl(status, carry, sizes), bool(seed_from_window))
+                         *_dl(status, carry, sizes), bool(seed_from_window), *_dl(capped))
         if base2:
             lse *= 1.0 / _LN2
     return o, lse

@@ -526,8 +526,15 @@ def test_decode_step_capped_dipr_heads_attend_every_token():
     n, group, dim = 600, 4, 64
     graphs, q, k, v, table, kd, vd = decode_case(torch.float16, seed=31)
     args = dict(mode="dipr", beta=1e30, l0=16, max_results=16, sink=4, window=64)
-    o, lse = kc.decode_step(graphs, q, k, v, table, dense_when_capped=True, **args)
+    flags = torch.full((q.shape[0],), 7, dtype=torch.int32, device="cuda")
+    o, lse = kc.decode_step(graphs, q, k, v, table, dense_when_capped=True, capped=flags, **args)
+    assert bool((flags == 1).all())  # the step says which heads were capped: all of them here
     _, lse_capped = kc.decode_step(graphs, q, k, v, table, **args)
+    flags.fill_(7)
+    kc.decode_step(graphs, q, k, v, table, sink=4, window=64, k=16, L=32, capped=flags)
+    assert bool((flags == 0).all())  # top-k is never capped
+    with pytest.raises(Exception, match="capped"):
+        kc.decode_step(graphs, q, k, v, table, capped=flags[:3].contiguous(), **args)
     for h in range(q.shape[0]):
         kh, vh = kd[h // group].double(), vd[h // group].double()
         logits = (kh @ q[h].double()) / math.sqrt(dim)

@@ -35,6 +35,8 @@ struct step_result {
   // Per query head (without a carry): whether the composed search was capped (DIPR), and how
   // many ids it retrieved.
   std::vector<std::uint32_t> capped, retrieved;
+  // With `capped_out`: the step's own per-head capped flags (the buffer starts at 7).
+  std::vector<std::uint32_t> step_capped;
 };
 
 /// Graphs of the given sizes over random f32 keys; each graph a ring (i -> i + 1) plus random
@@ -44,10 +46,12 @@ struct step_result {
 /// `spare` > 0: each graph gets that many rows beyond its keys (room to grow; linked among
 /// themselves, their tokens holding large keys and values) and `graph_set_ref::sizes` says how
 /// many are keys; the step must neither retrieve nor attend to the spare ones. `nan_head` >= 0
-/// puts a NaN into that query head's vector.
+/// puts a NaN into that query head's vector. `capped_out`: the step also writes its capped flags
+/// to an array of the caller's (else, with dense_when_capped, to its workspace).
 step_result run_step(const std::vector<int>& sizes, int group, int d,
                      const kc::decode_step_params& p, const std::vector<id_t>* carry = nullptr,
-                     bool carry_exact = false, int spare = 0, int nan_head = -1) {
+                     bool carry_exact = false, int spare = 0, int nan_head = -1,
+                     bool capped_out = false) {
   const int G = static_cast<int>(sizes.size());
   const int H = G * group;
   const int width = 12, page = 16;
@@ -126,8 +130,10 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   kc::paged_kv_ref<float> kv{dk.get(), dv.get(), pages, page, d, dt.get(), G, max_pages};
   const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p);
   device_buffer<char> ws(wb);
+  device_buffer<std::uint32_t> dstep_capped(std::vector<std::uint32_t>(H, 7u));
   kc::decode_step(set, kv, dq.get(), H, d, o.get(), lse.get(), ws.get(), wb, nullptr, p,
-                  status.get(), carry_in.empty() ? nullptr : dcarry.get());
+                  status.get(), carry_in.empty() ? nullptr : dcarry.get(),
+                  capped_out ? dstep_capped.get() : nullptr);
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
 
   step_result r;
@@ -199,6 +205,7 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
     r.composed_lse = clse.download();
   }
   if (!carry_in.empty()) r.carry = dcarry.download();
+  if (capped_out) r.step_capped = dstep_capped.download();
   r.exact_middle = exact_middle;
   r.o = o.download();
   r.lse = lse.download();
@@ -327,6 +334,13 @@ TEST_CASE("decode_step_capped_dipr_heads_attend_every_token", "[cuda][decode_ste
         }
       }
       CHECK(bad == 0);
+      // The step's own capped flags are the search's, and giving the step an array for them
+      // (which the dense pass then reads instead of its workspace's) changes no output bit.
+      rng().seed(41);
+      const step_result rc = run_step(sizes, 2, 64, p, nullptr, false, 0, -1, true);
+      CHECK(rc.step_capped == r.capped);
+      CHECK(rc.o == r.o);
+      CHECK(rc.lse == r.lse);
       if (!dense) {  // the capped heads attend their truncated answers: not full attention
         int capped_wrong = 0;
         for (std::size_t h = 0; h < r.capped.size(); ++h) {
@@ -482,6 +496,11 @@ TEST_CASE("decode_step_equals_its_composition_from_public_calls", "[cuda][decode
     CHECK(r.o == r.composed_o);
     CHECK(r.lse == r.composed_lse);
     CHECK(mismatches(r) > 0);  // a partial retrieval: not full attention, so the lists matter
+    // Top-k is never capped: the step's flags are all written, all 0.
+    rng().seed(31);
+    const step_result rc = run_step({900, 12, 23, 400, 2000}, 2, d, p, nullptr, false, 0, -1, true);
+    CHECK(rc.step_capped == std::vector<std::uint32_t>(rc.o.size() / std::size_t(d), 0u));
+    CHECK(rc.o == r.o);
   }
   p.sink = 0;  // window only at the end
   p.search.expand_width = 4;

@@ -761,7 +761,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
          int expand_limit, int max_hops, int sink, int window, bool dense_when_capped, float scale,
          std::intptr_t stream, py::object status, py::object carry, py::object sizes,
-         bool seed_from_window) {
+         bool seed_from_window, py::object capped) {
         const intake in{stream};
         ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
                                          in(entries, "entries"), max_keys);
@@ -786,12 +786,18 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
           require_u32(tc, {qo_heads, ops::decode_search_capacity(p.search)}, "carry");
           carry_ids = ptr<std::uint32_t>(tc);
         }
+        std::uint32_t* capped_flags = nullptr;
+        if (!capped.is_none()) {
+          const tensor tf = in(capped, "capped");
+          require_u32(tf, {qo_heads}, "capped");
+          capped_flags = ptr<std::uint32_t>(tf);
+        }
         py::gil_scoped_release release;
         ops::decode_step(kt, g, ptr(tk), ptr(tv), tk.shape[0], as_int(tk.shape[1], "page_size"),
                          ptr<std::int32_t>(tp), as_int(tp.shape[1], "max_pages_per_head"),
                          ptr<float>(tq), as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
                          ptr<float>(to), ptr<float>(tl), ptr(tw), bytes_of(tw), p, st, stream,
-                         carry_ids);
+                         carry_ids, capped_flags);
       },
       py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
       py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("page_table"), py::arg("o"),
@@ -801,6 +807,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"), py::arg("scale"),
       py::arg("stream"), py::arg("status") = py::none(), py::arg("carry") = py::none(),
       py::arg("sizes") = py::none(), py::arg("seed_from_window") = false,
+      py::arg("capped") = py::none(),
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(

@@ -216,14 +216,14 @@ void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const vo
                  int max_pages_per_head, const float* q, int qo_heads, int dim, float* out_o,
                  float* out_lse, void* workspace, std::size_t workspace_bytes,
                  const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream,
-                 std::uint32_t* carry) {
+                 std::uint32_t* carry, std::uint32_t* capped) {
   with_type(kv, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const auto ref = paged_ref<T>(k_pages, v_pages, num_pages, page_size, dim, page_table,
                                   g.num_graphs, max_pages_per_head);
     kc::decode_step(graph_ref(g), ref, q, qo_heads, dim, out_o, out_lse, workspace, workspace_bytes,
                     as_stream(stream), step_params(p), status,
-                    reinterpret_cast<kvsift::id_t*>(carry));
+                    reinterpret_cast<kvsift::id_t*>(carry), capped);
   });
 }
 

@@ -157,7 +157,7 @@ void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const vo
                  int max_pages_per_head, const float* q, int qo_heads, int dim, float* out_o,
                  float* out_lse, void* workspace, std::size_t workspace_bytes,
                  const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream,
-                 std::uint32_t* carry = nullptr);
+                 std::uint32_t* carry = nullptr, std::uint32_t* capped = nullptr);
 
 /// One graph's list arrays from kvsift::cuda::make_insert_lists (host vectors).
 struct insert_lists {

@@ -107,6 +107,9 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  *                 `p.search.expand_limit` below L the search stops after fewer steps; on real
  *                 keys that pays where consecutive queries of a head share many keys
  *                 (docs/decode_search.md).
+ * @param capped   optional device [num_qo_heads]: 1 where the head's DIPR search hit
+ *                 `max_results` or `max_hops` (with `dense_when_capped`, the heads that attended
+ *                 every token), else 0; always 0 for top-k (`decode_search_outputs::capped`).
  * @throw kvsift::invalid_argument kv.num_kv_heads != set.num_graphs, a GQA ratio that does not
  *        divide, a too-small workspace, and whatever decode_search and sparse_attention throw
  *        for these arguments
@@ -121,7 +124,8 @@ template <class T>
 void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                  int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p = {},
-                 std::uint32_t* status = nullptr, id_t* carry = nullptr);
+                 std::uint32_t* status = nullptr, id_t* carry = nullptr,
+                 std::uint32_t* capped = nullptr);
 
 }  // namespace kvsift::cuda
 

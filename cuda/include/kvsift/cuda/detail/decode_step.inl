@@ -212,14 +212,14 @@ template <class T>
 void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                      int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                      std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
-                     std::uint32_t* status, id_t* carry, bool enqueue) {
+                     std::uint32_t* status, id_t* carry, std::uint32_t* capped_out, bool enqueue) {
   using kvsift::detail::require;
   const dstep_layout l = dstep_plan(set, num_qo_heads, head_dim, p);
   if (enqueue && l.seeded) {
     // The window's scores launch before the search checks its arguments (q, the K pages, the
     // head dimension): a dry pass, which launches nothing, checks every argument first.
     run_decode_step(set, kv, q, num_qo_heads, head_dim, out_o, out_lse, workspace, workspace_bytes,
-                    stream, p, status, carry, false);
+                    stream, p, status, carry, capped_out, false);
   }
   require(kv.num_kv_heads == set.num_graphs, "decode_step: expected one graph per KV head (",
           kv.num_kv_heads, "), got ", set.num_graphs, " graphs");
@@ -241,6 +241,7 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
   require_device_pointer(out_o, device, "decode_step", "out_o");
   require_device_pointer(out_lse, device, "decode_step", "out_lse");
   if (carry != nullptr) require_device_pointer(carry, device, "decode_step", "carry");
+  if (capped_out != nullptr) require_device_pointer(capped_out, device, "decode_step", "capped");
   auto* base = static_cast<unsigned char*>(workspace);
   auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
   auto* graph = static_cast<std::int32_t*>(at(l.graph));
@@ -283,7 +284,11 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
     qs.seeds = carry;
     qs.seeds_ld = l.capacity;
   }
-  auto* capped = l.dense ? static_cast<std::uint32_t*>(at(l.capped)) : nullptr;
+  // The search's capped flags: the caller's array when given (the dense pass reads them there),
+  // else the workspace's when the dense pass needs them.
+  auto* capped = capped_out != nullptr ? capped_out
+                 : l.dense             ? static_cast<std::uint32_t*>(at(l.capped))
+                                       : nullptr;
   decode_search_outputs out;
   out.ids = ids;
   out.counts = counts;
@@ -302,7 +307,10 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
   sparse_attention_params ap;
   ap.scale = p.scale;
   void* aw = l.attn_bytes > 0 ? at(l.attn_ws) : nullptr;
-  const window_then_rows lists{first, last, win_counts, ids, counts, l.capacity, capped};
+  // The window pass leaves a capped head's retrieved ids out only when the dense pass attends
+  // its middle (a caller's flags alone change nothing).
+  const window_then_rows lists{
+      first, last, win_counts, ids, counts, l.capacity, l.dense ? capped : nullptr};
   // With the full-attention pass, both passes leave their states in the workspace and a merge
   // writes the outputs.
   auto* main_o = l.dense ? static_cast<float*>(at(l.main_o)) : out_o;
@@ -338,9 +346,9 @@ template <class T>
 void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                  int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
-                 std::uint32_t* status, id_t* carry) {
+                 std::uint32_t* status, id_t* carry, std::uint32_t* capped) {
   detail::run_decode_step(set, kv, q, num_qo_heads, head_dim, out_o, out_lse, workspace,
-                          workspace_bytes, stream, p, status, carry, true);
+                          workspace_bytes, stream, p, status, carry, capped, true);
 }
 
 }  // namespace kvsift::cuda

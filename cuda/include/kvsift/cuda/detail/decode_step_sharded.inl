@@ -14,7 +14,7 @@ void decode_step_sharded(std::span<const decode_step_shard<T>> shards, int head_
                       [&](const decode_step_shard<T>& s, bool enqueue) {
                         detail::run_decode_step(s.set, s.kv, s.q, s.num_qo_heads, head_dim, s.out_o,
                                                 s.out_lse, s.workspace, s.workspace_bytes, s.stream,
-                                                p, s.status, s.carry, enqueue);
+                                                p, s.status, s.carry, nullptr, enqueue);
                       });
 }
 
