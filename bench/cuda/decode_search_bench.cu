@@ -25,8 +25,9 @@
 // --dipr-caps C1,C2,...: the DIPR rows for each max_results C (default 8192, at most 8192).
 // --dipr-step 1: after the top-k step, the decode step with DIPR (l0 100, expand_width 8) at
 // beta 0.5, 1.0, 1.5, each cap of --dipr-caps and each hop cap of --dipr-hops (default 0 =
-// none), with dense_when_capped on and off: time, heads capped, tokens attended per head,
-// output error against full attention.
+// none), unseeded with the walk-through and seeded from the window without it, with
+// dense_when_capped on and off: time, heads capped, tokens attended per head, output error
+// against full attention.
 // --step-expand W (with --step-L, default 256, and --step-hops, default 0 = no cap): the
 // decode step uses this top-100 setting instead of the sweep's fastest at recall 0.95 (which
 // noise can flip between settings a few microseconds apart), and the sweep is skipped: only
@@ -458,8 +459,11 @@ int main(int argc, char** argv) {
 
     // DIPR steps (the step's sink and window, a DIPR search): a capped search (more keys
     // within beta than max_results, or a walk longer than max_hops: flat attention) attends
-    // every token with dense_when_capped, its truncated answer without. Heads capped and tokens
-    // attended come from the same search run alone with the step's filter.
+    // every token with dense_when_capped, its truncated answer without. Each (cap, hops,
+    // beta) runs as before (unseeded, walking through window tokens) and seeded from the
+    // window without the walk-through (decode_step_params::seed_from_window, walk_through =
+    // false). Heads capped and tokens retrieved come from one untimed step of the same
+    // parameters, through its `capped` and `carry` outputs.
     std::vector<std::pair<int, int>> dipr_caps;  // (max_results, max_hops)
     for (const std::string& c : kvsift::cuda_bench::split_list(o.dipr_caps)) {
       for (const std::string& h : kvsift::cuda_bench::split_list(o.dipr_hops)) {
@@ -470,48 +474,62 @@ int main(int argc, char** argv) {
     for (const auto& [max_results, max_hops] : dipr_caps) {
       if (o.dipr_step == 0) break;
       for (const float beta : {0.5f, 1.0f, 1.5f}) {
-        kc::decode_step_params dp = sp;
-        dp.search = {};
-        dp.search.mode = kc::decode_search_mode::dipr;
-        dp.search.beta = beta;
-        dp.search.l0 = 100;
-        dp.search.max_results = max_results;
-        dp.search.max_hops = max_hops;
-        dp.search.expand_width = 8;
-        kc::decode_search_outputs so = out;
-        so.capped = dcap.p;
-        const std::size_t swb = kc::decode_search_workspace_size(set, std::int64_t(Q), dp.search);
-        dev<char> sws(swb);
-        kc::decode_search(set, kv, fq, std::int64_t(Q), dp.search, so, sws.p, swb, stream);
-        KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        std::vector<std::uint32_t> counts(Q), capped(Q);
-        KVSIFT_CUDA_CHECK(cudaMemcpy(counts.data(), ocounts.p, Q * 4, cudaMemcpyDeviceToHost));
-        KVSIFT_CUDA_CHECK(cudaMemcpy(capped.data(), dcap.p, Q * 4, cudaMemcpyDeviceToHost));
-        const double window_tokens = double(lo) + double(n - hi);
-        double heads_capped = 0, attended_dense = 0, attended_plain = 0;
-        for (std::size_t i = 0; i < Q; ++i) {
-          const double got = window_tokens + std::min<double>(counts[i], dp.search.max_results);
-          heads_capped += capped[i];
-          attended_plain += got;
-          attended_dense += capped[i] != 0u ? double(n) : got;
-        }
-        for (const bool dense : {true, false}) {
-          dp.dense_when_capped = dense;
-          const std::size_t dwb = kc::decode_step_workspace_size(set, int(Q), int(d), dp);
-          dev<char> dws(dwb);
-          auto dstep = [&](cudaStream_t s) {
-            kc::decode_step(set, kv, dq.p, int(Q), int(d), o1.p, l1.p, dws.p, dwb, s, dp,
-                            ostatus.p);
-          };
-          const float ms = kvsift::cuda_bench::median_ms(dstep, stream, 2, 10);
-          std::printf(
-              "decode step, window + DIPR beta %.1f cap %d hops %d expand 8, dense_when_capped "
-              "%d: %.3f ms (speedup over full attention %.2fx); %.0f of %zu heads capped; %.0f "
-              "tokens attended per head (%.2f%% of %zu); relative output error %.2e (V = K)\n",
-              beta, max_results, max_hops, int(dense), ms, full_ms / ms, heads_capped, Q,
-              (dense ? attended_dense : attended_plain) / double(Q),
-              100.0 * (dense ? attended_dense : attended_plain) / double(Q) / double(n), n,
-              step_error());
+        for (const bool seeded : {false, true}) {
+          kc::decode_step_params dp = sp;
+          dp.search = {};
+          dp.search.mode = kc::decode_search_mode::dipr;
+          dp.search.beta = beta;
+          dp.search.l0 = 100;
+          dp.search.max_results = max_results;
+          dp.search.max_hops = max_hops;
+          dp.search.expand_width = 8;
+          dp.search.walk_through = !seeded;
+          dp.seed_from_window = seeded;
+          const int capacity = kc::decode_search_capacity(dp.search);
+          const double window_tokens = double(lo) + double(n - hi);
+          double heads_capped = 0, attended_dense = 0, attended_plain = 0;
+          {
+            const std::size_t dwb = kc::decode_step_workspace_size(set, int(Q), int(d), dp);
+            dev<char> dws(dwb);
+            dev<id_t> carry(Q * std::size_t(capacity));
+            KVSIFT_CUDA_CHECK(cudaMemset(carry.p, 0xff, Q * std::size_t(capacity) * 4));
+            kc::decode_step(set, kv, dq.p, int(Q), int(d), o1.p, l1.p, dws.p, dwb, stream, dp,
+                            ostatus.p, carry.p, dcap.p);
+            KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+            std::vector<id_t> ids(Q * std::size_t(capacity));
+            std::vector<std::uint32_t> capped(Q);
+            KVSIFT_CUDA_CHECK(
+                cudaMemcpy(ids.data(), carry.p, ids.size() * 4, cudaMemcpyDeviceToHost));
+            KVSIFT_CUDA_CHECK(cudaMemcpy(capped.data(), dcap.p, Q * 4, cudaMemcpyDeviceToHost));
+            for (std::size_t i = 0; i < Q; ++i) {
+              double got = window_tokens;
+              for (int j = 0; j < capacity; ++j)
+                got += ids[i * std::size_t(capacity) + std::size_t(j)] != kvsift::invalid_id;
+              heads_capped += capped[i];
+              attended_plain += got;
+              attended_dense += capped[i] != 0u ? double(n) : got;
+            }
+          }
+          for (const bool dense : {true, false}) {
+            dp.dense_when_capped = dense;
+            const std::size_t dwb = kc::decode_step_workspace_size(set, int(Q), int(d), dp);
+            dev<char> dws(dwb);
+            auto dstep = [&](cudaStream_t s) {
+              kc::decode_step(set, kv, dq.p, int(Q), int(d), o1.p, l1.p, dws.p, dwb, s, dp,
+                              ostatus.p);
+            };
+            const float ms = kvsift::cuda_bench::median_ms(dstep, stream, 2, 10);
+            std::printf(
+                "decode step, window + DIPR beta %.1f cap %d hops %d expand 8%s, "
+                "dense_when_capped %d: %.3f ms (speedup over full attention %.2fx); %.0f of %zu "
+                "heads capped; %.0f tokens attended per head (%.2f%% of %zu); relative output "
+                "error %.2e (V = K)\n",
+                beta, max_results, max_hops, seeded ? ", seeded, no walk-through" : "", int(dense),
+                ms, full_ms / ms, heads_capped, Q,
+                (dense ? attended_dense : attended_plain) / double(Q),
+                100.0 * (dense ? attended_dense : attended_plain) / double(Q) / double(n), n,
+                step_error());
+          }
         }
       }
     }
