@@ -556,4 +556,13 @@ TEST_CASE("decode_step_rejects_bad_input", "[cuda][decode_step]") {
                  "multiple of num_graphs = 2"));
   p.search.L = 5;
   CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 4, 64, p); }), "<= L"));
+  kc::decode_step_params seeded;
+  seeded.search.mode = kc::decode_search_mode::dipr;
+  seeded.search.metric = kc::graph_metric::l2;
+  seeded.seed_from_window = true;
+  CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 4, 64, seeded); }),
+                 "seed_from_window needs the inner-product metric"));
+  seeded.seed_from_window = false;  // unseeded l2 DIPR stays allowed
+  CHECK(message_of([&] { kc::decode_step_workspace_size(set, 4, 64, seeded); }) ==
+        "(no exception)");
 }

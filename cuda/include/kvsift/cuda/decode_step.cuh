@@ -65,7 +65,8 @@ struct decode_step_params {
   /// walk longer: on Gemma-3 layer 11 at 32K (beta 4 logits) 827 tokens a head in 9.37 ms
   /// unseeded, 551 (the exact selection's count) in 2.48 ms seeded, 1.87 ms seeded without the
   /// walk-through (64 query heads, H200; docs/decode_search.md). Costs one launch that scores
-  /// each head's window rows (read again by the attention). Ignored by top-k.
+  /// each head's window rows (read again by the attention). Ignored by top-k; needs
+  /// `search.metric` inner_product (the seed is a dot product).
   bool seed_from_window = false;
 };
 

@@ -175,6 +175,10 @@ inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim
   l.attn_bytes = sparse_attention_workspace_size(heads, head_dim, ap);
   l.attn_ws = take(l.attn_bytes);
   l.seeded = p.search.mode == decode_search_mode::dipr && p.seed_from_window;
+  // The seed is a dot product: under l2 it would be read as a squared distance.
+  require(!l.seeded || p.search.metric == graph_metric::inner_product,
+          "decode_step: seed_from_window needs the inner-product metric (the window's best q.k), "
+          "got l2");
   if (l.seeded) l.seed = take(H * 4);
   l.dense = p.search.mode == decode_search_mode::dipr && p.dense_when_capped;
   if (l.dense) {
