@@ -41,16 +41,19 @@ __global__ void __launch_bounds__(Threads)
 }
 
 /// DIPR's window seed (`decode_step_params::seed_from_window`): per query head h, the best raw
-/// score q.k over its window tokens [0, first[h]) and [last[h], n), NaN when the window is
-/// empty. One block per head; each thread scores whole rows (16-byte loads, products summed
-/// with fmaf in element order), so a block has `Threads` rows in flight; q in shared memory.
-/// A page id outside the pool is skipped (the search and the attention flag it).
+/// score q.k over its window tokens, the win_counts[h] tokens of [0, first[h]) and
+/// [last[h], n) (dstep_prepare_kernel's), NaN when the window is empty. One block per head;
+/// each thread scores whole rows (16-byte loads, products summed with fmaf in element order),
+/// so a block has `Threads` rows in flight; q in shared memory. A page id outside the pool is
+/// skipped (the search and the attention flag it).
 template <int Threads, class T>
 __global__ void __launch_bounds__(Threads)
-    dstep_window_seed_kernel(graph_set_ref set, paged_kv_ref<T> kv, const float* __restrict__ q,
-                             int head_dim, const std::int32_t* __restrict__ graph,
+    dstep_window_seed_kernel(ds_paged_source<T> keys, const float* __restrict__ q, int head_dim,
+                             const std::int32_t* __restrict__ graph,
                              const std::uint32_t* __restrict__ first,
-                             const std::uint32_t* __restrict__ last, float* __restrict__ seed) {
+                             const std::uint32_t* __restrict__ last,
+                             const std::uint32_t* __restrict__ win_counts,
+                             float* __restrict__ seed) {
   extern __shared__ float dstep_q[];
   __shared__ float warp_best[Threads / 32];
   const int h = static_cast<int>(blockIdx.x);
@@ -58,19 +61,12 @@ __global__ void __launch_bounds__(Threads)
     dstep_q[j] = q[static_cast<std::size_t>(h) * head_dim + j];
   __syncthreads();
   const int g = graph[h];
-  const std::int64_t keys = ds_graph_keys(set, g);
-  const std::int64_t n = keys < 0 ? 0 : keys;
-  const std::int64_t s = first[h], lo = last[h];
-  const std::int64_t win = s + (n - lo);
+  const std::uint32_t s = first[h], lo = last[h], win = win_counts[h];
   constexpr int V = vec_size_v<T>;
   float best = -INFINITY;
-  for (std::int64_t i = threadIdx.x; i < win; i += Threads) {
-    const std::int64_t t = i < s ? i : lo + (i - s);
-    const std::int32_t page =
-        kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + t / kv.page_size];
-    if (page < 0 || page >= kv.num_pages) continue;
-    const T* row =
-        kv.k_pages + (static_cast<std::int64_t>(page) * kv.page_size + t % kv.page_size) * head_dim;
+  for (std::uint32_t i = threadIdx.x; i < win; i += Threads) {
+    const T* row = keys.row(g, 0, i < s ? i : lo + (i - s));
+    if (row == nullptr) continue;
     float acc = 0.0f;
     for (int j = 0; j < head_dim; j += V) {
       float x[V];
@@ -279,7 +275,7 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
       dstep_window_seed_kernel<threads, T>
           <<<static_cast<unsigned>(num_qo_heads), threads,
              static_cast<std::size_t>(head_dim) * sizeof(float), stream>>>(
-              set, kv, q, head_dim, graph, first, last, seed);
+              ds_paged_source<T>{kv}, q, head_dim, graph, first, last, win_counts, seed);
       KVSIFT_CUDA_CHECK(cudaGetLastError());
     }
     qs.seed_score = seed;
