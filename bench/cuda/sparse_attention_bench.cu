@@ -18,6 +18,9 @@
 // printed as well. For each case, two references timed the same ways: a device-to-device copy of
 // the same number of bytes, and `gather_rows`, a kernel that reads the same K/V rows (offsets
 // resolved beforehand) and does no arithmetic: the floor for this access pattern.
+// `--case QO,SEL` runs only the batch cases of QO query heads and SEL tokens per head (e.g. for
+// a profiler: `--case 512,616`); `--context N` draws the selections from N tokens per KV head
+// instead of 32768 (the pool, and so the pages the reads touch, scales with it).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,6 +32,7 @@
 #include <initializer_list>
 #include <numeric>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include <kvsift/cuda/sparse_attention.cuh>
@@ -41,7 +45,8 @@ using kvsift::cuda_bench::l2_flush;
 using kvsift::cuda_bench::median_ms;
 
 constexpr int kDim = 128;
-constexpr int kContext = 32768;
+/// Tokens per KV head in the pool the selections are drawn from (`--context`).
+int g_context = 32768;
 constexpr int kPageSize = 16;
 
 /// The reference gather: reads every selected token's K and V row, 16 bytes per thread and four
@@ -88,7 +93,7 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
               std::initializer_list<int> split_counts, double copy_gbps, void* flush,
               std::size_t flush_bytes, cudaStream_t s) {
   std::mt19937_64 rng(7);
-  const int max_pages = kContext / kPageSize;
+  const int max_pages = g_context / kPageSize;
   const std::int64_t num_pages = static_cast<std::int64_t>(kv_heads) * max_pages;
   const std::size_t pool = static_cast<std::size_t>(num_pages) * kPageSize * kDim;
   T* k = nullptr;
@@ -102,7 +107,7 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
   std::shuffle(table.begin(), table.end(), rng);
   std::vector<std::int64_t> indptr(qo_heads + 1);
   std::vector<std::int32_t> ids;
-  std::vector<std::int32_t> all(kContext);
+  std::vector<std::int32_t> all(g_context);
   std::vector<std::int64_t> offsets;  // each selected token's row, for the reference gather
   const int group = qo_heads / kv_heads;
   for (int h = 0; h < qo_heads; ++h) {
@@ -203,7 +208,27 @@ void run_case(const char* type, int qo_heads, int kv_heads, int selected,
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  int only_qo = 0;
+  int only_sel = 0;
+  bool ok = true;
+  for (int i = 1; i + 1 < argc && ok; i += 2) {
+    const std::string_view opt = argv[i];
+    if (opt == "--case") {
+      ok = std::sscanf(argv[i + 1], "%d,%d", &only_qo, &only_sel) == 2 && only_qo > 0 &&
+           only_sel > 0;
+    } else if (opt == "--context") {
+      ok = std::sscanf(argv[i + 1], "%d", &g_context) == 1 && g_context >= 2048 &&
+           g_context % kPageSize == 0;
+    } else {
+      ok = false;
+    }
+  }
+  if (!ok || argc % 2 == 0) {
+    std::fprintf(stderr, "usage: %s [--case QO,SEL] [--context TOKENS (>= 2048, multiple of %d)]\n",
+                 argv[0], kPageSize);
+    return 2;
+  }
   kvsift::cuda_bench::bench_setup b;
   if (!kvsift::cuda_bench::start_bench(b)) return 1;
   const cudaStream_t s = b.stream;
@@ -211,21 +236,27 @@ int main() {
   const std::size_t flush_bytes = std::size_t{256} << 20;
   void* flush = nullptr;
   KVSIFT_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
-  run_case<__half>("f16", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
-  run_case<__half>("f16", 32, 8, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
-  run_case<__nv_bfloat16>("bf16", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes,
-                          s);
-  run_case<float>("f32", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
+  const bool all = only_qo == 0;
+  if (all) {
+    run_case<__half>("f16", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
+    run_case<__half>("f16", 32, 8, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
+    run_case<__nv_bfloat16>("bf16", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes,
+                            s);
+    run_case<float>("f32", 32, 32, 2048, {0, 4, 8, 16, 32}, copy_gbps, flush, flush_bytes, s);
+  }
   // At batch: 16 and 64 requests x 32 query heads (8 KV heads each), the retrieved tokens of a
   // decode step (top-100 + window 512 ~ 616) and a larger selection (2048).
   for (const int sel : {616, 2048}) {
     for (const int qo : {512, 2048}) {
+      if (!all && (qo != only_qo || sel != only_sel)) continue;
       run_case<__half>("f16", qo, qo / 4, sel, {0, 1, 2, 3, 4, 6, 8, 16}, copy_gbps, flush,
                        flush_bytes, s);
     }
   }
   // Batch 1, the latency case: 32 query heads, a decode step's tokens.
-  run_case<__half>("f16", 32, 8, 616, {0, 1, 2, 4, 8, 16}, copy_gbps, flush, flush_bytes, s);
+  if (all || (only_qo == 32 && only_sel == 616)) {
+    run_case<__half>("f16", 32, 8, 616, {0, 1, 2, 4, 8, 16}, copy_gbps, flush, flush_bytes, s);
+  }
   KVSIFT_CUDA_CHECK(cudaFree(flush));
   KVSIFT_CUDA_CHECK(cudaStreamDestroy(s));
   return 0;
