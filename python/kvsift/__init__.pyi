@@ -172,6 +172,7 @@ class RoarGraphIndex:
         threads: int = 0,
         degree_cap: int = 0,
         expand_limit: int = 0,
+        walk_through: bool = True,
     ) -> SearchResult: ...
     def dipr(
         self,
@@ -185,6 +186,7 @@ class RoarGraphIndex:
         entries: Optional[ArrayLike] = None,
         degree_cap: int = 0,
         max_hops: int = 0,
+        walk_through: bool = True,
     ) -> DiprResult: ...
     def save(self, path: PathLike) -> None: ...
     @staticmethod

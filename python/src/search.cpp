@@ -21,12 +21,14 @@ template <class Index>
 dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, std::size_t l0,
                      std::size_t max_candidates, std::optional<float> seed_score,
                      const py::object& filter, const py::object& entries,
-                     std::size_t degree_cap = 0, std::size_t max_hops = 0) {
+                     std::size_t degree_cap = 0, std::size_t max_hops = 0,
+                     bool walk_through = true) {
   const auto qv = vector_of(query_h, "query");
   const std::span<const float> q = qv.s;
   auto p = dipr_params_of(beta, l0, max_candidates, seed_score);
   p.degree_cap = bounded_count(degree_cap, "dipr: degree_cap");
   p.max_hops = bounded_count(max_hops, "dipr: max_hops");
+  p.walk_through = walk_through;
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -91,7 +93,8 @@ search_result flat_topk(const py_flat& self, const py::handle& queries, std::siz
 
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
-                           std::size_t threads, std::size_t degree_cap, std::size_t expand_limit) {
+                           std::size_t threads, std::size_t degree_cap, std::size_t expand_limit,
+                           bool walk_through) {
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -99,7 +102,8 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
       .k = k,
       .L = bounded_count(L, "search: L"),
       .degree_cap = bounded_count(degree_cap, "search: degree_cap"),
-      .expand_limit = bounded_count(expand_limit, "search: expand_limit")};
+      .expand_limit = bounded_count(expand_limit, "search: expand_limit"),
+      .walk_through = walk_through};
   return std::visit(
       [&](const auto& index, const auto& pred) {
         return batched_topk(queries, k, threads,
@@ -345,9 +349,9 @@ dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, 
 dipr_output graph_dipr(const py_graph& self, const py::handle& query, float beta, std::size_t l0,
                        std::size_t max_candidates, std::optional<float> seed_score,
                        const py::object& filter, const py::object& entries, std::size_t degree_cap,
-                       std::size_t max_hops) {
+                       std::size_t max_hops, bool walk_through) {
   return run_dipr(self, query, beta, l0, max_candidates, seed_score, filter, entries, degree_cap,
-                  max_hops);
+                  max_hops, walk_through);
 }
 
 search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,

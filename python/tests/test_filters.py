@@ -137,3 +137,39 @@ def test_bad_masks_and_lists_raise(data, graph):
     assert (r.ids == ks.INVALID_ID).all()
     r = flat.topk(queries[0], 3, filter=ks.IdMask(np.zeros(N, bool)))
     assert (r.ids == ks.INVALID_ID).all()
+
+
+def test_walk_through_false_drops_failing_neighbours(data, graph):
+    """walk_through=False (the GPU decode search's switch): a failing neighbour is dropped
+    instead of walked through. Every answer still passes; a window-like range keeps its
+    recall at fewer keys scored; the selective 15% mask, which the walk needs to cross, loses
+    much of it (0.75 against 1.0 here); with no filter the switch changes nothing."""
+    keys, queries, mask = data
+    q = queries[200:]
+    window = np.zeros(N, bool)
+    window[4 : N - 64] = True
+    cases = [("range", window, ks.IdRange(4, N - 64)), ("15% mask", mask, ks.IdMask(mask))]
+    for name, m, f in cases:
+        through = graph.search(q, 10, L=64, filter=f)
+        dropped = graph.search(q, 10, L=64, filter=f, walk_through=False)
+        assert m[dropped.ids].all(), name
+        recall = {
+            mode: sum(
+                len(set(r.ids[i].tolist()) & set(oracle_topk(keys, qi, 10, m).tolist()))
+                for i, qi in enumerate(q)
+            )
+            / (10 * len(q))
+            for mode, r in [("through", through), ("dropped", dropped)]
+        }
+        assert dropped.distance_computations.sum() < through.distance_computations.sum(), name
+        if name == "range":
+            assert recall["dropped"] >= 0.95, recall
+        else:
+            assert recall["dropped"] < recall["through"] - 0.15, recall
+        for qi in q[:10]:
+            d = graph.dipr(qi, 3.0, filter=f, walk_through=False)
+            assert m[d.ids].all(), name
+    plain = graph.search(q, 10, L=64)
+    same = graph.search(q, 10, L=64, walk_through=False)
+    np.testing.assert_array_equal(plain.ids, same.ids)
+    np.testing.assert_array_equal(plain.distance_computations, same.distance_computations)

@@ -332,6 +332,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         dp.seed_score = qb.seed.empty() ? std::numeric_limits<float>::quiet_NaN() : qb.seed[i];
         dp.degree_cap = std::size_t(p.degree_cap);
         dp.max_hops = std::size_t(p.max_hops);
+        dp.walk_through = p.walk_through;
         kvsift::dipr_result res;
         kvsift::dipr_search(g, q, dp, ws, res, pred, extra);
         want_ids = res.ids;
@@ -349,6 +350,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         bp.degree_cap = std::size_t(p.degree_cap);
         bp.expand_limit = std::size_t(p.expand_limit);
         bp.max_hops = std::size_t(p.max_hops);
+        bp.walk_through = p.walk_through;
         const auto st = kvsift::beam_search(g, q, bp, ws, ids, sc, pred, extra);
         ids.resize(st.count);
         sc.resize(st.count);
@@ -407,10 +409,9 @@ struct wide_result {
 
 /// CPU model of the GPU's wider top-k walk (expand_width = width): a step takes the best
 /// `width` unexpanded pool entries, expands them one after another with the CPU's rule
-/// (detail::expand: visited set, 2-hop walk-through of failing ids, gather cap, degree cap),
-/// and only then scores and inserts every id they gathered. width = 1 is beam_search.
-/// walk_through = false: a failing neighbour is marked visited and dropped (seeds that fail
-/// are still walked through, as detail::seed does).
+/// (detail::expand: visited set, 2-hop walk-through of failing ids unless walk_through is
+/// false, gather cap, degree cap), and only then scores and inserts every id they gathered.
+/// width = 1 is beam_search with the same walk_through.
 template <class M, class P>
 wide_result cpu_wide_walk(const cpu_graph<M>& g, const float* q, std::size_t k, std::size_t L,
                           int width, int degree_cap, const P& pred, kvsift::search_workspace& ws,
@@ -437,13 +438,8 @@ wide_result cpu_wide_walk(const cpu_graph<M>& g, const float* q, std::size_t k, 
           r.rejected += !pred(v) && !ws.visited.contains(v) ? 1 : 0;
         }
       }
-      if (walk_through) {
-        kvsift::detail::expand(g, u, pred, cap, ws, [&](id_t v) { gathered.push_back(v); });
-        continue;
-      }
-      for (const id_t v : kvsift::detail::capped_neighbors(g, u, cap)) {
-        if (ws.visited.try_insert(v) && pred(v)) gathered.push_back(v);
-      }
+      kvsift::detail::expand(g, u, pred, cap, walk_through, ws,
+                             [&](id_t v) { gathered.push_back(v); });
     }
     for (const id_t v : gathered) insert(v);
   }
@@ -616,6 +612,13 @@ TEST_CASE("decode_search_filtered_matches_cpu", "[cuda][decode_search]") {
                                                kDense) == 0));
   CHECK((compare<kvsift::l2, __half>(s, qb, topk(20, 40, kc::graph_metric::l2), kPaged) == 0));
   CHECK((compare<kvsift::inner_product, float>(s, qb, dipr(4.0f, 16, 0), kDense) == 0));
+  // Without the walk-through (a failing neighbour dropped), as the CPU's walk_through = false.
+  auto t = topk(20, 40, kc::graph_metric::inner_product);
+  t.walk_through = false;
+  CHECK((compare<kvsift::inner_product, float>(s, qb, t, kDense) == 0));
+  auto d = dipr(4.0f, 16, 0);
+  d.walk_through = false;
+  CHECK((compare<kvsift::inner_product, __half>(s, qb, d, kPaged) == 0));
 }
 
 TEST_CASE("decode_search_dipr_matches_cpu", "[cuda][decode_search]") {

@@ -95,7 +95,8 @@ by_hand compose(const kvsift::plan& p, std::span<const float> q,
       .beta = beta,
       .l0 = 32,
       .max_candidates = 0,
-      .seed_score = prm.seed_from_window ? seed : std::numeric_limits<float>::quiet_NaN()};
+      .seed_score = prm.seed_from_window ? seed : std::numeric_limits<float>::quiet_NaN(),
+      .walk_through = prm.dipr.walk_through};
   if (p.index == "coarse") {
     kvsift::block_result br;
     if (p.query == "topk")
@@ -109,8 +110,8 @@ by_hand compose(const kvsift::plan& p, std::span<const float> q,
     if (p.index == "flat")
       f.flat.topk(q, prm.budget, ws, ids, sc, r);
     else
-      kvsift::beam_search(f.graph, q, {prm.budget, 100}, ws, std::span<kvsift::id_t>(ids),
-                          std::span<float>(sc), r);
+      kvsift::beam_search(f.graph, q, {.k = prm.budget, .L = 100, .walk_through = prm.walk_through},
+                          ws, std::span<kvsift::id_t>(ids), std::span<float>(sc), r);
     std::erase(ids, invalid_id);
     out.ids = ids;
   } else {
@@ -147,7 +148,10 @@ TEST_CASE("each built-in plan executed equals the hand-written composition",
       {"graph", "dipr"}, {"coarse", "topk"}, {"coarse", "dipr"}};
   std::size_t retrieved = 0, cut = 0;
   for (const auto& [index, query] : kinds) {
-    for (const bool prefix : {false, true}) {
+    for (const int variant : {0, 1, 2, 3}) {
+      // With and without a prefix filter; with and without walking through the excluded ids.
+      const bool prefix = variant % 2 == 1;
+      const bool walk_through = variant < 2;
       auto p = make_plan(index, query);
       p.params["k_blocks"] = 6;
       p.params["beta"] = 6.0;
@@ -155,12 +159,14 @@ TEST_CASE("each built-in plan executed equals the hand-written composition",
       if (prefix) p.filter_prefix = 900;
       for (std::size_t i = 0; i < 20; ++i) {
         const auto q = f.eval.row_span(i);
-        const kvsift::plan_step_params prm{.context = 1500 + 20 * i,
-                                           .window = {16, 64},
-                                           .budget = 60,
-                                           .dipr = {.beta = 1.0f, .l0 = 7},
-                                           .seed_from_window = true};
-        INFO(p.name() << " query " << i);
+        const kvsift::plan_step_params prm{
+            .context = 1500 + 20 * i,
+            .window = {16, 64},
+            .budget = 60,
+            .dipr = {.beta = 1.0f, .l0 = 7, .walk_through = walk_through},
+            .seed_from_window = true,
+            .walk_through = walk_through};
+        INFO(p.name() << " query " << i << " walk_through " << walk_through);
         kvsift::execute_plan(p, res, q, ev().kv, 0, prm, ws, out);
         const auto want = compose(p, q, prm);
         CHECK(out.retrieval.everything == (index == "full"));

@@ -14,6 +14,7 @@
 #include "kvsift/index/roargraph_builder.hpp"
 #include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/dipr_search.hpp"
+#include "kvsift/search/gqa_search.hpp"
 #include "kvsift/testing/ood_generator.hpp"
 #include "search_fixture.hpp"
 
@@ -163,4 +164,102 @@ TEST_CASE("exact oracles take a predicate", "[search][filter]") {
   CHECK_THROWS_AS(kvsift::exact_topk(f.flat, f.eval, 10, 2, kvsift::id_below{5000}),
                   kvsift::out_of_range);
   CHECK_THROWS_AS(kvsift::exact_dipr(f.flat, f.eval, {.beta = -1.0f}), kvsift::invalid_argument);
+}
+
+namespace {
+
+/// fx().graph with the ids that fail `pred` deleted from every row (row order kept): by
+/// beam_search_params::walk_through's contract, the graph that a search without the
+/// walk-through walks. Searched with the filter and the walk-through, a failing seed is
+/// walked through the same passing neighbours, and no expansion meets a failing id.
+struct pruned_rows_graph {
+  using metric_type = kvsift::graph_index<store_t>::metric_type;
+  const kvsift::graph_index<store_t>* g = nullptr;
+  std::vector<std::vector<id_t>> rows;
+  [[nodiscard]] std::size_t size() const { return g->size(); }
+  [[nodiscard]] std::size_t dim() const { return g->dim(); }
+  [[nodiscard]] std::span<const id_t> neighbors(id_t u) const { return rows[u]; }
+  [[nodiscard]] float score(const float* q, id_t u) const { return g->score(q, u); }
+  [[nodiscard]] std::span<const id_t> entry_points() const { return g->entry_points(); }
+};
+
+template <class P>
+pruned_rows_graph without_failing(const P& pred) {
+  const auto& g = fx().graph;
+  pruned_rows_graph out{&g, std::vector<std::vector<id_t>>(g.size())};
+  for (std::size_t u = 0; u < g.size(); ++u) {
+    for (const id_t v : g.neighbors(static_cast<id_t>(u))) {
+      if (pred(v)) out.rows[u].push_back(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("without the walk-through a filtered search walks the graph with the failing ids deleted",
+          "[search][filtered]") {
+  const auto& f = fx();
+  const std::size_t n = f.graph.size();
+  // A decode step's filter (sinks and window excluded), a 50% random mask, and a mask that
+  // excludes the entry points (their seeds are walked through in both modes).
+  std::mt19937 rng(11);
+  std::vector<std::uint8_t> half(n), no_entry(n, 1);
+  for (auto& b : half) b = static_cast<std::uint8_t>(rng() % 2);
+  for (const id_t e : f.graph.entry_points()) no_entry[e] = half[e] = 0;
+  const auto check = [&](const auto& pred, const char* name, bool walks_differ) {
+    const pruned_rows_graph pruned = without_failing(pred);
+    kvsift::search_workspace ws;
+    std::vector<id_t> ids(10), want_ids(10);
+    std::vector<float> sc(10), want_sc(10);
+    kvsift::dipr_result r, want_r;
+    std::size_t differs = 0;
+    for (std::size_t i = 0; i < f.eval.rows(); ++i) {
+      INFO(name << " query " << i);
+      const auto q = f.eval.row_span(i);
+      const auto s = kvsift::beam_search(f.graph, q, {.k = 10, .L = 40, .walk_through = false}, ws,
+                                         std::span(ids), std::span(sc), pred);
+      const auto w = kvsift::beam_search(pruned, q, {.k = 10, .L = 40}, ws, std::span(want_ids),
+                                         std::span(want_sc), pred);
+      CHECK(ids == want_ids);
+      CHECK(sc == want_sc);
+      CHECK(s.distance_computations == w.distance_computations);
+      CHECK(s.hops == w.hops);
+      kvsift::dipr_search(f.graph, q, {.beta = 2.0f, .l0 = 16, .walk_through = false}, ws, r, pred);
+      kvsift::dipr_search(pruned, q, {.beta = 2.0f, .l0 = 16}, ws, want_r, pred);
+      CHECK(r.ids == want_r.ids);
+      CHECK(r.stats.distance_computations == want_r.stats.distance_computations);
+      // Guards the test: the walk-through changes the walk on this filter.
+      const auto t = kvsift::beam_search(f.graph, q, {.k = 10, .L = 40}, ws, std::span(want_ids),
+                                         std::span(want_sc), pred);
+      differs += t.distance_computations != s.distance_computations;
+    }
+    WARN(name << ": walks that the walk-through changes " << differs << " of " << f.eval.rows());
+    if (walks_differ) {
+      CHECK(differs > f.eval.rows() / 4);
+    } else {
+      CHECK(differs == 0);  // only seeds fail, and seeds are walked through in both modes
+    }
+  };
+  check(kvsift::id_range{4, n - 64}, "sinks and window excluded", true);
+  check(kvsift::id_mask{std::span<const std::uint8_t>(half)}, "50% mask, entries excluded", true);
+  check(kvsift::id_mask{std::span<const std::uint8_t>(no_entry)}, "entries excluded", false);
+}
+
+TEST_CASE("gqa_beam_search without the walk-through is beam_search without it, head by head",
+          "[search][filtered][gqa]") {
+  const auto& f = fx();
+  const kvsift::id_range pred{4, f.graph.size() - 64};
+  kvsift::search_workspace ws;
+  const kvsift::beam_search_params p{.k = 10, .L = 40, .walk_through = false};
+  std::vector<id_t> ids(10), group_ids(10);
+  std::vector<float> sc(10), group_sc(10);
+  std::vector<std::size_t> counts(1);
+  for (std::size_t i = 0; i < f.eval.rows(); ++i) {
+    const auto q = f.eval.row_span(i);
+    kvsift::beam_search(f.graph, q, p, ws, std::span(ids), std::span(sc), pred);
+    kvsift::gqa_beam_search(f.graph, kvsift::matrix_view<const float>(q.data(), 1, q.size()), p, ws,
+                            std::span(group_ids), std::span(group_sc), std::span(counts), pred);
+    CHECK(group_ids == ids);
+  }
 }

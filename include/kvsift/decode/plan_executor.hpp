@@ -80,6 +80,9 @@ struct plan_step_params {
   /// execute(): seed DIPR with the best raw score q.k over the window tokens (the window is
   /// attended anyway, so its best score tightens pruning from the first hop).
   bool seed_from_window = false;
+  /// Graph top-k: beam_search_params::walk_through (whether ids outside the retrieval range,
+  /// the sinks and the window, are walked through); DIPR takes dipr.walk_through.
+  bool walk_through = true;
   attention_params attention{};  ///< scale and bias of the sparse/dense attention (no bias)
 };
 

@@ -83,7 +83,7 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
       if (ws.pool.has_unexpanded(limit)) g.prefetch_neighbors(ws.pool.peek_unexpanded().id);
     }
     ++stats.hops;
-    detail::expand(g, c.id, pred, params.degree_cap, ws, visit);
+    detail::expand(g, c.id, pred, params.degree_cap, params.walk_through, ws, visit);
     flush();
   }
   stats.count = std::min(params.k, ws.pool.size());

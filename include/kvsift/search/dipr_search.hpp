@@ -106,7 +106,7 @@ void dipr_search(const G& g, std::span<const float> query, const dipr_params& pa
         break;
       }
       ++out.stats.hops;
-      detail::expand(g, next, pred, params.degree_cap, ws, visit);
+      detail::expand(g, next, pred, params.degree_cap, params.walk_through, ws, visit);
     }
   }
   detail::emit_dipr<M>(scored, best, params.beta, seeded, out);

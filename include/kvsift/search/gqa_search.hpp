@@ -109,7 +109,7 @@ search_stats gqa_beam_search(const G& g, matrix_view<const float> queries,
         if (!ws.expanded.try_insert(c.id)) continue;
         ++stats.hops;
         progressed = true;
-        detail::expand(g, c.id, pred, params.degree_cap, ws, visit);
+        detail::expand(g, c.id, pred, params.degree_cap, params.walk_through, ws, visit);
         break;
       }
     }

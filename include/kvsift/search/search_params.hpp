@@ -39,6 +39,14 @@ struct beam_search_params {
   /// its slowest search (the GPU's decode search, `kvsift::cuda::decode_search_params::
   /// max_hops`, the same rule) gains from it the most (docs/decode_search.md).
   std::size_t max_hops = 0;
+  /// With a filter: whether a neighbour that fails it is walked through to its own neighbours
+  /// (true, default: ACORN's 2-hop rule, which crosses excluded regions) or marked visited and
+  /// dropped (false: the walk over the graph with the failing ids deleted from every row, each
+  /// expansion one batch of row requests as without a filter). false suits filters that exclude
+  /// few ids, such as a decode step's sinks and window; the GPU's decode search has the same
+  /// switch (`kvsift::cuda::decode_search_params::walk_through`) and, at expand_width 1, the same
+  /// results either way. Seeds that fail the filter are walked through in both modes.
+  bool walk_through = true;
 };
 
 /// Per-call parameters of DIPR search. Scores are raw metric scores (for inner product: the
@@ -60,6 +68,9 @@ struct dipr_params {
   /// one bounds the walk itself (the GPU decode search's `max_hops`, the same rule: a batch
   /// waits for its longest walk; docs/decode_search.md).
   std::size_t max_hops = 0;
+  /// With a filter: walk through failing neighbours (true, default) or drop them; as
+  /// beam_search_params::walk_through.
+  bool walk_through = true;
 };
 
 /// Output of a DIPR search; reuse one object across calls to avoid allocation.

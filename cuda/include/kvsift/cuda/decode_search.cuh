@@ -107,15 +107,17 @@ struct decode_search_params {
   /// With a filter: whether a neighbour that fails the filter is walked through to its own
   /// neighbours (true, default: the CPU's ACORN 2-hop rule, results as `beam_search` /
   /// `dipr_search`). false marks it visited and goes on: the walk over the graph with the
-  /// failing ids deleted from every row. Top-k: a fresh failing id makes a step of the wider
-  /// walk expand its nodes one by one (the 2-hop rule depends on their order); without the
-  /// walk-through every step is one batch. DIPR: the walk-through reads a node's neighbours 32
-  /// at a time and stops at each failing one; without it an expansion is one batch of loads.
-  /// Meant for filters that exclude few ids, such as a decode step's window, where walking
-  /// through them finds little the walk would not: top-k 0.83 instead of 0.99 ms per search at
-  /// 128K tokens, B = 16; a seeded DIPR decode step on Gemma-3 32K 1.22-1.36x faster for the
-  /// same tokens (docs/decode_search.md). Selective filters need the walk-through to
-  /// cross the excluded regions. Seeds that fail the filter are always walked through.
+  /// failing ids deleted from every row, as `beam_search_params::walk_through` /
+  /// `dipr_params::walk_through` = false on the CPU (the same results with expand_width 1). Top-k:
+  /// a fresh failing id makes a step of the wider walk expand its nodes one by one (the 2-hop rule
+  /// depends on their order); without the walk-through every step is one batch. DIPR: the
+  /// walk-through reads a node's neighbours 32 at a time and stops at each failing one; without it
+  /// an expansion is one batch of loads. Meant for filters that exclude few ids, such as a decode
+  /// step's window, where walking through them finds little the walk would not: top-k 0.83 instead
+  /// of 0.99 ms per search at 128K tokens, B = 16; a seeded DIPR decode step on Gemma-3
+  /// 32K 1.22-1.36x faster for the same tokens (docs/decode_search.md). Selective filters need the
+  /// walk-through to cross the excluded regions. Seeds that fail the filter are always walked
+  /// through.
   bool walk_through = true;
   /// Warps that run one search: 1 = a warp per search (every mode); 4 or 8 = a block of four
   /// or eight warps per search (top-k only; the same walk and the same results as 1, bit for

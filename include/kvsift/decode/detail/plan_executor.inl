@@ -119,8 +119,10 @@ void register_builtin_plans(plan_executor<Resources>& e) {
             if (r.first >= r.last) return;
             out.ids.resize(k);
             out.scores.resize(k);
-            out.scanned = beam_search(g, rq.query, {k, std::max(k, rq.params.beam)}, ws,
-                                      std::span<id_t>(out.ids), std::span<float>(out.scores), r)
+            const beam_search_params bp{
+                .k = k, .L = std::max(k, rq.params.beam), .walk_through = rq.params.walk_through};
+            out.scanned = beam_search(g, rq.query, bp, ws, std::span<id_t>(out.ids),
+                                      std::span<float>(out.scores), r)
                               .distance_computations;
             std::erase(out.ids, invalid_id);  // the padding, at the end
             out.scores.resize(out.ids.size());

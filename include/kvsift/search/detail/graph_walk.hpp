@@ -1,7 +1,8 @@
 #pragma once
 // The neighbourhood walk shared by top-k and DIPR graph search, including the ACORN 2-hop
 // rule for filtered search: a neighbour that fails the predicate is not scored, but its own
-// neighbours are considered, so the walk crosses filtered-out regions.
+// neighbours are considered, so the walk crosses filtered-out regions (unless the search asks
+// for no walk-through).
 
 #include <algorithm>
 #include <cstddef>
@@ -26,16 +27,18 @@ std::span<const id_t> capped_neighbors(const G& g, id_t u, std::size_t degree_ca
 }
 
 /// Calls `visit(id)` for every not-yet-visited neighbour of `u` among its first `degree_cap`
-/// (0 = all) that passes `pred`. With a
-/// real filter, failing neighbours are walked through to their own neighbours (2 hops), and,
-/// as in ACORN, the passing nodes gathered per expansion are truncated to u's degree: without
-/// the cap a selective filter makes every expansion score up to degree^2 nodes, and the walk
-/// degenerates into scoring nearly every passing key.
+/// (0 = all) that passes `pred`. With a real filter and `walk_through`, failing neighbours are
+/// walked through to their own neighbours (2 hops), and, as in ACORN, the passing nodes
+/// gathered per expansion are truncated to u's degree: without the cap a selective filter makes
+/// every expansion score up to degree^2 nodes, and the walk degenerates into scoring nearly
+/// every passing key. Without `walk_through` a failing neighbour is marked visited and dropped:
+/// the walk over the graph with the failing ids deleted from every row, whose expansions are
+/// one batch of row requests, as unfiltered ones are.
 template <Graph G, Predicate P, class Visit>
-void expand(const G& g, id_t u, const P& pred, std::size_t degree_cap, search_workspace& ws,
-            Visit&& visit) {
+void expand(const G& g, id_t u, const P& pred, std::size_t degree_cap, bool walk_through,
+            search_workspace& ws, Visit&& visit) {
   const auto nbrs = capped_neighbors(g, u, degree_cap);
-  if constexpr (std::is_same_v<P, no_filter>) {
+  if (std::is_same_v<P, no_filter> || !walk_through) {
     constexpr bool all_at_once = requires { g.prefetch(u); };
     constexpr bool lookahead = requires { g.prefetch_ahead(u); };
     if constexpr (all_at_once || lookahead) {
@@ -47,7 +50,7 @@ void expand(const G& g, id_t u, const P& pred, std::size_t degree_cap, search_wo
       auto& fresh = ws.fresh;
       fresh.clear();
       for (id_t v : nbrs) {
-        if (ws.visited.try_insert(v)) {
+        if (ws.visited.try_insert(v) && pred(v)) {
           if constexpr (all_at_once) g.prefetch(v);
           fresh.push_back(v);
         }
@@ -64,7 +67,7 @@ void expand(const G& g, id_t u, const P& pred, std::size_t degree_cap, search_wo
       }
     } else {
       for (id_t v : nbrs) {
-        if (ws.visited.try_insert(v)) visit(v);
+        if (ws.visited.try_insert(v) && pred(v)) visit(v);
       }
     }
   } else {
