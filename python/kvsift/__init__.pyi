@@ -444,6 +444,7 @@ def dipr_heads(
     entries: Optional[ArrayLike] = None,
     threads: int = 1,
     degree_cap: int = 0,
+    walk_through: bool = True,
 ) -> DiprHeadsResult: ...
 def search_heads(
     indexes: Sequence[Union[RoarGraphIndex, InsertableGraphIndex, FlatIndex]],
@@ -457,4 +458,5 @@ def search_heads(
     shared_walk: bool = False,
     expand_limit: int = 0,
     entries: Optional[ArrayLike] = None,
+    walk_through: bool = True,
 ) -> SearchResult: ...

@@ -130,7 +130,7 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,
                            std::size_t degree_cap, bool shared_walk, std::size_t expand_limit,
-                           const py::object& entries);
+                           const py::object& entries, bool walk_through);
 /// Exact DIPR over a flat index / DIPRS over a graph.
 dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, std::size_t l0,
                       std::size_t max_candidates, std::optional<float> seed_score,

@@ -120,7 +120,7 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,
                            std::size_t degree_cap, bool shared_walk, std::size_t expand_limit,
-                           const py::object& entries) {
+                           const py::object& entries, bool walk_through) {
   using one_index = std::variant<const py_graph*, const py_flat*, const py_insertable*>;
   std::vector<one_index> idx;
   for (const auto& h : indexes) {
@@ -177,7 +177,8 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
       .k = k,
       .L = bounded_count(L, "search_heads: L"),
       .degree_cap = bounded_count(degree_cap, "search_heads: degree_cap"),
-      .expand_limit = bounded_count(expand_limit, "search_heads: expand_limit")};
+      .expand_limit = bounded_count(expand_limit, "search_heads: expand_limit"),
+      .walk_through = walk_through};
   if (shared_walk) {
     // One walk per GQA group (gqa_beam_search): a key row is read once for the group's heads.
     for (const auto& i : idx) {
@@ -257,8 +258,8 @@ struct dipr_heads_output {
 dipr_heads_output dipr_heads(const py::list& indexes, const py::handle& queries, float beta,
                              std::size_t l0, std::size_t max_candidates,
                              const py::object& seed_scores, const py::object& filter,
-                             const py::object& entries, std::size_t threads,
-                             std::size_t degree_cap) {
+                             const py::object& entries, std::size_t threads, std::size_t degree_cap,
+                             bool walk_through) {
   std::vector<const py_graph*> idx;
   for (const auto& h : indexes) {
     if (!py::isinstance<py_graph>(h)) {
@@ -286,6 +287,7 @@ dipr_heads_output dipr_heads(const py::list& indexes, const py::handle& queries,
   }
   kvsift::dipr_params base = dipr_params_of(beta, l0, max_candidates, std::nullopt);
   base.degree_cap = bounded_count(degree_cap, "dipr_heads: degree_cap");
+  base.walk_through = walk_through;
   const filter_t f = filter_of(filter, idx.front()->size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -474,17 +476,19 @@ void bind_search(py::module_& m) {
         py::kw_only(), py::arg("l0") = 64, py::arg("max_candidates") = 0,
         py::arg("seed_scores") = py::none(), py::arg("filter") = py::none(),
         py::arg("entries") = py::none(), py::arg("threads") = 1, py::arg("degree_cap") = 0,
+        py::arg("walk_through") = true,
         "DIPR for every query head of a decode step: queries (H, d) float32, indexes one "
         "RoarGraphIndex per KV head (query head h uses indexes[h // (H // len(indexes))]). beta: "
         "keep every key whose score is within beta of the head's best, in raw q.k units; "
         "seed_scores: (H,) each head's best score known beforehand (e.g. over the static "
-        "window), or None; l0 / max_candidates / entries / filter / degree_cap as in "
+        "window), or None; l0 / max_candidates / entries / filter / degree_cap / walk_through "
+        "as in "
         "RoarGraphIndex.dipr. Heads run on `threads` threads with the GIL released. -> "
         "DiprHeadsResult.");
   m.def("search_heads", &search_heads, py::arg("indexes"), py::arg("queries"), py::arg("k"),
         py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
         py::arg("degree_cap") = 0, py::arg("shared_walk") = false, py::arg("expand_limit") = 0,
-        py::arg("entries") = py::none(),
+        py::arg("entries") = py::none(), py::arg("walk_through") = true,
         "Top-k for every query head of a decode step: queries (H, d) float32, indexes one "
         "RoarGraphIndex, InsertableGraphIndex or FlatIndex per KV head (an insertable one is "
         "searched under its read lock, so inserts from another thread wait); query head h "
@@ -497,7 +501,8 @@ void bind_search(py::module_& m) {
         "only); each head's distance_computations and hops are then its group's walk's. "
         "entries: (H, m) integer ids, extra entry points per query head, INVALID_ID entries "
         "skipped (graph only): a warm start from the previous decode step's ids (pair with "
-        "expand_limit); a shared walk starts from the union of its group's rows.");
+        "expand_limit); a shared walk starts from the union of its group's rows. walk_through: "
+        "as in RoarGraphIndex.search (graph only).");
 }
 
 }  // namespace kvsift_python

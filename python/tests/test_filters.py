@@ -169,6 +169,17 @@ def test_walk_through_false_drops_failing_neighbours(data, graph):
         for qi in q[:10]:
             d = graph.dipr(qi, 3.0, filter=f, walk_through=False)
             assert m[d.ids].all(), name
+        # The decode step's batched calls take the switch too, head by head as search/dipr.
+        heads = ks.search_heads([graph], q[:4], 10, L=64, filter=f, walk_through=False)
+        np.testing.assert_array_equal(heads.ids, dropped.ids[:4])
+        np.testing.assert_array_equal(
+            heads.distance_computations, dropped.distance_computations[:4]
+        )
+        group = ks.dipr_heads([graph], q[:4], 3.0, filter=f, walk_through=False)
+        for h in range(4):
+            got = group.ids[h][: group.counts[h]]
+            one = graph.dipr(q[h], 3.0, filter=f, walk_through=False)
+            np.testing.assert_array_equal(got, one.ids)
     plain = graph.search(q, 10, L=64)
     same = graph.search(q, 10, L=64, walk_through=False)
     np.testing.assert_array_equal(plain.ids, same.ids)
