@@ -8,14 +8,16 @@
 // STRIDE-th position below the evaluated ones; the last 1000 positions of every head are
 // evaluated, each against the exact answer under the same filter (flat_index): top-100
 // (recall@100) at each pool L, and DIPR at each beta (raw score units; set recall against the
-// exact DIPR set). One search thread; the time is the wall clock of the whole loop over the
-// evaluated queries, per query, the two modes alternated per setting.
+// exact DIPR set), unseeded and seeded from the window (the best raw score over the sinks and
+// the window, as a decode step's seed_from_window). One search thread; the time is the wall clock
+// of the whole loop over the evaluated queries, per query, the two modes alternated per setting.
 //
 //   kvsift-window_walk_probe DIR LAYER STRIDE SINKS WINDOW L_LIST BETA_LIST
 //   e.g. kvsift-window_walk_probe /data/gemma32k 11 10 4 512 100,128,160,200,256 32,64
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,6 +40,7 @@ using namespace kvsift;
 struct query_ref {
   const float* q;
   id_range filter;
+  float window_best;  ///< the best raw score over the sinks and the window (attended anyway)
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -82,12 +85,21 @@ int main(int argc, char** argv) {
   std::vector<query_ref> qs;
   for (const auto& h : heads) {
     for (std::size_t t = ntrain; t < n; ++t) {
-      qs.push_back({h.view().row(t), id_range{sinks, t + 1 - window}});
+      const float* q = h.view().row(t);
+      float best = -std::numeric_limits<float>::infinity();
+      for (std::size_t j = 0; j <= t; ++j) {
+        if (j < sinks || j >= t + 1 - window) {
+          best = std::max(best, inner_product::score(q, K.view().row(j), d));
+        }
+      }
+      qs.push_back({q, id_range{sinks, t + 1 - window}, best});
     }
   }
   const flat_index<view_store<float>> flat(store);
   std::vector<std::vector<id_t>> exact(qs.size());
-  std::vector<std::vector<std::vector<id_t>>> exact_dipr(betas.size(),
+  // Exact DIPR sets per beta, unseeded [2b] and seeded from the window [2b + 1] (as a decode
+  // step with seed_from_window: the range is measured from the best of the whole context).
+  std::vector<std::vector<std::vector<id_t>>> exact_dipr(2 * betas.size(),
                                                          std::vector<std::vector<id_t>>(qs.size()));
   parallel_for(qs.size(), default_thread_count(), [&](std::size_t i, std::size_t) {
     thread_local search_workspace ws;
@@ -98,8 +110,9 @@ int main(int argc, char** argv) {
     exact[i].assign(ids.begin(), ids.end());
     std::sort(exact[i].begin(), exact[i].end());
     dipr_result r;
-    for (std::size_t b = 0; b < betas.size(); ++b) {
-      flat.dipr(q, {.beta = betas[b]}, ws, r, qs[i].filter);
+    for (std::size_t b = 0; b < 2 * betas.size(); ++b) {
+      const float seed = b % 2 == 1 ? qs[i].window_best : std::numeric_limits<float>::quiet_NaN();
+      flat.dipr(q, {.beta = betas[b / 2], .seed_score = seed}, ws, r, qs[i].filter);
       exact_dipr[b][i] = r.ids;
       std::sort(exact_dipr[b][i].begin(), exact_dipr[b][i].end());
     }
@@ -128,13 +141,17 @@ int main(int argc, char** argv) {
           through ? 1 : 0, hit / (m * double(k)), scored / m, 100.0 * scored / m / double(n), us);
     }
   }
-  for (std::size_t b = 0; b < betas.size(); ++b) {
+  for (std::size_t b = 0; b < 2 * betas.size(); ++b) {
+    const bool seeded = b % 2 == 1;
     for (const bool through : {true, false}) {
-      const dipr_params p{.beta = betas[b], .walk_through = through};
       dipr_result r;
       double hit = 0, want = 0, got = 0, scored = 0;
       const auto ts = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < qs.size(); ++i) {
+        const dipr_params p{
+            .beta = betas[b / 2],
+            .seed_score = seeded ? qs[i].window_best : std::numeric_limits<float>::quiet_NaN(),
+            .walk_through = through};
         dipr_search(g, std::span<const float>(qs[i].q, d), p, ws, r, qs[i].filter);
         for (const id_t x : r.ids) {
           hit += std::binary_search(exact_dipr[b][i].begin(), exact_dipr[b][i].end(), x) ? 1 : 0;
@@ -145,10 +162,10 @@ int main(int argc, char** argv) {
       }
       const double us = 1e6 * seconds_since(ts) / m;
       std::printf(
-          "DIPR beta %5.1f walk_through %d: set recall %.4f (exact set %.1f, answer %.1f) "
-          "scored %7.0f (%.2f%%) %8.1f us\n",
-          double(betas[b]), through ? 1 : 0, hit / want, want / m, got / m, scored / m,
-          100.0 * scored / m / double(n), us);
+          "DIPR beta %5.1f %-8s walk_through %d: set recall %.4f (exact set %.1f, answer "
+          "%.1f) scored %7.0f (%.2f%%) %8.1f us\n",
+          double(betas[b / 2]), seeded ? "seeded" : "unseeded", through ? 1 : 0, hit / want,
+          want / m, got / m, scored / m, 100.0 * scored / m / double(n), us);
     }
   }
   return 0;
