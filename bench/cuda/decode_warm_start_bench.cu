@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -386,8 +387,8 @@ int main(int argc, char** argv) {
         "each attending its own copy of the first %zu tokens (graph built on them: width "
         "%zu), %zu steps, logit scale %g\n",
         R, H, H, P, pw, steps, scale);
-    std::printf("%-28s %9s %10s %9s %8s %10s %10s\n", "setting", "tokens", "rel. error", "mass",
-                "capped", "ms/step", "x full");
+    std::printf("%-28s %9s %10s %9s %8s %10s %10s %9s\n", "setting", "tokens", "rel. error", "mass",
+                "capped", "ms/step", "x full", "set rec.");
     // Full attention: kvsift's sparse_attention with every token of the prefix listed.
     double full_ms = 0;
     {
@@ -415,11 +416,35 @@ int main(int argc, char** argv) {
       std::printf("%-28s %9zu %10s %9s %8s %10.4f %10s\n", "full attention", P, "0", "1", "-",
                   full_ms, "1.00");
     }
+    // The exact DIPR selection of a step's middle tokens, per (step, query) [t * m + i], ids
+    // ascending: the tokens of [sink, P - window) whose score is within `beta_raw` of the best
+    // one of that range, or of the whole context when `seeded` (as seed_from_window measures
+    // it), scored on the f16-rounded keys the GPU reads.
+    auto exact_selection = [&](const kc::decode_step_params& p, bool seeded) {
+      const std::size_t lo = std::size_t(p.sink), hi = P - std::min(P, std::size_t(p.window));
+      std::vector<std::vector<id_t>> sets(steps * m);
+      const std::size_t workers = std::max(1u, std::thread::hardware_concurrency());
+      kvsift::parallel_for(steps * m, workers, [&](std::size_t e, std::size_t) {
+        const float* qv = q.data() + e * d;
+        std::vector<float> s(P);
+        float best = -std::numeric_limits<float>::infinity();
+        for (std::size_t j = 0; j < P; ++j) {
+          s[j] = kvsift::inner_product::score(qv, kf.data() + j * d, d);
+          if ((j >= lo && j < hi) || seeded) best = std::max(best, s[j]);
+        }
+        for (std::size_t j = lo; j < hi; ++j) {
+          if (s[j] >= best - p.search.beta) sets[e].push_back(id_t(j));
+        }
+      });
+      return sets;
+    };
     // Runs `p` for every step (pass 0 untimed) and reports it; `warm` keeps the carry between
     // steps (the previous step's retrieval as seeds), else it is reset before every step. The
     // carry also returns each head's retrieved ids (their count), and `capped` which DIPR
-    // searches were capped.
-    auto step = [&](const char* name, kc::decode_step_params p, bool warm) {
+    // searches were capped. With `exact` (DIPR) the set recall of the retrieved middle tokens
+    // against it.
+    auto step = [&](const char* name, kc::decode_step_params p, bool warm,
+                    const std::vector<std::vector<id_t>>* exact = nullptr) {
       p.scale = attn_scale;
       const int cap = kc::decode_search_capacity(p.search);
       const std::size_t wb = kc::decode_step_workspace_size(pset, int(m), int(d), p);
@@ -429,7 +454,7 @@ int main(int argc, char** argv) {
       std::vector<std::uint32_t> flags(m);
       std::vector<id_t> got(m * std::size_t(cap));
       std::vector<float> ho(m * d), hl(m), fo(m * d), fl(m);
-      double total_ms = 0, err = 0, mass = 0, tokens = 0, capped = 0;
+      double total_ms = 0, err = 0, mass = 0, tokens = 0, capped = 0, hit = 0, want = 0;
       const std::size_t win = std::min<std::size_t>(P, std::size_t(p.sink + p.window));
       for (int pass = 0; pass < 2; ++pass) {
         KVSIFT_CUDA_CHECK(cudaMemset(carry.p, 0xff, got.size() * 4));
@@ -460,7 +485,16 @@ int main(int argc, char** argv) {
             err += std::sqrt(num / den);
             mass += std::exp(double(hl[i]) - double(fl[i]));
             std::size_t c = 0;
-            for (int j = 0; j < cap; ++j) c += got[i * std::size_t(cap) + j] != kvsift::invalid_id;
+            for (int j = 0; j < cap; ++j) {
+              const id_t v = got[i * std::size_t(cap) + j];
+              if (v == kvsift::invalid_id) continue;
+              ++c;
+              if (exact != nullptr) {
+                const auto& x = (*exact)[t * m + i];
+                hit += std::binary_search(x.begin(), x.end(), v) ? 1 : 0;
+              }
+            }
+            if (exact != nullptr) want += double((*exact)[t * m + i].size());
             const bool was_capped = flags[i] != 0u;
             capped += was_capped;
             tokens += was_capped && p.dense_when_capped ? double(P) : double(c + win);
@@ -468,8 +502,11 @@ int main(int argc, char** argv) {
         }
       }
       const double ms = total_ms / double(steps), q_n = double(steps * m);
-      std::printf("%-28s %9.1f %10.4f %9.4f %8.3f %10.4f %10.2f\n", name, tokens / q_n, err / q_n,
-                  mass / q_n, capped / q_n, ms, full_ms / ms);
+      char recall[16] = "-";
+      if (exact != nullptr)
+        std::snprintf(recall, sizeof recall, "%.4f", want > 0 ? hit / want : 1.0);
+      std::printf("%-28s %9.1f %10.4f %9.4f %8.3f %10.4f %10.2f %9s\n", name, tokens / q_n,
+                  err / q_n, mass / q_n, capped / q_n, ms, full_ms / ms, recall);
     };
     char name[64];
     for (const int k : {100, 1024}) {
@@ -485,6 +522,10 @@ int main(int argc, char** argv) {
       }
     }
     for (const double beta : betas_for_step) {
+      kc::decode_step_params sel;  // the step's sink, window and beta: what the sets depend on
+      sel.search.beta = static_cast<float>(beta / scale);
+      const std::vector<std::vector<id_t>> exact[2] = {exact_selection(sel, false),
+                                                       exact_selection(sel, true)};
       // (seeded, walk-through): the step as before, seeded, seeded without the walk-through.
       for (const auto& [seeded, through] :
            {std::pair{false, true}, std::pair{true, true}, std::pair{true, false}}) {
@@ -499,7 +540,7 @@ int main(int argc, char** argv) {
           ps.seed_from_window = seeded;
           std::snprintf(name, sizeof name, "DIPR %g%s%s%s", beta, seeded ? " seeded" : "",
                         through ? "" : " no-wt", dense ? " dense" : "");
-          step(name, ps, false);
+          step(name, ps, false, &exact[seeded ? 1 : 0]);
         }
       }
     }
