@@ -511,14 +511,18 @@ int main(int argc, char** argv) {
     char name[64];
     for (const int k : {100, 1024}) {
       for (const bool warm : {false, true}) {
-        kc::decode_step_params ps;
-        ps.search.k = k;
-        ps.search.L = k == 100 ? 128 : 1024;
-        ps.search.expand_width = 16;
-        ps.search.walk_through = false;
-        if (warm) ps.search.expand_limit = k == 100 ? 70 : 700;
-        std::snprintf(name, sizeof name, "window + top-%d%s", k, warm ? " warm" : "");
-        step(name, ps, warm);
+        for (const bool sinks : {false, true}) {
+          kc::decode_step_params ps;
+          ps.search.k = k;
+          ps.search.L = k == 100 ? 128 : 1024;
+          ps.search.expand_width = 16;
+          ps.search.walk_through = false;
+          if (sinks) ps.search.entry_prefix = ps.sink;  // also enter at the sinks
+          if (warm) ps.search.expand_limit = k == 100 ? 70 : 700;
+          std::snprintf(name, sizeof name, "window + top-%d%s%s", k, warm ? " warm" : "",
+                        sinks ? " sinks" : "");
+          step(name, ps, warm);
+        }
       }
     }
     for (const double beta : betas_for_step) {
@@ -526,9 +530,14 @@ int main(int argc, char** argv) {
       sel.search.beta = static_cast<float>(beta / scale);
       const std::vector<std::vector<id_t>> exact[2] = {exact_selection(sel, false),
                                                        exact_selection(sel, true)};
-      // (seeded, walk-through): the step as before, seeded, seeded without the walk-through.
-      for (const auto& [seeded, through] :
-           {std::pair{false, true}, std::pair{true, true}, std::pair{true, false}}) {
+      // (seeded, walk-through, entering at the sinks): the step as before, seeded, seeded
+      // without the walk-through, and that entering the walk at the sinks too.
+      struct variant {
+        bool seeded, through, sinks;
+      };
+      for (const auto& [seeded, through, sinks] :
+           {variant{false, true, false}, variant{true, true, false}, variant{true, false, false},
+            variant{true, false, true}}) {
         for (const bool dense : {false, true}) {
           kc::decode_step_params ps;
           ps.search.mode = kc::decode_search_mode::dipr;
@@ -536,10 +545,11 @@ int main(int argc, char** argv) {
           ps.search.l0 = int(dipr_l0);
           ps.search.expand_width = 8;
           ps.search.walk_through = through;
+          if (sinks) ps.search.entry_prefix = ps.sink;
           ps.dense_when_capped = dense;
           ps.seed_from_window = seeded;
-          std::snprintf(name, sizeof name, "DIPR %g%s%s%s", beta, seeded ? " seeded" : "",
-                        through ? "" : " no-wt", dense ? " dense" : "");
+          std::snprintf(name, sizeof name, "DIPR %g%s%s%s%s", beta, seeded ? " seeded" : "",
+                        through ? "" : " no-wt", sinks ? " sinks" : "", dense ? " dense" : "");
           step(name, ps, false, &exact[seeded ? 1 : 0]);
         }
       }

@@ -9,8 +9,10 @@
 // evaluated, each against the exact answer under the same filter (flat_index): top-100
 // (recall@100) at each pool L, and DIPR at each beta (raw score units; set recall against the
 // exact DIPR set), unseeded and seeded from the window (the best raw score over the sinks and
-// the window, as a decode step's seed_from_window). One search thread; the time is the wall clock
-// of the whole loop over the evaluated queries, per query, the two modes alternated per setting.
+// the window, as a decode step's seed_from_window); each also entering the walk at the sinks
+// (entry_prefix = SINKS) besides the graph's entry points. One search thread; the time is the wall
+// clock of the whole loop over the evaluated queries, per query, the two modes alternated per
+// setting.
 //
 //   kvsift-window_walk_probe DIR LAYER STRIDE SINKS WINDOW L_LIST BETA_LIST
 //   e.g. kvsift-window_walk_probe /data/gemma32k 11 10 4 512 100,128,160,200,256 32,64
@@ -122,50 +124,61 @@ int main(int argc, char** argv) {
   std::vector<id_t> ids(k);
   std::vector<float> scores(k);
   const double m = double(qs.size());
+  // Each setting with and without entering at the sinks (entry_prefix = SINKS), the two
+  // walk-through modes alternated.
   for (const std::size_t L : pools) {
-    for (const bool through : {true, false}) {
-      const beam_search_params p{.k = k, .L = std::max(k, L), .walk_through = through};
-      double hit = 0, scored = 0;
-      const auto ts = std::chrono::steady_clock::now();
-      for (std::size_t i = 0; i < qs.size(); ++i) {
-        const auto st = beam_search(g, std::span<const float>(qs[i].q, d), p, ws, std::span(ids),
-                                    std::span(scores), qs[i].filter);
-        for (std::size_t j = 0; j < st.count; ++j) {
-          hit += std::binary_search(exact[i].begin(), exact[i].end(), ids[j]) ? 1 : 0;
+    for (const std::size_t prefix : {std::size_t{0}, sinks}) {
+      for (const bool through : {true, false}) {
+        const beam_search_params p{
+            .k = k, .L = std::max(k, L), .walk_through = through, .entry_prefix = prefix};
+        double hit = 0, scored = 0;
+        const auto ts = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < qs.size(); ++i) {
+          const auto st = beam_search(g, std::span<const float>(qs[i].q, d), p, ws, std::span(ids),
+                                      std::span(scores), qs[i].filter);
+          for (std::size_t j = 0; j < st.count; ++j) {
+            hit += std::binary_search(exact[i].begin(), exact[i].end(), ids[j]) ? 1 : 0;
+          }
+          scored += double(st.distance_computations);
         }
-        scored += double(st.distance_computations);
+        const double us = 1e6 * seconds_since(ts) / m;
+        std::printf(
+            "top-100 L %4zu sinks entered %d walk_through %d: recall@100 %.4f scored "
+            "%7.0f (%.2f%%) %8.1f us\n",
+            L, prefix > 0 ? 1 : 0, through ? 1 : 0, hit / (m * double(k)), scored / m,
+            100.0 * scored / m / double(n), us);
       }
-      const double us = 1e6 * seconds_since(ts) / m;
-      std::printf(
-          "top-100 L %4zu walk_through %d: recall@100 %.4f scored %7.0f (%.2f%%) %8.1f us\n", L,
-          through ? 1 : 0, hit / (m * double(k)), scored / m, 100.0 * scored / m / double(n), us);
     }
   }
   for (std::size_t b = 0; b < 2 * betas.size(); ++b) {
     const bool seeded = b % 2 == 1;
-    for (const bool through : {true, false}) {
-      dipr_result r;
-      double hit = 0, want = 0, got = 0, scored = 0;
-      const auto ts = std::chrono::steady_clock::now();
-      for (std::size_t i = 0; i < qs.size(); ++i) {
-        const dipr_params p{
-            .beta = betas[b / 2],
-            .seed_score = seeded ? qs[i].window_best : std::numeric_limits<float>::quiet_NaN(),
-            .walk_through = through};
-        dipr_search(g, std::span<const float>(qs[i].q, d), p, ws, r, qs[i].filter);
-        for (const id_t x : r.ids) {
-          hit += std::binary_search(exact_dipr[b][i].begin(), exact_dipr[b][i].end(), x) ? 1 : 0;
+    for (const std::size_t prefix : {std::size_t{0}, sinks}) {
+      for (const bool through : {true, false}) {
+        dipr_result r;
+        double hit = 0, want = 0, got = 0, scored = 0;
+        const auto ts = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < qs.size(); ++i) {
+          const dipr_params p{
+              .beta = betas[b / 2],
+              .seed_score = seeded ? qs[i].window_best : std::numeric_limits<float>::quiet_NaN(),
+              .walk_through = through,
+              .entry_prefix = prefix};
+          dipr_search(g, std::span<const float>(qs[i].q, d), p, ws, r, qs[i].filter);
+          for (const id_t x : r.ids) {
+            hit += std::binary_search(exact_dipr[b][i].begin(), exact_dipr[b][i].end(), x) ? 1 : 0;
+          }
+          want += double(exact_dipr[b][i].size());
+          got += double(r.ids.size());
+          scored += double(r.stats.distance_computations);
         }
-        want += double(exact_dipr[b][i].size());
-        got += double(r.ids.size());
-        scored += double(r.stats.distance_computations);
+        const double us = 1e6 * seconds_since(ts) / m;
+        std::printf(
+            "DIPR beta %5.1f %-8s sinks entered %d walk_through %d: set recall %.4f "
+            "(exact set %.1f, answer %.1f) scored %7.0f (%.2f%%) %8.1f us\n",
+            double(betas[b / 2]), seeded ? "seeded" : "unseeded", prefix > 0 ? 1 : 0,
+            through ? 1 : 0, hit / want, want / m, got / m, scored / m,
+            100.0 * scored / m / double(n), us);
       }
-      const double us = 1e6 * seconds_since(ts) / m;
-      std::printf(
-          "DIPR beta %5.1f %-8s walk_through %d: set recall %.4f (exact set %.1f, answer "
-          "%.1f) scored %7.0f (%.2f%%) %8.1f us\n",
-          double(betas[b / 2]), seeded ? "seeded" : "unseeded", through ? 1 : 0, hit / want,
-          want / m, got / m, scored / m, 100.0 * scored / m / double(n), us);
     }
   }
   return 0;

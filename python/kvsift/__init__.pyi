@@ -173,6 +173,7 @@ class RoarGraphIndex:
         degree_cap: int = 0,
         expand_limit: int = 0,
         walk_through: bool = True,
+        entry_prefix: int = 0,
     ) -> SearchResult: ...
     def dipr(
         self,
@@ -187,6 +188,7 @@ class RoarGraphIndex:
         degree_cap: int = 0,
         max_hops: int = 0,
         walk_through: bool = True,
+        entry_prefix: int = 0,
     ) -> DiprResult: ...
     def save(self, path: PathLike) -> None: ...
     @staticmethod
@@ -445,6 +447,7 @@ def dipr_heads(
     threads: int = 1,
     degree_cap: int = 0,
     walk_through: bool = True,
+    entry_prefix: int = 0,
 ) -> DiprHeadsResult: ...
 def search_heads(
     indexes: Sequence[Union[RoarGraphIndex, InsertableGraphIndex, FlatIndex]],
@@ -459,4 +462,5 @@ def search_heads(
     expand_limit: int = 0,
     entries: Optional[ArrayLike] = None,
     walk_through: bool = True,
+    entry_prefix: int = 0,
 ) -> SearchResult: ...

@@ -298,11 +298,12 @@ void bind_indexes(py::module_& m) {
       .def("search", &graph_search, py::arg("queries"), py::arg("k"), py::kw_only(),
            py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("entries") = py::none(),
            py::arg("threads") = 0, py::arg("degree_cap") = 0, py::arg("expand_limit") = 0,
-           py::arg("walk_through") = true,
+           py::arg("walk_through") = true, py::arg("entry_prefix") = 0,
            "Approximate top-k (beam search, pool L >= k) of (d,) or (m, d) float32 queries; with "
            "a filter only passing ids are returned (2-hop walk; walk_through=False drops a "
            "failing neighbour instead of walking through it, for filters that exclude few ids "
-           "such as a window, as the GPU's decode search does). degree_cap > 0 expands only "
+           "such as a window, as the GPU's decode search does; entry_prefix=P also enters the walk "
+           "at ids [0, P), a decode step's sinks). degree_cap > 0 expands only "
            "each node's first degree_cap neighbours (the builder puts the most useful first): "
            "fewer vectors scored per hop, at some recall; 0 = all. expand_limit > 0 (<= L) "
            "expands only the pool's best expand_limit entries: with entries near the answer "
@@ -311,9 +312,10 @@ void bind_indexes(py::module_& m) {
            py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
            py::arg("filter") = py::none(), py::arg("entries") = py::none(),
            py::arg("degree_cap") = 0, py::arg("max_hops") = 0, py::arg("walk_through") = true,
+           py::arg("entry_prefix") = 0,
            "DIPRS graph search: keys with score >= best - beta; seed_score (e.g. the best "
-           "window score) tightens pruning from the first hop; degree_cap and walk_through as "
-           "in search. "
+           "window score) tightens pruning from the first hop; degree_cap, walk_through and "
+           "entry_prefix as in search. "
            "max_hops > 0 stops a walk about to expand one node more and marks it capped, as "
            "max_candidates does (0 = no cap).")
       .def_property_readonly("key_fingerprint", &roargraph_fingerprint,

@@ -120,17 +120,17 @@ search_result flat_topk(const py_flat& self, const py::handle& queries, std::siz
                         const py::object& filter, std::size_t threads);
 /// Beam search of (d,) or (m, d) queries (pool L), optionally filtered and with extra entries;
 /// degree_cap > 0 expands only each node's first degree_cap neighbours; expand_limit > 0 expands
-/// only the pool's best expand_limit entries; walk_through as beam_search_params's.
+/// only the pool's best expand_limit entries; walk_through, entry_prefix as beam_search_params's.
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
                            std::size_t threads, std::size_t degree_cap, std::size_t expand_limit,
-                           bool walk_through);
+                           bool walk_through, std::size_t entry_prefix);
 /// Top-k of every query head of a decode step over one index per KV head (GQA); entries: None
 /// or (H, m) extra entry points per query head (a warm start).
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,
                            std::size_t degree_cap, bool shared_walk, std::size_t expand_limit,
-                           const py::object& entries, bool walk_through);
+                           const py::object& entries, bool walk_through, std::size_t entry_prefix);
 /// Exact DIPR over a flat index / DIPRS over a graph.
 dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, std::size_t l0,
                       std::size_t max_candidates, std::optional<float> seed_score,
@@ -138,7 +138,7 @@ dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, 
 dipr_output graph_dipr(const py_graph& self, const py::handle& query, float beta, std::size_t l0,
                        std::size_t max_candidates, std::optional<float> seed_score,
                        const py::object& filter, const py::object& entries, std::size_t degree_cap,
-                       std::size_t max_hops, bool walk_through);
+                       std::size_t max_hops, bool walk_through, std::size_t entry_prefix);
 search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,
                                 std::size_t L, std::size_t threads);
 /// Block-index searches: the k best blocks, block-level DIPR, and the tokens of blocks.

@@ -21,14 +21,15 @@ template <class Index>
 dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, std::size_t l0,
                      std::size_t max_candidates, std::optional<float> seed_score,
                      const py::object& filter, const py::object& entries,
-                     std::size_t degree_cap = 0, std::size_t max_hops = 0,
-                     bool walk_through = true) {
+                     std::size_t degree_cap = 0, std::size_t max_hops = 0, bool walk_through = true,
+                     std::size_t entry_prefix = 0) {
   const auto qv = vector_of(query_h, "query");
   const std::span<const float> q = qv.s;
   auto p = dipr_params_of(beta, l0, max_candidates, seed_score);
   p.degree_cap = bounded_count(degree_cap, "dipr: degree_cap");
   p.max_hops = bounded_count(max_hops, "dipr: max_hops");
   p.walk_through = walk_through;
+  p.entry_prefix = entry_prefix;
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -94,7 +95,7 @@ search_result flat_topk(const py_flat& self, const py::handle& queries, std::siz
 search_result graph_search(const py_graph& self, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, const py::object& entries,
                            std::size_t threads, std::size_t degree_cap, std::size_t expand_limit,
-                           bool walk_through) {
+                           bool walk_through, std::size_t entry_prefix) {
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -103,7 +104,8 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
       .L = bounded_count(L, "search: L"),
       .degree_cap = bounded_count(degree_cap, "search: degree_cap"),
       .expand_limit = bounded_count(expand_limit, "search: expand_limit"),
-      .walk_through = walk_through};
+      .walk_through = walk_through,
+      .entry_prefix = entry_prefix};
   return std::visit(
       [&](const auto& index, const auto& pred) {
         return batched_topk(queries, k, threads,
@@ -120,7 +122,7 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
 search_result search_heads(const py::list& indexes, const py::handle& queries, std::size_t k,
                            std::size_t L, const py::object& filter, std::size_t threads,
                            std::size_t degree_cap, bool shared_walk, std::size_t expand_limit,
-                           const py::object& entries, bool walk_through) {
+                           const py::object& entries, bool walk_through, std::size_t entry_prefix) {
   using one_index = std::variant<const py_graph*, const py_flat*, const py_insertable*>;
   std::vector<one_index> idx;
   for (const auto& h : indexes) {
@@ -178,7 +180,8 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
       .L = bounded_count(L, "search_heads: L"),
       .degree_cap = bounded_count(degree_cap, "search_heads: degree_cap"),
       .expand_limit = bounded_count(expand_limit, "search_heads: expand_limit"),
-      .walk_through = walk_through};
+      .walk_through = walk_through,
+      .entry_prefix = entry_prefix};
   if (shared_walk) {
     // One walk per GQA group (gqa_beam_search): a key row is read once for the group's heads.
     for (const auto& i : idx) {
@@ -259,7 +262,7 @@ dipr_heads_output dipr_heads(const py::list& indexes, const py::handle& queries,
                              std::size_t l0, std::size_t max_candidates,
                              const py::object& seed_scores, const py::object& filter,
                              const py::object& entries, std::size_t threads, std::size_t degree_cap,
-                             bool walk_through) {
+                             bool walk_through, std::size_t entry_prefix) {
   std::vector<const py_graph*> idx;
   for (const auto& h : indexes) {
     if (!py::isinstance<py_graph>(h)) {
@@ -288,6 +291,7 @@ dipr_heads_output dipr_heads(const py::list& indexes, const py::handle& queries,
   kvsift::dipr_params base = dipr_params_of(beta, l0, max_candidates, std::nullopt);
   base.degree_cap = bounded_count(degree_cap, "dipr_heads: degree_cap");
   base.walk_through = walk_through;
+  base.entry_prefix = entry_prefix;
   const filter_t f = filter_of(filter, idx.front()->size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -351,9 +355,9 @@ dipr_output flat_dipr(const py_flat& self, const py::handle& query, float beta, 
 dipr_output graph_dipr(const py_graph& self, const py::handle& query, float beta, std::size_t l0,
                        std::size_t max_candidates, std::optional<float> seed_score,
                        const py::object& filter, const py::object& entries, std::size_t degree_cap,
-                       std::size_t max_hops, bool walk_through) {
+                       std::size_t max_hops, bool walk_through, std::size_t entry_prefix) {
   return run_dipr(self, query, beta, l0, max_candidates, seed_score, filter, entries, degree_cap,
-                  max_hops, walk_through);
+                  max_hops, walk_through, entry_prefix);
 }
 
 search_result insertable_search(const py_insertable& self, const py::handle& queries, std::size_t k,
@@ -476,19 +480,20 @@ void bind_search(py::module_& m) {
         py::kw_only(), py::arg("l0") = 64, py::arg("max_candidates") = 0,
         py::arg("seed_scores") = py::none(), py::arg("filter") = py::none(),
         py::arg("entries") = py::none(), py::arg("threads") = 1, py::arg("degree_cap") = 0,
-        py::arg("walk_through") = true,
+        py::arg("walk_through") = true, py::arg("entry_prefix") = 0,
         "DIPR for every query head of a decode step: queries (H, d) float32, indexes one "
         "RoarGraphIndex per KV head (query head h uses indexes[h // (H // len(indexes))]). beta: "
         "keep every key whose score is within beta of the head's best, in raw q.k units; "
         "seed_scores: (H,) each head's best score known beforehand (e.g. over the static "
-        "window), or None; l0 / max_candidates / entries / filter / degree_cap / walk_through "
-        "as in "
+        "window), or None; l0 / max_candidates / entries / filter / degree_cap / walk_through / "
+        "entry_prefix as in "
         "RoarGraphIndex.dipr. Heads run on `threads` threads with the GIL released. -> "
         "DiprHeadsResult.");
   m.def("search_heads", &search_heads, py::arg("indexes"), py::arg("queries"), py::arg("k"),
         py::kw_only(), py::arg("L") = 100, py::arg("filter") = py::none(), py::arg("threads") = 1,
         py::arg("degree_cap") = 0, py::arg("shared_walk") = false, py::arg("expand_limit") = 0,
         py::arg("entries") = py::none(), py::arg("walk_through") = true,
+        py::arg("entry_prefix") = 0,
         "Top-k for every query head of a decode step: queries (H, d) float32, indexes one "
         "RoarGraphIndex, InsertableGraphIndex or FlatIndex per KV head (an insertable one is "
         "searched under its read lock, so inserts from another thread wait); query head h "
@@ -501,8 +506,8 @@ void bind_search(py::module_& m) {
         "only); each head's distance_computations and hops are then its group's walk's. "
         "entries: (H, m) integer ids, extra entry points per query head, INVALID_ID entries "
         "skipped (graph only): a warm start from the previous decode step's ids (pair with "
-        "expand_limit); a shared walk starts from the union of its group's rows. walk_through: "
-        "as in RoarGraphIndex.search (graph only).");
+        "expand_limit); a shared walk starts from the union of its group's rows. walk_through, "
+        "entry_prefix: as in RoarGraphIndex.search (graph only).");
 }
 
 }  // namespace kvsift_python

@@ -184,3 +184,33 @@ def test_walk_through_false_drops_failing_neighbours(data, graph):
     same = graph.search(q, 10, L=64, walk_through=False)
     np.testing.assert_array_equal(plain.ids, same.ids)
     np.testing.assert_array_equal(plain.distance_computations, same.distance_computations)
+
+
+def test_entry_prefix_enters_at_the_first_ids(data, graph):
+    """entry_prefix=P enters the walk at ids [0, P) too (a decode step's sinks), after the
+    caller's entries: the same as passing those ids as entries, in every search that takes it."""
+    keys, queries, mask = data
+    q = queries[200:]
+    f = ks.IdRange(4, N - 64)
+    extra = np.array([17, 900])
+    spelled = np.concatenate([extra, np.arange(4)])
+    for through in (True, False):
+        a = graph.search(q, 10, L=32, filter=f, entries=extra, walk_through=through, entry_prefix=4)
+        b = graph.search(q, 10, L=32, filter=f, entries=spelled, walk_through=through)
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.distance_computations, b.distance_computations)
+        heads = ks.search_heads([graph], q[:4], 10, L=32, filter=f, walk_through=through,
+                                entry_prefix=4)
+        alone = graph.search(q[:4], 10, L=32, filter=f, walk_through=through, entry_prefix=4)
+        np.testing.assert_array_equal(heads.ids, alone.ids)
+        for qi in q[:10]:
+            d = graph.dipr(qi, 3.0, filter=f, entries=extra, walk_through=through, entry_prefix=4)
+            e = graph.dipr(qi, 3.0, filter=f, entries=spelled, walk_through=through)
+            np.testing.assert_array_equal(d.ids, e.ids)
+        group = ks.dipr_heads([graph], q[:4], 3.0, filter=f, walk_through=through, entry_prefix=4)
+        for h in range(4):
+            one = graph.dipr(q[h], 3.0, filter=f, walk_through=through, entry_prefix=4)
+            np.testing.assert_array_equal(group.ids[h][: group.counts[h]], one.ids)
+    plain = graph.search(q, 10, L=32, filter=f)
+    entered = graph.search(q, 10, L=32, filter=f, entry_prefix=4)
+    assert (plain.distance_computations != entered.distance_computations).any()

@@ -333,6 +333,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         dp.degree_cap = std::size_t(p.degree_cap);
         dp.max_hops = std::size_t(p.max_hops);
         dp.walk_through = p.walk_through;
+        dp.entry_prefix = std::size_t(p.entry_prefix);
         kvsift::dipr_result res;
         kvsift::dipr_search(g, q, dp, ws, res, pred, extra);
         want_ids = res.ids;
@@ -351,6 +352,7 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
         bp.expand_limit = std::size_t(p.expand_limit);
         bp.max_hops = std::size_t(p.max_hops);
         bp.walk_through = p.walk_through;
+        bp.entry_prefix = std::size_t(p.entry_prefix);
         const auto st = kvsift::beam_search(g, q, bp, ws, ids, sc, pred, extra);
         ids.resize(st.count);
         sc.resize(st.count);
@@ -562,6 +564,43 @@ TEST_CASE("decode_search_seeds_and_expand_limit_match_cpu", "[cuda][decode_searc
   bare.seeds_ld = 0;
   const gpu_result with = run_gpu<float>(s, plain, small, kDense);
   const gpu_result without = run_gpu<float>(s, bare, small, kDense);
+  CHECK(with.scored != without.scored);
+}
+
+TEST_CASE("decode_search_entry_prefix_matches_cpu", "[cuda][decode_search]") {
+  // entry_prefix enters each search at its graph's ids [0, entry_prefix) after the entry points
+  // and the query's seeds (a decode step's sinks), as the CPU's beam_search_params /
+  // dipr_params::entry_prefix: id for id and vectors scored, with and without seeds and a
+  // filter (the prefix's ids then fail it and are walked through), with and without the
+  // walk-through, warp and block kernels; a prefix beyond a graph's size (the graph of 60 keys)
+  // enters its ids only.
+  const graph_set s = make_set({60, 1200, 4000}, 32, 24, 2);
+  query_batch ranged = make_queries(s, 1200, true, true);
+  query_batch plain = make_queries(s, 1200, false, false);
+  add_seeds(s, plain, 9);
+  for (const int prefix : {3, 64}) {
+    for (const bool through : {true, false}) {
+      auto p = topk(20, 40, kc::graph_metric::inner_product);
+      p.entry_prefix = prefix;
+      p.walk_through = through;
+      for (const int warps : {1, 8}) {
+        p.warps_per_search = warps;
+        INFO("entry_prefix " << prefix << ", walk_through " << through << ", warps " << warps);
+        CHECK((compare<kvsift::inner_product, float>(s, ranged, p, kDense) == 0));
+        CHECK((compare<kvsift::inner_product, __half>(s, plain, p, kPaged) == 0));
+      }
+      auto d = dipr(4.0f, 16, 0);
+      d.entry_prefix = prefix;
+      d.walk_through = through;
+      CHECK((compare<kvsift::inner_product, __half>(s, ranged, d, kPaged) == 0));
+      CHECK((compare<kvsift::inner_product, float>(s, plain, d, kDense) == 0));
+    }
+  }
+  // The prefix changes the walks, so the comparisons above are not vacuous.
+  auto p = topk(20, 40, kc::graph_metric::inner_product);
+  const gpu_result without = run_gpu<float>(s, ranged, p, kDense);
+  p.entry_prefix = 3;
+  const gpu_result with = run_gpu<float>(s, ranged, p, kDense);
   CHECK(with.scored != without.scored);
 }
 
@@ -1182,6 +1221,14 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   bad = p;
   bad.degree_cap = -1;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "degree_cap >= 0 (0 = all), got -1"));
+  for (const int e : {-1, kc::max_decode_search_seeds + 1}) {
+    bad = p;
+    bad.entry_prefix = e;
+    CHECK(contains(msg(set, k, qs, 1, bad, out, wb),
+                   ("0 <= entry_prefix <= " + std::to_string(kc::max_decode_search_seeds) +
+                    ", got " + std::to_string(e))
+                       .c_str()));
+  }
   bad = dipr(1.0f, 8, 4);
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "max_results"));
   bad = dipr(1.0f, 8, 0);

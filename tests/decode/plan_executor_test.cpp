@@ -96,7 +96,8 @@ by_hand compose(const kvsift::plan& p, std::span<const float> q,
       .l0 = 32,
       .max_candidates = 0,
       .seed_score = prm.seed_from_window ? seed : std::numeric_limits<float>::quiet_NaN(),
-      .walk_through = prm.dipr.walk_through};
+      .walk_through = prm.dipr.walk_through,
+      .entry_prefix = prm.dipr.entry_prefix};
   if (p.index == "coarse") {
     kvsift::block_result br;
     if (p.query == "topk")
@@ -110,7 +111,11 @@ by_hand compose(const kvsift::plan& p, std::span<const float> q,
     if (p.index == "flat")
       f.flat.topk(q, prm.budget, ws, ids, sc, r);
     else
-      kvsift::beam_search(f.graph, q, {.k = prm.budget, .L = 100, .walk_through = prm.walk_through},
+      kvsift::beam_search(f.graph, q,
+                          {.k = prm.budget,
+                           .L = 100,
+                           .walk_through = prm.walk_through,
+                           .entry_prefix = prm.entry_prefix},
                           ws, std::span<kvsift::id_t>(ids), std::span<float>(sc), r);
     std::erase(ids, invalid_id);
     out.ids = ids;
@@ -149,9 +154,11 @@ TEST_CASE("each built-in plan executed equals the hand-written composition",
   std::size_t retrieved = 0, cut = 0;
   for (const auto& [index, query] : kinds) {
     for (const int variant : {0, 1, 2, 3}) {
-      // With and without a prefix filter; with and without walking through the excluded ids.
+      // With and without a prefix filter; with and without walking through the excluded ids
+      // (and then entering the walk at the sinks, the window's first 16 tokens).
       const bool prefix = variant % 2 == 1;
       const bool walk_through = variant < 2;
+      const std::size_t sinks = walk_through ? 0 : 16;
       auto p = make_plan(index, query);
       p.params["k_blocks"] = 6;
       p.params["beta"] = 6.0;
@@ -163,9 +170,10 @@ TEST_CASE("each built-in plan executed equals the hand-written composition",
             .context = 1500 + 20 * i,
             .window = {16, 64},
             .budget = 60,
-            .dipr = {.beta = 1.0f, .l0 = 7, .walk_through = walk_through},
+            .dipr = {.beta = 1.0f, .l0 = 7, .walk_through = walk_through, .entry_prefix = sinks},
             .seed_from_window = true,
-            .walk_through = walk_through};
+            .walk_through = walk_through,
+            .entry_prefix = sinks};
         INFO(p.name() << " query " << i << " walk_through " << walk_through);
         kvsift::execute_plan(p, res, q, ev().kv, 0, prm, ws, out);
         const auto want = compose(p, q, prm);

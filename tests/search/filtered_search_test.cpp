@@ -263,3 +263,46 @@ TEST_CASE("gqa_beam_search without the walk-through is beam_search without it, h
     CHECK(group_ids == ids);
   }
 }
+
+TEST_CASE("entry_prefix enters the walk at the first ids, after the caller's extra entries",
+          "[search][filtered]") {
+  const auto& f = fx();
+  const std::size_t n = f.graph.size();
+  const kvsift::id_range window{4, n - 64};
+  kvsift::search_workspace ws;
+  std::vector<id_t> ids(10), want_ids(10);
+  std::vector<float> sc(10), want_sc(10);
+  kvsift::dipr_result r, want_r;
+  const std::vector<id_t> extra{17, 900};
+  std::size_t changed = 0;
+  for (const std::size_t prefix : {std::size_t{4}, std::size_t{9}, n + 5}) {
+    // The same entries spelled out: the caller's, then [0, min(prefix, n)).
+    std::vector<id_t> spelled = extra;
+    for (std::size_t i = 0; i < std::min(prefix, n); ++i) spelled.push_back(id_t(i));
+    for (std::size_t i = 0; i < f.eval.rows(); i += 5) {
+      INFO("prefix " << prefix << " query " << i);
+      const auto q = f.eval.row_span(i);
+      for (const bool through : {true, false}) {
+        const auto s = kvsift::beam_search(
+            f.graph, q, {.k = 10, .L = 40, .walk_through = through, .entry_prefix = prefix}, ws,
+            std::span(ids), std::span(sc), window, std::span<const id_t>(extra));
+        const auto w = kvsift::beam_search(f.graph, q, {.k = 10, .L = 40, .walk_through = through},
+                                           ws, std::span(want_ids), std::span(want_sc), window,
+                                           std::span<const id_t>(spelled));
+        CHECK(ids == want_ids);
+        CHECK(s.distance_computations == w.distance_computations);
+        const auto plain = kvsift::beam_search(
+            f.graph, q, {.k = 10, .L = 40, .walk_through = through}, ws, std::span(want_ids),
+            std::span(want_sc), window, std::span<const id_t>(extra));
+        changed += plain.distance_computations != s.distance_computations;
+      }
+      kvsift::dipr_search(f.graph, q, {.beta = 2.0f, .l0 = 16, .entry_prefix = prefix}, ws, r,
+                          window, std::span<const id_t>(extra));
+      kvsift::dipr_search(f.graph, q, {.beta = 2.0f, .l0 = 16}, ws, want_r, window,
+                          std::span<const id_t>(spelled));
+      CHECK(r.ids == want_r.ids);
+      CHECK(r.stats.distance_computations == want_r.stats.distance_computations);
+    }
+  }
+  CHECK(changed > 0);  // guards the test: the prefix changes walks
+}

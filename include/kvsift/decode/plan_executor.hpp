@@ -83,6 +83,9 @@ struct plan_step_params {
   /// Graph top-k: beam_search_params::walk_through (whether ids outside the retrieval range,
   /// the sinks and the window, are walked through); DIPR takes dipr.walk_through.
   bool walk_through = true;
+  /// Graph top-k: beam_search_params::entry_prefix (e.g. window.initial: also enter the walk at
+  /// the sinks); DIPR takes dipr.entry_prefix.
+  std::size_t entry_prefix = 0;
   attention_params attention{};  ///< scale and bias of the sparse/dense attention (no bias)
 };
 

@@ -71,7 +71,7 @@ search_stats beam_search(const G& g, std::span<const float> query, const beam_se
     ws.pool.insert_batch(ws.scored);
     ws.scored.clear();
   };
-  detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit);
+  detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit, params.entry_prefix);
   flush();
   const std::size_t limit = params.expand_limit != 0 ? params.expand_limit : params.L;
   while (ws.pool.has_unexpanded(limit) && (params.max_hops == 0 || stats.hops < params.max_hops)) {

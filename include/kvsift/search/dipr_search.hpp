@@ -86,7 +86,8 @@ void dipr_search(const G& g, std::span<const float> query, const dipr_params& pa
         out.capped = ++in_range_total >= cap;
       }
     };
-    detail::seed(g, extra_entries, pred, params.l0, params.degree_cap, ws, visit);
+    detail::seed(g, extra_entries, pred, params.l0, params.degree_cap, ws, visit,
+                 params.entry_prefix);
     while (!out.capped) {
       const bool beam = ws.pool.has_unexpanded();
       const bool range = !in_range.empty() && in_range.front().key >= best - params.beta;

@@ -93,7 +93,7 @@ search_stats gqa_beam_search(const G& g, matrix_view<const float> queries,
       if (live[h] != nullptr) ws.pools[h].insert(to_key<M>(g.score(live[h], id)), id);
     }
   };
-  detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit);
+  detail::seed(g, extra_entries, pred, params.L, params.degree_cap, ws, visit, params.entry_prefix);
   const std::size_t limit = params.expand_limit != 0 ? params.expand_limit : params.L;
   // Round robin over the heads, one expansion each per turn, until no pool has an unexpanded
   // entry within its limit. An entry another head expanded is marked and passed over: its

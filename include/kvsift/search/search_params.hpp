@@ -47,6 +47,12 @@ struct beam_search_params {
   /// switch (`kvsift::cuda::decode_search_params::walk_through`) and, at expand_width 1, the same
   /// results either way. Seeds that fail the filter are walked through in both modes.
   bool walk_through = true;
+  /// Also enter the walk at ids [0, entry_prefix) (those below the graph's size), after the
+  /// graph's entry points and the call's extra entries, walked through when they fail the
+  /// filter as any seed. Meant for a decode step's attention sinks (its first tokens, left out of
+  /// the retrieval because attended anyway): on real models they are hubs next to the queries'
+  /// best keys, so the walk starts near its answer (docs/decode_search.md). 0 = none.
+  std::size_t entry_prefix = 0;
 };
 
 /// Per-call parameters of DIPR search. Scores are raw metric scores (for inner product: the
@@ -71,6 +77,8 @@ struct dipr_params {
   /// With a filter: walk through failing neighbours (true, default) or drop them; as
   /// beam_search_params::walk_through.
   bool walk_through = true;
+  /// Also enter the walk at ids [0, entry_prefix); as beam_search_params::entry_prefix.
+  std::size_t entry_prefix = 0;
 };
 
 /// Output of a DIPR search; reuse one object across calls to avoid allocation.

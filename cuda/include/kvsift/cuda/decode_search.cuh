@@ -145,6 +145,12 @@ struct decode_search_params {
   /// (`decode_status_capped`, `decode_search_outputs::capped`), as at max_results, which
   /// bounds a flat query's walk only through its in-range keys.
   int max_hops = 0;
+  /// Also enter each search at its graph's ids [0, entry_prefix) (those below the graph's key
+  /// count), after the graph's entry points and the query's seeds, walked through when they fail
+  /// the filter as any seed; as `beam_search_params::entry_prefix` (the same results with
+  /// expand_width 1). For a decode step's sinks (`decode_step_params::sink`), hubs next to the
+  /// queries' best keys on real models (docs/decode_search.md). 0..max_decode_search_seeds.
+  int entry_prefix = 0;
 };
 
 /// The queries of one launch. All pointers are device pointers; optional ones may be null.

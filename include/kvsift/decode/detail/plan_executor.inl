@@ -119,8 +119,10 @@ void register_builtin_plans(plan_executor<Resources>& e) {
             if (r.first >= r.last) return;
             out.ids.resize(k);
             out.scores.resize(k);
-            const beam_search_params bp{
-                .k = k, .L = std::max(k, rq.params.beam), .walk_through = rq.params.walk_through};
+            const beam_search_params bp{.k = k,
+                                        .L = std::max(k, rq.params.beam),
+                                        .walk_through = rq.params.walk_through,
+                                        .entry_prefix = rq.params.entry_prefix};
             out.scanned = beam_search(g, rq.query, bp, ws, std::span<id_t>(out.ids),
                                       std::span<float>(out.scores), r)
                               .distance_computations;

@@ -96,14 +96,14 @@ void expand(const G& g, id_t u, const P& pred, std::size_t degree_cap, bool walk
   }
 }
 
-/// Seeds a search: the graph's entry point plus `extra` ids. Seeds failing the predicate are
-/// walked through like failing neighbours (their first `degree_cap` ones, 0 = all). If no seed
-/// yields a passing node (a filter that excludes the whole neighbourhood of the entry), the first
-/// passing ids in id order are used, so a satisfiable filter never returns an empty answer by
-/// accident.
+/// Seeds a search: the graph's entry points, then `extra` ids, then ids [0, prefix) (those below
+/// the graph's size). Seeds failing the predicate are walked through like failing neighbours
+/// (their first `degree_cap` ones, 0 = all). If no seed yields a passing node (a filter that
+/// excludes the whole neighbourhood of the entry), the first passing ids in id order are used,
+/// so a satisfiable filter never returns an empty answer by accident.
 template <Graph G, Predicate P, class Visit>
 void seed(const G& g, std::span<const id_t> extra, const P& pred, std::size_t fallback,
-          std::size_t degree_cap, search_workspace& ws, Visit&& visit) {
+          std::size_t degree_cap, search_workspace& ws, Visit&& visit, std::size_t prefix = 0) {
   std::size_t seeded = 0;
   auto counted = [&](id_t id) {
     ++seeded;
@@ -130,6 +130,7 @@ void seed(const G& g, std::span<const id_t> extra, const P& pred, std::size_t fa
     one(g.entry_point());
   }
   for (id_t e : extra) one(e);
+  for (std::size_t id = 0; id < std::min(prefix, g.size()); ++id) one(static_cast<id_t>(id));
   if constexpr (!std::is_same_v<P, no_filter>) {
     if (seeded == 0) {
       const std::size_t want = std::max<std::size_t>(fallback, 1);

@@ -104,6 +104,7 @@ struct ds_config {
   int expand = 1;               // top-k: pool entries expanded per step
   int limit = 0;                // pool entries that may be expanded (expand_limit or the pool)
   int max_hops = 0;             // nodes a search may expand (0 = no cap)
+  int prefix = 0;               // ids [0, prefix) of each graph entered after the seeds
   bool walk_through = true;     // filtered top-k: failing neighbours walked through (2-hop)
   bool block = false;           // top-k on decode_search_block_kernel (4 or 8 warps per search)
   int warps_per_search = 0;     // as asked (0: the launch picks 4 or 8 by the batch size)
@@ -176,6 +177,9 @@ inline ds_config ds_resolve(const graph_set_ref& set, std::int64_t m, const deco
   require(m > 0 && m <= std::int64_t{INT_MAX}, who, ": expected 1 <= queries <= ", INT_MAX,
           ", got ", m);
   require(p.degree_cap >= 0, who, ": expected degree_cap >= 0 (0 = all), got ", p.degree_cap);
+  require(p.entry_prefix >= 0 && p.entry_prefix <= max_decode_search_seeds, who,
+          ": expected 0 <= entry_prefix <= ", max_decode_search_seeds, ", got ", p.entry_prefix);
+  c.prefix = p.entry_prefix;
   require(p.warps_per_search == 0 || p.warps_per_search == 1 ||
               ((p.warps_per_search == 4 || p.warps_per_search == 8) && !dipr),
           who,
@@ -675,13 +679,16 @@ __device__ inline int ds_seed_ids(const ds_graph_walk& w, std::uint32_t b0, int 
   return min(__popc(b), room);
 }
 
-/// Seed e of query qi over graph g: the graph's entry points first, then the query's seeds.
+/// Seed e of query qi over graph g of n keys: the graph's entry points first, then the query's
+/// seeds, then the ids [0, entry_prefix) below n (invalid_id, skipped, for those at or above).
 __device__ __forceinline__ std::uint32_t ds_seed_id(const graph_set_ref& set,
-                                                    const decode_queries& qs, int g, int qi,
-                                                    int e) {
-  return e < set.max_entries
-             ? set.entries[static_cast<std::size_t>(g) * set.max_entries + e]
-             : qs.seeds[static_cast<std::size_t>(qi) * qs.seeds_ld + (e - set.max_entries)];
+                                                    const decode_queries& qs, int g, int qi, int e,
+                                                    std::int64_t n) {
+  if (e < set.max_entries) return set.entries[static_cast<std::size_t>(g) * set.max_entries + e];
+  e -= set.max_entries;
+  if (e < qs.seeds_ld) return qs.seeds[static_cast<std::size_t>(qi) * qs.seeds_ld + e];
+  e -= qs.seeds_ld;
+  return e < n ? static_cast<std::uint32_t>(e) : invalid_id;
 }
 
 /// Keys of graph g (sizes[g], or all its rows), or -1 when sizes[g] exceeds its rows.
@@ -962,11 +969,11 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     };
 
     if (run) {
-      // Seeds: the graph's entry points, then the query's own seeds, in order, each visited or
-      // walked through.
+      // Seeds: the graph's entry points, the query's own seeds, ids [0, prefix), in order, each
+      // visited or walked through.
       int seeded_n = 0;
-      for (int e = 0; e < set.max_entries + qs.seeds_ld && !capped; ++e) {
-        const std::uint32_t s = ds_seed_id(set, qs, g, qi, e);
+      for (int e = 0; e < set.max_entries + qs.seeds_ld + c.prefix && !capped; ++e) {
+        const std::uint32_t s = ds_seed_id(set, qs, g, qi, e, n);
         const int nv = ds_seed<Filtered>(gw, s, inc, 0, lane, status);
         seeded_n += nv;
         if (nv > 0) visit(nv);
@@ -1239,18 +1246,18 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     };
 
     if (run) {
-      // Seeds: the entry points, then the query's own seeds, in order, each visited or walked
-      // through.
+      // Seeds: the entry points, the query's own seeds, ids [0, prefix), in order, each visited or
+      // walked through.
       int seeded_n = 0;
       int e = 0;  // warp 0's cursor
-      const int seeds_n = set.max_entries + qs.seeds_ld;
+      const int seeds_n = set.max_entries + qs.seeds_ld + c.prefix;
       // A seed adds one candidate, or up to `cols` when it fails the filter (walked through).
       const int per_seed = Filtered ? cols : 1;
       for (;;) {
         if (warp == 0) {
           int nv = 0;
           while (e < seeds_n && nv + per_seed <= c.inc) {
-            nv += ds_seed<Filtered>(gw, ds_seed_id(set, qs, g, qi, e), inc, nv, lane, status);
+            nv += ds_seed<Filtered>(gw, ds_seed_id(set, qs, g, qi, e, n), inc, nv, lane, status);
             ++e;
           }
           if (lane == 0) {
