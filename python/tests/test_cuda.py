@@ -676,6 +676,31 @@ def test_decode_search_equals_the_cpu_walk(dtype, layout):
     assert capped > 0
 
 
+def test_decode_search_entry_prefix_equals_the_cpu():
+    # entry_prefix enters each search at its graph's first ids too (a decode step's sinks): with
+    # expand_width 1 the CPU's search with the same entry_prefix, filtered to a step's range
+    # (the prefix's ids then fail and are walked through) with and without the walk-through.
+    idx, graphs, keys, q, pool, table = search_case()
+    group = q.shape[0] // len(idx)
+    n = keys.shape[1]
+    qd = torch.from_numpy(q).cuda()
+    first = torch.full((q.shape[0],), 4, dtype=torch.int32, device="cuda")
+    last = torch.full((q.shape[0],), n - 32, dtype=torch.int32, device="cuda")
+    changed = 0
+    for through in (True, False):
+        r = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, walk_through=through,
+                             id_range=(first, last), entry_prefix=4)
+        plain = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20,
+                                 walk_through=through, id_range=(first, last))
+        for i in range(q.shape[0]):
+            cpu = idx[i // group].search(q[i], 10, L=20, filter=kvsift.IdRange(4, n - 32),
+                                         walk_through=through, entry_prefix=4)
+            assert np.array_equal(r.ids[i].cpu().numpy(), cpu.ids.astype(np.int32))
+            assert r.scored[i].item() == int(cpu.distance_computations[0])
+            changed += int(r.scored[i].item() != plain.scored[i].item())
+    assert changed > 0  # the prefix changes walks: the comparison is not vacuous
+
+
 def test_decode_search_seeds_and_expand_limit_equal_the_cpu():
     # Per-query seeds (the previous step's ids as returned, -1 padding included) and
     # expand_limit: with expand_width 1 the CPU's search with the same entries and limit.

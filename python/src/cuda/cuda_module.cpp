@@ -308,7 +308,8 @@ bool l2_metric(const std::string& metric) {
 ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int expand_width,
                                       bool walk_through, int degree_cap, float beta, int l0,
                                       int max_results, const std::string& metric = "ip",
-                                      int expand_limit = 0, int max_hops = 0) {
+                                      int expand_limit = 0, int max_hops = 0,
+                                      int entry_prefix = 0) {
   require(mode == "topk" || mode == "dipr", "mode: expected 'topk' or 'dipr', got '", mode, "'");
   const bool l2 = l2_metric(metric);
   ops::decode_search_knobs p;
@@ -324,6 +325,7 @@ ops::decode_search_knobs search_knobs(const std::string& mode, int k, int L, int
   p.max_results = max_results;
   p.expand_limit = expand_limit;
   p.max_hops = max_hops;
+  p.entry_prefix = entry_prefix;
   return p;
 }
 
@@ -331,10 +333,10 @@ ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int exp
                                   bool walk_through, int degree_cap, float beta, int l0,
                                   int max_results, int expand_limit, int max_hops, int sink,
                                   int window, bool dense_when_capped, bool seed_from_window,
-                                  float scale) {
+                                  float scale, int entry_prefix) {
   ops::decode_step_knobs p;
   p.search = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                          "ip", expand_limit, max_hops);
+                          "ip", expand_limit, max_hops, entry_prefix);
   p.sink = sink;
   p.window = window;
   p.dense_when_capped = dense_when_capped;
@@ -735,20 +737,20 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
          int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
          int max_results, int expand_limit, int max_hops, int sink, int window,
-         bool dense_when_capped, bool seed_from_window) {
+         bool dense_when_capped, bool seed_from_window, int entry_prefix) {
         return ops::decode_step_workspace_size(
             graph_sizes(graphs, rows, width, max_entries, max_keys), as_int(qo_heads, "qo_heads"),
             as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                        expand_limit, max_hops, sink, window, dense_when_capped, seed_from_window,
-                       std::numeric_limits<float>::quiet_NaN()));
+                       std::numeric_limits<float>::quiet_NaN(), entry_prefix));
       },
       py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
       py::arg("max_keys"), py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"),
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
       py::arg("max_hops"), py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"),
-      py::arg("seed_from_window") = false,
+      py::arg("seed_from_window") = false, py::arg("entry_prefix") = 0,
       "Bytes of device workspace decode_step needs for a graph set of `graphs` graphs over an "
       "adjacency of `rows` x `width`; raises for bad parameters (max_keys outside [1, rows] "
       "included).");
@@ -761,7 +763,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
          int expand_limit, int max_hops, int sink, int window, bool dense_when_capped, float scale,
          std::intptr_t stream, py::object status, py::object carry, py::object sizes,
-         bool seed_from_window, py::object capped) {
+         bool seed_from_window, py::object capped, int entry_prefix) {
         const intake in{stream};
         ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
                                          in(entries, "entries"), max_keys);
@@ -779,7 +781,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         if (!status.is_none()) st = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
         const ops::decode_step_knobs p = step_knobs(
             mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results, expand_limit,
-            max_hops, sink, window, dense_when_capped, seed_from_window, scale);
+            max_hops, sink, window, dense_when_capped, seed_from_window, scale, entry_prefix);
         std::uint32_t* carry_ids = nullptr;
         if (!carry.is_none()) {
           const tensor tc = in(carry, "carry");
@@ -807,7 +809,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"), py::arg("scale"),
       py::arg("stream"), py::arg("status") = py::none(), py::arg("carry") = py::none(),
       py::arg("sizes") = py::none(), py::arg("seed_from_window") = false,
-      py::arg("capped") = py::none(),
+      py::arg("capped") = py::none(), py::arg("entry_prefix") = 0,
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(
@@ -815,9 +817,10 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       [](std::int64_t graphs, std::int64_t rows, std::int64_t width, std::int64_t max_entries,
          std::int64_t max_keys, std::int64_t queries, const std::string& mode,
          const std::string& metric, int k, int L, int expand_width, bool walk_through,
-         int degree_cap, float beta, int l0, int max_results, int expand_limit, int max_hops) {
+         int degree_cap, float beta, int l0, int max_results, int expand_limit, int max_hops,
+         int entry_prefix) {
         const auto p = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0,
-                                    max_results, metric, expand_limit, max_hops);
+                                    max_results, metric, expand_limit, max_hops, entry_prefix);
         const auto g = graph_sizes(graphs, rows, width, max_entries, max_keys);
         return py::make_tuple(ops::decode_search_capacity(p),
                               ops::decode_search_workspace_size(g, queries, p));
@@ -826,7 +829,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("max_keys"), py::arg("queries"), py::arg("mode"), py::arg("metric"), py::arg("k"),
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
-      py::arg("max_hops"),
+      py::arg("max_hops"), py::arg("entry_prefix") = 0,
       "(result slots per query, bytes of device workspace) of decode_search; raises for bad "
       "parameters (max_keys outside [1, rows] included).");
 
@@ -839,7 +842,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          py::object capped, py::handle workspace, const std::string& mode,
          const std::string& metric, int k, int L, int expand_width, bool walk_through,
          int degree_cap, float beta, int l0, int max_results, int expand_limit, int max_hops,
-         std::intptr_t stream, py::object status, py::object sizes) {
+         std::intptr_t stream, py::object status, py::object sizes, int entry_prefix) {
         const intake in{stream};
         const tensor tadj = in(adjacency, "adjacency");
         ops::decode_graphs g =
@@ -847,7 +850,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
         g.sizes = optional_vector<std::uint32_t>(sizes, in, g.num_graphs, "sizes");
         const ops::decode_search_knobs p =
             search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
-                         metric, expand_limit, max_hops);
+                         metric, expand_limit, max_hops, entry_prefix);
         const tensor tq = in(q, "q");
         require_kind(tq, 'f', 4, "q", "float32");
         require<kvsift::dimension_mismatch>(tq.ndim() == 2, "q: expected [queries, dim], got ",
@@ -904,7 +907,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
       py::arg("max_hops"), py::arg("stream"), py::arg("status") = py::none(),
-      py::arg("sizes") = py::none(),
+      py::arg("sizes") = py::none(), py::arg("entry_prefix") = 0,
       "Low level: the batched GPU graph search into padded rows. Use kvsift.cuda.decode_search.");
 
   bind_batch_insert(m);

@@ -187,6 +187,7 @@ kc::decode_search_params search_params(const decode_search_knobs& k) {
   p.max_results = k.max_results;
   p.expand_limit = k.expand_limit;
   p.max_hops = k.max_hops;
+  p.entry_prefix = k.entry_prefix;
   return p;
 }
 

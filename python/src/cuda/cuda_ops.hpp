@@ -81,6 +81,7 @@ struct decode_search_knobs {
   int max_results = 0;
   int expand_limit = 0;  ///< top-k: pool entries that may be expanded (0 = L)
   int max_hops = 0;      ///< top-k: nodes a search may expand (0 = no cap)
+  int entry_prefix = 0;  ///< also enter each search at its graph's ids [0, entry_prefix)
 };
 
 /// The queries of a decode search (device pointers; the optional ones may be null).
