@@ -50,9 +50,9 @@ struct beam_search_params {
   /// Also enter the walk at ids [0, entry_prefix) (those below the graph's size), after the
   /// graph's entry points and the call's extra entries, walked through when they fail the
   /// filter as any seed. Meant for a decode step's attention sinks (its first tokens, left out of
-  /// the retrieval because attended anyway): on Gemma-3 (layer 11, the one measured) they are
-  /// hubs next to most queries' best keys, so the walk starts near its answer
-  /// (docs/decode_search.md). 0 = none.
+  /// the retrieval because attended anyway): on Gemma-3's layer 11 they are hubs next to most
+  /// queries' best keys, so the walk starts near its answer; on its layers 5 and 17 they are not,
+  /// and it changed little (docs/decode_search.md). 0 = none.
   std::size_t entry_prefix = 0;
 };
 

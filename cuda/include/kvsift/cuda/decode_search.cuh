@@ -148,10 +148,11 @@ struct decode_search_params {
   /// Also enter each search at its graph's ids [0, entry_prefix) (those below the graph's key
   /// count), after the graph's entry points and the query's seeds, walked through when they fail
   /// the filter as any seed; as `beam_search_params::entry_prefix` (the same results with
-  /// expand_width 1). For a decode step's sinks (`decode_step_params::sink`), on Gemma-3 (layer
-  /// 11, the one measured) hubs next to most queries' best keys: with walk_through = false its
-  /// seeded DIPR step found 0.9826 / 0.9696 of the exact selection at beta 2 / 4 logits against
-  /// 0.9742 / 0.9569 without them (docs/decode_search.md). 0..max_decode_search_seeds.
+  /// expand_width 1). For a decode step's sinks (`decode_step_params::sink`), on Gemma-3's layer
+  /// 11 hubs next to most queries' best keys: with walk_through = false its seeded DIPR step
+  /// found 0.9826 / 0.9696 of the exact selection at beta 2 / 4 logits against 0.9742 / 0.9569
+  /// without them (on layers 5 and 17 the CPU's search gained little; docs/decode_search.md).
+  /// 0..max_decode_search_seeds.
   int entry_prefix = 0;
 };
 
