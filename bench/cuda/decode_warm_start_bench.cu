@@ -417,24 +417,30 @@ int main(int argc, char** argv) {
                   full_ms, "1.00");
     }
     // The exact DIPR selection of a step's middle tokens, per (step, query) [t * m + i], ids
-    // ascending: the tokens of [sink, P - window) whose score is within `beta_raw` of the best
-    // one of that range, or of the whole context when `seeded` (as seed_from_window measures
-    // it), scored on the f16-rounded keys the GPU reads.
+    // ascending: flat_index::dipr over [sink, P - window) on the f16-rounded keys the GPU reads,
+    // seeded (when `seeded`) with the query's best raw score over the sinks and the window, as
+    // seed_from_window measures the range.
     auto exact_selection = [&](const kc::decode_step_params& p, bool seeded) {
       const std::size_t lo = std::size_t(p.sink), hi = P - std::min(P, std::size_t(p.window));
       std::vector<std::vector<id_t>> sets(steps * m);
-      const std::size_t workers = std::max(1u, std::thread::hardware_concurrency());
-      kvsift::parallel_for(steps * m, workers, [&](std::size_t e, std::size_t) {
+      std::vector<kvsift::search_workspace> ws(std::max(1u, std::thread::hardware_concurrency()));
+      kvsift::parallel_for(steps * m, ws.size(), [&](std::size_t e, std::size_t w) {
         const float* qv = q.data() + e * d;
-        std::vector<float> s(P);
-        float best = -std::numeric_limits<float>::infinity();
-        for (std::size_t j = 0; j < P; ++j) {
-          s[j] = kvsift::inner_product::score(qv, kf.data() + j * d, d);
-          if ((j >= lo && j < hi) || seeded) best = std::max(best, s[j]);
+        kvsift::dipr_params dp;
+        dp.beta = p.search.beta;
+        if (seeded) {
+          float best = -std::numeric_limits<float>::infinity();
+          const auto see = [&](std::size_t j) {
+            best = std::max(best, kvsift::inner_product::score(qv, kf.data() + j * d, d));
+          };
+          for (std::size_t j = 0; j < lo; ++j) see(j);
+          for (std::size_t j = hi; j < P; ++j) see(j);
+          dp.seed_score = best;
         }
-        for (std::size_t j = lo; j < hi; ++j) {
-          if (s[j] >= best - p.search.beta) sets[e].push_back(id_t(j));
-        }
+        kvsift::dipr_result r;
+        flat.dipr(std::span<const float>(qv, d), dp, ws[w], r, kvsift::id_range{lo, hi});
+        sets[e] = std::move(r.ids);
+        std::sort(sets[e].begin(), sets[e].end());
       });
       return sets;
     };
