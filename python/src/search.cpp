@@ -29,7 +29,7 @@ dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, s
   p.degree_cap = bounded_count(degree_cap, "dipr: degree_cap");
   p.max_hops = bounded_count(max_hops, "dipr: max_hops");
   p.walk_through = walk_through;
-  p.entry_prefix = entry_prefix;
+  p.entry_prefix = bounded_count(entry_prefix, "dipr: entry_prefix");
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
@@ -105,7 +105,7 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
       .degree_cap = bounded_count(degree_cap, "search: degree_cap"),
       .expand_limit = bounded_count(expand_limit, "search: expand_limit"),
       .walk_through = walk_through,
-      .entry_prefix = entry_prefix};
+      .entry_prefix = bounded_count(entry_prefix, "search: entry_prefix")};
   return std::visit(
       [&](const auto& index, const auto& pred) {
         return batched_topk(queries, k, threads,
@@ -181,7 +181,7 @@ search_result search_heads(const py::list& indexes, const py::handle& queries, s
       .degree_cap = bounded_count(degree_cap, "search_heads: degree_cap"),
       .expand_limit = bounded_count(expand_limit, "search_heads: expand_limit"),
       .walk_through = walk_through,
-      .entry_prefix = entry_prefix};
+      .entry_prefix = bounded_count(entry_prefix, "search_heads: entry_prefix")};
   if (shared_walk) {
     // One walk per GQA group (gqa_beam_search): a key row is read once for the group's heads.
     for (const auto& i : idx) {
@@ -291,7 +291,7 @@ dipr_heads_output dipr_heads(const py::list& indexes, const py::handle& queries,
   kvsift::dipr_params base = dipr_params_of(beta, l0, max_candidates, std::nullopt);
   base.degree_cap = bounded_count(degree_cap, "dipr_heads: degree_cap");
   base.walk_through = walk_through;
-  base.entry_prefix = entry_prefix;
+  base.entry_prefix = bounded_count(entry_prefix, "dipr_heads: entry_prefix");
   const filter_t f = filter_of(filter, idx.front()->size());
   const std::vector<id_t> extra =
       entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");

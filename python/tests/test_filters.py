@@ -214,3 +214,15 @@ def test_entry_prefix_enters_at_the_first_ids(data, graph):
     plain = graph.search(q, 10, L=32, filter=f)
     entered = graph.search(q, 10, L=32, filter=f, entry_prefix=4)
     assert (plain.distance_computations != entered.distance_computations).any()
+    # A prefix beyond 32-bit ids is refused with the bound and the value, in every call.
+    big = 2**40
+    with pytest.raises(
+        ks.OutOfRange, match=r"search: entry_prefix: expected at most .*1099511627776"
+    ):
+        graph.search(q[:2], 10, entry_prefix=big)
+    with pytest.raises(ks.OutOfRange, match="dipr: entry_prefix"):
+        graph.dipr(q[0], 3.0, entry_prefix=big)
+    with pytest.raises(ks.OutOfRange, match="search_heads: entry_prefix"):
+        ks.search_heads([graph], q[:4], 10, entry_prefix=big)
+    with pytest.raises(ks.OutOfRange, match="dipr_heads: entry_prefix"):
+        ks.dipr_heads([graph], q[:4], 3.0, entry_prefix=big)
