@@ -418,7 +418,7 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
                 expand_width=1, walk_through=True, degree_cap=0, beta=1.0, l0=64, max_results=0,
                 sink=4, window=512, scale=None, lse_base="e", stream=None, status=None,
                 carry=None, expand_limit=0, max_hops=0, dense_when_capped=False,
-                seed_from_window=False, capped=None, entry_prefix=0):
+                seed_from_window=False, capped=None, entry_prefix=0, unindexed=0):
     """One decode step of retrieval attention for one layer, on the GPU: the graph search of
     every query head over its KV head's index (the window excluded), then one sparse attention
     pass over the window (the first ``sink`` and last ``window`` tokens) and the retrieved
@@ -470,6 +470,11 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     not on its layers 5 and 17): on that layer at 32K, with ``walk_through=False`` and seeded
     DIPR, it gave back the set recall that dropping the walk-through loses, 1.28-1.31x faster
     than the walk-through (docs/decode_search.md).
+
+    ``unindexed`` (0..2^30): tokens past each graph's rows (its ``sizes`` entry, or its rows),
+    e.g. generated since the index was built: attended with the window, never searched; the
+    page table must map them. The window is then the first ``sink`` tokens and everything from
+    ``n_g - window`` to ``n_g + unindexed``.
     """
     base2 = _check_base(lse_base)
     st = _stream(q, stream)
@@ -485,13 +490,14 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
         ws_bytes = _ext.decode_step_workspace_size(int(entries.shape[0]), int(adjacency.shape[0]),
                                                    int(adjacency.shape[1]), int(entries.shape[1]),
                                                    int(max_keys), heads, dim, *knobs,
-                                                   bool(seed_from_window), int(entry_prefix))
+                                                   bool(seed_from_window), int(entry_prefix),
+                                                   int(unindexed))
         ws = _empty(q, (max(ws_bytes, 1),), "uint8")
         _ext.decode_step(*_dl(adjacency, row_offset, entries), int(max_keys),
                          *_dl(q, k_pages, v_pages, page_table, o, lse, ws), *knobs,
                          float("nan") if scale is None else float(scale), st,
                          *_dl(status, carry, sizes), bool(seed_from_window), *_dl(capped),
-                         int(entry_prefix))
+                         int(entry_prefix), int(unindexed))
         if base2:
             lse *= 1.0 / _LN2
     return o, lse

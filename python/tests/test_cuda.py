@@ -972,6 +972,35 @@ def test_decode_step_honours_graph_sizes():
     assert not torch.equal(o_cap, o_free)
 
 
+def test_decode_step_attends_unindexed_tokens_with_the_window():
+    # Graphs over the first n of the cache's tokens, decoded at n + u (u tokens generated since
+    # the build, `unindexed`): with every middle token retrieved the step is full attention over
+    # all n + u tokens; without `unindexed` it misses them.
+    n, u, group, dim = 400, 30, 4, 64
+    k, v, table, kd, vd = paged(n + u, 2, dim, 16, torch.float32, 15)
+    g = torch.Generator(device="cuda").manual_seed(16)
+    q = torch.randn(2 * group, dim, device="cuda", generator=g)
+    idx = []
+    for h in range(2):
+        train = np.repeat(q[h * group : (h + 1) * group].cpu().numpy(), 40, 0)
+        train = train + 0.3 * np.random.default_rng(h).standard_normal(train.shape).astype(np.float32)
+        idx.append(kvsift.RoarGraphIndex(kd[h, :n].cpu().numpy(), train, nq=20, M=16, L=80,
+                                         threads=1))
+    graphs = kc.graph_set(idx).map(_dev)
+    middle = n - 4 - 16
+    o, lse = kc.decode_step(graphs, q, k, v, table, k=middle, L=middle, sink=4, window=16,
+                            unindexed=u)
+    for h in range(q.shape[0]):
+        kh, vh = kd[h // group, : n + u].double(), vd[h // group, : n + u].double()
+        logits = (kh @ q[h].double()) / math.sqrt(dim)
+        assert abs(lse[h].item() - torch.logsumexp(logits, 0).item()) < 1e-4
+        assert torch.allclose(o[h].double(), torch.softmax(logits, 0) @ vh, atol=1e-4, rtol=1e-4)
+    o0, lse0 = kc.decode_step(graphs, q, k, v, table, k=middle, L=middle, sink=4, window=16)
+    assert not torch.allclose(lse0, lse, atol=1e-3)
+    with pytest.raises(Exception, match="unindexed"):
+        kc.decode_step(graphs, q, k, v, table, unindexed=-1)
+
+
 @pytest.mark.parametrize("key_dtype", [np.float32, np.float16])
 def test_build_index_on_the_gpu_is_the_cpu_graph(key_dtype):
     # Integer data: every score and distance is exact, so the GPU's kNN and step-3 searches

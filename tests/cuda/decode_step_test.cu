@@ -48,10 +48,12 @@ struct step_result {
 /// many are keys; the step must neither retrieve nor attend to the spare ones. `nan_head` >= 0
 /// puts a NaN into that query head's vector. `capped_out`: the step also writes its capped flags
 /// to an array of the caller's (else, with dense_when_capped, to its workspace).
+/// `spare_attended`: the spare rows' tokens are ordinary random tokens that the step must attend
+/// (`decode_step_params::unindexed` = spare), and full attention covers them too.
 step_result run_step(const std::vector<int>& sizes, int group, int d,
                      const kc::decode_step_params& p, const std::vector<id_t>* carry = nullptr,
                      bool carry_exact = false, int spare = 0, int nan_head = -1,
-                     bool capped_out = false) {
+                     bool capped_out = false, bool spare_attended = false) {
   const int G = static_cast<int>(sizes.size());
   const int H = G * group;
   const int width = 12, page = 16;
@@ -82,7 +84,7 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
       const std::size_t at =
           (static_cast<std::size_t>(table[g * max_pages + t / page]) * page + t % page) * d;
       for (int j = 0; j < d; ++j) {
-        const bool key = t < sizes[g];
+        const bool key = t < sizes[g] || spare_attended;
         keys[at + j] = key ? uniform(-1.0f, 1.0f) : 3.0f;
         vals[at + j] = key ? uniform(-1.0f, 1.0f) : 100.0f;
         if (!key) continue;
@@ -137,7 +139,8 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
 
   step_result r;
-  if (carry_in.empty()) {  // (with a carry the step's seeds are its input: not composed here)
+  if (carry_in.empty() && !spare_attended) {  // (with a carry the step's seeds are its input,
+                                              // unindexed tokens are not composed: not here)
     std::vector<std::int32_t> graph_of(static_cast<std::size_t>(H));
     std::vector<std::uint32_t> lo(static_cast<std::size_t>(H)), hi(static_cast<std::size_t>(H));
     for (int h = 0; h < H; ++h) {
@@ -213,8 +216,9 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   for (int h = 0; h < H; ++h) {
     const int g = h / group;
+    const int attended = sizes[g] + (spare_attended ? spare : 0);
     const auto [o_h, lse_h] =
-        full_attention_one(&q[h * d], hk[g].data(), hv[g].data(), sizes[g], d, scale);
+        full_attention_one(&q[h * d], hk[g].data(), hv[g].data(), attended, d, scale);
     r.want_lse.push_back(static_cast<float>(lse_h));
     for (const double x : o_h) r.want_o.push_back(static_cast<float>(x));
   }
@@ -274,6 +278,35 @@ TEST_CASE("decode_step_searches_and_attends_only_the_keys_a_grown_graph_holds",
   const step_result s = run_step({300, 30, 1000}, 4, 64, p, &seeds, false, 40);
   CHECK(mismatches(s) == 0);
   CHECK((s.status & kc::decode_status_bad_id) != 0u);
+}
+
+// `unindexed`: tokens past the graphs' rows (generated since the build) are attended with the
+// window; with every middle token retrieved the step is full attention over all of them. The
+// graphs' spare rows are linked among themselves but outside their sizes, so the search cannot
+// reach them: only the window can attend them. Top-k, and DIPR seeded from a window that
+// includes them; a window of none but the unindexed tokens; GQA groups of 1 and 4.
+TEST_CASE("decode_step_attends_unindexed_tokens_with_the_window", "[cuda][decode_step]") {
+  kc::decode_step_params p;
+  p.sink = 4;
+  p.window = 16;
+  p.search.k = 1000;
+  p.search.L = 1000;
+  p.unindexed = 24;
+  const step_result r = run_step({300, 30, 700}, 4, 64, p, nullptr, false, 24, -1, false, true);
+  CHECK(mismatches(r) == 0);
+  CHECK(r.status == 0u);
+  p.window = 0;
+  p.sink = 1;
+  CHECK(mismatches(run_step({200, 500}, 1, 64, p, nullptr, false, 24, -1, false, true)) == 0);
+  p.window = 16;
+  p.search.mode = kc::decode_search_mode::dipr;
+  p.search.beta = 1e30f;
+  p.search.l0 = 1000;
+  p.seed_from_window = true;
+  CHECK(mismatches(run_step({300, 30, 700}, 4, 64, p, nullptr, false, 24, -1, false, true)) == 0);
+  // Without the parameter the same data is not full attention (the test can tell).
+  p.unindexed = 0;
+  CHECK(mismatches(run_step({300, 700}, 2, 64, p, nullptr, false, 24, -1, false, true)) > 0);
 }
 
 TEST_CASE("decode_step_dipr_with_infinite_beta_equals_full_attention", "[cuda][decode_step]") {
@@ -552,6 +585,13 @@ TEST_CASE("decode_step_rejects_bad_input", "[cuda][decode_step]") {
   set.max_keys = 10;
   CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 4, 64, p); }), "sink >= 0"));
   p.sink = 4;
+  p.unindexed = -1;
+  CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 4, 64, p); }),
+                 "expected 0 <= unindexed <= 2^30, got -1"));
+  p.unindexed = (1 << 30) + 1;
+  CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 4, 64, p); }),
+                 "expected 0 <= unindexed <= 2^30, got 1073741825"));
+  p.unindexed = 0;
   CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 3, 64, p); }),
                  "multiple of num_graphs = 2"));
   p.search.L = 5;

@@ -333,12 +333,13 @@ ops::decode_step_knobs step_knobs(const std::string& mode, int k, int L, int exp
                                   bool walk_through, int degree_cap, float beta, int l0,
                                   int max_results, int expand_limit, int max_hops, int sink,
                                   int window, bool dense_when_capped, bool seed_from_window,
-                                  float scale, int entry_prefix) {
+                                  float scale, int entry_prefix, int unindexed) {
   ops::decode_step_knobs p;
   p.search = search_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                           "ip", expand_limit, max_hops, entry_prefix);
   p.sink = sink;
   p.window = window;
+  p.unindexed = unindexed;
   p.dense_when_capped = dense_when_capped;
   p.seed_from_window = seed_from_window;
   p.scale = scale;
@@ -737,20 +738,20 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
          int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
          int max_results, int expand_limit, int max_hops, int sink, int window,
-         bool dense_when_capped, bool seed_from_window, int entry_prefix) {
+         bool dense_when_capped, bool seed_from_window, int entry_prefix, int unindexed) {
         return ops::decode_step_workspace_size(
             graph_sizes(graphs, rows, width, max_entries, max_keys), as_int(qo_heads, "qo_heads"),
             as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                        expand_limit, max_hops, sink, window, dense_when_capped, seed_from_window,
-                       std::numeric_limits<float>::quiet_NaN(), entry_prefix));
+                       std::numeric_limits<float>::quiet_NaN(), entry_prefix, unindexed));
       },
       py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
       py::arg("max_keys"), py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"),
       py::arg("L"), py::arg("expand_width"), py::arg("walk_through"), py::arg("degree_cap"),
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
       py::arg("max_hops"), py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"),
-      py::arg("seed_from_window") = false, py::arg("entry_prefix") = 0,
+      py::arg("seed_from_window") = false, py::arg("entry_prefix") = 0, py::arg("unindexed") = 0,
       "Bytes of device workspace decode_step needs for a graph set of `graphs` graphs over an "
       "adjacency of `rows` x `width`; raises for bad parameters (max_keys outside [1, rows] "
       "included).");
@@ -763,7 +764,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
          int expand_limit, int max_hops, int sink, int window, bool dense_when_capped, float scale,
          std::intptr_t stream, py::object status, py::object carry, py::object sizes,
-         bool seed_from_window, py::object capped, int entry_prefix) {
+         bool seed_from_window, py::object capped, int entry_prefix, int unindexed) {
         const intake in{stream};
         ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
                                          in(entries, "entries"), max_keys);
@@ -779,9 +780,10 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
                                             g.num_graphs, "), got ", tp.shape[0], " rows");
         std::uint32_t* st = nullptr;
         if (!status.is_none()) st = reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
-        const ops::decode_step_knobs p = step_knobs(
-            mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results, expand_limit,
-            max_hops, sink, window, dense_when_capped, seed_from_window, scale, entry_prefix);
+        const ops::decode_step_knobs p =
+            step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
+                       expand_limit, max_hops, sink, window, dense_when_capped, seed_from_window,
+                       scale, entry_prefix, unindexed);
         std::uint32_t* carry_ids = nullptr;
         if (!carry.is_none()) {
           const tensor tc = in(carry, "carry");
@@ -809,7 +811,7 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"), py::arg("scale"),
       py::arg("stream"), py::arg("status") = py::none(), py::arg("carry") = py::none(),
       py::arg("sizes") = py::none(), py::arg("seed_from_window") = false,
-      py::arg("capped") = py::none(), py::arg("entry_prefix") = 0,
+      py::arg("capped") = py::none(), py::arg("entry_prefix") = 0, py::arg("unindexed") = 0,
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(

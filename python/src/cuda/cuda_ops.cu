@@ -196,6 +196,7 @@ kc::decode_step_params step_params(const decode_step_knobs& k) {
   p.search = search_params(k.search);
   p.sink = k.sink;
   p.window = k.window;
+  p.unindexed = k.unindexed;
   p.dense_when_capped = k.dense_when_capped;
   p.seed_from_window = k.seed_from_window;
   if (!std::isnan(k.scale)) p.scale = k.scale;

@@ -142,6 +142,7 @@ struct decode_step_knobs {
   decode_search_knobs search;
   int sink = 4;
   int window = 512;
+  int unindexed = 0;  ///< tokens past the graphs' rows, attended with the window
   float scale = std::numeric_limits<float>::quiet_NaN();
   bool dense_when_capped = false;  ///< DIPR: a capped head attends every token
   bool seed_from_window = false;   ///< DIPR: seeded with each head's best window score

@@ -42,6 +42,12 @@ struct decode_step_params {
   decode_search_params search{};
   int sink = 4;      ///< first tokens of every KV head always attended (attention sinks), >= 0
   int window = 512;  ///< last tokens of every KV head always attended, >= 0
+  /// Tokens of every KV head past its graph's rows, n_g .. n_g + unindexed - 1 (generated since
+  /// the index was built and not inserted into it), attended with the window; the page table
+  /// must map them. 0 (default): the graphs index every token. 0..2^30. Lets an engine keep
+  /// decoding over an index built at prefill, every generated token attended exactly, without
+  /// rebuilding or inserting (kvsift.transformers' KvsiftCache on CUDA does).
+  int unindexed = 0;
   /// Attention logit scale; std::nullopt (default) = 1 / sqrt(head_dim). Must be finite.
   std::optional<float> scale;
   /// DIPR only: a query head whose search hit `search.max_results` or `search.max_hops`
@@ -92,9 +98,9 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
  *
  * Graph g indexes every token of KV head g of `kv` (n_g = its row count in `set`; page-table
  * row g); query head h uses graph h / (num_qo_heads / set.num_graphs) (GQA). The window of
- * head g is tokens [0, min(sink, n_g)) and [max(sink, n_g - window), n_g); retrieval searches
- * the tokens between (none when the window covers the head). Output: o = attention over the
- * union, lse its natural-log normaliser, as `sparse_attention`. For DIPR with
+ * head g is tokens [0, min(sink, n_g)) and [max(sink, n_g - window), n_g + p.unindexed);
+ * retrieval searches the tokens between (none when the window covers the head). Output: o =
+ * attention over the union, lse its natural-log normaliser, as `sparse_attention`. For DIPR with
  * `p.dense_when_capped`, a head whose search was capped attends all n_g tokens instead.
  *
  * @param q        device, [num_qo_heads][head_dim] f32

@@ -18,13 +18,14 @@
 namespace kvsift::cuda::detail {
 
 /// Per query head h: graph = h / group, the retrieval range [sink', w_lo) (`first`, `last`)
-/// and the window's token count sink' + (n - w_lo): the window is [0, sink') and [w_lo, n).
-/// One thread per head.
+/// and the window's token count sink' + (n + unindexed - w_lo): the window is [0, sink') and
+/// [w_lo, n + unindexed) (the tokens past the graph's n rows follow its last ones). One thread
+/// per head.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dstep_prepare_kernel(graph_set_ref set, int heads, int group, int sink, int window,
-                         std::int32_t* graph, std::uint32_t* first, std::uint32_t* last,
-                         std::uint32_t* win_counts) {
+                         int unindexed, std::int32_t* graph, std::uint32_t* first,
+                         std::uint32_t* last, std::uint32_t* win_counts) {
   const int h = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (h >= heads) return;
   const int g = h / group;
@@ -37,13 +38,13 @@ __global__ void __launch_bounds__(Threads)
   graph[h] = g;
   first[h] = static_cast<std::uint32_t>(s);
   last[h] = static_cast<std::uint32_t>(lo);
-  win_counts[h] = static_cast<std::uint32_t>(s + (n - lo));
+  win_counts[h] = static_cast<std::uint32_t>(s + (n - lo) + unindexed);
 }
 
 /// DIPR's window seed (`decode_step_params::seed_from_window`): per query head h, the best raw
 /// score q.k over its window tokens, the win_counts[h] tokens of [0, first[h]) and
-/// [last[h], n) (dstep_prepare_kernel's), NaN when the window is empty. One block per head;
-/// each thread scores whole rows (16-byte loads, products summed with fmaf in element order),
+/// [last[h], n + unindexed) (dstep_prepare_kernel's), NaN when the window is empty. One block per
+/// head; each thread scores whole rows (16-byte loads, products summed with fmaf in element order),
 /// so a block has `Threads` rows in flight; q in shared memory. A page id outside the pool is
 /// skipped (the search and the attention flag it).
 template <int Threads, class T>
@@ -145,6 +146,8 @@ inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim
           p.sink, " and ", p.window);
   require(p.sink + p.window >= 1 && p.sink <= (1 << 20) && p.window <= (1 << 20),
           "decode_step: expected 1 <= sink + window <= 2^21, got ", p.sink, " + ", p.window);
+  require(p.unindexed >= 0 && p.unindexed <= (1 << 30),
+          "decode_step: expected 0 <= unindexed <= 2^30, got ", p.unindexed);
   require(heads >= 1 && set.num_graphs >= 1 && heads % set.num_graphs == 0,
           "decode_step: expected num_qo_heads a positive multiple of num_graphs = ", set.num_graphs,
           ", got ", heads);
@@ -258,7 +261,7 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
     constexpr int threads = 128;
     const auto blocks = static_cast<unsigned>((num_qo_heads + threads - 1) / threads);
     dstep_prepare_kernel<threads><<<blocks, threads, 0, stream>>>(
-        set, num_qo_heads, group, p.sink, p.window, graph, first, last, win_counts);
+        set, num_qo_heads, group, p.sink, p.window, p.unindexed, graph, first, last, win_counts);
     KVSIFT_CUDA_CHECK(cudaGetLastError());
   }
 
