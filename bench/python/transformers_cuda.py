@@ -68,25 +68,22 @@ def host_breakdown(cache, q, key, value, scaling, reps):
     heads, kv_heads, n = q.shape[1], k_pages.shape[0], k_pages.shape[1]
     lo, hi = cache.sink, state.prompt - cache.window
     qf = q[0, :, 0, :].float().contiguous()
-    pt, first, last, w_indptr, w_ids, _ = cache._gpu_step_inputs(n, lo, hi, heads, kv_heads,
-                                                                 q.device)
+    pt = cache._gpu_page_table(kv_heads, q.device)
     k = min(cache.k, hi - lo)
+    carry = torch.full((heads, k), -1, dtype=torch.int32, device=q.device)
 
-    def search():
-        return kc.decode_search(state.gpu, qf, pages=(k_pages, pt), k=k, L=max(cache.L, k),
-                                id_range=(first, last), expand_width=cache.expand_width)
+    def step():
+        return kc.decode_step(state.gpu, qf, k_pages, v_pages, pt, k=k, L=max(cache.L, k),
+                              expand_width=cache.expand_width, walk_through=cache.walk_through,
+                              sink=cache.sink, window=cache.window, unindexed=n - state.prompt,
+                              scale=scaling, carry=carry)
 
-    found = search()
-    indptr, indices = kc.results_to_csr(found)
-    o, lse = kc.sparse_attention(qf, k_pages, v_pages, pt, indptr, indices, scale=scaling)
+    o, _ = step()
     stages = {
         "q to f32": lambda: q[0, :, 0, :].float().contiguous(),
-        "decode_search": search,
-        "results_to_csr": lambda: kc.results_to_csr(found),
-        "sparse_attention": lambda: kc.sparse_attention(qf, k_pages, v_pages, pt, indptr,
-                                                        indices, scale=scaling),
-        "merge_state": lambda: kc.merge_state(o[None], lse[None], o[None], lse[None]),
-        "count + cast": lambda: (found.counts.sum() + 1, o.to(q.dtype).view(1, 1, heads, -1)),
+        "decode_step": step,
+        "carry fill + count + cast": lambda: (carry.fill_(-1), (carry >= 0).sum(),
+                                              o.to(q.dtype).view(1, 1, heads, -1)),
     }
     return {name: per_call_us(fn, reps)[1] for name, fn in stages.items()}
 
@@ -102,6 +99,9 @@ def main():
     ap.add_argument("--sink", type=int, default=4)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--expand-width", type=int, default=8)
+    ap.add_argument("--warm-start", type=int, default=0,
+                    help="KvsiftCache(warm_start=): seed each step from the last one's ids")
+    ap.add_argument("--walk-through", type=int, default=1, choices=[0, 1])
     ap.add_argument("--train-ratio", type=float, default=0.1)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", help="write the results here too")
@@ -139,7 +139,9 @@ def main():
             cache = transformers.DynamicCache(config=config)
         else:
             cache = kt.KvsiftCache(config, sink=args.sink, window=args.window, k=args.k, L=args.L,
-                                   expand_width=args.expand_width, train_ratio=args.train_ratio)
+                                   expand_width=args.expand_width, train_ratio=args.train_ratio,
+                                   warm_start=args.warm_start,
+                                   walk_through=bool(args.walk_through))
         def backend():
             return contextlib.nullcontext() if backends is None else sdpa_kernel(backends)
 
@@ -179,7 +181,8 @@ def main():
     layer_ratio = rows["kvsift"]["attention_gpu_us"] / rows[flash]["attention_gpu_us"]
     print(f"# {torch.cuda.get_device_name()}, Llama-3-8B layer shape x {args.layers} layers, random "
           f"weights, {args.dtype}, prompt {args.prompt}, {args.new} tokens; kvsift top-{args.k} "
-          f"L {args.L} sink {args.sink} window {args.window} expand_width {args.expand_width}")
+          f"L {args.L} sink {args.sink} window {args.window} expand_width {args.expand_width} "
+          f"warm_start {args.warm_start} walk_through {args.walk_through}")
     print("| attention | prefill s | of it: index build s | per token ms (median / min) | "
           "one layer's attention: GPU us / host us |")
     print("|---|---|---|---|---|")

@@ -40,13 +40,14 @@ transformers' SDPA.
 **On a CUDA device** (a model moved with ``model.cuda()``), the same cache runs on the GPU with
 ``kvsift.cuda`` (the package built with ``KVSIFT_PY_CUDA=ON``): each KV head's index is built by
 ``kvsift.cuda.build_index`` (training kNN and connectivity searches on the GPU) over every prompt
-token, so that graph ids are token positions; each decode step of a layer is one batched graph
-search of all query heads over the cache's key tensor in place (``decode_search`` with the KV
-heads as pages; the window excluded by an id range, DIPR seeded with the window's best score on
-the device), sparse attention over the retrieved tokens and over the window, and the exact merge:
-five kvsift calls and a few small torch ops on the current stream, no host synchronisation and
-no copy of the keys. ``generated_window`` (inserts) and ``mode="auto"`` (the plan executor)
-run on the CPU only.
+token, so that graph ids are token positions; each decode step of a layer is one
+``kvsift.cuda.decode_step`` call: the batched graph search of all query heads over the cache's key
+tensor in place (the KV heads as pages; the window excluded, DIPR seeded with the window's best
+score on the device) and one attention pass over the window (the tokens generated since the
+prefill included, as ``unindexed`` tokens) and the retrieved tokens, on the current stream, with
+no host synchronisation and no copy of the keys. ``warm_start`` seeds each step's search with the
+ids the layer's previous step retrieved. ``generated_window`` (inserts) and ``mode="auto"`` (the
+plan executor) run on the CPU only.
 
 Thread safety: a cache belongs to one generation at a time; the kvsift calls release the GIL and
 run ``threads`` threads over heads.
@@ -97,13 +98,16 @@ class _LayerIndex:
     or the layer's graphs stacked on the device (``gpu``, a ``kvsift.cuda.GraphSet`` of device
     tensors) when the model runs on CUDA."""
 
-    __slots__ = ("prompt", "graphs", "inserted", "gpu")
+    __slots__ = ("prompt", "graphs", "inserted", "gpu", "previous")
 
     def __init__(self, prompt: int, graphs: list, gpu=None):
         self.prompt = prompt
         self.graphs = graphs
         self.inserted = 0  # generated tokens moved from the window into the graphs
         self.gpu = gpu
+        # warm_start: the last decode step's retrieved ids, (H, k) graph ids (numpy on the CPU,
+        # a device tensor on CUDA), the next step's seeds; None before the first step.
+        self.previous = None
 
 
 def _kvsift_cuda():
@@ -148,6 +152,20 @@ class KvsiftCache(DynamicCache):
         expand_width: graph nodes expanded per step of the GPU search (1..32 with mode "topk",
             else 1..8; 1 = the CPU's walk, more = fewer sequential steps for some extra
             scoring). Ignored on the CPU.
+        warm_start: 0 (default): every decode step's search starts cold. E >= 1 (``mode="topk"``):
+            each query head's search is seeded with the ids its previous decode step of the same
+            layer retrieved and expands only the best E entries of its pool (``expand_limit``;
+            E >= L expands every entry, seeds only). Consecutive decode queries of a head share
+            many of their best keys on real models: on Gemma-3-270M's layer 11 at 32K tokens the
+            GPU search reached recall@100 0.95 in 1.33x less time with E 70, and the CPU walk in
+            1.62x less (docs/decode_search.md).
+        walk_through: on CUDA, whether a search walks through the window tokens it meets (the
+            2-hop rule; the GPU graphs index every prompt token and exclude the window per
+            search) or drops them (False: fewer keys scored at a slightly lower recall per pool;
+            on Gemma-3's global layers at 32K 1.4-1.7x faster at equal recall@100,
+            docs/decode_search.md). Ignored on the CPU, whose graphs hold the middle tokens only.
+        max_hops: on CUDA, 0 (default) or a cap on the nodes each search expands (a launch waits
+            for its slowest search). Ignored on the CPU.
         generated_window: None (default) keeps every generated token in the exact window; G >= 1
             keeps the last G exact and inserts each older generated token into the indexes
             (one ``InsertableGraphIndex.insert`` per KV head and token, tens of microseconds
@@ -183,6 +201,9 @@ class KvsiftCache(DynamicCache):
         max_candidates: int = 0,
         degree_cap: int = 0,
         expand_width: int = 1,
+        warm_start: int = 0,
+        walk_through: bool = True,
+        max_hops: int = 0,
         generated_window: int | None = None,
         planner=None,
         gpu_budget_bytes: float = 0.0,
@@ -229,6 +250,13 @@ class KvsiftCache(DynamicCache):
         if self.expand_width > limit:
             raise _invalid(
                 f"expand_width must be <= {limit} for {self.mode}, got {self.expand_width}")
+        self.warm_start = _check_count("warm_start", warm_start, 0)
+        if self.warm_start > 0 and mode != "topk":
+            raise _invalid(f"warm_start needs mode='topk', got mode={mode!r}")
+        if not isinstance(walk_through, (bool, np.bool_)):
+            raise _invalid(f"walk_through must be a bool, got {walk_through!r}")
+        self.walk_through = bool(walk_through)
+        self.max_hops = _check_count("max_hops", max_hops, 0)
         self.generated_window = (
             None
             if generated_window is None
@@ -243,7 +271,7 @@ class KvsiftCache(DynamicCache):
         self.kvsift_layers: dict[int, _LayerIndex] = {}
         self._retrieved = 0
         self._retrieved_gpu = None  # int64 device scalar: the GPU steps' count, never synced
-        self._gpu_inputs = None  # the current GPU step's small device arrays (_gpu_step_inputs)
+        self._gpu_inputs = None  # the GPU step's page table and its key (_gpu_page_table)
 
     @property
     def retrieved(self) -> int:
@@ -372,26 +400,14 @@ class KvsiftCache(DynamicCache):
         gpu = kc.GraphSet(*(torch.from_numpy(a).to(device) for a in host[:3]), host.max_keys)
         self.kvsift_layers[layer_idx] = _LayerIndex(prompt, [], gpu)
 
-    def _gpu_step_inputs(self, n: int, lo: int, hi: int, heads: int, kv_heads: int, device):
-        """Small device arrays of a GPU decode step, built once and shared by every layer (all
-        global layers have the same prompt): the page table (row g = KV head g), each query
-        head's id range [lo, hi) (the middle), and the window [0, lo) + [hi, n) as CSR (indptr
-        int64, ids int32, plus the window's ids once), rebuilt when n grows."""
-        key = (n, lo, hi, heads, kv_heads, device)
+    def _gpu_page_table(self, kv_heads: int, device) -> torch.Tensor:
+        """The GPU decode step's page table (row g = KV head g, one page of the cache's tokens),
+        built once and shared by every layer."""
+        key = (kv_heads, device)
         if self._gpu_inputs is None or self._gpu_inputs[0] != key:
-            ints = dict(dtype=torch.int32, device=device)
-            ids = torch.cat([torch.arange(0, lo, **ints), torch.arange(hi, n, **ints)])
-            indptr = torch.arange(0, heads + 1, dtype=torch.int64, device=device) * ids.numel()
-            self._gpu_inputs = (
-                key,
-                torch.arange(kv_heads, **ints).view(kv_heads, 1),
-                torch.full((heads,), lo, **ints),
-                torch.full((heads,), hi, **ints),
-                indptr,
-                ids.repeat(heads),
-                ids,
-            )
-        return self._gpu_inputs[1:]
+            table = torch.arange(kv_heads, dtype=torch.int32, device=device).view(kv_heads, 1)
+            self._gpu_inputs = (key, table)
+        return self._gpu_inputs[1]
 
 
 def _cache_for(module, key: torch.Tensor) -> KvsiftCache:
@@ -482,9 +498,19 @@ def kvsift_attention(
         ids = _dipr_ids(cache, state.graphs, q, keys, lo, hi, scale, threads)
     else:
         k = min(cache.k, hi - lo + ins)
+        warm = cache.warm_start > 0 and state.previous is not None
         ids = _ks.search_heads(
-            state.graphs, q, k, L=max(cache.L, k), threads=threads, degree_cap=cache.degree_cap
+            state.graphs,
+            q,
+            k,
+            L=max(cache.L, k),
+            threads=threads,
+            degree_cap=cache.degree_cap,
+            entries=state.previous if warm else None,
+            expand_limit=min(cache.warm_start, max(cache.L, k)) if warm else 0,
         ).ids
+        if cache.warm_start > 0:
+            state.previous = ids
     cache._retrieved += int((ids != _ks.INVALID_ID).sum())
     if ins == 0:
         parts = [(keys[lo:hi], values[lo:hi], ids)]
@@ -512,50 +538,56 @@ def kvsift_attention(
 
 def _decode_cuda(cache, state, query, key, value, scale) -> torch.Tensor:
     """One decode step of one layer on the GPU (see the module docstring); (1, 1, H, d) in the
-    query's dtype. The cache's (1, KVH, n, d) key and value tensors are read in place as KVH
-    pages of n tokens (page-table row g = KV head g)."""
+    query's dtype. One ``kvsift.cuda.decode_step`` call: the cache's (1, KVH, n, d) key and
+    value tensors read in place as KVH pages of n tokens (page-table row g = KV head g), the
+    graphs over the prompt, the tokens generated since attended with the window
+    (``unindexed``). The step's carry receives its retrieved ids: the next step's seeds with
+    ``warm_start``, and the count of tokens attended (``retrieved``) either way."""
     kc = _kvsift_cuda()
     heads, d = query.shape[1], query.shape[3]
     k_pages, v_pages = key[0].detach(), value[0].detach()  # (KVH, n, d), contiguous
     kv_heads, n = k_pages.shape[0], k_pages.shape[1]
     lo, hi = cache.sink, state.prompt - cache.window
     q = query[0, :, 0, :].detach().float().contiguous()
-    page_table, first, last, win_indptr, win_ids, win_list = cache._gpu_step_inputs(
-        n, lo, hi, heads, kv_heads, query.device
-    )
-    common = dict(
-        pages=(k_pages, page_table),
-        id_range=(first, last),
-        expand_width=cache.expand_width,
-        degree_cap=cache.degree_cap,
-    )
+    k = min(cache.k, hi - lo)
+    pool = max(cache.L, k)
     if cache.mode == "dipr":
-        # Window-seeded DIPR: each head's best raw score over the window, on the device.
-        window = k_pages.index_select(1, win_list).float()  # (KVH, w, d)
-        best = torch.einsum("gwd,gkd->gkw", window, q.view(kv_heads, heads // kv_heads, d))
-        found = kc.decode_search(
-            state.gpu,
-            q,
-            mode="dipr",
-            beta=cache.beta / scale,
-            l0=cache.l0,
-            max_results=cache.max_candidates,
-            seed_score=best.amax(dim=-1).reshape(heads).contiguous(),
-            **common,
-        )
+        capacity = cache.max_candidates or min(64 * cache.l0, 1 << 16)
     else:
-        k = min(cache.k, hi - lo)
-        found = kc.decode_search(state.gpu, q, mode="topk", k=k, L=max(cache.L, k), **common)
-    counted = found.counts.sum()
+        capacity = k
+    warm = cache.warm_start > 0 and state.previous is not None
+    carry = state.previous
+    if carry is None or carry.shape != (heads, capacity):
+        carry = torch.empty((heads, capacity), dtype=torch.int32, device=query.device)
+    if not warm:
+        carry.fill_(-1)  # no seeds: a cold search
+    o, _ = kc.decode_step(
+        state.gpu,
+        q,
+        k_pages,
+        v_pages,
+        cache._gpu_page_table(kv_heads, query.device),
+        mode=cache.mode,
+        k=k,
+        L=pool,
+        expand_width=cache.expand_width,
+        walk_through=cache.walk_through,
+        degree_cap=cache.degree_cap,
+        beta=cache.beta / scale,
+        l0=cache.l0,
+        max_results=cache.max_candidates,
+        sink=cache.sink,
+        window=cache.window,
+        unindexed=n - state.prompt,
+        scale=scale,
+        carry=carry,
+        expand_limit=min(cache.warm_start, pool) if warm else 0,
+        max_hops=cache.max_hops,
+        seed_from_window=cache.mode == "dipr",
+    )
+    state.previous = carry
+    counted = (carry >= 0).sum()
     cache._retrieved_gpu = counted if cache._retrieved_gpu is None else cache._retrieved_gpu + counted
-    indptr, indices = kc.results_to_csr(found)
-    o_mid, lse_mid = kc.sparse_attention(
-        q, k_pages, v_pages, page_table, indptr, indices, scale=scale
-    )
-    o_win, lse_win = kc.sparse_attention(
-        q, k_pages, v_pages, page_table, win_indptr, win_ids, scale=scale
-    )
-    o, _ = kc.merge_state(o_win[None], lse_win[None], o_mid[None], lse_mid[None])
     return o.to(query.dtype).view(1, 1, heads, d)
 
 

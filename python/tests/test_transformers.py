@@ -165,6 +165,11 @@ def test_decode_step_equals_the_module_calls_by_hand(models):
         ({"expand_width": 9, "mode": "dipr"}, r"expand_width must be <= 8 for dipr, got 9"),
         ({"generated_window": 0}, r"generated_window must be >= 1, got 0"),
         ({"generated_window": 4, "mode": "dipr"}, r"generated_window .* needs mode='topk'"),
+        ({"warm_start": -1}, r"warm_start must be >= 0, got -1"),
+        ({"warm_start": 8, "mode": "dipr"}, r"warm_start needs mode='topk', got mode='dipr'"),
+        ({"warm_start": 8, "mode": "auto"}, r"warm_start needs mode='topk', got mode='auto'"),
+        ({"walk_through": 1}, r"walk_through must be a bool, got 1"),
+        ({"max_hops": -4}, r"max_hops must be >= 0, got -4"),
     ],
 )
 def test_bad_parameters_are_rejected_at_construction(kwargs, message):
@@ -340,6 +345,71 @@ def test_degree_cap_reaches_the_decode_searches(models, monkeypatch):
     cache = kt.KvsiftCache(model.config, sink=4, window=32, mode="dipr", beta=0.01, degree_cap=5)
     generate(model, ids, cache, new=2)
     assert seen == [3, 3, 5, 5]  # 2 layers x 1 step, top-k then DIPR
+
+
+def test_warm_start_seeds_each_step_with_the_last_steps_ids(models, monkeypatch):
+    """warm_start=E: a layer's first decode step searches cold, every later one from the ids its
+    previous step retrieved (entries) with expand_limit min(E, L); without it, always cold."""
+    model, ids, _ = models
+    calls = []
+
+    def spy(indexes, q, k, **kw):
+        r = ks.search_heads(indexes, q, k, **kw)
+        calls.append((kw.get("entries"), kw.get("expand_limit"), r.ids.copy()))
+        return r
+
+    monkeypatch.setattr(kt._ks, "search_heads", spy)
+    generate(model, ids, kt.KvsiftCache(model.config, sink=2, window=8, k=4, L=16, warm_start=6),
+             new=4)
+    assert len(calls) == 2 * 3  # 2 layers x 3 decode steps (the first token is the prefill's)
+    for layer in range(2):
+        mine = calls[layer::2]
+        assert mine[0][0] is None and mine[0][1] == 0
+        for before, now in zip(mine, mine[1:]):
+            np.testing.assert_array_equal(now[0], before[2])
+            assert now[1] == 6
+    calls.clear()
+    generate(model, ids, kt.KvsiftCache(model.config, sink=2, window=8, k=4, L=16, warm_start=99),
+             new=3)
+    assert [c[1] for c in calls] == [0, 0, 16, 16]  # the limit is at most L
+    calls.clear()
+    generate(model, ids, kt.KvsiftCache(model.config, sink=2, window=8, k=4, L=16), new=3)
+    assert all(c[0] is None and c[1] == 0 for c in calls)
+
+
+def test_warm_started_decode_step_equals_the_seeded_search_by_hand(models):
+    """A warm step of one layer against kvsift's per-head calls written out: the middle from each
+    KV head's graph searched from the head's previous ids, expanding the best E entries."""
+    model, ids, _ = models
+    cache = kt.KvsiftCache(model.config, sink=3, window=5, k=7, L=32, warm_start=2)
+    generate(model, ids, cache, new=2)
+    layer = model.model.layers[1].self_attn
+    key, value = cache.layers[1].keys, cache.layers[1].values
+    seeds = cache.kvsift_layers[1].previous.copy()
+    assert seeds.shape == (4, 7)
+    q = torch.randn(1, 4, 1, 16)
+    kt._active_cache.set(cache)
+    out, _ = kt.kvsift_attention(layer, q, key, value, None, scaling=0.25)
+    n, lo, hi = key.shape[2], 3, PROMPT - 5
+    seeded_differs = False
+    for h in range(4):
+        g = h // 2
+        graph = cache.kvsift_layers[1].graphs[g]
+        qh = q[0, h, 0].numpy()
+        mid = ks.search_heads([graph], qh[None], 7, L=32, entries=seeds[h : h + 1],
+                              expand_limit=2).ids[0]
+        cold = ks.search_heads([graph], qh[None], 7, L=32, expand_limit=2).ids[0]
+        seeded_differs |= not np.array_equal(np.sort(mid), np.sort(cold))
+        np.testing.assert_array_equal(cache.kvsift_layers[1].previous[h], mid)
+        toks = np.concatenate([np.arange(0, lo), lo + mid, np.arange(hi, n)])
+        k_sel, v_sel = key[0, g, toks].numpy(), value[0, g, toks].numpy()
+        logits = 0.25 * (k_sel.astype(np.float64) @ qh)
+        w = np.exp(logits - logits.max())
+        want = (w / w.sum()) @ v_sel
+        np.testing.assert_allclose(out[0, 0, h].numpy(), want, rtol=1e-5, atol=1e-6)
+    # The seeds matter here: the limited walk from them retrieves other tokens than the same
+    # walk started cold for some head (else this test could not tell the two apart).
+    assert seeded_differs
 
 
 @pytest.mark.parametrize(

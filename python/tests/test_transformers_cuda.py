@@ -104,23 +104,34 @@ def by_hand(q, key, value, toks, g, scale):
     return torch.softmax(logits, 0) @ value[0, g, toks].double().cpu()
 
 
+def spy_steps(monkeypatch):
+    """Records every kvsift.cuda.decode_step call: (kwargs, the carry as it went in, the carry
+    as it came out)."""
+    seen, step = [], kc.decode_step
+
+    def spy(*a, **kw):
+        before = kw["carry"].clone()
+        out = step(*a, **kw)
+        seen.append((kw, before, kw["carry"].clone()))
+        return out
+
+    monkeypatch.setattr(kc, "decode_step", spy)
+    return seen
+
+
 @pytest.mark.parametrize("mode", ["topk", "dipr"])
 def test_gpu_step_equals_window_plus_returned_ids_by_hand(models, monkeypatch, mode):
-    """One layer's step against its definition: the search's own ids (read back through a spy)
-    plus the window [0, sink) + [prompt - window, n), merged exactly; DIPR seeded with each
-    head's best window score (heads 0 and 2 point at a window key so the seed leads)."""
+    """One layer's step against its definition: the ids the step retrieved (its carry, read
+    back through a spy) plus the window [0, sink) + [prompt - window, n), the generated token
+    included. DIPR: seeded with each head's best window score (heads 0 and 2 point at a window
+    key so the seed leads), every retrieved token within beta of the best token of the whole
+    context."""
     model, ids, _ = models
     cache = kt.KvsiftCache(
         model.config, sink=3, window=5, k=7, L=32, mode=mode, beta=0.075, l0=16
     )
     generate(model, ids, cache, new=2)
-    seen, search = [], kc.decode_search
-
-    def spy(*a, **kw):
-        seen.append((kw, search(*a, **kw)))
-        return seen[-1][1]
-
-    monkeypatch.setattr(kc, "decode_search", spy)
+    seen = spy_steps(monkeypatch)
     layer = model.model.layers[1].self_attn
     key, value = cache.layers[1].keys, cache.layers[1].values  # (1, 2, 301, 64)
     q = torch.randn(1, 4, 1, 64, device="cuda") * 3
@@ -128,23 +139,58 @@ def test_gpu_step_equals_window_plus_returned_ids_by_hand(models, monkeypatch, m
         q[0, 0, 0], q[0, 2, 0] = 3 * key[0, 0, PROMPT - 2], 3 * key[0, 1, PROMPT - 2]
     kt._active_cache.set(cache)
     out, _ = kt.kvsift_attention(layer, q, key, value, None, scaling=0.25)
-    (kw, found), = seen
+    ((kw, carry_in, carry),) = seen
     n, lo, hi = key.shape[2], 3, PROMPT - 5
-    assert kw["id_range"][0].tolist() == [lo] * 4 and kw["id_range"][1].tolist() == [hi] * 4
+    assert n == PROMPT + 1
+    assert kw["sink"] == lo and kw["window"] == 5 and kw["unindexed"] == 1
+    assert (carry_in == -1).all()  # no warm start: a cold search
     window = torch.cat([torch.arange(0, lo), torch.arange(hi, n)])
     for h in range(4):
         g = h // 2
         qh = q[0, h, 0]
-        mid = found.ids[h, : int(found.counts[h])].long().cpu()
+        row = carry[h].long().cpu()
+        mid = row[row >= 0]
         assert ((mid >= lo) & (mid < hi)).all()
         if mode == "dipr":
-            seed = (key[0, g, window].double().cpu() @ qh.double().cpu()).max().item()
-            assert kw["seed_score"][h].item() == pytest.approx(seed, rel=1e-5, abs=1e-5)
-            assert kw["beta"] == pytest.approx(0.075 / 0.25)
+            assert kw["beta"] == pytest.approx(0.075 / 0.25) and kw["seed_from_window"]
+            raw = key[0, g].double().cpu() @ qh.double().cpu()
+            best = raw[torch.cat([window, mid])].max().item()
+            assert (raw[mid] >= best - 0.075 / 0.25 - 1e-4).all()
         else:
             assert len(mid) == 7
         want = by_hand(qh, key, value, torch.cat([window, mid]), g, 0.25)
         torch.testing.assert_close(out[0, 0, h].double().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_warm_start_walk_through_and_max_hops_reach_the_step(models, monkeypatch):
+    """warm_start=E on CUDA: a layer's first decode step searches cold (its carry all -1, no
+    expand limit), every later one from the ids its previous step retrieved with expand_limit
+    min(E, L); walk_through and max_hops are passed on; without warm_start every step is cold."""
+    model, ids, _ = models
+    seen = spy_steps(monkeypatch)
+    cache = kt.KvsiftCache(
+        model.config, sink=3, window=5, k=7, L=32, warm_start=5, walk_through=False, max_hops=40
+    )
+    generate(model, ids, cache, new=4)
+    assert len(seen) == 2 * 3  # 2 layers x 3 decode steps
+    for layer in range(2):
+        mine = seen[layer::2]
+        assert (mine[0][1] == -1).all() and mine[0][0]["expand_limit"] == 0
+        for (_, _, after), (kw, before, _) in zip(mine, mine[1:]):
+            assert torch.equal(before, after) and kw["expand_limit"] == 5
+        assert all(kw["walk_through"] is False and kw["max_hops"] == 40 for kw, _, _ in mine)
+        assert [kw["unindexed"] for kw, _, _ in mine] == [1, 2, 3]
+    assert torch.equal(cache.kvsift_layers[1].previous, seen[-1][2])
+    seen.clear()
+    generate(model, ids, kt.KvsiftCache(model.config, sink=3, window=5, k=7, L=32), new=3)
+    assert all((before == -1).all() and kw["expand_limit"] == 0 for kw, before, _ in seen)
+
+
+def test_gpu_retrieved_counts_the_steps_middle_tokens(models):
+    model, ids, _ = models
+    cache = kt.KvsiftCache(model.config, sink=3, window=5, k=7, L=32)
+    generate(model, ids, cache, new=3)
+    assert cache.retrieved == 2 * 2 * 4 * 7  # 2 decode steps x 2 layers x 4 heads x k
 
 
 def test_gpu_bf16_model_runs_close_to_eager():
@@ -174,11 +220,13 @@ def test_gpu_auto_mode_is_refused_before_anything_is_cached(models):
     assert cache.get_seq_length() == 0 and not cache.kvsift_layers
 
 
-def test_gpu_step_does_not_synchronise(models):
+@pytest.mark.parametrize("warm_start", [0, 8])
+def test_gpu_step_does_not_synchronise(models, warm_start):
     """The decode path stays asynchronous: a step's layer runs under
-    torch.cuda.set_sync_debug_mode("error"), which raises on any host synchronisation."""
+    torch.cuda.set_sync_debug_mode("error"), which raises on any host synchronisation (warm
+    starts keep the last step's ids on the device)."""
     model, ids, _ = models
-    cache = kt.KvsiftCache(model.config, sink=SINK, window=WINDOW, k=16)
+    cache = kt.KvsiftCache(model.config, sink=SINK, window=WINDOW, k=16, warm_start=warm_start)
     generate(model, ids, cache, new=2)
     layer = model.model.layers[0].self_attn
     key, value = cache.layers[0].keys, cache.layers[0].values
