@@ -943,13 +943,11 @@ def test_batch_insert_refuses_bad_input():
     assert st.max_queries == 121 and st.holders.shape == (300, 128)
 
 
-def test_decode_step_honours_graph_sizes():
-    # Graphs with spare rows (graph_set(capacity=)) hold only their first sizes[g] tokens: the
-    # step (its window is the last tokens of sizes[g]) and the search must be those of the same
-    # graphs stacked without spare rows, bit for bit, whatever the spare pages hold.
-    n, cap, group, dim = 400, 480, 4, 64
-    k, v, table, kd, vd = paged(cap, 2, dim, 16, torch.float32, 13)
-    g = torch.Generator(device="cuda").manual_seed(14)
+def graphs_over_first_tokens(n, tokens, group, dim, seed):
+    """Two KV heads of `tokens` paged f32 tokens, 2 * group queries, and one RoarGraph index per
+    head over its first n tokens (trained on noisy copies of its group's queries)."""
+    k, v, table, kd, vd = paged(tokens, 2, dim, 16, torch.float32, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
     q = torch.randn(2 * group, dim, device="cuda", generator=g)
     idx = []
     for h in range(2):
@@ -957,6 +955,15 @@ def test_decode_step_honours_graph_sizes():
         train = train + 0.3 * np.random.default_rng(h).standard_normal(train.shape).astype(np.float32)
         idx.append(kvsift.RoarGraphIndex(kd[h, :n].cpu().numpy(), train, nq=20, M=16, L=80,
                                          threads=1))
+    return k, v, table, kd, vd, q, idx
+
+
+def test_decode_step_honours_graph_sizes():
+    # Graphs with spare rows (graph_set(capacity=)) hold only their first sizes[g] tokens: the
+    # step (its window is the last tokens of sizes[g]) and the search must be those of the same
+    # graphs stacked without spare rows, bit for bit, whatever the spare pages hold.
+    n, cap, group, dim = 400, 480, 4, 64
+    k, v, table, kd, vd, q, idx = graphs_over_first_tokens(n, cap, group, dim, 13)
     grown = kc.graph_set(idx, capacity=cap).map(_dev)
     plain = kc.graph_set(idx).map(_dev)
     for kw in (dict(k=50, L=100), dict(k=n - 68, L=n - 68)):
@@ -977,15 +984,7 @@ def test_decode_step_attends_unindexed_tokens_with_the_window():
     # the build, `unindexed`): with every middle token retrieved the step is full attention over
     # all n + u tokens; without `unindexed` it misses them.
     n, u, group, dim = 400, 30, 4, 64
-    k, v, table, kd, vd = paged(n + u, 2, dim, 16, torch.float32, 15)
-    g = torch.Generator(device="cuda").manual_seed(16)
-    q = torch.randn(2 * group, dim, device="cuda", generator=g)
-    idx = []
-    for h in range(2):
-        train = np.repeat(q[h * group : (h + 1) * group].cpu().numpy(), 40, 0)
-        train = train + 0.3 * np.random.default_rng(h).standard_normal(train.shape).astype(np.float32)
-        idx.append(kvsift.RoarGraphIndex(kd[h, :n].cpu().numpy(), train, nq=20, M=16, L=80,
-                                         threads=1))
+    k, v, table, kd, vd, q, idx = graphs_over_first_tokens(n, n + u, group, dim, 15)
     graphs = kc.graph_set(idx).map(_dev)
     middle = n - 4 - 16
     o, lse = kc.decode_step(graphs, q, k, v, table, k=middle, L=middle, sink=4, window=16,

@@ -123,6 +123,13 @@ def test_small_k_differs_from_eager_but_runs(models):
     assert max_logit_gap(out, ref) > 1e-3
 
 
+def attention_by_hand(q, keys, values, scale):
+    """Softmax attention of one query over (tokens, d) keys and values, in float64."""
+    logits = scale * (keys.astype(np.float64) @ q)
+    w = np.exp(logits - logits.max())
+    return (w / w.sum()) @ values
+
+
 def test_decode_step_equals_the_module_calls_by_hand(models):
     """One decode step of one layer against kvsift's per-head calls written out: window
     [0, sink) + [n0 - window, n) dense, the middle through each KV head's graph."""
@@ -141,10 +148,7 @@ def test_decode_step_equals_the_module_calls_by_hand(models):
         qh = q[0, h, 0].numpy()
         mid = graph.search(qh, 7, L=32).ids
         toks = np.concatenate([np.arange(0, lo), lo + mid, np.arange(hi, n)])
-        k_sel, v_sel = key[0, g, toks].numpy(), value[0, g, toks].numpy()
-        logits = 0.25 * (k_sel.astype(np.float64) @ qh)
-        w = np.exp(logits - logits.max())
-        want = (w / w.sum()) @ v_sel
+        want = attention_by_hand(qh, key[0, g, toks].numpy(), value[0, g, toks].numpy(), 0.25)
         np.testing.assert_allclose(out[0, 0, h].numpy(), want, rtol=1e-5, atol=1e-6)
 
 
@@ -402,10 +406,7 @@ def test_warm_started_decode_step_equals_the_seeded_search_by_hand(models):
         seeded_differs |= not np.array_equal(np.sort(mid), np.sort(cold))
         np.testing.assert_array_equal(cache.kvsift_layers[1].previous[h], mid)
         toks = np.concatenate([np.arange(0, lo), lo + mid, np.arange(hi, n)])
-        k_sel, v_sel = key[0, g, toks].numpy(), value[0, g, toks].numpy()
-        logits = 0.25 * (k_sel.astype(np.float64) @ qh)
-        w = np.exp(logits - logits.max())
-        want = (w / w.sum()) @ v_sel
+        want = attention_by_hand(qh, key[0, g, toks].numpy(), value[0, g, toks].numpy(), 0.25)
         np.testing.assert_allclose(out[0, 0, h].numpy(), want, rtol=1e-5, atol=1e-6)
     # The seeds matter here: the limited walk from them retrieves other tokens than the same
     # walk started cold for some head (else this test could not tell the two apart).
