@@ -157,13 +157,16 @@ class KvsiftCache(DynamicCache):
             layer retrieved and expands only the best E entries of its pool (``expand_limit``;
             E >= L expands every entry, seeds only). Consecutive decode queries of a head share
             many of their best keys on real models: on Gemma-3-270M's layer 11 at 32K tokens the
-            GPU search reached recall@100 0.95 in 1.33x less time with E 70, and the CPU walk in
-            1.62x less (docs/decode_search.md).
+            GPU search reached recall@100 0.95 in 1.33x less time with E 70
+            (docs/decode_search.md), and a CPU search per head with 1.56x fewer keys scored
+            (docs/evaluation.md, warm starts in decode order).
         walk_through: on CUDA, whether a search walks through the window tokens it meets (the
             2-hop rule; the GPU graphs index every prompt token and exclude the window per
             search) or drops them (False: fewer keys scored at a slightly lower recall per pool;
-            on Gemma-3's global layers at 32K 1.4-1.7x faster at equal recall@100,
-            docs/decode_search.md). Ignored on the CPU, whose graphs hold the middle tokens only.
+            the same walk on the CPU over Gemma-3's global layers at 32K was 1.4-1.7x faster at
+            equal recall@100, docs/performance.md; the GPU step at 128K tokens and 16 requests
+            took 0.907 against 1.071 ms at equal recall, docs/decode_search.md). Ignored on the
+            CPU, whose graphs hold the middle tokens only.
         max_hops: on CUDA, 0 (default) or a cap on the nodes each search expands (a launch waits
             for its slowest search). Ignored on the CPU.
         generated_window: None (default) keeps every generated token in the exact window; G >= 1
