@@ -13,6 +13,10 @@ head, attends through kvsift in one of these modes:
     window+topk  window merged with the top-100 of the middle of the context, found by a
                  RoarGraph per (layer, KV head) built at prefill from the prompt's queries of
                  every query head of the GQA group (filtered beam search, id_range = middle)
+    window+topk-warm  as window+topk, each decode step's search of a (layer, query head)
+                 seeded with the ids its previous step retrieved (``entries``) and expanding
+                 only the best --warm-limit entries of its pool (``expand_limit``); the first
+                 step of each prompt searches cold (KvsiftCache's ``warm_start``)
     window+dipr  window merged with the DIPR range of the middle (every key whose logit is
                  within beta of the best), window-seeded: the best window logit is the seed
     auto         per layer, kvsift.Planner (AlayaDB rules) is asked with the context length,
@@ -53,7 +57,7 @@ import dump_qk as model  # noqa: E402  (the forward pass lives there; nothing is
 
 import kvsift as ks  # noqa: E402
 
-MODES = ("full", "window", "window+topk", "window+dipr", "auto")
+MODES = ("full", "window", "window+topk", "window+topk-warm", "window+dipr", "auto")
 SINK, RECENT = 128, 512
 
 
@@ -94,6 +98,10 @@ class Decoder:
         self.k = np.zeros(shape, dtype=np.float32)
         self.v = np.zeros(shape, dtype=np.float32)
         self.index_params, self.beta, self.topk, self.search_L = index_params, beta, topk, search_L
+        # window+topk-warm: each (layer, query head)'s ids of the previous decode step, and the
+        # pool entries a warm search expands; cleared before each mode decodes a prompt.
+        self.previous: dict[tuple[int, int], np.ndarray] = {}
+        self.warm_limit = 0
         self.scale = 0.0  # attention scale: 0 = 1/sqrt(head_dim) (Llama); Gemma-3 sets its own
         self.graphs: list[list] = []
         self.n_indexed = 0
@@ -195,10 +203,15 @@ class Decoder:
             ids = None
             if mode != "window":
                 t0 = time.perf_counter()
-                if mode == "window+topk":
-                    r = self.graphs[il][g].search(qh, self.topk, L=self.search_L, filter=ks.IdRange(lo, hi))
+                if mode in ("window+topk", "window+topk-warm"):
+                    prev = self.previous.get((il, h)) if mode == "window+topk-warm" else None
+                    warm = {} if prev is None else {"entries": prev, "expand_limit": self.warm_limit}
+                    r = self.graphs[il][g].search(qh, self.topk, L=self.search_L, filter=ks.IdRange(lo, hi),
+                                                  **warm)
                     ids = r.ids[r.ids != ks.INVALID_ID]
                     stats["scanned"] += int(r.distance_computations[0])
+                    if mode == "window+topk-warm":
+                        self.previous[(il, h)] = ids
                 else:  # window+dipr on the graph
                     seed = float(max((K[:SINK, g] @ qh).max(), (K[n - RECENT:, g] @ qh).max()))
                     r = self.graphs[il][g].dipr(qh, self.beta, l0=64, max_candidates=4096, seed_score=seed,
@@ -364,7 +377,7 @@ def report(args, argv, cfg, modes, totals, rows, prefill_s, build_s, final: bool
                              "total": 1e3 * st["total"] / st["tokens"]},
         }
     result = {"model": cfg.name, "context": args.context, "prompt_tokens": args.context - args.max_new,
-              "max_new": args.max_new, "window": [SINK, RECENT], "topk": args.topk, "search_L": args.search_L,
+              "max_new": args.max_new, "window": [SINK, RECENT], "topk": args.topk, "search_L": args.search_L, "warm_limit": args.warm_limit,
               "dipr_beta_raw": args.beta, "index": {"nq": args.nq, "M": args.M, "L": args.L, "ratio": args.ratio},
               "auto": {"gpu_budget_bytes": args.gpu_budget, "short_context": args.auto_short_context,
                        "block_size": args.block_size, "k_blocks": args.k_blocks, "reused_prefix": 0},
@@ -395,6 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--topk", type=int, default=100)
     ap.add_argument("--search-L", type=int, default=160)
+    ap.add_argument("--warm-limit", type=int, default=60,
+                    help="window+topk-warm: pool entries a seeded search expands (expand_limit)")
     ap.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2",
                     help="SmolLM2-135M-Instruct (every layer retrieves) or Gemma-3-270M (its global layers retrieve)")
     ap.add_argument("--gguf", type=Path, help="the model file (default: the packaged one, bench/data/requirements.txt)")
@@ -445,6 +460,7 @@ def main(argv=None) -> int:
                              k_blocks=args.k_blocks, dipr_l0=64, dipr_beta=args.beta)
     dec = (Gemma3Decoder if args.model == "gemma3" else Decoder)(weights, cfg, args.context, {"nq": args.nq, "M": args.M, "L": args.L, "ratio": args.ratio},
                   args.beta, args.topk, args.search_L, planner, args.gpu_budget)
+    dec.warm_limit = args.warm_limit
 
     zero = {"search": 0.0, "attention": 0.0, "total": 0.0, "attended": 0, "scanned": 0, "head_steps": 0, "tokens": 0}
     totals = {m: dict(zero) for m in modes}
@@ -457,6 +473,7 @@ def main(argv=None) -> int:
         row = {k: task[k] for k in ("task", "depth", "answer")}
         for mode in modes:
             st = totals[mode]
+            dec.previous = {}  # window+topk-warm: this prompt's first step searches cold
             out, token = [], ids[-1]
             for pos in range(len(ids) - 1, len(ids) - 1 + args.max_new):
                 t1 = time.perf_counter()
