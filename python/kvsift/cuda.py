@@ -47,7 +47,8 @@ from .graphs import GraphSet, graph_set  # noqa: E402  (host side: indexes for d
 _LN2 = math.log(2.0)
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "sparse_attention",
-           "decode_search", "DecodeSearchResult", "results_to_csr", "decode_step", "GraphSet",
+           "decode_search", "DecodeSearchResult", "decode_search_capacity", "results_to_csr",
+           "decode_step", "GraphSet",
            "graph_set", "InsertState", "insert_state", "batch_insert", "build_index",
            "build_indexes", "knn",
            "gather_pages", "scatter_pages", "BucketedLRU", "LruStep", "OffloadedKV", "CudaError",
@@ -397,6 +398,16 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
                                 seeds, ids, scores, counts, scored, best, capped, ws),
                            *knobs, st, *_dl(status, sizes), int(entry_prefix))
     return DecodeSearchResult(ids, scores, counts, scored, best, capped)
+
+
+def decode_search_capacity(*, mode="topk", k=100, L=128, l0=64, max_results=0):
+    """The row length of ``decode_search``'s ``ids`` and of ``decode_step``'s ``carry`` for these
+    parameters, as the library sizes them: ``k`` for top-k, ``max_results`` for DIPR (0 = 64 *
+    ``l0``, at most the library's cap). Host only, O(1); ValueError for bad parameters."""
+    # The library's own rule on a probe graph set of one row, as kvsift::cuda's
+    # decode_search_capacity computes it: the capacity does not depend on the graphs.
+    return int(_ext.decode_search_sizes(1, 1, 1, 1, 1, 1, str(mode), "ip", int(k), int(L), 1, True,
+                                        0, 1.0, int(l0), int(max_results), 0, 0, 0)[0])
 
 
 def results_to_csr(result, *, stream=None):

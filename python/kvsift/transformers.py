@@ -105,8 +105,9 @@ class _LayerIndex:
         self.graphs = graphs
         self.inserted = 0  # generated tokens moved from the window into the graphs
         self.gpu = gpu
-        # warm_start: the last decode step's retrieved ids, (H, k) graph ids (numpy on the CPU,
-        # a device tensor on CUDA), the next step's seeds; None before the first step.
+        # The last decode step's retrieved ids, None before the first step: the next step's
+        # seeds with warm_start ((H, k) graph ids, numpy); on CUDA always kept, as the step's
+        # carry ((H, capacity) int32 on the device), which is reset to -1 before a cold step.
         self.previous = None
 
 
@@ -554,10 +555,9 @@ def _decode_cuda(cache, state, query, key, value, scale) -> torch.Tensor:
     q = query[0, :, 0, :].detach().float().contiguous()
     k = min(cache.k, hi - lo)
     pool = max(cache.L, k)
-    if cache.mode == "dipr":
-        capacity = cache.max_candidates or min(64 * cache.l0, 1 << 16)
-    else:
-        capacity = k
+    capacity = kc.decode_search_capacity(
+        mode=cache.mode, k=k, L=pool, l0=cache.l0, max_results=cache.max_candidates
+    )
     warm = cache.warm_start > 0 and state.previous is not None
     carry = state.previous
     if carry is None or carry.shape != (heads, capacity):

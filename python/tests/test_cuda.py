@@ -594,6 +594,23 @@ def test_decode_step_carry_is_the_search_and_its_seeds():
         kc.decode_step(graphs, q, k, v, table, carry=carry[:, :4].contiguous(), **args)
 
 
+def test_decode_search_capacity_is_the_row_length_the_library_uses():
+    # The ids' row length of decode_search, and the carry decode_step takes, for top-k and for
+    # DIPR with and without max_results; bad parameters are refused as decode_search refuses them.
+    graphs, q, k, v, table, _, _ = decode_case(torch.float16, n=200)
+    for kw in (dict(mode="topk", k=16, L=48), dict(mode="dipr", l0=16),
+               dict(mode="dipr", l0=16, max_results=300)):
+        cap = kc.decode_search_capacity(**kw)
+        assert kc.decode_search(graphs, q, pages=(k, table), **kw).ids.shape[1] == cap
+        carry = torch.full((q.shape[0], cap), -1, dtype=torch.int32, device="cuda")
+        kc.decode_step(graphs, q, k, v, table, sink=4, window=16, carry=carry, **kw)
+    assert kc.decode_search_capacity(mode="dipr", l0=16) == 64 * 16
+    with pytest.raises(Exception, match="<= L"):
+        kc.decode_search_capacity(k=100, L=50)
+    with pytest.raises(Exception, match="'topk' or 'dipr'"):
+        kc.decode_search_capacity(mode="flat")
+
+
 def test_decode_step_refuses_bad_input():
     graphs, q, k, v, table, _, _ = decode_case(torch.float16, n=200)
     host = kc.GraphSet(*(a.cpu().numpy() for a in graphs[:3]), graphs.max_keys)
