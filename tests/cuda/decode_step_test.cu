@@ -242,14 +242,21 @@ int head_mismatches(const step_result& r, std::size_t h, int d) {
   return bad;
 }
 
+/// Top-k step parameters whose pool (1000) holds every middle token of the test graphs (at most
+/// 1000 tokens each), so window + retrieval is every token: 4 sinks and `window` recent tokens.
+kc::decode_step_params whole_middle(int window) {
+  kc::decode_step_params p;
+  p.sink = 4;
+  p.window = window;
+  p.search.k = 1000;
+  p.search.L = 1000;
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("decode_step_full_retrieval_equals_full_attention", "[cuda][decode_step]") {
-  kc::decode_step_params p;
-  p.sink = 4;
-  p.window = 32;
-  p.search.k = 1000;
-  p.search.L = 1000;
+  kc::decode_step_params p = whole_middle(32);
   // 30 tokens: all window, retrieval empty. Others: window + a middle retrieval must find whole.
   const step_result r = run_step({300, 30, 1000}, 4, 64, p);
   CHECK(mismatches(r) == 0);
@@ -262,11 +269,7 @@ TEST_CASE("decode_step_searches_and_attends_only_the_keys_a_grown_graph_holds",
           "[cuda][decode_step]") {
   // Graphs with room to grow (graph_set_ref::sizes < rows): the spare rows are reachable and
   // their tokens would dominate attention, so reading past the sizes shows in the output.
-  kc::decode_step_params p;
-  p.sink = 4;
-  p.window = 32;
-  p.search.k = 1000;
-  p.search.L = 1000;
+  kc::decode_step_params p = whole_middle(32);
   const step_result r = run_step({300, 30, 1000}, 4, 64, p, nullptr, false, 40);
   CHECK(mismatches(r) == 0);
   CHECK(r.status == 0u);
@@ -286,11 +289,7 @@ TEST_CASE("decode_step_searches_and_attends_only_the_keys_a_grown_graph_holds",
 // reach them: only the window can attend them. Top-k, and DIPR seeded from a window that
 // includes them; a window of none but the unindexed tokens; GQA groups of 1 and 4.
 TEST_CASE("decode_step_attends_unindexed_tokens_with_the_window", "[cuda][decode_step]") {
-  kc::decode_step_params p;
-  p.sink = 4;
-  p.window = 16;
-  p.search.k = 1000;
-  p.search.L = 1000;
+  kc::decode_step_params p = whole_middle(16);
   p.unindexed = 24;
   const step_result r = run_step({300, 30, 700}, 4, 64, p, nullptr, false, 24, -1, false, true);
   CHECK(mismatches(r) == 0);
