@@ -3,7 +3,8 @@
 // inserts keys one at a time; under ThreadSanitizer (kvsift_concurrency_tests) any access to
 // the graph outside the lock is reported. The final graph must equal the one a single thread
 // builds by the same inserts (no search disturbs an insert), and every answer a reader saw must
-// hold only ids that existed when it searched.
+// hold only ids that existed when it searched. The writer also adds a decode query every 30
+// keys (add_queries, exclusive as well), which later inserts read.
 //
 // Catch2 v2 assertions are not thread-safe: threads only count problems, checked after join.
 #include <catch2/catch.hpp>
@@ -68,9 +69,16 @@ TEST_CASE("insert: searches share, inserts are exclusive (shared_insertable_grap
       }
     });
   }
-  for (std::size_t i = n_base; i < n_keys; ++i) {
-    shared.insert(data().key_view().row_range(i, 1));
-  }
+  // Key i, then (every 30 keys) training query 80 + (i - n_base) / 30, as a decode step adds
+  // its query after its key.
+  const auto writes = [](auto& g) {
+    for (std::size_t i = n_base; i < n_keys; ++i) {
+      g.insert(data().key_view().row_range(i, 1));
+      if ((i - n_base) % 30 == 0)
+        g.add_queries(data().query_view().row_range(80 + (i - n_base) / 30, 1));
+    }
+  };
+  writes(shared);
   done = true;
   for (auto& th : pool) th.join();
   for (std::size_t t = 0; t < readers; ++t) {
@@ -80,9 +88,12 @@ TEST_CASE("insert: searches share, inserts are exclusive (shared_insertable_grap
   REQUIRE(shared.size() == n_keys);
 
   auto alone = base_graph();
-  alone.insert(data().key_view().row_range(n_base, n_keys - n_base));
+  writes(alone);
+  REQUIRE(alone.training_queries().rows() == 90);
   const auto expected = alone.snapshot();
+  const auto expected_lists = alone.query_knn();
   shared.read([&](const auto& g) {
+    CHECK(g.query_knn().ids == expected_lists.ids);
     const auto got = g.snapshot();
     CHECK(std::equal(got.adjacency().begin(), got.adjacency().end(), expected.adjacency().begin(),
                      expected.adjacency().end()));

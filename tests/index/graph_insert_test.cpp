@@ -700,3 +700,196 @@ TEST_CASE("insert: a pivot whose row took the new key is linked back from it", "
   CHECK(missing == 0);
   CHECK(checked >= 50);
 }
+
+namespace {
+
+/// Query q's exact top-nq over keys [0, n) of `data`, as (-score, id) best first (ties: lower id).
+std::vector<std::pair<int, id_t>> exact_list(const integer_data& data, std::size_t q,
+                                             std::size_t n) {
+  std::vector<std::pair<int, id_t>> l;
+  for (std::size_t j = 0; j < n; ++j) l.push_back({-data.dot(q, j), static_cast<id_t>(j)});
+  std::sort(l.begin(), l.end());
+  l.resize(integer_data::nq);
+  return l;
+}
+
+/// An insertable graph on the first `base` keys of `data` built from its first `queries` queries.
+kvsift::insertable_graph<float> build_from_queries(const integer_data& data, std::size_t base,
+                                                   std::size_t queries,
+                                                   const kvsift::graph_insert_params& ip) {
+  kvsift::roargraph_params p;
+  p.nq = integer_data::nq;
+  p.M = 4;
+  p.L = 32;
+  p.threads = 1;
+  return kvsift::build_insertable(kvsift::roargraph_builder<>(p),
+                                  data.key_view().row_range(0, base),
+                                  data.query_view().row_range(0, queries), ip);
+}
+
+}  // namespace
+
+TEST_CASE("add_queries: added queries are training queries to the inserts that follow",
+          "[index][insert][add-queries]") {
+  // The build sees the first 80 queries; the other 41 arrive during decode, interleaved with
+  // the inserts, with their exact top-nq over the keys so far (given), or with what a search of
+  // the index finds (the model runs the same search over a copy of the graph). The model is the
+  // query-side test's above, over all 121 queries: if an added query's list, its key -> query
+  // entries or its heap were wrong, the lists (which every later insert reads and updates through
+  // them) would part from the model.
+  constexpr std::size_t n = 1000, base = 700, m = integer_data::m, built = 80;
+  constexpr std::size_t cap = 40, L = 48;
+  const integer_data data(n, 17);
+  const auto kv = data.key_view(), qv = data.query_view();
+  const bool search = GENERATE(false, true);
+  INFO((search ? "lists found by the index's search" : "lists given"));
+  auto g = build_from_queries(data, base, built, {.L = L, .query_candidates = cap});
+  std::vector<std::vector<std::pair<int, id_t>>> model;
+  for (std::size_t q = 0; q < built; ++q) model.push_back(exact_list(data, q, base));
+  std::size_t entered_added = 0;
+  for (std::size_t x = base; x < n; ++x) {
+    if (model.size() < m && (x - base) % 7 == 0) {  // query model.size() arrives
+      const std::size_t q = model.size();
+      model.push_back(exact_list(data, q, x));
+      if (search) {  // what a search of pool 2 nq over the index finds instead
+        const auto snap = g.snapshot();
+        kvsift::search_workspace ws;
+        std::vector<id_t> ids(integer_data::nq);
+        std::vector<float> scores(integer_data::nq);
+        kvsift::beam_search(snap, qv.row_span(q), {integer_data::nq, 2 * integer_data::nq}, ws,
+                            std::span<id_t>(ids), std::span<float>(scores));
+        for (std::size_t j = 0; j < ids.size(); ++j)
+          model.back()[j] = {-data.dot(q, ids[j]), ids[j]};
+        std::sort(model.back().begin(), model.back().end());
+      }
+      kvsift::knn_result given;
+      given.rows = 1;
+      given.k = integer_data::nq;
+      for (const auto& e : model.back()) given.ids.push_back(e.second);
+      std::reverse(given.ids.begin(), given.ids.end());  // order does not matter
+      const std::size_t first = search ? g.add_queries(qv.row_range(q, 1), 2 * integer_data::nq)
+                                       : g.add_queries(qv.row_range(q, 1), given);
+      REQUIRE(first == q);
+      REQUIRE(g.training_queries().rows() == q + 1);
+    }
+    const std::vector<id_t> found = insert_search(g, kv, x, L);
+    std::vector<std::vector<std::size_t>> holders(x);
+    for (std::size_t q = 0; q < model.size(); ++q) {
+      for (const auto& e : model[q]) holders[e.second].push_back(q);  // ascending q
+    }
+    for (const std::size_t q : gather(found, holders, cap)) {
+      const std::pair<int, id_t> e{-data.dot(q, x), static_cast<id_t>(x)};
+      if (!(e < model[q].back())) continue;
+      model[q].back() = e;
+      std::sort(model[q].begin(), model[q].end());
+      entered_added += q >= built;
+    }
+    g.insert(kv.row_range(x, 1));
+  }
+  REQUIRE(model.size() == m);
+  CHECK(list_mismatches(g, model) == 0);
+  CHECK(std::equal(data.queries.begin(), data.queries.end(), g.training_queries().row(0)));
+  INFO("inserted keys that entered an added query's list: " << entered_added);
+  REQUIRE(entered_added >= 100);  // the added queries took part, or nothing was checked
+}
+
+TEST_CASE("add_queries: given lists keep their best nq ids, scored by the metric",
+          "[index][insert][add-queries]") {
+  constexpr std::size_t n = 600, nq = integer_data::nq;
+  const integer_data data(n, 19);
+  auto g = build_from_queries(data, n, 100, {});
+  // Query 100 with 35 candidate ids (more than nq), shuffled, two empty slots among them.
+  std::vector<std::pair<int, id_t>> pool;
+  for (std::size_t j = 0; j < n; j += 17) pool.push_back({-data.dot(100, j), static_cast<id_t>(j)});
+  REQUIRE(pool.size() == 36);
+  pool.pop_back();
+  kvsift::knn_result given;
+  given.rows = 1;
+  given.k = pool.size() + 2;
+  for (const auto& e : pool) given.ids.push_back(e.second);
+  given.ids.insert(given.ids.begin() + 5, kvsift::invalid_id);
+  given.ids.push_back(kvsift::invalid_id);
+  std::shuffle(given.ids.begin(), given.ids.end(), std::mt19937(3));
+  REQUIRE(g.add_queries(data.query_view().row_range(100, 1), given) == 100);
+  std::sort(pool.begin(), pool.end());
+  const kvsift::knn_result knn = g.query_knn();
+  REQUIRE(knn.rows == 101);
+  for (std::size_t j = 0; j < nq; ++j) {
+    CHECK(knn.ids[100 * nq + j] == pool[j].second);
+    CHECK(knn.scores[100 * nq + j] == static_cast<float>(-pool[j].first));
+  }
+  // A list shorter than nq leaves empty slots (invalid_id), which later keys fill.
+  const auto exact = exact_list(data, 101, n);
+  given.k = 3;
+  given.ids.assign({exact[2].second, exact[0].second, kvsift::invalid_id});
+  REQUIRE(g.add_queries(data.query_view().row_range(101, 1), given) == 101);
+  const kvsift::knn_result knn2 = g.query_knn();
+  CHECK(knn2.ids[101 * nq] == exact[0].second);
+  CHECK(knn2.ids[101 * nq + 1] == exact[2].second);
+  CHECK(knn2.ids[101 * nq + 2] == kvsift::invalid_id);
+}
+
+TEST_CASE("add_queries: bad input changes nothing (strong guarantee)",
+          "[index][insert][add-queries][bad-input]") {
+  constexpr std::size_t n = 600, d = integer_data::d;
+  const integer_data data(n, 23);
+  auto g = build_from_queries(data, n, 100, {});
+  const auto before = g.query_knn();
+  std::vector<float> q(2 * d);
+  std::copy_n(data.query_view().row(100), q.size(), q.begin());
+  const kvsift::matrix_view<const float> two(q.data(), 2, d);
+  kvsift::knn_result lists;
+  lists.rows = 2;
+  lists.k = 2;
+  lists.ids = {1, 2, 3, 4};
+
+  SECTION("wrong dimension") {
+    CHECK_THROWS_AS(g.add_queries(kvsift::matrix_view<const float>(q.data(), 2, d - 1)),
+                    kvsift::dimension_mismatch);
+    CHECK_THROWS_WITH(g.add_queries(kvsift::matrix_view<const float>(q.data(), 1, d + 1), lists),
+                      Catch::Contains("expected lists of 1 rows (one per query), got 2"));
+  }
+  SECTION("NaN or Inf in the last query: none of the batch is added") {
+    for (const float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      q.back() = bad;
+      CHECK_THROWS_AS(g.add_queries(two), kvsift::non_finite_value);
+      CHECK_THROWS_AS(g.add_queries(two, lists), kvsift::non_finite_value);
+    }
+  }
+  SECTION("pool 0") {
+    CHECK_THROWS_WITH(g.add_queries(two, std::size_t{0}), Catch::Contains("expected pool >= 1"));
+  }
+  SECTION("lists that do not fit the queries or the keys") {
+    lists.rows = 1;
+    CHECK_THROWS_WITH(g.add_queries(two, lists), Catch::Contains("expected lists of 2 rows"));
+    lists.rows = 2;
+    lists.k = 0;
+    CHECK_THROWS_WITH(g.add_queries(two, lists), Catch::Contains("k >= 1"));
+    lists.k = 3;
+    CHECK_THROWS_WITH(g.add_queries(two, lists), Catch::Contains("hold 4 ids, expected 6"));
+    lists.k = 2;
+    lists.ids = {1, 2, 3, static_cast<id_t>(n)};
+    CHECK_THROWS_AS(g.add_queries(two, lists), kvsift::out_of_range);
+    CHECK_THROWS_WITH(g.add_queries(two, lists), Catch::Contains("expected < 600"));
+    lists.ids = {1, 2, 4, 4};
+    CHECK_THROWS_WITH(g.add_queries(two, lists), Catch::Contains("row 1 holds id 4 twice"));
+    lists.k = std::size_t{1} << 62;  // rows x k overflows
+    CHECK_THROWS_AS(g.add_queries(two, lists), kvsift::invalid_argument);
+  }
+  SECTION("a batch beyond the 32-bit query numbers, refused before any query is read") {
+    const kvsift::matrix_view<const float> huge(q.data(), kvsift::max_index_size, d, 0);
+    CHECK_THROWS_AS(g.add_queries(huge), kvsift::out_of_range);
+    CHECK_THROWS_WITH(g.add_queries(huge), Catch::Contains("query numbers are 32-bit"));
+  }
+  SECTION("an empty batch is a no-op") {
+    CHECK(g.add_queries(kvsift::matrix_view<const float>(q.data(), 0, d)) == 100);
+    lists.rows = 0;
+    lists.ids.clear();
+    CHECK(g.add_queries(kvsift::matrix_view<const float>(q.data(), 0, d), lists) == 100);
+  }
+  const auto after = g.query_knn();
+  CHECK(after.rows == before.rows);
+  CHECK(after.ids == before.ids);
+  CHECK(g.training_queries().rows() == 100);
+}

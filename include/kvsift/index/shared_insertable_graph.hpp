@@ -47,6 +47,22 @@ class shared_insertable_graph {
     return graph_.insert(keys);
   }
 
+  /// `insertable_graph::add_queries` (a search finds each query's lists) under an exclusive
+  /// lock; same result, cost and guarantees.
+  std::size_t add_queries(matrix_view<const float> queries, std::size_t pool = 200) {
+    const std::lock_guard turn(gate_);
+    std::unique_lock lock(mutex_);
+    return graph_.add_queries(queries, pool);
+  }
+
+  /// `insertable_graph::add_queries` with the lists given, under an exclusive lock; same
+  /// result, cost and guarantees.
+  std::size_t add_queries(matrix_view<const float> queries, const knn_result& lists) {
+    const std::lock_guard turn(gate_);
+    std::unique_lock lock(mutex_);
+    return graph_.add_queries(queries, lists);
+  }
+
   /// Size now (may change right after the call returns when another thread inserts).
   [[nodiscard]] std::size_t size() const {
     std::shared_lock lock(mutex_);

@@ -345,6 +345,110 @@ void insertable_graph<T, M>::insert_one(const T* key) {
 }
 
 template <Element T, Metric M>
+void insertable_graph<T, M>::check_queries(matrix_view<const float> queries) {
+  // Everything that can be wrong with the batch, then room for all of it, before any change.
+  const std::size_t count = queries.rows();
+  require_dim(dim_, queries.cols(), "insertable_graph::add_queries: query dimension");
+  const std::size_t need = checked_add(m_, count, "insertable_graph::add_queries: m + count");
+  detail::require<out_of_range>(need <= max_index_size, "insertable_graph::add_queries: ", m_,
+                                " training queries + ", count, " new ones exceed ", max_index_size,
+                                " (query numbers are 32-bit)");
+  const std::size_t need_q = checked_mul(need, dim_, "insertable_graph::add_queries: m x d");
+  const std::size_t need_knn = checked_mul(need, nq_, "insertable_graph::add_queries: m x nq");
+  (void)checked_bytes<float>(need_q, "insertable_graph::add_queries: query bytes");
+  (void)checked_bytes<scored_id>(need_knn, "insertable_graph::add_queries: kNN bytes");
+  require_finite(queries, "insertable_graph::add_queries: queries");
+  detail::grow_to(queries_, need_q);
+  detail::grow_to(knn_, need_knn);
+  detail::grow_to(best_, need);
+  detail::grow_to(worst_key_, need);
+  if (params_.query_candidates > 0) detail::grow_to(gathered_, (need + 63) / 64);
+}
+
+template <Element T, Metric M>
+std::size_t insertable_graph<T, M>::add_queries(matrix_view<const float> queries,
+                                                std::size_t pool) {
+  detail::require(pool > 0, "insertable_graph::add_queries: expected pool >= 1, got 0");
+  const std::size_t first = m_;
+  if (queries.rows() == 0) return first;
+  check_queries(queries);
+  const std::size_t k = std::min(nq_, size()), L = std::max(pool, nq_);
+  found_.resize(k);
+  scores_.resize(k);
+  for (std::size_t i = 0; i < queries.rows(); ++i) {
+    const auto st = beam_search(*this, std::span<const float>(queries.row(i), dim_), {k, L}, ws_,
+                                std::span<id_t>(found_), std::span<float>(scores_));
+    cands_.clear();
+    for (std::size_t j = 0; j < st.count; ++j) cands_.push_back({to_key<M>(scores_[j]), found_[j]});
+    add_query(queries.row(i), cands_);
+  }
+  return first;
+}
+
+template <Element T, Metric M>
+std::size_t insertable_graph<T, M>::add_queries(matrix_view<const float> queries,
+                                                const knn_result& lists) {
+  const std::size_t first = m_, count = queries.rows(), k = lists.k, n = size();
+  detail::require(lists.rows == count, "insertable_graph::add_queries: expected lists of ", count,
+                  " rows (one per query), got ", lists.rows);
+  if (count == 0) return first;
+  detail::require(k > 0, "insertable_graph::add_queries: expected lists with k >= 1, got 0");
+  const std::size_t cells = checked_mul(count, k, "insertable_graph::add_queries: lists rows x k");
+  detail::require(lists.ids.size() == cells, "insertable_graph::add_queries: lists of ", count,
+                  " x ", k, " hold ", lists.ids.size(), " ids, expected ", cells);
+  offered_keys_.reset(n);
+  for (std::size_t r = 0; r < count; ++r) {
+    for (std::size_t j = 0; j < k; ++j) {
+      const id_t id = lists.ids[r * k + j];
+      if (id == invalid_id) continue;
+      detail::require<out_of_range>(id < n, "insertable_graph::add_queries: lists row ", r,
+                                    " holds id ", id, ", expected < ", n);
+      detail::require(offered_keys_.try_insert(id), "insertable_graph::add_queries: lists row ", r,
+                      " holds id ", id, " twice");
+    }
+    offered_keys_.reset(n);
+  }
+  check_queries(queries);
+  for (std::size_t r = 0; r < count; ++r) {
+    const float* q = queries.row(r);
+    cands_.clear();
+    for (std::size_t j = 0; j < k; ++j) {
+      const id_t id = lists.ids[r * k + j];
+      if (id != invalid_id) cands_.push_back({to_key<M>(M::score(q, row(id), dim_)), id});
+    }
+    if (cands_.size() > nq_) {  // the best nq, as the build's kNN keeps
+      std::nth_element(cands_.begin(), cands_.begin() + static_cast<std::ptrdiff_t>(nq_),
+                       cands_.end(), detail::rank_order{});
+      cands_.resize(nq_);
+    }
+    add_query(q, cands_);
+  }
+  return first;
+}
+
+template <Element T, Metric M>
+void insertable_graph<T, M>::add_query(const float* q, std::span<scored_id> entries) {
+  // Query m_ with at most nq entries (distinct ids < size()); the storage was reserved by
+  // check_queries, so only the key -> query lists can allocate.
+  const std::size_t i = m_;
+  queries_.insert(queries_.end(), q, q + dim_);
+  knn_.resize((i + 1) * nq_, {-std::numeric_limits<float>::infinity(), invalid_id});
+  scored_id* list = &knn_[i * nq_];
+  std::copy(entries.begin(), entries.end(), list);
+  best_.push_back(*std::min_element(list, list + nq_, detail::rank_order{}));
+  std::make_heap(list, list + nq_, detail::worst_first);
+  worst_key_.push_back(list[0].key);
+  if (params_.query_candidates > 0) {
+    // The new query has the highest number: appending keeps each key's list ascending.
+    for (const scored_id& e : entries) {
+      if (holders_[e.id].size() < holder_cap()) holders_[e.id].push_back(static_cast<id_t>(i));
+    }
+    gathered_.resize((i + 1 + 63) / 64, 0);
+  }
+  m_ = i + 1;
+}
+
+template <Element T, Metric M>
 void insertable_graph<T, M>::gather_queries() {
   // Nearest found key first: the queries whose lists hold the keys nearest x are the ones
   // that rank x high (x would sit near those keys in their answers). Each key's holders are
