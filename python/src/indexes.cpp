@@ -182,6 +182,33 @@ id_t insertable_insert(py_insertable& self, const py::handle& keys_h) {
   return self.insert(k);
 }
 
+std::size_t insertable_add_queries(py_insertable& self, const py::handle& queries_h,
+                                   const py::handle& ids_h, std::size_t pool) {
+  const tensor queries = tensor_of(queries_h, "queries");
+  const auto q = f32_matrix_of(queries, "queries");
+  if (ids_h.is_none()) {
+    py::gil_scoped_release release;
+    return self.add_queries(q, bounded_count(pool, "InsertableGraphIndex.add_queries: pool"));
+  }
+  // Rows of ids with INVALID_ID padding, as a search returns them: one row per query.
+  const auto [flat, starts] = token_rows_of(ids_h, q.rows(), "ids");
+  kvsift::knn_result lists;
+  lists.rows = q.rows();
+  for (std::size_t r = 0; r + 1 < starts.size(); ++r) {
+    lists.k = std::max(lists.k, starts[r + 1] - starts[r]);
+  }
+  lists.k = std::max<std::size_t>(lists.k, 1);
+  lists.ids.assign(kvsift::checked_mul(lists.rows, lists.k, "add_queries: ids rows x k"),
+                   kvsift::invalid_id);
+  for (std::size_t r = 0; r + 1 < starts.size(); ++r) {
+    std::copy(flat.begin() + static_cast<std::ptrdiff_t>(starts[r]),
+              flat.begin() + static_cast<std::ptrdiff_t>(starts[r + 1]),
+              lists.ids.begin() + static_cast<std::ptrdiff_t>(r * lists.k));
+  }
+  py::gil_scoped_release release;
+  return self.add_queries(q, lists);
+}
+
 constexpr auto dim_of = [](const auto& i) { return i.dim(); };
 constexpr auto max_degree_of = [](const auto& i) { return i.max_degree(); };
 
@@ -423,6 +450,16 @@ void bind_indexes(py::module_& m) {
       .def("insert", &insertable_insert, py::arg("keys"),
            "Inserts float32 keys (count, d) in order; returns the id of the first. All keys are "
            "checked (dimension, NaN/Inf, id space) before any is inserted.")
+      .def("add_queries", &insertable_add_queries, py::arg("queries"), py::arg("ids") = py::none(),
+           py::kw_only(), py::arg("pool") = 200,
+           "Adds float32 decode-time queries (count, d) to the training queries that later "
+           "inserts are scored against and offered to (RoarGraph's update rule; the graph is "
+           "not changed); returns the number of the first. ids: each query's top keys, an "
+           "integer array (count, k) with INVALID_ID padding (e.g. a search's ids); the best nq "
+           "are kept. Without ids a search of pool max(pool, nq) finds them. All queries and "
+           "ids are checked before any is added. Where the build saw only the prefill's "
+           "queries, this keeps the index as good as a rebuild on later queries "
+           "(docs/algorithms.md).")
       .def("search", &insertable_search, py::arg("queries"), py::arg("k"), py::kw_only(),
            py::arg("L") = 100, py::arg("threads") = 0,
            "Approximate top-k (beam search, pool L >= k) of (d,) or (m, d) float32 queries.");

@@ -132,3 +132,59 @@ def test_holder_capacity_caps_the_key_to_query_lists(data):
     assert not np.array_equal(grown(holder_capacity=1), every)
     with pytest.raises(TypeError):
         ks.InsertableGraphIndex(keys[:1000], queries[:100], holder_capacity=-1)
+
+
+def test_add_queries_joins_the_training_queries(data):
+    """Decode-time queries become training queries: with ids given, a query's list is the best
+    nq of them by inner product; without, a search finds them; later inserts update both."""
+    keys, queries = data
+    index = ks.InsertableGraphIndex(keys[:BASE], queries[:200], nq=20, M=8, L=48, threads=1)
+    given = np.full((2, 30), ks.INVALID_ID, dtype=np.uint32)
+    given[0, :25] = np.arange(0, 250, 10)
+    given[1, :3] = [7, 3, 5]
+    assert index.add_queries(queries[200:202], given) == 200
+    assert index.add_queries(queries[202:205]) == 202  # lists from a search
+    assert index.train_queries().shape == (205, D)
+    np.testing.assert_array_equal(index.train_queries()[200:205], queries[200:205])
+    ids, scores = index.query_knn()
+    assert ids.shape == (205, 20)
+    s0 = queries[200] @ keys[given[0, :25]].T
+    best = given[0, :25][np.argsort(-s0, kind="stable")[:20]]
+    np.testing.assert_array_equal(ids[200], best)
+    np.testing.assert_allclose(scores[200], np.sort(s0)[::-1][:20], rtol=1e-5)
+    s1 = queries[201] @ keys[[7, 3, 5]].T
+    np.testing.assert_array_equal(ids[201, :3], np.array([7, 3, 5])[np.argsort(-s1)])
+    assert (ids[201, 3:] == ks.INVALID_ID).all()  # empty slots, for later keys
+    # The searched lists: valid, distinct ids, scores descending.
+    for r in range(202, 205):
+        assert (ids[r] < BASE).all() and len(set(ids[r])) == 20
+        assert (np.diff(scores[r]) <= 0).all()
+    # Inserted keys reach the added queries' lists (query 201's empty slots at least).
+    index.insert(keys[BASE:BASE + 300])
+    ids2, _ = index.query_knn()
+    assert (ids2[201] != ks.INVALID_ID).all()
+    assert (ids2[200:205] >= BASE).any()
+
+
+def test_add_queries_bad_input_changes_nothing(data):
+    keys, queries = data
+    index = ks.InsertableGraphIndex(keys[:500], queries[:60], nq=20, M=4, L=32, threads=1)
+    with pytest.raises(ks.DimensionMismatch, match="expected dimension 32, got 31"):
+        index.add_queries(queries[60:62, :31].copy())
+    bad = queries[60:63].copy()
+    bad[2, 1] = np.nan
+    with pytest.raises(ks.NonFiniteValue):
+        index.add_queries(bad)
+    with pytest.raises(ks.NonFiniteValue):
+        index.add_queries(bad, np.arange(6, dtype=np.uint32).reshape(3, 2))
+    with pytest.raises(ks.OutOfRange, match="expected < 500"):
+        index.add_queries(queries[60:62], np.array([[1, 2], [3, 500]], np.uint32))
+    with pytest.raises(ValueError, match="holds id 4 twice"):
+        index.add_queries(queries[60:62], np.array([[1, 2], [4, 4]], np.uint32))
+    with pytest.raises(ks.DimensionMismatch):
+        index.add_queries(queries[60:62], np.array([[1, 2]], np.uint32))  # one row for two
+    with pytest.raises(ks.InvalidArgument, match="expected pool >= 1"):
+        index.add_queries(queries[60:62], pool=0)
+    assert index.train_queries().shape == (60, D)
+    assert index.add_queries(np.zeros((0, D), np.float32)) == 60  # empty batch: no-op
+    assert index.train_queries().shape == (60, D)
