@@ -60,6 +60,10 @@ index (the flat scan always runs as the baseline):
                  0 = all, the exact lists; graph_insert_params::query_candidates)
   --insert-holders H  record at most H training queries per key in the key -> query lists
                  (default 128; 0 = all; graph_insert_params::holder_capacity)
+  --insert-query-stride S  also add the query of every S-th inserted position to the training
+                 queries, after its key (insertable_graph::add_queries, its lists found by a
+                 search of pool 200), as an engine adds decode queries; 0 = none (default).
+                 Needs the positional split (--keys with --queries and --train-fraction)
   --insert-rule queries|graph  queries (default): the full rule; graph: candidates from the
                  graph search alone, no training query scored or list updated (the rule of
                  the GPU insert; graph_insert_params::query_neighbors 0, update_query_knn off)
@@ -120,6 +124,7 @@ struct options {
   // graph_insert_params::query_candidates; unset: the library's default
   std::optional<std::size_t> insert_query_candidates;
   std::optional<std::size_t> insert_holders;  // graph_insert_params::holder_capacity
+  std::size_t insert_query_stride = 0;        // add_queries for every S-th inserted position
   std::string insert_rule = "queries";        // or "graph": no training query takes part
   std::size_t degree_cap = 0;    // graph searches expand at most this many neighbours (0 = all)
   std::size_t entry_window = 0;  // extra search entries: the first and last W keys (0 = none)
@@ -250,6 +255,8 @@ inline options parse(int argc, char** argv) {
       o.insert_holders = parse_size(a, v);
     else if (a == "--insert-rule")
       o.insert_rule = v;
+    else if (a == "--insert-query-stride")
+      o.insert_query_stride = parse_size(a, v);
     else if (a == "--threads")
       o.build.threads = parse_size(a, v);
     else if (a == "--query")
@@ -438,6 +445,13 @@ inline options parse(int argc, char** argv) {
   if (o.insert_holders && o.insert_fraction == 0) {
     usage_error("--insert-holders: expected it with --insert-fraction, got " +
                 std::to_string(*o.insert_holders) + " without");
+  }
+  if (o.insert_query_stride != 0 && (o.insert_fraction == 0 || o.demo || !o.train.empty() ||
+                                     !o.hdf5.empty() || o.train_fraction == 0)) {
+    usage_error(
+        "--insert-query-stride: expected it with --insert-fraction over --keys/--queries "
+        "split by --train-fraction (the queries must be per position), got " +
+        std::to_string(o.insert_query_stride));
   }
   if (o.insert_rule != "queries" && o.insert_rule != "graph") {
     usage_error("--insert-rule: expected queries or graph, got " + o.insert_rule);

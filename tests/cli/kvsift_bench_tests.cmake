@@ -23,6 +23,20 @@ add_test(NAME kvsift_bench_insert_fraction
                  --insert-fraction 0.2 --threads 2)
 set_tests_properties(kvsift_bench_insert_fraction PROPERTIES PASS_REGULAR_EXPRESSION
                      "inserted 600 keys one by one: mean [0-9.e+]+ us/key.*scored per insert: <= 512 .*roargraph\\+insert +top-10 +L=40 +(1\\.0000|0\\.[6-9])")
+# --insert-query-stride: the queries of the inserted positions join the training queries
+# (add_queries) on the real sample: 461 inserted positions below the 95% split, every 4th.
+add_test(NAME kvsift_bench_insert_query_stride
+         COMMAND kvsift-bench --keys "${PROJECT_SOURCE_DIR}/bench/data/sample/L15_k0.fbin"
+                 --queries "${PROJECT_SOURCE_DIR}/bench/data/sample/L15_q0.fbin"
+                 --train-fraction 0.95 --k 10 --L 40 --query topk --insert-fraction 0.2
+                 --insert-query-stride 4 --threads 2)
+set_tests_properties(kvsift_bench_insert_query_stride PROPERTIES PASS_REGULAR_EXPRESSION
+                     "decode queries added: 116 \\(every 4 positions, mean [0-9.e+]+ us per query.*roargraph\\+insert +top-10 +L=40")
+add_test(NAME kvsift_bench_rejects_query_stride_without_positions
+         COMMAND kvsift-bench --demo --n 3000 --insert-fraction 0.2 --insert-query-stride 4)
+set_tests_properties(kvsift_bench_rejects_query_stride_without_positions PROPERTIES
+                     PASS_REGULAR_EXPRESSION
+                     "--insert-query-stride: expected it with --insert-fraction over --keys/--queries")
 # --insert-query-lists: the approximate kNN-list upkeep of the inserts, reported on the line.
 add_test(NAME kvsift_bench_insert_query_lists
          COMMAND kvsift-bench --demo --n 3000 --dim 32 --eval 40 --k 10 --L 40 --query topk
