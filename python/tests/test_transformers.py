@@ -104,6 +104,34 @@ def test_inserted_generated_tokens_are_retrieved_with_a_small_k(models):
     assert cache.retrieved == 11 * 2 * 4 * 8
 
 
+def test_add_queries_makes_every_nth_steps_queries_training_queries(models):
+    model, ids, ref = models
+    runs = {}
+    for every in (0, 3):
+        cache = kt.KvsiftCache(model.config, sink=2, window=0, k=8, L=32, generated_window=1,
+                               add_queries=every)
+        out = generate(model, ids, cache, new=12)
+        assert all(torch.isfinite(x).all() for x in out.logits)
+        runs[every] = cache
+    for layer, state in runs[3].kvsift_layers.items():
+        base = runs[0].kvsift_layers[layer]
+        group = 4 // len(state.graphs)  # query heads per KV head
+        for graph, plain in zip(state.graphs, base.graphs):
+            m = plain.train_queries().shape[0]  # the build's (the same build in both runs)
+            # 11 decode steps; steps 0, 3, 6, 9 added their queries.
+            assert graph.train_queries().shape[0] == m + 4 * group
+            lists, _ = graph.query_knn()
+            added = lists[m:]
+            valid = added != ks.INVALID_ID
+            assert valid.sum(axis=1).min() >= 1 and (added[valid] < graph.size).all()
+        assert state.steps == 11
+        # Each KV head got its own query heads' queries (group g = heads g*group .. ).
+        m = base.graphs[0].train_queries().shape[0]
+        assert not np.array_equal(
+            state.graphs[0].train_queries()[m:], state.graphs[1].train_queries()[m:]
+        )
+
+
 def test_no_sink_and_a_window_of_generated_tokens_only_still_exact(models):
     model, ids, ref = models
     out = generate(model, ids, kt.KvsiftCache(model.config, sink=0, window=0, k=PROMPT))
@@ -174,6 +202,8 @@ def test_decode_step_equals_the_module_calls_by_hand(models):
         ({"warm_start": 8, "mode": "auto"}, r"warm_start needs mode='topk', got mode='auto'"),
         ({"walk_through": 1}, r"walk_through must be a bool, got 1"),
         ({"max_hops": -4}, r"max_hops must be >= 0, got -4"),
+        ({"add_queries": -1, "generated_window": 2}, r"add_queries must be >= 0, got -1"),
+        ({"add_queries": 2}, r"add_queries needs generated_window .* got add_queries=2 without"),
     ],
 )
 def test_bad_parameters_are_rejected_at_construction(kwargs, message):
