@@ -151,7 +151,8 @@ def test_add_queries_joins_the_training_queries(data):
     s0 = queries[200] @ keys[given[0, :25]].T
     best = given[0, :25][np.argsort(-s0, kind="stable")[:20]]
     np.testing.assert_array_equal(ids[200], best)
-    np.testing.assert_allclose(scores[200], np.sort(s0)[::-1][:20], rtol=1e-5)
+    # Summation order differs from numpy's: an absolute floor for scores near zero.
+    np.testing.assert_allclose(scores[200], np.sort(s0)[::-1][:20], rtol=1e-5, atol=1e-4)
     s1 = queries[201] @ keys[[7, 3, 5]].T
     np.testing.assert_array_equal(ids[201, :3], np.array([7, 3, 5])[np.argsort(-s1)])
     assert (ids[201, 3:] == ks.INVALID_ID).all()  # empty slots, for later keys
