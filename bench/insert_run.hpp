@@ -11,6 +11,7 @@
 
 #include "kvsift/index/insertable_graph.hpp"
 #include "kvsift/index/roargraph_builder.hpp"
+#include "kvsift_bench/measure.hpp"
 
 namespace kvsift_bench {
 
@@ -19,10 +20,18 @@ struct insert_run {
   kvsift::insertable_graph<float, M> graph;
   std::size_t base_keys = 0, base_train = 0, inserted = 0;
   double build_seconds = 0;
-  double mean_us = 0, p50_us = 0, p99_us = 0;  ///< insert time per key, one thread
-  std::size_t queries_added = 0;               ///< add_queries calls (--insert-query-stride)
-  double query_mean_us = 0;                    ///< time per added query, one thread
+  timing_summary insert;          ///< insert time per key, one thread
+  std::size_t queries_added = 0;  ///< add_queries calls (--insert-query-stride)
+  double query_mean_us = 0;       ///< time per added query, one thread
 };
+
+/// The keys a run of `fraction` builds on: the first (1 - fraction) of n, at least one and at
+/// least one key fewer than n. The peers' insert runs start from the same prefix.
+inline std::size_t insert_base_keys(std::size_t n, double fraction) {
+  const auto base = std::clamp<std::size_t>(
+      static_cast<std::size_t>((1.0 - fraction) * static_cast<double>(n)), 1, n);
+  return std::min(base, n - 1);
+}
 
 /// Builds on keys [0, base) from the training queries of those positions, then inserts keys
 /// [base, n) one by one, timing each. `positional_train`: training row i is the query of
@@ -36,44 +45,35 @@ insert_run<M> build_then_insert(kvsift::matrix_view<const float> keys,
                                 bool positional_train, const kvsift::roargraph_params& build,
                                 const kvsift::graph_insert_params& params = {},
                                 std::size_t query_stride = 0) {
-  using clock = std::chrono::steady_clock;
   const std::size_t n = keys.rows();
-  const auto keep = [&](std::size_t rows) {
-    return std::clamp<std::size_t>(
-        static_cast<std::size_t>((1.0 - fraction) * static_cast<double>(rows)), 1, rows);
-  };
   insert_run<M> r;
-  r.base_keys = std::min(keep(n), n - 1);
+  r.base_keys = insert_base_keys(n, fraction);
+  const auto first_rows = static_cast<std::size_t>((1.0 - fraction) * double(train.rows()));
   r.base_train =
-      positional_train ? std::clamp<std::size_t>(r.base_keys, 1, train.rows()) : keep(train.rows());
+      std::clamp<std::size_t>(positional_train ? r.base_keys : first_rows, 1, train.rows());
   r.inserted = n - r.base_keys;
-  const auto t0 = clock::now();
+  const auto t0 = clock_type::now();
   r.graph =
       kvsift::build_insertable(kvsift::roargraph_builder<M>(build), keys.row_range(0, r.base_keys),
                                train.row_range(0, r.base_train), params);
-  r.build_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  std::vector<double> us;
-  us.reserve(r.inserted);
+  r.build_seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  timing per_key;
+  per_key.us.reserve(r.inserted);
   double query_us = 0;
   for (std::size_t i = r.base_keys; i < n; ++i) {
-    const auto t = clock::now();
+    const auto t = clock_type::now();
     r.graph.insert(keys.row_range(i, 1));
-    us.push_back(std::chrono::duration<double, std::micro>(clock::now() - t).count());
+    per_key.add(t);
     if (positional_train && query_stride > 0 && (i - r.base_keys) % query_stride == 0 &&
         i < train.rows()) {
-      const auto tq = clock::now();
+      const auto tq = clock_type::now();
       r.graph.add_queries(train.row_range(i, 1));
-      query_us += std::chrono::duration<double, std::micro>(clock::now() - tq).count();
+      query_us += std::chrono::duration<double, std::micro>(clock_type::now() - tq).count();
       ++r.queries_added;
     }
   }
   if (r.queries_added > 0) r.query_mean_us = query_us / static_cast<double>(r.queries_added);
-  double total = 0;
-  for (const double u : us) total += u;
-  r.mean_us = total / static_cast<double>(us.size());
-  std::sort(us.begin(), us.end());
-  r.p50_us = us[us.size() / 2];
-  r.p99_us = us[std::min(us.size() - 1, static_cast<std::size_t>(0.99 * us.size()))];
+  r.insert = per_key.summary();
   return r;
 }
 

@@ -189,7 +189,13 @@ inline std::string json_text(const options& o, const workload& w, const std::str
   for (auto it = builds.begin(); it != builds.end(); ++it) {
     f << (it == builds.begin() ? "\n" : ",\n") << "    \"" << json_escape(it->first)
       << "\": {\"build_seconds\": " << it->second.seconds
-      << ", \"index_bytes\": " << bytes_or_null(it->second.bytes) << "}";
+      << ", \"index_bytes\": " << bytes_or_null(it->second.bytes);
+    // --insert-fraction: the keys added one by one after the build, and their mean time.
+    if (it->second.insert_us) {
+      f << ", \"inserted\": " << it->second.inserted
+        << ", \"insert_us_per_key\": " << number(*it->second.insert_us);
+    }
+    f << "}";
   }
   f << "\n  },\n  \"info\": \"" << json_escape(info) << "\",\n  \"rows\": [\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {

@@ -31,10 +31,18 @@ struct row {
 
 /// How an index was obtained: build (or load) time and the bytes of its structure beyond the
 /// keys every index needs (graph: adjacency + degrees + entry points); nullopt where the
-/// library gives no size (the peers).
+/// library gives no size (the peers). Indexes that received keys one by one after their build
+/// (--insert-fraction) also record how many and the mean time per key on one thread.
 struct build_record {
   double seconds = 0;
   std::optional<std::size_t> bytes;
+  std::size_t inserted = 0;
+  std::optional<double> insert_us;
+};
+
+/// Mean, median and 99th percentile of a set of times, in microseconds.
+struct timing_summary {
+  double mean_us = 0, p50_us = 0, p99_us = 0;
 };
 
 struct timing {
@@ -42,15 +50,24 @@ struct timing {
   void add(clock_type::time_point t0) {
     us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
   }
-  void into(row& r) {
-    // load() refuses an empty evaluation set; this keeps an empty timing defined anyway.
-    if (us.empty()) return;
-    r.mean_us = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
+  /// Sorts the times; all zero when there are none.
+  [[nodiscard]] timing_summary summary() {
+    if (us.empty()) return {};
+    timing_summary s;
+    s.mean_us = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
     std::sort(us.begin(), us.end());
     // The median resists the scheduling spikes of a shared machine; the mean and p99 do not.
-    r.p50_us = us[us.size() / 2];
-    r.p99_us = us[std::min(us.size() - 1,
+    s.p50_us = us[us.size() / 2];
+    s.p99_us = us[std::min(us.size() - 1,
                            static_cast<std::size_t>(0.99 * static_cast<double>(us.size())))];
+    return s;
+  }
+  void into(row& r) {
+    // load() refuses an empty evaluation set; summary() keeps an empty timing defined anyway.
+    const auto s = summary();
+    r.mean_us = s.mean_us;
+    r.p50_us = s.p50_us;
+    r.p99_us = s.p99_us;
   }
 };
 

@@ -52,7 +52,10 @@ index (the flat scan always runs as the baseline):
   --nprobe LIST (1,2,4,8,16,32,64)  --nlist N (0 = 4 sqrt(n))
   --insert-fraction F  also build on the first (1-F) of the keys (and the training queries of
                  those positions), insert the rest one by one, and report insert time per key
-                 and the top-k rows of that index as roargraph+insert, next to the full build
+                 and the top-k rows of that index as roargraph+insert, next to the full build;
+                 with hnsw / ivf in --index, each peer likewise built on the same first keys
+                 (IVF's centroids from them) and given the rest by its own insert, one by one
+                 on one thread: rows hnsw+insert / ivf+insert
   --insert-query-lists T  inserted keys update only their T nearest training queries' kNN
                  lists (0 = every list they beat: exact; graph_insert_params::query_knn_lists)
   --insert-query-candidates C  inserted keys are scored against at most C training queries,

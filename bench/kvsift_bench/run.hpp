@@ -68,7 +68,7 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
   const float beta = dipr ? (o.beta ? *o.beta : choose_beta(exact, o.dipr_target)) : 0.0f;
 
   const kvsift::flat_index<store_t, M> flat(store);
-  builds["flat"] = {0, 0};  // a view of the keys: nothing built, nothing stored beyond them
+  builds["flat"].bytes = 0;  // a view of the keys: nothing built, nothing stored beyond them
   for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
     rows.push_back(measure_topk({"flat", "top-" + std::to_string(k), "-"}, k, E, exact, n, threads,
                                 [&](auto q, auto ids, auto scores, auto& ws) {
@@ -193,9 +193,9 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
                                              positional, o.build, ip, o.insert_query_stride);
       info << "insert: built on " << ins.base_keys << " keys / " << ins.base_train
            << " training queries in " << ins.build_seconds << " s, inserted " << ins.inserted
-           << " keys one by one: mean " << ins.mean_us << " us/key, p50 " << ins.p50_us << ", p99 "
-           << ins.p99_us << " (one thread); degree mean " << ins.graph.degrees().mean
-           << "; query lists updated per insert: "
+           << " keys one by one: mean " << ins.insert.mean_us << " us/key, p50 "
+           << ins.insert.p50_us << ", p99 " << ins.insert.p99_us << " (one thread); degree mean "
+           << ins.graph.degrees().mean << "; query lists updated per insert: "
            << (o.insert_query_lists == 0 ? std::string("all it beats")
                                          : std::to_string(o.insert_query_lists))
            << "; training queries scored per insert: "
@@ -217,9 +217,10 @@ std::vector<row> run(const options& o, const workload& w, const P& pred, std::os
       // and their kNN lists for its insert rule, counted with the graph.
       const auto mem = ins.graph.memory();
       builds["roargraph+insert"] = {
-          ins.build_seconds + ins.mean_us * static_cast<double>(ins.inserted) * 1e-6 +
+          ins.build_seconds + ins.insert.mean_us * static_cast<double>(ins.inserted) * 1e-6 +
               ins.query_mean_us * static_cast<double>(ins.queries_added) * 1e-6,
-          mem.graph + mem.queries + mem.query_knn + mem.query_index};
+          mem.graph + mem.queries + mem.query_knn + mem.query_index, ins.inserted,
+          ins.insert.mean_us};
       for (std::size_t k : topk ? o.k : std::vector<std::size_t>{}) {
         for (std::size_t L : o.L) {
           if (L < k) continue;

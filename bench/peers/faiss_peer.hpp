@@ -16,9 +16,9 @@
 #include <span>
 #include <vector>
 
-#include "kvsift/core/dense_matrix.hpp"
 #include "kvsift/core/error.hpp"
 #include "kvsift/core/ids.hpp"
+#include "kvsift/core/matrix_view.hpp"
 #include "kvsift/search/search_workspace.hpp"
 
 namespace kvsift_bench {
@@ -33,12 +33,15 @@ class ivf_flat_peer {
   }
 
   /// Trains k-means on the keys themselves and adds them; `threads` OpenMP threads (0 = all).
-  /// @throw kvsift::invalid_argument if keys is empty or nlist is 0 or > n.
-  ivf_flat_peer(const kvsift::dense_matrix<float>& keys, std::size_t nlist, std::size_t threads)
+  /// `keys` must be contiguous (stride == cols).
+  /// @throw kvsift::invalid_argument if keys is empty or not contiguous, or nlist is 0 or > n.
+  ivf_flat_peer(kvsift::matrix_view<const float> keys, std::size_t nlist, std::size_t threads)
       : quantizer_(static_cast<idx>(keys.cols())),
         index_(&quantizer_, keys.cols(), nlist, faiss::METRIC_INNER_PRODUCT),
         nlist_(nlist) {
     kvsift::detail::require(keys.rows() > 0, "ivf_flat_peer: expected keys, got none");
+    kvsift::detail::require(keys.contiguous(), "ivf_flat_peer: expected contiguous keys (stride ",
+                            keys.cols(), "), got stride ", keys.stride());
     kvsift::detail::require(nlist > 0 && nlist <= keys.rows(),
                             "ivf_flat_peer: expected nlist in [1, ", keys.rows(), "], got ", nlist);
     const int before = omp_get_max_threads();
@@ -46,6 +49,16 @@ class ivf_flat_peer {
     index_.verbose = false;
     index_.train(static_cast<idx>(keys.rows()), keys.data());
     index_.add(static_cast<idx>(keys.rows()), keys.data());
+    omp_set_num_threads(before);
+  }
+
+  /// Adds one key on the calling thread, with the next id (the keys added so far): faiss's own
+  /// add, which scores the key against every centroid and appends it to the nearest list;
+  /// the centroids stay those of the keys it was trained on. O(nlist d).
+  void insert(const float* key) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    index_.add(1, key);
     omp_set_num_threads(before);
   }
 

@@ -58,22 +58,31 @@ class counting_ip_space final : public hnswlib::SpaceInterface<float> {
 /// HNSW over `keys` (label = row id), inner-product distance 1 - q.k.
 class hnsw_peer {
  public:
-  /// Builds with `threads` threads (0 = all cores); O(n log n * M * ef_construction) distances.
-  /// @throw kvsift::invalid_argument if keys is empty or M < 2.
+  /// Builds over keys [0, base) (0 = every row) with `threads` threads (0 = all cores), with
+  /// room for every row of `keys`, so that the rest can join with insert();
+  /// O(n log n * M * ef_construction) distances.
+  /// @throw kvsift::invalid_argument if keys is empty, base > keys.rows() or M < 2.
   hnsw_peer(kvsift::matrix_view<const float> keys, std::size_t M, std::size_t ef_construction,
-            std::size_t threads)
+            std::size_t threads, std::size_t base = 0)
       : space_(std::make_unique<counting_ip_space>(keys.cols())) {
     kvsift::detail::require(keys.rows() > 0, "hnsw_peer: expected keys, got none");
+    kvsift::detail::require(base <= keys.rows(), "hnsw_peer: expected base <= ", keys.rows(),
+                            " keys, got ", base);
     kvsift::detail::require(M >= 2, "hnsw_peer: expected M >= 2, got ", M);
+    const std::size_t built = base == 0 ? keys.rows() : base;
     hnsw_ = std::make_unique<hnswlib::HierarchicalNSW<float>>(space_.get(), keys.rows(), M,
                                                               ef_construction, /*seed=*/100);
     // hnswlib's addPoint is thread-safe; insert the first point alone so the others have an
     // entry point, as hnswlib's own parallel example does.
     hnsw_->addPoint(keys.row(0), 0);
-    kvsift::parallel_for(keys.rows() - 1, threads, [&](std::size_t i, std::size_t) {
+    kvsift::parallel_for(built - 1, threads, [&](std::size_t i, std::size_t) {
       hnsw_->addPoint(keys.row(i + 1), i + 1);
     });
   }
+
+  /// Adds `key` under label `id` (< the constructor's keys.rows()), on the calling thread:
+  /// hnswlib's own insert, the one it builds with. O(log n * M * ef_construction) distances.
+  void insert(const float* key, std::size_t id) { hnsw_->addPoint(key, id); }
 
   /// Top-k with search list size ef (hnswlib uses max(ef, k)). Not thread-safe (setEf).
   /// Writes ids best first (invalid_id past the results) and raw inner products.

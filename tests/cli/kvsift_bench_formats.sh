@@ -180,6 +180,33 @@ check(isinstance(f["params"]["beta"], float) and f["params"]["beta"] > 0, f"flat
 print("JSON OK:", j["kvsift_version"], j["git_commit"], j["cpu_model"], r["batch_qps"])
 PY
     ;;
+  insert_json)
+    # --insert-fraction: the inserted indexes' build records carry the keys inserted and the
+    # mean time per key; the peers' too when this kvsift-bench has them.
+    indexes=roargraph,hnsw,ivf
+    if ! "$bench" "${demo[@]}" --index hnsw,ivf --k 10 --ef 10 --nprobe 1 >/dev/null 2>&1; then
+      indexes=roargraph
+    fi
+    run "${demo[@]}" --index "$indexes" --k 10 --L 20 --ef 20 --nprobe 4 --insert-fraction 0.2 \
+      --json "$work/r.json" >/dev/null
+    python3 - "$work/r.json" "$indexes" <<'PY' || fail "insert JSON fields"
+import json, sys
+j = json.load(open(sys.argv[1]))
+idx = j["indexes"]
+names = {"roargraph": "roargraph+insert", "hnsw": "hnsw+insert", "ivf": "ivf+insert"}
+for base in sys.argv[2].split(","):
+    rec = idx[names[base]]
+    if rec.get("inserted") != 600 or not rec.get("insert_us_per_key", 0) > 0:
+        sys.exit(f"JSON: {names[base]} {rec}: expected 600 keys inserted and a time per key")
+    if rec["build_seconds"] < rec["insert_us_per_key"] * 600 * 1e-6:
+        sys.exit(f"JSON: {names[base]} build_seconds {rec['build_seconds']} excludes the inserts")
+    if "inserted" in idx[base]:
+        sys.exit(f"JSON: {base} {idx[base]} was built whole, nothing inserted")
+    if not any(r["index"] == names[base] for r in j["rows"]):
+        sys.exit(f"JSON: no row of {names[base]}")
+print("insert JSON OK:", sys.argv[2])
+PY
+    ;;
   *)
     fail "unknown case"
     ;;

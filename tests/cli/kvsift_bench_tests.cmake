@@ -97,11 +97,22 @@ if(KVSIFT_BENCH_PEERS AND KVSIFT_HNSWLIB_INCLUDE_DIR AND faiss_FOUND)
                    --index hnsw,ivf --k 10 --ef 20,50 --nprobe 4,8 --threads 2)
   set_tests_properties(kvsift_bench_peers_sample PROPERTIES PASS_REGULAR_EXPRESSION
                        "hnsw +top-10 +ef=50.*ivf +top-10 +nprobe=8")
+  # --insert-fraction with the peers: each built on the first 80% and given the rest by its own
+  # insert. The late queries' top-10 are nearly all late keys, so an index that lost its inserts
+  # scores near 0 (measured: hnsw+insert 0.0000, ivf+insert 0.0987 with the inserts skipped);
+  # IVF probing all of its 64 lists is exact only when every inserted key is in a list.
+  add_test(NAME kvsift_bench_peers_insert_sample
+           COMMAND kvsift-bench --keys "${kvsift_sample}/L15_k0.fbin"
+                   --queries "${kvsift_sample}/L15_q0.fbin" --train-fraction 0.95
+                   --index roargraph,hnsw,ivf --k 10 --L 40 --ef 200 --nlist 64 --nprobe 64
+                   --insert-fraction 0.2 --threads 2)
+  set_tests_properties(kvsift_bench_peers_insert_sample PROPERTIES PASS_REGULAR_EXPRESSION
+                       "hnswlib\\+insert: built on 2457 keys in [0-9.e+-]+ s, inserted 615 keys one by one: mean [0-9.e+-]+ us/key.*faiss IVF-Flat\\+insert: built on 2457 keys .*inserted 615 keys.*hnsw\\+insert +top-10 +ef=200 +0\\.[89].*ivf\\+insert +top-10 +nprobe=64 +1\\.0000")
 endif()
 # Interchange formats (--hdf5, --gt, --json fields, the L sweep) and their errors:
 # tests/cli/kvsift_bench_formats.sh BENCH MAKE_HDF5 CASE. The HDF5 files are written at test time
 # by make_ann_hdf5 (HDF5 C API), so no binary is committed.
-set(kvsift_format_cases gt gt_errors L_sweep json_fields)
+set(kvsift_format_cases gt gt_errors L_sweep json_fields insert_json)
 if(HDF5_FOUND)
   add_executable(kvsift-make-ann-hdf5 "${PROJECT_SOURCE_DIR}/tests/cli/make_ann_hdf5.cpp")
   target_include_directories(kvsift-make-ann-hdf5 SYSTEM PRIVATE ${HDF5_C_INCLUDE_DIRS}
