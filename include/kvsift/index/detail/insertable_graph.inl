@@ -46,6 +46,11 @@ struct euclidean_view {
   [[nodiscard]] id_t entry_point() const noexcept { return g.entry_point(); }
   [[nodiscard]] std::span<const id_t> neighbors(id_t i) const noexcept { return g.neighbors(i); }
   void prefetch(id_t i) const noexcept { g.prefetch(i); }
+  /// The search requests the next expansion's adjacency row while it scores this one's.
+  void prefetch_neighbors(id_t i) const noexcept {
+    const std::span<const id_t> nb = g.neighbors(i);
+    prefetch_row(nb.data(), nb.size_bytes());
+  }
   [[nodiscard]] float score(const float* q, id_t i) const noexcept {
     return l2::score(q, g.row(i), g.dim());
   }
@@ -114,6 +119,12 @@ void score_rows_at(RowAt row_at, std::size_t m, std::size_t d, const float* x, f
     };
     for (; i + 4 <= m; i += 4) {
       const float* r[4] = {row_at(i), row_at(i + 1), row_at(i + 2), row_at(i + 3)};
+      // The next four rows are requested while these are scored: gathered rows lie anywhere
+      // in the m x d matrix, and each is a run of cache misses the hardware prefetcher only
+      // picks up a few lines in.
+      for (std::size_t j = i + 4; j < std::min(i + 8, m); ++j) {
+        prefetch_row(row_at(j), d * sizeof(float));
+      }
       vfloat s0{}, s1{}, s2{}, s3{};
       std::size_t c = 0;
       for (; c + w <= d; c += w) {
@@ -293,13 +304,14 @@ void insertable_graph<T, M>::insert_one(const T* key) {
   // 2. Candidates: the nearest queries' kNN keys, then the keys the graph search found.
   // Each candidate once (a key in several lists, or also found), deduplicated by a visited
   // set over the keys: no sort of the ids. The pruning ranks the candidates, so the order
-  // they are scored in does not matter.
+  // they are scored in does not matter. The ids are gathered first and scored after, each
+  // row requested a few candidates ahead of its scoring: the candidates are random rows of
+  // the keys, and scored as they were found each was a run of cache misses of its own.
   cands_.clear();
+  ids_.clear();
   offered_keys_.reset(n);
   const auto offer = [&](id_t c) {
-    if (offered_keys_.try_insert(c)) {
-      cands_.push_back({to_key<l2>(l2::score(xf_.data(), row(c), d)), c});
-    }
+    if (offered_keys_.try_insert(c)) ids_.push_back(c);
   };
   if (t > 0) {
     top_.clear();
@@ -312,6 +324,12 @@ void insertable_graph<T, M>::insert_one(const T* key) {
     }
   }
   for (const id_t c : found_) offer(c);
+  constexpr std::size_t ahead = 4;
+  for (std::size_t j = 0; j < std::min(ahead, ids_.size()); ++j) prefetch(ids_[j]);
+  for (std::size_t j = 0; j < ids_.size(); ++j) {
+    if (j + ahead < ids_.size()) prefetch(ids_[j + ahead]);
+    cands_.push_back({to_key<l2>(l2::score(xf_.data(), row(ids_[j]), d)), ids_[j]});
+  }
   // 3. Its own edges, pruned as the build prunes.
   const detail::key_rows<T> old_keys{keys_.data(), n, d};
   detail::rng_prune<detail::key_rows<T>, l2>(old_keys, cands_, degree_, params_.fill, scratch_,
@@ -561,7 +579,24 @@ void insertable_graph<T, M>::link_back(id_t x, std::span<const id_t> chosen) {
   const float* xf = xf_.data();  // x, widened by insert_one
   bool linked = false;
   linked_ = false;
-  for (const id_t y : chosen) {
+  // A pipeline of requests over the targets (random rows, most of them full ones whose
+  // leading edges this loop reads): the key and adjacency row of the target two ahead, and
+  // the first edges' keys of the next one, whose adjacency row was requested a target ago.
+  const auto request = [&](id_t y) {
+    prefetch(y);
+    detail::prefetch_row(&adj_[static_cast<std::size_t>(y) * R_], R_ * sizeof(id_t));
+  };
+  for (std::size_t t = 0; t < std::min<std::size_t>(2, chosen.size()); ++t) request(chosen[t]);
+  for (std::size_t t = 0; t < chosen.size(); ++t) {
+    const id_t y = chosen[t];
+    if (t + 2 < chosen.size()) request(chosen[t + 2]);
+    if (t + 1 < chosen.size()) {
+      const id_t next = chosen[t + 1];
+      const id_t* row_next = &adj_[static_cast<std::size_t>(next) * R_];
+      for (std::uint32_t j = 0; j < std::min<std::uint32_t>(2, degrees_[next]); ++j) {
+        prefetch(row_next[j]);
+      }
+    }
     id_t* row_y = &adj_[static_cast<std::size_t>(y) * R_];
     const std::uint32_t deg = degrees_[y];
     if (deg < R_) {
@@ -646,7 +681,10 @@ void insertable_graph<T, M>::reprune_row(id_t y, id_t x) {
   yf_.resize(d);
   detail::widen(row(y), yf_.data(), d);
   cands_.clear();
+  constexpr std::uint32_t ahead = 4;  // rows requested ahead of their scoring (insert_one)
+  for (std::uint32_t j = 0; j < std::min(ahead, deg); ++j) prefetch(row_y[j]);
   for (std::uint32_t j = 0; j <= deg; ++j) {
+    if (j + ahead < deg) prefetch(row_y[j + ahead]);
     const id_t c = j < deg ? row_y[j] : x;
     cands_.push_back({to_key<l2>(l2::score(yf_.data(), row(c), d)), c});
   }
