@@ -2,7 +2,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
@@ -73,6 +76,57 @@ TEST_CASE("metrics on exactly representable data are exact", "[core][metric]") {
   }
   const float q = 1.0f;
   CHECK(kvsift::inner_product::score(&q, &q, 0) == 0.0f);
+}
+
+namespace {
+
+// The stored row widened into f32 chunk by chunk (`widen_chunk` elements, the chunks' sums
+// added in order): what the metrics computed for 16-bit rows before they converted in
+// registers, and what they must still compute, bit for bit.
+template <class T, class Kernel>
+float widened_reference(const float* q, const T* x, std::size_t d, Kernel kernel) {
+  std::vector<float> buf(kvsift::detail::widen_chunk);
+  float acc = 0.0f;
+  for (std::size_t i = 0; i < d; i += kvsift::detail::widen_chunk) {
+    const std::size_t n = std::min(kvsift::detail::widen_chunk, d - i);
+    kvsift::detail::widen(x + i, buf.data(), n);
+    acc += kernel(q + i, buf.data(), n);
+  }
+  return acc;
+}
+
+template <class T>
+void check_bit_equal_to_widened_rows() {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> special(0, 40);
+  const float specials[] = {0.0f, -0.0f, 6e-8f, -3e-6f, 65504.0f, 1e30f, -2.5e-39f};
+  for (std::size_t d = 1; d <= 600; d += (d < 70 ? 1 : 13)) {
+    std::vector<float> q(d), x(d);
+    for (auto& v : q) v = nd(rng);
+    for (auto& v : x) {  // normal values, with zeros, subnormals and extremes mixed in
+      const int s = special(rng);
+      v = s < 7 ? specials[s] : nd(rng) * 8.0f;
+    }
+    const std::vector<T> xs = to_elements<T>(x);
+    const float dot = kvsift::inner_product::score(q.data(), xs.data(), d);
+    const float l2 = kvsift::l2::score(q.data(), xs.data(), d);
+    const float dot_ref = widened_reference(q.data(), xs.data(), d, kvsift::detail::dot_f32);
+    const float l2_ref = widened_reference(q.data(), xs.data(), d, kvsift::detail::l2sq_f32);
+    INFO("d = " << d << ", dot " << dot << " vs " << dot_ref << ", l2 " << l2 << " vs " << l2_ref);
+    REQUIRE(std::bit_cast<std::uint32_t>(dot) == std::bit_cast<std::uint32_t>(dot_ref));
+    REQUIRE(std::bit_cast<std::uint32_t>(l2) == std::bit_cast<std::uint32_t>(l2_ref));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("16-bit rows score as their widened f32 rows, bit for bit", "[core][metric]") {
+  // bf16 converts in registers everywhere, f16 where the unit has F16C (the kvsift_f16c_tests
+  // binary runs this file compiled with it); otherwise f16 rows go through the buffer.
+  INFO("f16 converts in registers: " << kvsift::detail::converts_in_registers<kvsift::half>);
+  SECTION("f16") { check_bit_equal_to_widened_rows<kvsift::half>(); }
+  SECTION("bf16") { check_bit_equal_to_widened_rows<kvsift::bfloat16>(); }
 }
 
 TEST_CASE("to_key / from_key / worst_score", "[core][metric]") {

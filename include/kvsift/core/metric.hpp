@@ -22,7 +22,9 @@ struct inner_product {
   /// O(d), thread-safe, never throws.
   template <Element T>
   static float score(const float* q, const T* x, std::size_t d) noexcept {
-    return detail::mixed(q, x, d, detail::dot_f32);
+    return detail::mixed(q, x, d, [](const float* a, const auto* b, std::size_t n) {
+      return detail::dot_row(a, b, n);
+    });
   }
 };
 
@@ -33,7 +35,9 @@ struct l2 {
   /// O(d), thread-safe, never throws.
   template <Element T>
   static float score(const float* q, const T* x, std::size_t d) noexcept {
-    return detail::mixed(q, x, d, detail::l2sq_f32);
+    return detail::mixed(q, x, d, [](const float* a, const auto* b, std::size_t n) {
+      return detail::l2sq_row(a, b, n);
+    });
   }
 };
 
