@@ -122,9 +122,12 @@ void check_bit_equal_to_widened_rows() {
 }  // namespace
 
 TEST_CASE("16-bit rows score as their widened f32 rows, bit for bit", "[core][metric]") {
-  // bf16 converts in registers everywhere, f16 where the unit has F16C (the kvsift_f16c_tests
-  // binary runs this file compiled with it); otherwise f16 rows go through the buffer.
-  INFO("f16 converts in registers: " << kvsift::detail::converts_in_registers<kvsift::half>);
+  // f16 converts in registers where the unit has F16C, bf16 where it has AVX2 (the
+  // kvsift_f16c_tests binary runs this file compiled with both); otherwise they go through the
+  // buffer.
+  INFO("f16 / bf16 convert in registers: "
+       << kvsift::detail::converts_in_registers<kvsift::half> << " / "
+       << kvsift::detail::converts_in_registers<kvsift::bfloat16>);
   SECTION("f16") { check_bit_equal_to_widened_rows<kvsift::half>(); }
   SECTION("bf16") { check_bit_equal_to_widened_rows<kvsift::bfloat16>(); }
 }

@@ -112,18 +112,6 @@ template <class U>
   }
 }
 
-/// One stored element as f32 (the kernels' tails).
-template <class U>
-[[nodiscard]] inline float element_to_f32(U v) noexcept {
-  if constexpr (std::is_same_v<U, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<U, bfloat16>) {
-    return bfloat16::to_float(v.bits);
-  } else {
-    return half_to_float_branchless(v.bits);
-  }
-}
-
 /// The last n < simd::width elements of a and of a row b as vectors padded with zeros: the
 /// kernels add their terms as one more vector step (a padded lane adds +0). A scalar loop over
 /// them, as before, compiled differently for f32 and 16-bit rows (GCC 12 -O3 -mavx2 -mfma:
@@ -135,7 +123,7 @@ inline void tail_vectors(const float* a, const U* b, std::size_t n, simd::vfloat
   alignas(64) float pa[simd::width] = {}, pb[simd::width] = {};
   for (std::size_t j = 0; j < n; ++j) {
     pa[j] = a[j];
-    pb[j] = element_to_f32(b[j]);
+    pb[j] = to_float(b[j]);  // exact, as the conversions above
   }
   ta = simd::load(pa);
   tb = simd::load(pb);
