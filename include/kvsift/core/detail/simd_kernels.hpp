@@ -99,7 +99,11 @@ template <class U>
     simd::vfloat f;
 #if defined(__F16C__)
 #if defined(__AVX512F__)
-    const __m512 c = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    // The zero-masked form with every lane selected: the same instruction, but the plain
+    // `_mm512_cvtph_ps` passes `_mm512_undefined_ps()`, which GCC < 13 reports as
+    // -Wmaybe-uninitialized (bug 105593) in every includer built with -march=native -Werror.
+    const __m512 c = _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xffff),
+                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 #elif defined(__AVX__)
     const __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #else
