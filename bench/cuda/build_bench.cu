@@ -15,12 +15,17 @@
 //   - build_heads (next head's GPU kNN overlapping this head's CPU steps) against the same
 //     heads built one after the other, on --pipeline-heads KV heads of --pipeline-keys keys;
 //   - with --shards S, build_heads_sharded over S builders (builder s on device s modulo the
-//     device count, each with 1/S of the CPU threads) against build_heads, same heads.
+//     device count, each with 1/S of the CPU threads) against build_heads, same heads;
+//   - with --expand-fractions F1,F2,..: GPU builds whose step-3 searches expand only that
+//     fraction of their pool (roargraph_params::connectivity_expand_fraction) against the
+//     defaults, for each seed of --seeds (the rounds' order; graphs built alike differ by seed),
+//     by build time and recall@100; --quick 1 runs only these and the defaults.
 // Query heads differ in distribution (topic strength and query mean per head), keys are shared.
 //
 // Usage: kvsift-cuda-build_bench [--n 131072] [--d 128] [--heads 4] [--ratio 0.1]
 //            [--eval 200] [--threads 0] [--per-head 1] [--pipeline-heads 4]
-//            [--pipeline-keys 32768] [--shards 0]
+//            [--pipeline-keys 32768] [--shards 0] [--expand-fractions ""] [--seeds 2024]
+//            [--quick 0]
 
 #include <algorithm>
 #include <chrono>
@@ -57,8 +62,9 @@ using cpu_builder = kvsift::roargraph_builder<kvsift::inner_product, kvsift::cpu
 
 struct options {
   std::size_t n = 131072, d = 128, heads = 4, eval = 200, threads = 0, per_head = 1;
-  std::size_t pipeline_heads = 4, pipeline_keys = 32768, shards = 0;
+  std::size_t pipeline_heads = 4, pipeline_keys = 32768, shards = 0, quick = 0;
   double ratio = 0.1;
+  std::string expand_fractions, seeds = "2024";
 };
 
 options parse(int argc, char** argv) {
@@ -73,6 +79,9 @@ options parse(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--pipeline-heads", o.pipeline_heads),
        kvsift::cuda_bench::size_option("--pipeline-keys", o.pipeline_keys),
        kvsift::cuda_bench::size_option("--shards", o.shards),
+       kvsift::cuda_bench::size_option("--quick", o.quick),
+       kvsift::cuda_bench::string_option("--expand-fractions", o.expand_fractions),
+       kvsift::cuda_bench::string_option("--seeds", o.seeds),
        kvsift::cuda_bench::double_option("--ratio", o.ratio)});
   return o;
 }
@@ -189,6 +198,39 @@ int main(int argc, char** argv) {
         other_recall[0] - shared_recall[0], other_recall[1] - shared_recall[1],
         other_recall[2] - shared_recall[2], Ls[0], Ls[1], Ls[2]);
   };
+  // Step 3's expand fraction against the defaults, seed by seed (the defaults' recall moves
+  // by about 0.01 between seeds, so one seed cannot tell a small change from that spread).
+  for (const auto& seed_s : kvsift::cuda_bench::split_list(o.seeds)) {
+    if (o.expand_fractions.empty()) break;
+    auto base = p;
+    base.seed = std::stoull(seed_s);
+    double base_recall[3] = {};
+    kvsift::roargraph_build_stats s_base = s_shared;
+    if (base.seed == p.seed) {
+      std::copy(std::begin(shared_recall), std::end(shared_recall), std::begin(base_recall));
+    } else {
+      std::snprintf(what, sizeof what, "defaults, seed %llu",
+                    static_cast<unsigned long long>(base.seed));
+      s_base = shared_build(what, base, base_recall);
+    }
+    for (const auto& f : kvsift::cuda_bench::split_list(o.expand_fractions)) {
+      auto q = base;
+      q.connectivity_expand_fraction = std::stod(f);
+      char label[96];
+      std::snprintf(label, sizeof label, "expand fraction %.2f, seed %llu",
+                    q.connectivity_expand_fraction, static_cast<unsigned long long>(q.seed));
+      double r[3] = {};
+      const auto st = shared_build(label, q, r);
+      std::printf(
+          "  vs defaults (fraction %.2f), same seed: build x%.2f, step-3 searches x%.2f of the "
+          "time; recall@%zu minus defaults' %+.4f %+.4f %+.4f at L=%zu/%zu/%zu\n",
+          p.connectivity_expand_fraction, st.total_seconds / s_base.total_seconds,
+          st.connectivity_search_seconds / s_base.connectivity_search_seconds, k,
+          r[0] - base_recall[0], r[1] - base_recall[1], r[2] - base_recall[2], Ls[0], Ls[1], Ls[2]);
+    }
+  }
+  if (o.quick != 0) return 0;
+
   auto on_cpu = p;
   on_cpu.engine_connectivity = false;
   report_vs_defaults(shared_build("baseline: step 3 searches on the CPU", on_cpu, other_recall));

@@ -23,9 +23,10 @@
 // Usage: kvsift-cuda-multi_device_bench [--devices 2] [--build 1] [--build-heads 16]
 //            [--build-keys 131072] [--build-repeat 1] [--configs 1x4,1x8,2x8,2x16] [--threads 0]
 //            [--step 1]
-//            (configs: GPUsxbuilders[:host][:full][:hostproj], e.g. 1x8:host,1x8,2x16:host,2x16;
-//            host: step 3's merge on the host; full: step 3's searches expand their whole pool,
-//            roargraph_params::connectivity_expand_fraction = 1; hostproj: step 2 on the host,
+//            (configs: GPUsxbuilders[:host][:full][:xF][:hostproj], e.g. 1x8:host,1x8,2x16:host,
+//            2x16,1x4:x0.25; host: step 3's merge on the host; full: step 3's searches expand
+//            their whole pool, roargraph_params::connectivity_expand_fraction = 1, xF: that
+//            fraction F; hostproj: step 2 on the host,
 //            roargraph_params::engine_projection = false) [--f16 0]
 //            (--f16 1: the build's keys in f16, as a model's KV cache holds them)
 //            [--requests 16] [--n 131072] [--distinct 2] [--expand 16] [--L 256] [--hops 272]
@@ -34,10 +35,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -118,16 +121,16 @@ void build_part(const options& o, int devices) {
   // The first run's graphs per configuration kind (merge on the GPU or host, expand fraction,
   // projection on the GPU or host), and the very first run's, which the other kinds are
   // compared with.
-  graphs_t first[8];
+  std::map<std::tuple<bool, double, bool>, graphs_t> first;
   const graphs_t* reference = nullptr;
   // One build over `on_devices` GPUs with `builders` builders; prints its time and, per head
   // (means over heads, each phase timed inside its builder), where it went.
-  auto run = [&](std::size_t on_devices, std::size_t builders, bool host_merge, bool full,
+  auto run = [&](std::size_t on_devices, std::size_t builders, bool host_merge, double expand,
                  bool host_projection) {
     kvsift::roargraph_params p;
     p.threads = std::max<std::size_t>(1, threads / builders);
     p.engine_merge = !host_merge;
-    if (full) p.connectivity_expand_fraction = 1;
+    if (expand > 0) p.connectivity_expand_fraction = expand;
     p.engine_projection = !host_projection;
     std::vector<gpu_builder> b;
     for (std::size_t s = 0; s < builders; ++s) {
@@ -168,7 +171,7 @@ void build_part(const options& o, int devices) {
     // data, tests/cuda/graph_search_test.cu); on these real-valued keys the share of adjacency
     // entries that differ from the first kind's graphs is printed.
     std::size_t differ = 0;
-    graphs_t& same = first[(host_merge ? 1 : 0) + (full ? 2 : 0) + (host_projection ? 4 : 0)];
+    graphs_t& same = first[{host_merge, p.connectivity_expand_fraction, host_projection}];
     if (same.empty()) {
       if (reference != nullptr) {
         std::size_t entries = 0, moved = 0;
@@ -214,15 +217,22 @@ void build_part(const options& o, int devices) {
   // Every configuration twice, alternated, so that drift in the host's or the GPUs' state shows.
   struct config {
     std::size_t gpus, builders;
-    bool host_merge, full, host_projection;
+    bool host_merge;
+    double expand;  // step 3's expand fraction; <= 0: the default
+    bool host_projection;
+  };
+  // ":full:" is fraction 1, ":x<F>:" fraction F, neither the default (-1).
+  auto expand_of = [](const std::string& tail) {
+    if (tail.find(":full:") != std::string::npos) return 1.0;
+    const auto at = tail.find(":x");
+    return at == std::string::npos ? -1.0 : std::stod(tail.substr(at + 2));
   };
   std::vector<config> configs;
   for (const auto& c : kvsift::cuda_bench::split_list(o.configs)) {
     const auto x = c.find('x'), colon = c.find(':');
     const std::string tail = colon == std::string::npos ? "" : c.substr(colon) + ":";
     configs.push_back({std::stoul(c.substr(0, x)), std::stoul(c.substr(x + 1, colon - x - 1)),
-                       tail.find(":host:") != std::string::npos,
-                       tail.find(":full:") != std::string::npos,
+                       tail.find(":host:") != std::string::npos, expand_of(tail),
                        tail.find(":hostproj:") != std::string::npos});
   }
   std::vector<double> best(configs.size(), 1e30);
@@ -230,13 +240,15 @@ void build_part(const options& o, int devices) {
     for (std::size_t i = 0; i < configs.size(); ++i) {
       const config& c = configs[i];
       best[i] = std::min(best[i], run(std::min<std::size_t>(c.gpus, devices), c.builders,
-                                      c.host_merge, c.full, c.host_projection));
+                                      c.host_merge, c.expand, c.host_projection));
     }
   }
   for (const bool host : {false, true}) {
     double best_one = 1e30, best_many = 1e30;
     for (std::size_t i = 0; i < configs.size(); ++i) {
-      if (configs[i].host_merge != host || configs[i].full || configs[i].host_projection) continue;
+      if (configs[i].host_merge != host || configs[i].expand > 0 || configs[i].host_projection) {
+        continue;
+      }
       double& b = configs[i].gpus == 1 ? best_one : best_many;
       b = std::min(b, best[i]);
     }
