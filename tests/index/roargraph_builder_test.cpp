@@ -870,3 +870,31 @@ TEST_CASE("roargraph_builder reports the keys its graph cannot reach", "[index][
     }
   }
 }
+
+TEST_CASE("reachability repair: a replaced edge that cuts off a key is repaired in a later pass",
+          "[index][roargraph]") {
+  // Four keys on a line; the entry's cycle 0 -> 1 -> 2 -> 0 is full at one edge per row, and
+  // key 3 (next to key 1) has no in-edge. Attaching 3 to its nearest reachable key, 1, replaces
+  // 1 -> 2, which was key 2's only in-edge: only a second pass finds 2 and attaches it to its
+  // nearest reachable key, 3. A repair that trusted its first pass's marks would report no
+  // unreachable key and leave 2 cut off.
+  const std::vector<float> keys = {0, 0, 10, 0, 20, 0, 11, 0};
+  const kvsift::view_store<float> store(kvsift::matrix_view<const float>(keys.data(), 4, 2));
+  auto repaired = [&](std::size_t R) {
+    kvsift::detail::adjacency_lists adj;
+    adj.rows = {{1}, {2}, {0}, {0}};
+    const std::size_t left =
+        kvsift::detail::repair_reachability<kvsift::view_store<float>, kvsift::l2>(store, adj, 0, R,
+                                                                                   4);
+    const kvsift::detail::building_graph<kvsift::view_store<float>, kvsift::l2> g{store, adj, 0};
+    CHECK(left == 4 - reachable(g));
+    return std::pair{left, adj.rows};
+  };
+  const auto [left, rows] = repaired(1);
+  CHECK(left == 0);
+  CHECK(rows == std::vector<std::vector<id_t>>{{1}, {3}, {0}, {2}});
+  // With room in the rows nothing is replaced: 3 joins key 1's row and one pass is enough.
+  const auto [left2, rows2] = repaired(2);
+  CHECK(left2 == 0);
+  CHECK(rows2 == std::vector<std::vector<id_t>>{{1}, {2, 3}, {0}, {0}});
+}

@@ -329,14 +329,6 @@ class roargraph_builder {
                           const std::vector<id_t>& rows, std::size_t R, std::size_t width,
                           std::vector<id_t>& padded_rows, std::size_t threads);
 
-  // Re-pruning full lists can drop a key's last in-edge. Every key must be reachable from
-  // the entry point (else no query ever finds it), so attach each unreachable key, in id
-  // order, to a reachable key found by searching for it: one with a free slot if the search
-  // finds one, else the best found, whose lowest-ranked edge gives way. A replaced edge can
-  // cut off another key, so repeat until nothing is unreachable (bounded; each pass is BFS).
-  template <MatrixStore Store>
-  void repair_reachability(const Store& store, detail::adjacency_lists& adj, id_t entry) const;
-
   template <MatrixStore Store>
   std::vector<id_t> prune_around(const Store& store, id_t pivot, const std::vector<id_t>& ids,
                                  std::size_t degree, bool fill, std::vector<float>& scratch) const;

@@ -133,12 +133,13 @@ graph_index<Store, M> roargraph_builder<M, Engine>::finish(Store store, const kn
   }
   if (params_.connectivity) {
     const auto t2 = detail::monotonic_seconds();
-    repair_reachability(store, adj, entry);
+    st.unreachable_keys = detail::repair_reachability<Store, key_metric>(
+        store, adj, entry, degree_cap(), std::min(params_.L, n));
     st.repair_seconds = detail::seconds_since(t2);
     report("repair");
   }
   st.connectivity_seconds = detail::seconds_since(t1);
-  {
+  if (!params_.connectivity) {  // (the repair counts them itself)
     std::vector<char> reached(n, 0);
     std::vector<id_t> stack;
     st.unreachable_keys = n - detail::mark_reachable(adj, entry, reached, stack);
@@ -603,50 +604,6 @@ void roargraph_builder<M, Engine>::upload_rows(Searcher& searcher,
       },
       1024);
   searcher.set_rows(std::span<const id_t>(rows), std::span<const id_t>(padded_rows));
-}
-
-template <Metric M, KnnEngine Engine>
-template <MatrixStore Store>
-void roargraph_builder<M, Engine>::repair_reachability(const Store& store,
-                                                       detail::adjacency_lists& adj,
-                                                       id_t entry) const {
-  const std::size_t n = store.size(), R = degree_cap();
-  const std::size_t L = std::min(params_.L, n);
-  const detail::building_graph<Store, key_metric> g{store, adj, entry};
-  search_workspace ws;
-  std::vector<id_t> ids(L);
-  std::vector<float> scores(L);
-  std::vector<char> reached(n);
-  std::vector<id_t> stack;
-  auto mark_from = [&](id_t start) { (void)detail::mark_reachable(adj, start, reached, stack); };
-  for (int pass = 0; pass < 8; ++pass) {
-    std::fill(reached.begin(), reached.end(), 0);
-    mark_from(entry);
-    bool changed = false;
-    for (std::size_t x = 0; x < n; ++x) {
-      if (reached[x]) continue;
-      ws.query.resize(store.dim());
-      detail::widen(store.row(x), ws.query.data(), store.dim());
-      const auto s = beam_search(g, std::span<const float>(ws.query), {L, L}, ws,
-                                 std::span<id_t>(ids), std::span<float>(scores));
-      id_t host = invalid_id;
-      for (std::size_t j = 0; j < s.count && host == invalid_id; ++j) {
-        if (reached[ids[j]] && adj.rows[ids[j]].size() < R) host = ids[j];
-      }
-      for (std::size_t j = 0; j < s.count && host == invalid_id; ++j) {
-        if (reached[ids[j]]) host = ids[j];
-      }
-      if (host == invalid_id) host = entry;
-      auto& row = adj.rows[host];
-      if (row.size() >= R)
-        row.back() = static_cast<id_t>(x);
-      else
-        row.push_back(static_cast<id_t>(x));
-      mark_from(static_cast<id_t>(x));
-      changed = true;
-    }
-    if (!changed) return;
-  }
 }
 
 template <Metric M, KnnEngine Engine>
