@@ -50,7 +50,14 @@ inline constexpr int ds_warps_per_block = 4;
 // registers per thread), so a decode batch of 1024 searches runs at once on 132 SMs; or, for
 // batches of at most four searches per SM, a block of eight warps, four blocks per SM.
 inline constexpr int ds_block_threads = 128;
-inline constexpr int ds_said_ints = 12;  // the block kernel's block-wide counts (8 warps)
+/// Survivor counts up to which the block kernel's merge places entries by counted ranks and
+/// insertion points instead of sorting. 64 and 128 were slower at 1024 searches (H200: 0.485
+/// and 0.507-0.517 ms against 0.471-0.481 ms;
+/// bench/results/h200_decode_search_rank_merge_threshold.txt).
+inline constexpr int ds_rank_merge_max = 32;
+/// The block kernel's block-wide counts: [0, 4) counts, [4, 12) one per warp (up to 8 warps),
+/// [12, 12 + ds_rank_merge_max) the merge's insertion points.
+inline constexpr int ds_said_ints = 12 + ds_rank_merge_max;
 /// The block kernel's register budget: 64 per thread, 1024 threads per SM (eight blocks of
 /// four warps, or four of eight).
 inline constexpr int ds_block_sm_threads = 1024;
@@ -373,11 +380,6 @@ __device__ inline int ds_block_compact_survivors(const walk_entry* pool, int cnt
   return keep_n;
 }
 
-/// Survivor counts up to which the block kernel's merge counts ranks instead of sorting. 64 and
-/// 128 were slower at 1024 searches (H200: 0.485 and 0.507-0.517 ms against 0.471-0.481 ms;
-/// bench/results/h200_decode_search_rank_merge_threshold.txt).
-inline constexpr int ds_rank_merge_max = 32;
-
 /// Entries of a[0, len) (in any order, distinct) that rank before e.
 __device__ __forceinline__ int ds_count_better_unsorted(const walk_entry* a, int len,
                                                         walk_entry e) {
@@ -391,13 +393,14 @@ __device__ __forceinline__ int ds_count_better_unsorted(const walk_entry* a, int
 /// the pool is full only candidates better than its worst survive. The merged pool is written
 /// to `other` (room for L entries) and the two pointers are swapped, unless nothing survived.
 /// `inc` is clobbered (survivors compacted to its front, sorted unless few). Every entry's
-/// final position is its index plus a binary search in the other sorted list (or, for a block
-/// and at most ds_rank_merge_max survivors, plus a count over the unsorted survivors);
-/// positions are distinct, so all threads write at once. Every thread of the search calls it; a
-/// block passes shared scratch for one int per warp.
+/// final position is its index plus a binary search in the other sorted list (for a block and
+/// at most ds_rank_merge_max survivors: see below); positions are distinct, so all threads
+/// write at once. Every thread of the search calls it; a block passes shared scratch for one
+/// int per warp and ds_rank_merge_max ints of insertion points.
 template <int Threads>
 __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, int L,
-                               walk_entry* inc, int n, int rank, int* warp_keep = nullptr) {
+                               walk_entry* inc, int n, int rank, int* warp_keep = nullptr,
+                               int* ins = nullptr) {
   int keep_n = 0;
   if constexpr (Threads == 32) {
     keep_n = walk_compact_survivors(pool, cnt, L, inc, n, rank);
@@ -406,20 +409,38 @@ __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, i
   }
   if (keep_n == 0) return cnt;
   if (Threads > 32 && keep_n <= ds_rank_merge_max) {
-    // Few survivors (most steps once the pool is full): no sort. Each entry's position is its
-    // rank counted over the unsorted survivors, plus its index (pool) or a binary search in
-    // the pool (survivor): a few compares per thread, against a bitonic sort's barrier per
-    // stage (measured at 1024 searches: the decode step 1.03-1.04x faster than with the sort).
-    for (int i = rank; i < cnt; i += Threads) {
-      const walk_entry e = pool[i];
-      const int pos = i + ds_count_better_unsorted(inc, keep_n, e);
-      if (pos < L) other[pos] = e;
-    }
+    // Few survivors (most steps once the pool is full): no sort, against a bitonic sort's
+    // barrier per stage (measured at 1024 searches: the decode step 1.03-1.04x faster than
+    // with the sort). A survivor's position is its rank counted over the unsorted survivors
+    // plus its insertion point in the pool (a binary search). The insertion points, stored by
+    // rank, ascend, and a pool entry moves down by the number of them at or before its index
+    // (an entry and a survivor are never equal): a binary search over at most 32 of them, and
+    // none for the entries before the best survivor's point, which keep their places. (Each
+    // pool entry used to count the survivors that rank before it, 32 comparisons.)
     for (int j = rank; j < keep_n; j += Threads) {
       const walk_entry e = inc[j];
-      const int pos =
-          ds_count_better_unsorted(inc, keep_n, e) + walk_count_better(pool, cnt, e.key, e.id);
-      if (pos < L) other[pos] = e;
+      const int r = ds_count_better_unsorted(inc, keep_n, e);
+      const int at = walk_count_better(pool, cnt, e.key, e.id);
+      ins[r] = at;
+      if (at + r < L) other[at + r] = e;
+    }
+    ds_sync<Threads>();
+    const int first = ins[0];
+    for (int i = rank; i < cnt; i += Threads) {
+      int moved = 0;
+      if (i >= first) {  // ins[0] <= i: count the insertion points <= i
+        int lo = 1, hi = keep_n;
+        while (lo < hi) {
+          const int mid = (lo + hi) >> 1;
+          if (ins[mid] <= i) {
+            lo = mid + 1;
+          } else {
+            hi = mid;
+          }
+        }
+        moved = lo;
+      }
+      if (i + moved < L) other[i + moved] = pool[i];
     }
   } else {
     ds_sort<Threads>(inc, keep_n, rank);
@@ -1149,12 +1170,12 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
                                decode_search_outputs out, std::uint32_t* ws) {
   extern __shared__ __align__(16) unsigned char ds_smem[];
   // said[0]: a count gathered by atomics (fresh ids); [1]: a count warp 0 hands to the block;
-  // [2]: warp 0's "no more seeds"; [4, 4 + NT / 32): the merge's per-warp counts. (In the dynamic
-  // region: a kernel with static shared memory could not be given the device's whole opt-in
-  // size.)
+  // [2]: warp 0's "no more seeds"; [4, 4 + NT / 32): the merge's per-warp counts; [12, 44):
+  // its insertion points. (In the dynamic region: a kernel with static shared memory could not
+  // be given the device's whole opt-in size.)
   int* const said = reinterpret_cast<int*>(ds_smem + c.said_off);
   constexpr unsigned full = 0xffffffffu;
-  static_assert(NT % 32 == 0 && 4 + NT / 32 <= ds_said_ints, "said[4, ..) holds a count per warp");
+  static_assert(NT % 32 == 0 && 4 + NT / 32 <= 12, "said[4, 12) holds a count per warp");
   const int rank = static_cast<int>(threadIdx.x);
   const int lane = rank & 31, warp = rank >> 5;
   float* const q = reinterpret_cast<float*>(ds_smem);
@@ -1227,7 +1248,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
       }
       __syncthreads();
       scored += static_cast<std::uint32_t>(nv);
-      cnt = ds_merge<NT>(pool, other, cnt, c.pool, inc, nv, rank, said + 4);
+      cnt = ds_merge<NT>(pool, other, cnt, c.pool, inc, nv, rank, said + 4, said + 12);
     };
 
     // Warp 0 gathers, the block visits: the gathered candidates, as long as inc holds them,
