@@ -1,8 +1,7 @@
 #pragma once
 // The RoarGraph build's graph under construction: adjacency lists, the `Graph` view the build's
-// beam searches walk, and the reachability repair that ends the build.
+// beam searches walk, and the reachability marking the repair step uses.
 
-#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -12,9 +11,7 @@
 #include "kvsift/core/ids.hpp"
 #include "kvsift/core/metric.hpp"
 #include "kvsift/core/vector_store.hpp"
-#include "kvsift/search/beam_search.hpp"
 #include "kvsift/search/graph.hpp"
-#include "kvsift/search/search_workspace.hpp"
 
 namespace kvsift::detail {
 
@@ -75,59 +72,6 @@ inline std::size_t mark_reachable(const adjacency_lists& adj, id_t start,
     }
   }
   return marked;
-}
-
-/// Makes every key reachable from `entry`. Re-pruning full rows can drop a key's last in-edge,
-/// and a key no path reaches is found by no query, so each unreachable key, in id order, is
-/// attached to a reachable key that a beam search (pool L, l2 under M over `store`) for it
-/// finds: the best found with fewer than R edges, else the best found, whose last edge gives
-/// way (the entry if the search found no reachable key). A replaced edge can cut off another
-/// key, so a pass that replaced one is followed by another (8 at most, each a traversal). A
-/// pass that only appended edges cut nothing off: every key it marked stays reachable, so it
-/// needs no second traversal to confirm (at 131072 keys a traversal is 20-40 ms, a tenth of a
-/// GPU-built head). Returns the keys left unreachable: 0 unless 8 passes did not settle it.
-template <VectorStore S, Metric M>
-std::size_t repair_reachability(const S& store, adjacency_lists& adj, id_t entry, std::size_t R,
-                                std::size_t L) {
-  const std::size_t n = store.size();
-  const building_graph<S, M> g{store, adj, entry};
-  search_workspace ws;
-  std::vector<id_t> ids(L);
-  std::vector<float> scores(L);
-  std::vector<char> reached(n);
-  std::vector<id_t> stack;
-  auto mark_from = [&](id_t start) { return mark_reachable(adj, start, reached, stack); };
-  for (int pass = 0; pass < 8; ++pass) {
-    std::fill(reached.begin(), reached.end(), 0);
-    if (mark_from(entry) == n) return 0;
-    bool replaced = false;
-    for (std::size_t x = 0; x < n; ++x) {
-      if (reached[x]) continue;
-      ws.query.resize(store.dim());
-      widen(store.row(x), ws.query.data(), store.dim());
-      const auto s = beam_search(g, std::span<const float>(ws.query), {L, L}, ws,
-                                 std::span<id_t>(ids), std::span<float>(scores));
-      id_t host = invalid_id;
-      for (std::size_t j = 0; j < s.count && host == invalid_id; ++j) {
-        if (reached[ids[j]] && adj.rows[ids[j]].size() < R) host = ids[j];
-      }
-      for (std::size_t j = 0; j < s.count && host == invalid_id; ++j) {
-        if (reached[ids[j]]) host = ids[j];
-      }
-      if (host == invalid_id) host = entry;
-      auto& row = adj.rows[host];
-      if (row.size() >= R) {
-        row.back() = static_cast<id_t>(x);
-        replaced = true;
-      } else {
-        row.push_back(static_cast<id_t>(x));
-      }
-      (void)mark_from(static_cast<id_t>(x));
-    }
-    if (!replaced) return 0;  // every key is marked, through edges that are all still there
-  }
-  std::fill(reached.begin(), reached.end(), 0);
-  return n - mark_from(entry);
 }
 
 /// Marks the builder's own (CPU) step-3 searches.
