@@ -200,8 +200,9 @@ int main(int argc, char** argv) {
   };
   // Step 3's expand fraction against the defaults, seed by seed (the defaults' recall moves
   // by about 0.01 between seeds, so one seed cannot tell a small change from that spread).
-  for (const auto& seed_s : kvsift::cuda_bench::split_list(o.seeds)) {
-    if (o.expand_fractions.empty()) break;
+  const auto seeds = o.expand_fractions.empty() ? std::vector<std::string>{}
+                                                : kvsift::cuda_bench::split_list(o.seeds);
+  for (const auto& seed_s : seeds) {
     auto base = p;
     base.seed = std::stoull(seed_s);
     double base_recall[3] = {};

@@ -26,8 +26,9 @@ namespace detail {
 /// way (the entry if the search found no reachable key). A replaced edge can cut off another
 /// key, so a pass that replaced one is followed by another (8 at most, each a traversal). A
 /// pass that only appended edges cut nothing off: every key it marked stays reachable, so it
-/// needs no second traversal to confirm (at 131072 keys a traversal is 20-40 ms, a tenth of a
-/// GPU-built head). Returns the keys left unreachable: 0 unless 8 passes did not settle it.
+/// needs no second traversal to confirm (at 131072 keys a traversal is 20-40 ms on the H200
+/// host, where a GPU-built head spends about 1 s in its builder). Returns the keys left
+/// unreachable: 0 unless 8 passes did not settle it.
 template <VectorStore S, Metric M>
 std::size_t repair_reachability(const S& store, adjacency_lists& adj, id_t entry, std::size_t R,
                                 std::size_t L) {
