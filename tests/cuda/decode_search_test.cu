@@ -303,8 +303,8 @@ query_batch first_queries(const query_batch& qb, std::size_t m, std::size_t d) {
 /// scored, the per-query capped flag; DIPR also best score and capping).
 template <class M, class T>
 int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_params& p,
-            bool paged, std::int64_t declared_keys = 0) {
-  const gpu_result r = run_gpu<T>(s, qb, p, paged, 16, declared_keys);
+            bool paged, std::int64_t declared_keys = 0, int page_size = 16) {
+  const gpu_result r = run_gpu<T>(s, qb, p, paged, page_size, declared_keys);
   const bool dipr = p.mode == kc::decode_search_mode::dipr;
   const auto cap = static_cast<std::size_t>(r.capacity);
   kvsift::search_workspace ws;
@@ -746,6 +746,24 @@ TEST_CASE("decode_search_model_head_dims_match_cpu", "[cuda][decode_search]") {
   CHECK((compare<kvsift::l2, __nv_bfloat16>(s128, q128, topk(16, 48, kc::graph_metric::l2),
                                             kDense) == 0));
   CHECK((compare<kvsift::inner_product, __half>(s128, q128, dipr(6.0f, 16, 0), kPaged) == 0));
+}
+
+TEST_CASE("decode_search_page_sizes_match_cpu", "[cuda][decode_search]") {
+  // A key's page and slot come from a shift for power-of-two page sizes and from a division
+  // for the others: one token per page, a page size that is not a power of two, and one past
+  // the graphs' sizes; the pages are scattered (run_gpu), so a wrong slot reads another key.
+  const graph_set s = make_set({700, 1300}, 32, 24, 2);
+  const query_batch plain = make_queries(s, 400, false, false);
+  const query_batch ranged = make_queries(s, 400, true, true);
+  for (const int page : {1, 12, 64, 2048}) {
+    CAPTURE(page);
+    CHECK((compare<kvsift::inner_product, __half>(
+               s, plain, topk(20, 40, kc::graph_metric::inner_product), kPaged, 0, page) == 0));
+    CHECK((compare<kvsift::l2, float>(s, ranged, topk(10, 32, kc::graph_metric::l2), kPaged, 0,
+                                      page) == 0));
+    CHECK((compare<kvsift::inner_product, __half>(s, ranged, dipr(4.0f, 16, 0), kPaged, 0, page) ==
+           0));
+  }
 }
 
 TEST_CASE("decode_search_visited_in_workspace_matches_cpu", "[cuda][decode_search]") {

@@ -90,11 +90,30 @@ struct ds_dense_source {
 template <class T>
 struct ds_paged_source {
   paged_kv_ref<T> kv;
+  int page_shift = -1;  // log2(page_size) for a power of two, else -1
+
+  /// (kv.page_size > 0: the callers check it first.)
+  explicit ds_paged_source(const paged_kv_ref<T>& v) : kv(v) {
+    if ((v.page_size & (v.page_size - 1)) == 0) {
+      page_shift = 0;
+      while ((1 << page_shift) < v.page_size) ++page_shift;
+    }
+  }
   __device__ const T* row(int g, std::int64_t, std::uint32_t id) const {
+    // Every vector scored looks its page up: a shift rather than a 32-bit division (a routine
+    // of about twenty instructions) for the usual power-of-two page sizes.
+    std::uint32_t pi = 0, at = 0;
+    if (page_shift >= 0) {
+      pi = id >> page_shift;
+      at = id & ((1u << page_shift) - 1u);
+    } else {
+      pi = id / static_cast<std::uint32_t>(kv.page_size);
+      at = id - pi * static_cast<std::uint32_t>(kv.page_size);
+    }
     const std::int32_t page =
-        kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + id / kv.page_size];
+        kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + pi];
     if (page < 0 || page >= kv.num_pages) return nullptr;
-    return kv.k_pages + (static_cast<std::size_t>(page) * kv.page_size + id % kv.page_size) *
+    return kv.k_pages + (static_cast<std::size_t>(page) * kv.page_size + at) *
                             static_cast<std::size_t>(kv.head_dim);
   }
   __device__ std::int64_t capacity(int) const {
@@ -396,11 +415,12 @@ __device__ __forceinline__ int ds_count_better_unsorted(const walk_entry* a, int
 /// final position is its index plus a binary search in the other sorted list (for a block and
 /// at most ds_rank_merge_max survivors: see below); positions are distinct, so all threads
 /// write at once. Every thread of the search calls it; a block passes shared scratch for one
-/// int per warp and ds_rank_merge_max ints of insertion points.
+/// int per warp and ds_rank_merge_max ints of insertion points. `cursor`, where given (shared),
+/// is lowered to the merged pool's first new entry: the entries before it keep their places.
 template <int Threads>
 __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, int L,
                                walk_entry* inc, int n, int rank, int* warp_keep = nullptr,
-                               int* ins = nullptr) {
+                               int* ins = nullptr, int* cursor = nullptr) {
   int keep_n = 0;
   if constexpr (Threads == 32) {
     keep_n = walk_compact_survivors(pool, cnt, L, inc, n, rank);
@@ -426,6 +446,7 @@ __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, i
     }
     ds_sync<Threads>();
     const int first = ins[0];
+    if (cursor != nullptr && rank == 0) *cursor = min(*cursor, first);
     for (int i = rank; i < cnt; i += Threads) {
       int moved = 0;
       if (i >= first) {  // ins[0] <= i: count the insertion points <= i
@@ -444,6 +465,9 @@ __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, i
     }
   } else {
     ds_sort<Threads>(inc, keep_n, rank);
+    if (cursor != nullptr && rank == 0) {  // the best survivor's position
+      *cursor = min(*cursor, walk_count_better(pool, cnt, inc[0].key, inc[0].id));
+    }
     for (int i = rank; i < cnt; i += Threads) {
       const walk_entry e = pool[i];
       const int pos = i + walk_count_better(inc, keep_n, e.key, e.id);
@@ -469,13 +493,17 @@ __device__ inline int ds_step_nodes(const ds_config& c, int hops) {
 }
 
 /// A step's nodes, run by one warp: the first `expand` unexpanded entries of pool[from, cnt)
-/// are marked expanded and their ids written to picks[0, np); returns np. The caller syncs
-/// before another warp reads `picks`.
+/// are marked expanded and their ids written to picks[0, np); returns np. `next`, where given,
+/// is set (by lane 0) to the start of the last 32 entries looked at: every entry before it is
+/// expanded, so the next pick may start there. The caller syncs before another warp reads
+/// `picks`.
 __device__ inline int ds_pick(walk_entry* pool, int cnt, int from, int expand, std::uint32_t* picks,
-                              int lane) {
+                              int lane, int* next = nullptr) {
   const unsigned lower_lanes = (1u << lane) - 1u;
   int np = 0;
+  int at = from;
   for (int i0 = from; i0 < cnt && np < expand; i0 += 32) {
+    at = i0;
     const int i = i0 + lane;
     const bool un = i < cnt && (pool[i].id & walk_expanded) == 0u;
     const unsigned b = __ballot_sync(0xffffffffu, un);
@@ -485,6 +513,10 @@ __device__ inline int ds_pick(walk_entry* pool, int cnt, int from, int expand, s
       pool[i].id |= walk_expanded;
     }
     np = min(expand, np + __popc(b));
+  }
+  if (next != nullptr) {
+    __syncwarp();  // (`next` may be where the lanes read `from`)
+    if (lane == 0) *next = at;
   }
   return np;
 }
@@ -1170,9 +1202,9 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
                                decode_search_outputs out, std::uint32_t* ws) {
   extern __shared__ __align__(16) unsigned char ds_smem[];
   // said[0]: a count gathered by atomics (fresh ids); [1]: a count warp 0 hands to the block;
-  // [2]: warp 0's "no more seeds"; [4, 4 + NT / 32): the merge's per-warp counts; [12, 44):
-  // its insertion points. (In the dynamic region: a kernel with static shared memory could not
-  // be given the device's whole opt-in size.)
+  // [2]: warp 0's "no more seeds"; [3]: the pick cursor (below); [4, 4 + NT / 32): the merge's
+  // per-warp counts; [12, 44): its insertion points. (In the dynamic region: a kernel with static
+  // shared memory could not be given the device's whole opt-in size.)
   int* const said = reinterpret_cast<int*>(ds_smem + c.said_off);
   constexpr unsigned full = 0xffffffffu;
   static_assert(NT % 32 == 0 && 4 + NT / 32 <= 12, "said[4, 12) holds a count per warp");
@@ -1203,6 +1235,11 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
         q[j] = x;
       }
     }
+    // The pick cursor: every pool entry before said[3] is expanded, so a step's pick starts
+    // there instead of at the pool's front (a pick moves it to its last 32 entries, a merge
+    // back to its first new entry). At L 272 and 8 nodes a step, the pick's scan from the
+    // front was about a tenth of the dense search's time.
+    if (rank == 0) said[3] = 0;
     finite = __syncthreads_and(finite) != 0;
     const bool run = ok && finite && n > 0;
     int cnt = 0;
@@ -1248,7 +1285,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
       }
       __syncthreads();
       scored += static_cast<std::uint32_t>(nv);
-      cnt = ds_merge<NT>(pool, other, cnt, c.pool, inc, nv, rank, said + 4, said + 12);
+      cnt = ds_merge<NT>(pool, other, cnt, c.pool, inc, nv, rank, said + 4, said + 12, said + 3);
     };
 
     // Warp 0 gathers, the block visits: the gathered candidates, as long as inc holds them,
@@ -1330,7 +1367,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
         const int want = ds_step_nodes(c, hops);
         if (want <= 0) break;
         if (warp == 0) {
-          const int np = ds_pick(pool, min(cnt, c.limit), 0, want, picks, lane);
+          const int np = ds_pick(pool, min(cnt, c.limit), said[3], want, picks, lane, said + 3);
           if (lane == 0) {
             said[0] = 0;
             said[1] = np;
