@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -94,10 +95,8 @@ struct ds_paged_source {
 
   /// (kv.page_size > 0: the callers check it first.)
   explicit ds_paged_source(const paged_kv_ref<T>& v) : kv(v) {
-    if ((v.page_size & (v.page_size - 1)) == 0) {
-      page_shift = 0;
-      while ((1 << page_shift) < v.page_size) ++page_shift;
-    }
+    const auto size = static_cast<std::uint32_t>(v.page_size);
+    if (std::has_single_bit(size)) page_shift = std::countr_zero(size);
   }
   __device__ const T* row(int g, std::int64_t, std::uint32_t id) const {
     // Every vector scored looks its page up: a shift rather than a 32-bit division (a routine
@@ -465,9 +464,6 @@ __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, i
     }
   } else {
     ds_sort<Threads>(inc, keep_n, rank);
-    if (cursor != nullptr && rank == 0) {  // the best survivor's position
-      *cursor = min(*cursor, walk_count_better(pool, cnt, inc[0].key, inc[0].id));
-    }
     for (int i = rank; i < cnt; i += Threads) {
       const walk_entry e = pool[i];
       const int pos = i + walk_count_better(inc, keep_n, e.key, e.id);
@@ -477,6 +473,9 @@ __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, i
       const walk_entry e = inc[j];
       const int pos = j + walk_count_better(pool, cnt, e.key, e.id);
       if (pos < L) other[pos] = e;
+      // The best survivor's position is the first new entry (thread 0 at j = 0, so no
+      // search of its own).
+      if (cursor != nullptr && j == 0) *cursor = min(*cursor, pos);
     }
   }
   ds_sync<Threads>();
