@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -133,9 +134,12 @@ struct gpu_result {
 /// Runs decode_search on the device over dense or paged keys (element type T).
 /// `declared_keys` raises the set's max_keys above the largest graph: above 2^18 keys the
 /// kernel keeps its visited bitsets in the workspace instead of shared memory.
+/// `page_of_graph0`, where given (paged keys), replaces the page-table entry of graph 0's
+/// second page (a bad entry: negative, or past the pool).
 template <class T>
 gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_search_params& p,
-                   bool paged, int page_size = 16, std::int64_t declared_keys = 0) {
+                   bool paged, int page_size = 16, std::int64_t declared_keys = 0,
+                   std::optional<std::int32_t> page_of_graph0 = std::nullopt) {
   const std::size_t m = qb.graph.size();
   const std::size_t total = s.keys.size() / s.d;
   const int G = static_cast<int>(s.sizes.size());
@@ -209,6 +213,7 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
         }
       }
     }
+    if (page_of_graph0) table[1] = *page_of_graph0;
     device_buffer<T> dk(pool);
     device_buffer<std::int32_t> dt(table);
     kc::paged_kv_ref<T> kv;
@@ -1169,6 +1174,29 @@ TEST_CASE("decode_search_device_errors_set_status", "[cuda][decode_search]") {
   const gpu_result r3 = run_gpu<float>(make_set({300, 200}, 16, 16, 1), qf,
                                        topk(10, 10, kc::graph_metric::inner_product), kDense);
   CHECK(((r3.status & kc::decode_status_bad_query) != 0u && r3.counts[0] == 0));
+}
+
+TEST_CASE("decode_search_bad_page_table_entry_sets_status", "[cuda][decode_search]") {
+  // Graph 0's tokens 16-31 point at no page (-1) or past the pool: every kernel that scores
+  // one of them flags decode_status_bad_id and reads nothing there (memcheck); graph 1's
+  // searches are untouched. Top-k runs the block kernel, DIPR the warp kernel.
+  const graph_set s = make_set({300, 200}, 16, 16, 1);
+  query_batch qb = make_queries(s, 64, false, false);
+  for (std::size_t i = 0; i < qb.graph.size(); ++i) qb.graph[i] = int(i % 2);
+  for (const auto& p : {topk(10, 64, kc::graph_metric::inner_product), dipr(3.0f, 16, 0)}) {
+    const gpu_result clean = run_gpu<float>(s, qb, p, kPaged);
+    CHECK(clean.status == 0u);
+    for (const std::int32_t bad : {-1, 1 << 20}) {
+      const gpu_result r = run_gpu<float>(s, qb, p, kPaged, 16, 0, bad);
+      CHECK((r.status & kc::decode_status_bad_id) != 0u);
+      const auto cap = std::size_t(r.capacity);
+      for (std::size_t i = 1; i < qb.graph.size(); i += 2) {
+        CHECK(r.counts[i] == clean.counts[i]);
+        CHECK(std::equal(r.ids.begin() + i * cap, r.ids.begin() + (i + 1) * cap,
+                         clean.ids.begin() + i * cap));
+      }
+    }
+  }
 }
 
 TEST_CASE("decode_results_to_csr_compacts_rows", "[cuda][decode_search]") {

@@ -75,12 +75,22 @@ inline int ds_block_threads_for(int warps_per_search, std::int64_t m, int sms) {
 }
 
 /// Key rows of a dense matrix: graph g's key i is row base + i.
+///
+/// A source's row(g, base, id) is at(base, id, locate(g, id)): locate() is the load a row's
+/// address waits for (a paged source's page-table entry; nothing here, `locates` false) and
+/// at() the arithmetic after it, so a kernel can load the entry early and keep it (below: the
+/// block kernel's step gather).
 template <class T>
 struct ds_dense_source {
+  static constexpr bool locates = false;
   const T* keys;
   std::int64_t ld;
-  __device__ const T* row(int, std::int64_t base, std::uint32_t id) const {
+  __device__ std::int32_t locate(int, std::uint32_t) const { return 0; }
+  __device__ const T* at(std::int64_t base, std::uint32_t id, std::int32_t) const {
     return keys + static_cast<std::size_t>(base + id) * static_cast<std::size_t>(ld);
+  }
+  __device__ const T* row(int g, std::int64_t base, std::uint32_t id) const {
+    return at(base, id, locate(g, id));
   }
   /// Keys graph g can address (the adjacency bounds them; no page table to overflow).
   __device__ std::int64_t capacity(int) const { return INT64_MAX; }
@@ -90,6 +100,7 @@ struct ds_dense_source {
 /// page id outside the pool (the caller flags it).
 template <class T>
 struct ds_paged_source {
+  static constexpr bool locates = true;
   paged_kv_ref<T> kv;
   int page_shift = -1;  // log2(page_size) for a power of two, else -1
 
@@ -98,22 +109,25 @@ struct ds_paged_source {
     const auto size = static_cast<std::uint32_t>(v.page_size);
     if (std::has_single_bit(size)) page_shift = std::countr_zero(size);
   }
-  __device__ const T* row(int g, std::int64_t, std::uint32_t id) const {
-    // Every vector scored looks its page up: a shift rather than a 32-bit division (a routine
-    // of about twenty instructions) for the usual power-of-two page sizes.
-    std::uint32_t pi = 0, at = 0;
-    if (page_shift >= 0) {
-      pi = id >> page_shift;
-      at = id & ((1u << page_shift) - 1u);
-    } else {
-      pi = id / static_cast<std::uint32_t>(kv.page_size);
-      at = id - pi * static_cast<std::uint32_t>(kv.page_size);
-    }
-    const std::int32_t page =
-        kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + pi];
+  // Every vector scored looks its page up: a shift rather than a 32-bit division (a routine
+  // of about twenty instructions) for the usual power-of-two page sizes.
+  __device__ std::uint32_t page_index(std::uint32_t id) const {
+    return page_shift >= 0 ? id >> page_shift : id / static_cast<std::uint32_t>(kv.page_size);
+  }
+  /// The page holding key `id` of graph g (its page-table entry).
+  __device__ std::int32_t locate(int g, std::uint32_t id) const {
+    return kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + page_index(id)];
+  }
+  __device__ const T* at(std::int64_t, std::uint32_t id, std::int32_t page) const {
     if (page < 0 || page >= kv.num_pages) return nullptr;
-    return kv.k_pages + (static_cast<std::size_t>(page) * kv.page_size + at) *
+    const std::uint32_t slot = page_shift >= 0
+                                   ? id & ((1u << page_shift) - 1u)
+                                   : id - page_index(id) * static_cast<std::uint32_t>(kv.page_size);
+    return kv.k_pages + (static_cast<std::size_t>(page) * kv.page_size + slot) *
                             static_cast<std::size_t>(kv.head_dim);
+  }
+  __device__ const T* row(int g, std::int64_t base, std::uint32_t id) const {
+    return at(base, id, locate(g, id));
   }
   __device__ std::int64_t capacity(int) const {
     return static_cast<std::int64_t>(kv.max_pages_per_head) * kv.page_size;
@@ -1255,7 +1269,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     // Scores inc[0, nv), four threads per row (one for rows not in 16-byte vectors), and
     // merges them into the pool.
     // Block-uniform.
-    auto visit = [&](int nv) {
+    auto visit = [&](int nv, bool located = false) {
       // Four lanes per row whenever the rows are 16-byte vectors: a row's chain of load rounds
       // is four times shorter and its loads coalesce (four lanes read 64 contiguous bytes). The
       // block used to split rows only when one pass held them all (S = 4 up to NT / 4 rows,
@@ -1267,13 +1281,21 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
       auto score = [&]<int S>() {
         for (int j0 = 0; j0 < nv; j0 += NT / S) {  // block-uniform trip count (shuffles)
           const int j = j0 + rank / S;
-          const T* r = j < nv ? src.row(g, base, inc[j].id) : nullptr;
+          const T* r = nullptr;
+          if (j < nv) {
+            const std::uint32_t id = inc[j].id;
+            r = Src::locates && located ? src.at(base, id, __float_as_int(inc[j].key))
+                                        : src.row(g, base, id);
+          }
           if (j < nv && r == nullptr) status |= decode_status_bad_id;
           float x = 0.0f;
           if (r != nullptr) {
             x = c.vec ? ds_score_part<L2, S>(q, r, d, rank % S) : walk_score<L2>(q, r, d, false);
           }
           x = walk_combine_lanes<S>(x);
+          // The row's S lanes read its page from inc[j].key, which the first one overwrites
+          // next: the shuffles above do not order shared-memory accesses, a warp barrier does.
+          if (Src::locates && located && S > 1) __syncwarp();
           if (j < nv && rank % S == 0) inc[j].key = r != nullptr ? walk_key<L2>(x) : neg_inf();
         }
       };
@@ -1292,10 +1314,10 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     // visits), so a block barrier is paid per batch rather than per seed. Visits the
     // said[slot] candidates in inc (gathered by warp 0, or by the block's atomics in a step);
     // called after the barrier that follows those writes.
-    auto visit_gathered = [&](int slot) {
+    auto visit_gathered = [&](int slot, bool located = false) {
       const int nv = said[slot];
       if (nv > 0) {
-        visit(nv);
+        visit(nv, located);
       } else {
         __syncthreads();  // said[] is rewritten by warp 0 next
       }
@@ -1414,10 +1436,18 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
           // Without the walk-through a failing id is marked (above) and dropped here.
           bool fresh[U];
           int mine = 0;
+          // Paged keys: a fresh id's page-table entry is loaded here, in flight during the
+          // count and the slot claim below, and kept in its inc entry's key until the score
+          // overwrites it. A scoring pass then loads key rows directly instead of the entry
+          // first. H200, alternated with the kernel before: the decode step (filtered search)
+          // at 1024 searches 0.556-0.557 against 0.574-0.580 ms, the plain search unchanged
+          // (h200_decode_search_gather_pages.txt).
+          std::int32_t where[U];
 #pragma unroll
           for (int t = 0; t < U; ++t) {
             fresh[t] = ((was[t] >> (v[t] & 31u)) & 1u) == 0u && gw.in_filter<Filtered>(v[t]);
             mine += fresh[t] ? 1 : 0;
+            where[t] = Src::locates && fresh[t] ? src.locate(g, v[t]) : 0;
           }
           int upto = mine;  // inclusive prefix over the warp
 #pragma unroll
@@ -1430,7 +1460,10 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
           at = __shfl_sync(full, at, 31) + upto - mine;
 #pragma unroll
           for (int t = 0; t < U; ++t) {
-            if (fresh[t]) inc[at++].id = v[t];
+            if (fresh[t]) {
+              if constexpr (Src::locates) inc[at].key = __int_as_float(where[t]);
+              inc[at++].id = v[t];
+            }
           }
         }
         if (redo) {
@@ -1451,7 +1484,7 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
           }
         }
         __syncthreads();
-        visit_gathered(0);
+        visit_gathered(0, !redo);  // (the one-by-one expansions gather ids only)
       }
     }
 
