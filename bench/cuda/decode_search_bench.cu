@@ -170,10 +170,12 @@ int main(int argc, char** argv) {
   {
     std::vector<std::int64_t> src(pages), dst(pages);
     for (std::size_t i = 0; i < pages; ++i) {
-      KVSIFT_CUDA_CHECK(cudaMemcpyAsync(dpool.p + std::size_t(table[i]) * o.page * d,
-                                        dkeys.p + i * o.page * d,
-                                        std::min(o.page, n - (i % pages_per) * o.page) * d * 2,
-                                        cudaMemcpyDeviceToDevice, stream));
+      // (Page i is page i % pages_per of graph i / pages_per: its last page may be partial.)
+      KVSIFT_CUDA_CHECK(
+          cudaMemcpyAsync(dpool.p + std::size_t(table[i]) * o.page * d,
+                          dkeys.p + ((i / pages_per) * n + (i % pages_per) * o.page) * d,
+                          std::min(o.page, n - (i % pages_per) * o.page) * d * 2,
+                          cudaMemcpyDeviceToDevice, stream));
     }
     KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
   }

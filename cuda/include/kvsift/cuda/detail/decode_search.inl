@@ -115,22 +115,33 @@ struct ds_paged_source {
     return page_shift >= 0 ? id >> page_shift : id / static_cast<std::uint32_t>(kv.page_size);
   }
   /// The page holding key `id` of graph g (its page-table entry).
-  __device__ std::int32_t locate(int g, std::uint32_t id) const {
-    return kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + page_index(id)];
-  }
+  __device__ std::int32_t locate(int g, std::uint32_t id) const { return entry(g, page_index(id)); }
   __device__ const T* at(std::int64_t, std::uint32_t id, std::int32_t page) const {
-    if (page < 0 || page >= kv.num_pages) return nullptr;
-    const std::uint32_t slot = page_shift >= 0
-                                   ? id & ((1u << page_shift) - 1u)
-                                   : id - page_index(id) * static_cast<std::uint32_t>(kv.page_size);
-    return kv.k_pages + (static_cast<std::size_t>(page) * kv.page_size + slot) *
-                            static_cast<std::size_t>(kv.head_dim);
+    return in_page(id, page_index(id), page);
   }
-  __device__ const T* row(int g, std::int64_t base, std::uint32_t id) const {
-    return at(base, id, locate(g, id));
+  // One page index for both the table and the slot: written as at(locate()), the compiler kept
+  // a division for the index and a remainder for the slot (two ~20-instruction routines per
+  // row) when the page size is not a power of two.
+  __device__ const T* row(int g, std::int64_t, std::uint32_t id) const {
+    const std::uint32_t index = page_index(id);
+    return in_page(id, index, entry(g, index));
   }
   __device__ std::int64_t capacity(int) const {
     return static_cast<std::int64_t>(kv.max_pages_per_head) * kv.page_size;
+  }
+
+ private:
+  __device__ std::int32_t entry(int g, std::uint32_t index) const {
+    return kv.page_table[static_cast<std::int64_t>(g) * kv.max_pages_per_head + index];
+  }
+  /// Key `id`'s row in `page`, its page index being `index`; null for a page outside the pool.
+  __device__ const T* in_page(std::uint32_t id, std::uint32_t index, std::int32_t page) const {
+    if (page < 0 || page >= kv.num_pages) return nullptr;
+    const std::uint32_t slot = page_shift >= 0
+                                   ? id & ((1u << page_shift) - 1u)
+                                   : id - index * static_cast<std::uint32_t>(kv.page_size);
+    return kv.k_pages + (static_cast<std::size_t>(page) * kv.page_size + slot) *
+                            static_cast<std::size_t>(kv.head_dim);
   }
 };
 
