@@ -57,8 +57,9 @@ inline constexpr int ds_block_threads = 128;
 /// bench/results/h200_decode_search_rank_merge_threshold.txt).
 inline constexpr int ds_rank_merge_max = 32;
 /// The block kernel's block-wide counts: [0, 4) counts, [4, 12) one per warp (up to 8 warps),
-/// [12, 12 + ds_rank_merge_max) the merge's insertion points.
-inline constexpr int ds_said_ints = 12 + ds_rank_merge_max;
+/// [12, 12 + 256) the merge's insertion points, one per thread of the widest block (eight
+/// warps). 268 ints keep the region after them 16-byte aligned.
+inline constexpr int ds_said_ints = 12 + 256;
 /// The block kernel's register budget: 64 per thread, 1024 threads per SM (eight blocks of
 /// four warps, or four of eight).
 inline constexpr int ds_block_sm_threads = 1024;
@@ -431,15 +432,65 @@ __device__ __forceinline__ int ds_count_better_unsorted(const walk_entry* a, int
   return better;
 }
 
+/// Sorts the warp's 32 entries (one per lane) best first across the lanes: a bitonic network of
+/// shuffles, no shared memory and no barrier. Lanes whose id is `ds_pad_id` (never a
+/// survivor's: its bit 31 is the expanded flag, and survivors are fresh) rank after every
+/// real entry. 15 compare-exchange stages of two shuffles each.
+inline constexpr std::uint32_t ds_pad_id = 0xffffffffu;
+__device__ __forceinline__ void ds_warp_sort(walk_entry& e, int lane) {
+#pragma unroll
+  for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const float ok = __shfl_xor_sync(0xffffffffu, e.key, j);
+      const std::uint32_t oi = __shfl_xor_sync(0xffffffffu, e.id, j);
+      const bool mine_better =
+          e.id != ds_pad_id && (oi == ds_pad_id || walk_better(e.key, e.id, ok, oi));
+      // The lower lane of a pair keeps the better entry in a block sorted best first (lane & k
+      // clear), the worse one in a block sorted the other way; its partner the other one.
+      const bool keep = (((lane & j) == 0) == ((lane & k) == 0)) == mine_better;
+      if (!keep) {
+        e.key = ok;
+        e.id = oi;
+      }
+    }
+  }
+}
+
+/// Entries of the runs a[32w, 32w + min(32, n - 32w)) for w < ceil(n / 32), each sorted best
+/// first, that rank before x: one branch-free search of six probes per run, the runs' probes
+/// interleaved (independent loads in flight, not a chain per run).
+template <int MaxRuns>
+__device__ __forceinline__ int ds_count_better_runs(const walk_entry* a, int n, walk_entry x) {
+  int pos[MaxRuns];
+#pragma unroll
+  for (int w = 0; w < MaxRuns; ++w) pos[w] = 0;
+#pragma unroll
+  for (int s = 32; s > 0; s >>= 1) {
+#pragma unroll
+    for (int w = 0; w < MaxRuns; ++w) {
+      const int p = pos[w] + s - 1;
+      if (p < min(32, n - 32 * w)) {
+        const walk_entry y = a[32 * w + p];
+        if (walk_better(y.key, y.id, x.key, x.id)) pos[w] += s;
+      }
+    }
+  }
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < MaxRuns; ++w) total += pos[w];
+  return total;
+}
+
 /// Merges the scored candidates inc[0, n) (ids distinct and not in the pool; invalid_id marks
 /// one to ignore) with the sorted pool[0, cnt) of capacity L and returns the new count. When
 /// the pool is full only candidates better than its worst survive. The merged pool is written
 /// to `other` (room for L entries) and the two pointers are swapped, unless nothing survived.
 /// `inc` is clobbered (survivors compacted to its front, sorted unless few). Every entry's
 /// final position is its index plus a binary search in the other sorted list (for a block and
-/// at most ds_rank_merge_max survivors: see below); positions are distinct, so all threads
-/// write at once. Every thread of the search calls it; a block passes shared scratch for one
-/// int per warp and ds_rank_merge_max ints of insertion points. `cursor`, where given (shared),
+/// at most Threads survivors: see below); positions are distinct, so all threads write at
+/// once. Every thread of the search calls it; a block passes shared scratch for one int per
+/// warp and Threads ints of insertion points. `cursor`, where given (shared),
 /// is lowered to the merged pool's first new entry: the entries before it keep their places.
 template <int Threads>
 __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, int L,
@@ -452,21 +503,38 @@ __device__ inline int ds_merge(walk_entry*& pool, walk_entry*& other, int cnt, i
     keep_n = ds_block_compact_survivors<Threads>(pool, cnt, L, inc, n, rank, warp_keep);
   }
   if (keep_n == 0) return cnt;
-  if (Threads > 32 && keep_n <= ds_rank_merge_max) {
-    // Few survivors (most steps once the pool is full): no sort, against a bitonic sort's
-    // barrier per stage (measured at 1024 searches: the decode step 1.03-1.04x faster than
-    // with the sort). A survivor's position is its rank counted over the unsorted survivors
-    // plus its insertion point in the pool (a binary search). The insertion points, stored by
-    // rank, ascend, and a pool entry moves down by the number of them at or before its index
-    // (an entry and a survivor are never equal): a binary search over at most 32 of them, and
-    // none for the entries before the best survivor's point, which keep their places. (Each
-    // pool entry used to count the survivors that rank before it, 32 comparisons.)
-    for (int j = rank; j < keep_n; j += Threads) {
-      const walk_entry e = inc[j];
-      const int r = ds_count_better_unsorted(inc, keep_n, e);
-      const int at = walk_count_better(pool, cnt, e.key, e.id);
-      ins[r] = at;
-      if (at + r < L) other[at + r] = e;
+  if (Threads > 32 && keep_n <= Threads) {
+    // Up to a survivor per thread: no block sort (a bitonic sort pays a block barrier per
+    // stage, 21-28 of them for 33-128 survivors). A survivor's position is its rank among the
+    // survivors plus its insertion point in the pool (a binary search). The rank: for at most
+    // ds_rank_merge_max survivors counted over the unsorted survivors; for more, each warp
+    // sorts its 32 in registers (ds_warp_sort) and a survivor counts the better entries of
+    // every warp's run (one barrier). The insertion points, stored by rank, ascend, and a pool
+    // entry moves down by the number of them at or before its index (an entry and a survivor
+    // are never equal): a binary search over them, and none for the entries before the best
+    // survivor's point, which keep their places.
+    if (keep_n <= ds_rank_merge_max) {
+      for (int j = rank; j < keep_n; j += Threads) {
+        const walk_entry e = inc[j];
+        const int r = ds_count_better_unsorted(inc, keep_n, e);
+        const int at = walk_count_better(pool, cnt, e.key, e.id);
+        ins[r] = at;
+        if (at + r < L) other[at + r] = e;
+      }
+    } else {
+      walk_entry e{0.0f, ds_pad_id};
+      if (rank < keep_n) e = inc[rank];
+      if ((rank & ~31) < keep_n) {  // a warp with survivors (warp-uniform)
+        ds_warp_sort(e, rank & 31);
+        if (rank < keep_n) inc[rank] = e;
+      }
+      ds_sync<Threads>();
+      if (rank < keep_n) {
+        const int r = ds_count_better_runs<Threads / 32>(inc, keep_n, e);
+        const int at = walk_count_better(pool, cnt, e.key, e.id);
+        ins[r] = at;
+        if (at + r < L) other[at + r] = e;
+      }
     }
     ds_sync<Threads>();
     const int first = ins[0];
@@ -1227,11 +1295,12 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
   extern __shared__ __align__(16) unsigned char ds_smem[];
   // said[0]: a count gathered by atomics (fresh ids); [1]: a count warp 0 hands to the block;
   // [2]: warp 0's "no more seeds"; [3]: the pick cursor (below); [4, 4 + NT / 32): the merge's
-  // per-warp counts; [12, 44): its insertion points. (In the dynamic region: a kernel with static
-  // shared memory could not be given the device's whole opt-in size.)
+  // per-warp counts; [12, 12 + NT): its insertion points. (In the dynamic region: a kernel with
+  // static shared memory could not be given the device's whole opt-in size.)
   int* const said = reinterpret_cast<int*>(ds_smem + c.said_off);
   constexpr unsigned full = 0xffffffffu;
   static_assert(NT % 32 == 0 && 4 + NT / 32 <= 12, "said[4, 12) holds a count per warp");
+  static_assert(12 + NT <= ds_said_ints, "said[12, 12 + NT) holds an insertion point per thread");
   const int rank = static_cast<int>(threadIdx.x);
   const int lane = rank & 31, warp = rank >> 5;
   float* const q = reinterpret_cast<float*>(ds_smem);
