@@ -432,11 +432,13 @@ __device__ __forceinline__ int ds_count_better_unsorted(const walk_entry* a, int
   return better;
 }
 
-/// Sorts the warp's 32 entries (one per lane) best first across the lanes: a bitonic network of
-/// shuffles, no shared memory and no barrier. Lanes whose id is `ds_pad_id` (never a
-/// survivor's: its bit 31 is the expanded flag, and survivors are fresh) rank after every
-/// real entry. 15 compare-exchange stages of two shuffles each.
+/// The id of a lane with no survivor in ds_warp_sort, ranked after every real entry. No
+/// survivor has it: bit 31 is the expanded flag, and survivors are fresh.
 inline constexpr std::uint32_t ds_pad_id = 0xffffffffu;
+
+/// Sorts the warp's 32 entries (one per lane) best first across the lanes: a bitonic network of
+/// shuffles, no shared memory and no barrier; `ds_pad_id` lanes end last. 15 compare-exchange
+/// stages of two shuffles each.
 __device__ __forceinline__ void ds_warp_sort(walk_entry& e, int lane) {
 #pragma unroll
   for (int k = 2; k <= 32; k <<= 1) {
