@@ -51,9 +51,11 @@ inline constexpr int ds_warps_per_block = 4;
 // registers per thread), so a decode batch of 1024 searches runs at once on 132 SMs; or, for
 // batches of at most four searches per SM, a block of eight warps, four blocks per SM.
 inline constexpr int ds_block_threads = 128;
-/// Survivor counts up to which the block kernel's merge places entries by counted ranks and
-/// insertion points instead of sorting. 64 and 128 were slower at 1024 searches (H200: 0.485
-/// and 0.507-0.517 ms against 0.471-0.481 ms;
+/// Survivor counts up to which the block kernel's merge ranks each survivor by counting over
+/// the unsorted survivors; above it, up to one survivor per thread, the warps sort theirs in
+/// registers and ranks are searched in the sorted runs (ds_merge), and only larger merges sort
+/// the block. Counting up to 64 and 128 survivors was slower at 1024 searches than sorting them
+/// (H200: 0.485 and 0.507-0.517 ms against 0.471-0.481 ms;
 /// bench/results/h200_decode_search_rank_merge_threshold.txt).
 inline constexpr int ds_rank_merge_max = 32;
 /// The block kernel's block-wide counts: [0, 4) counts, [4, 12) one per warp (up to 8 warps),
