@@ -18,8 +18,9 @@
 //
 // Usage: kvsift-cuda-decode_search_bench [--n 131072] [--d 128] [--requests 32]
 //            [--kv-heads 8] [--group 4] [--distinct 2] [--page 16] [--quick 0|1] [--dipr-only 0|1]
-//            [--step-expand W --step-L L --step-hops H] [--build-expand F]
+//            [--step-expand W --step-L L --step-hops H] [--build-expand F] [--warps 0|1|4|8]
 // --build-expand F: the indexes' step-3 expand fraction (default the library's).
+// --warps W: the top-k searches' decode_search_params::warps_per_search (default 0, automatic).
 // --quick 1 sweeps only expand_width 4 to 32 without a degree cap and skips DIPR.
 // --dipr-only 1 runs only the DIPR rows of the sweep and stops before the decode step.
 // --dipr-caps C1,C2,...: the DIPR rows for each max_results C (default 8192, at most 8192).
@@ -79,6 +80,7 @@ struct options {
   std::string dipr_hops = "0";     // DIPR max_hops of those steps (0 = no cap)
   std::size_t step_expand = 0, step_L = 256, step_hops = 0;  // the step's setting, when given
   double build_expand = kvsift::roargraph_params{}.connectivity_expand_fraction;
+  std::size_t warps = 0;  // top-k warps per search (decode_search_params::warps_per_search)
 };
 
 }  // namespace
@@ -101,7 +103,8 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--step-expand", o.step_expand),
        kvsift::cuda_bench::size_option("--step-L", o.step_L),
        kvsift::cuda_bench::size_option("--step-hops", o.step_hops),
-       kvsift::cuda_bench::double_option("--build-expand", o.build_expand)});
+       kvsift::cuda_bench::double_option("--build-expand", o.build_expand),
+       kvsift::cuda_bench::size_option("--warps", o.warps)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
@@ -255,7 +258,8 @@ int main(int argc, char** argv) {
   // The fastest top-k setting (paged keys) that reaches recall@100 0.95: the decode step uses it.
   kc::decode_search_params chosen;
   float chosen_ms = 1e30f;
-  auto run = [&](const kc::decode_search_params& p, const char* label, int L) {
+  auto run = [&](kc::decode_search_params p, const char* label, int L) {
+    if (p.mode == kc::decode_search_mode::topk) p.warps_per_search = int(o.warps);
     const std::size_t wb = kc::decode_search_workspace_size(set, std::int64_t(Q), p);
     dev<char> ws(wb);
     const int cap = kc::decode_search_capacity(p);
@@ -312,6 +316,7 @@ int main(int argc, char** argv) {
     p.L = int(o.step_L);
     p.expand_width = int(o.step_expand);
     p.max_hops = int(o.step_hops);
+    p.warps_per_search = int(o.warps);
     char label[64];
     std::snprintf(label, sizeof label, "top-100 expand %d hops %d", p.expand_width, p.max_hops);
     run(p, label, p.L);

@@ -542,6 +542,20 @@ TEST_CASE("decode_step_equals_its_composition_from_public_calls", "[cuda][decode
   CHECK(r.lse == r.composed_lse);
 }
 
+TEST_CASE("decode_step_with_many_heads_takes_few_splits", "[cuda][decode_step]") {
+  // 136 query heads: on a device of 66-264 multiprocessors the attention's automatic split
+  // count is 2-8 (the tests above, with few heads, take many more). Whole retrieval equals full
+  // attention, and the step equals its composition from public calls bit for bit.
+  std::vector<int> sizes;
+  for (int g = 0; g < 34; ++g) sizes.push_back(std::vector<int>{300, 30, 1000, 517}[g % 4]);
+  rng().seed(41);
+  const step_result r = run_step(sizes, 4, 128, whole_middle(32));
+  CHECK(mismatches(r) == 0);
+  CHECK(r.status == 0u);
+  CHECK(r.o == r.composed_o);
+  CHECK(r.lse == r.composed_lse);
+}
+
 TEST_CASE("decode_step_nan_query_shows_in_its_head_only", "[cuda][decode_step]") {
   // A NaN query head returns no retrieval and its output is NaN (o and lse), as sparse_attention
   // gives it; the other heads are exact. DIPR with dense_when_capped merges two passes: the

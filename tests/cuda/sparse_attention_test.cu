@@ -193,6 +193,16 @@ TEST_CASE("sparse_attention_bf16", "[cuda][sparse_attention]") {
   sparse_attention_suite<__nv_bfloat16>();
 }
 
+// Every split count from 2 to 16 against the reference, with lists shorter than the split count
+// (splits with no token leave empty states to the merge) and empty lists among them.
+TEST_CASE("sparse_attention_every_split_count", "[cuda][sparse_attention]") {
+  for (const int splits : {2, 3, 4, 5, 7, 8, 9, 16}) {
+    check_sparse_attention<__half>(16, 4, 128, 300, 16, splits);
+    check_sparse_attention<float>(10, 5, 64, 12, 4, splits);
+    check_sparse_attention<__nv_bfloat16>(4, 2, 256, 700, 32, splits);
+  }
+}
+
 TEST_CASE("sparse_attention_status_flags_bad_ids_and_skips_them", "[cuda][sparse_attention]") {
   paged_fixture<__half> f(2, 64, 16, 40);  // max_pages = 3 -> valid ids < 48
   std::vector<float> q(2 * 64, 0.25f);
