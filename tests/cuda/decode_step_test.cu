@@ -546,8 +546,9 @@ TEST_CASE("decode_step_with_many_heads_takes_few_splits", "[cuda][decode_step]")
   // 136 query heads: on a device of 66-264 multiprocessors the attention's automatic split
   // count is 2-8 (the tests above, with few heads, take many more). Whole retrieval equals full
   // attention, and the step equals its composition from public calls bit for bit.
+  constexpr int pattern[] = {300, 30, 1000, 517};
   std::vector<int> sizes;
-  for (int g = 0; g < 34; ++g) sizes.push_back(std::vector<int>{300, 30, 1000, 517}[g % 4]);
+  for (int g = 0; g < 34; ++g) sizes.push_back(pattern[g % 4]);
   rng().seed(41);
   const step_result r = run_step(sizes, 4, 128, whole_middle(32));
   CHECK(mismatches(r) == 0);
