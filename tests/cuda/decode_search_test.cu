@@ -572,6 +572,34 @@ TEST_CASE("decode_search_seeds_and_expand_limit_match_cpu", "[cuda][decode_searc
   CHECK(with.scored != without.scored);
 }
 
+TEST_CASE("decode_search_many_seeds_match_cpu", "[cuda][decode_search]") {
+  // Hundreds of seeds per query (route_seeds writes top * list_len), repeated ids and padding
+  // among them: the block kernel takes them 32 at a time while none fails the filter, one by one
+  // in a chunk with a failing one (walked through), and must still be the CPU's walk id for id.
+  // Rows of 24 ids leave room for one chunk per batch of candidates, rows of 100 for three.
+  for (const std::size_t width : {24, 100}) {
+    const graph_set s = make_set({50, 1200, 4000}, 32, width, 2);
+    query_batch plain = make_queries(s, 400, false, false);
+    query_batch ranged = make_queries(s, 400, false, true);
+    add_seeds(s, plain, 300);
+    add_seeds(s, ranged, 130);
+    for (const int limit : {0, 12}) {
+      auto p = topk(20, 40, kc::graph_metric::inner_product);
+      p.expand_limit = limit;
+      for (const int warps : {4, 8}) {
+        p.warps_per_search = warps;
+        for (const bool through : {true, false}) {
+          p.walk_through = through;
+          INFO("width " << width << ", expand_limit " << limit << ", warps " << warps
+                        << ", walk_through " << through);
+          CHECK((compare<kvsift::inner_product, float>(s, plain, p, kDense) == 0));
+          CHECK((compare<kvsift::inner_product, __half>(s, ranged, p, kPaged) == 0));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("decode_search_entry_prefix_matches_cpu", "[cuda][decode_search]") {
   // entry_prefix enters each search at its graph's ids [0, entry_prefix) after the entry points
   // and the query's seeds (a decode step's sinks), as the CPU's beam_search_params /

@@ -1419,9 +1419,41 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
       for (;;) {
         if (warp == 0) {
           int nv = 0;
-          while (e < seeds_n && nv + per_seed <= c.inc) {
-            nv += ds_seed<Filtered>(gw, ds_seed_id(set, qs, g, qi, e, n), inc, nv, lane, status);
-            ++e;
+          // Seeds 32 at a time, one visited-set update per lane (the pool keeps the best L of
+          // the union, whatever the order of the visits), while no fresh seed of a chunk fails
+          // the filter; a chunk with one goes one seed after the other (a failing seed is
+          // walked through, and what that gathers depends on the order). Routed seeds are
+          // hundreds per query (route_seeds.cuh): one by one, warp 0 took longer to gather them
+          // than the block took to score them.
+          while (e < seeds_n) {
+            const int chunk = min(32, seeds_n - e);
+            std::uint32_t s = lane < chunk ? ds_seed_id(set, qs, g, qi, e + lane, n) : invalid_id;
+            if (s != invalid_id && s >= gw.n) {
+              status |= decode_status_bad_id;
+              s = invalid_id;
+            }
+            const bool fresh = s != invalid_id && !ds_test(visited, s);
+            if (__any_sync(full, fresh && !gw.in_filter<Filtered>(s))) {
+              int t = 0;
+              for (; t < chunk && nv + per_seed <= c.inc; ++t) {
+                nv += ds_seed<Filtered>(gw, ds_seed_id(set, qs, g, qi, e + t, n), inc, nv, lane,
+                                        status);
+              }
+              e += t;
+              if (t < chunk) break;
+              continue;
+            }
+            if (nv + 32 > c.inc) break;
+            bool take = false;
+            if (fresh) {
+              const std::uint32_t bit = 1u << (s & 31u);
+              take = (atomicOr(&visited[s >> 5], bit) & bit) == 0u;  // an id twice: once
+            }
+            const unsigned b = __ballot_sync(full, take);
+            if (take) inc[nv + __popc(b & ((1u << lane) - 1u))].id = s;
+            nv += __popc(b);
+            e += chunk;
+            __syncwarp();
           }
           if (lane == 0) {
             said[1] = nv;

@@ -1,0 +1,90 @@
+#pragma once
+// Seeds for cold decode searches from routing queries.
+//
+// A decode query lands near the answers of the prefill queries that resemble it: the build's
+// training queries (RoarGraph's step 1) already know their exact top keys. A routing set keeps a
+// few of them per graph (R vectors, e.g. a strided sample of the training queries, each with its
+// exact top `list_len` keys). `route_seeds` scores every decode query against its graph's R
+// routing vectors (one dense pass, a GQA group's query heads sharing each load), takes the `top`
+// best and writes their lists, concatenated, as the query's seeds for `decode_search`
+// (`decode_queries::seeds`), where `decode_search_params::expand_limit` then stops the walk
+// early: a warm start without a previous step (docs/decode_search.md, "Routed seeds").
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include <kvsift/core/ids.hpp>
+#include <kvsift/cuda/decode_search.cuh>
+#include <kvsift/cuda/error.cuh>
+
+namespace kvsift::cuda {
+
+/// Largest `route_params::top` and `route_params::group`.
+inline constexpr int max_route_top = 16;
+inline constexpr int max_route_group = 8;
+/// Largest group * max_rows (the launch keeps that many scores in shared memory).
+inline constexpr int max_route_scores = 32768;
+
+/**
+ * @brief Device handle of the routing vectors of many graphs (one set per graph of a
+ *        `graph_set_ref`).
+ *
+ * Graph g owns rows [offset[g], offset[g + 1]) of `vectors` and of `lists`; row r's list holds
+ * key ids of graph g (its routing query's best keys, best first; invalid_id padding is skipped by
+ * the search). Vectors are ranked by inner product with the query: pass unit-norm vectors to
+ * route by cosine. Trivially copyable; all pointers are device pointers.
+ */
+template <class T>
+struct route_set_ref {
+  const T* vectors = nullptr;            ///< [offset[num_graphs]][ld]
+  std::int64_t ld = 0;                   ///< row stride of vectors in elements, >= dim
+  int dim = 0;                           ///< the queries' dimension
+  const id_t* lists = nullptr;           ///< [offset[num_graphs]][list_len]
+  int list_len = 0;                      ///< ids per list, >= 1
+  const std::int64_t* offset = nullptr;  ///< [num_graphs + 1], non-decreasing, from 0
+  int num_graphs = 0;
+  /// Largest offset[g + 1] - offset[g] (host-known; sizes shared memory). A graph with more rows
+  /// is a device-side error (status bit `decode_status_bad_graph`).
+  int max_rows = 0;
+};
+
+/// Per-call parameters of `route_seeds`.
+struct route_params {
+  int top = 4;  ///< routing vectors taken per query, 1..max_route_top
+  /// Consecutive queries that share a graph (a GQA group's query heads): one block scores them
+  /// together, reading each routing vector once. The launch's last block may hold fewer; a
+  /// block whose queries name different graphs is a device-side error.
+  int group = 1;
+};
+
+/// Seeds per query `route_seeds` writes: top * list_len (the `seeds_ld` to search with).
+/// @throw kvsift::invalid_argument top or list_len out of range, or the product above
+///        max_decode_search_seeds
+inline int route_seeds_ld(int list_len, const route_params& p);
+
+/**
+ * @brief Writes, for every query i, the lists of the p.top routing vectors of graph
+ *        queries.graph[i] with the highest inner product with queries.q[i] (ties to the lower
+ *        row), best first, into seeds[i][0, top * list_len); missing routes (a graph with fewer
+ *        rows) and queries holding NaN or Inf get invalid_id.
+ *
+ * Reads queries.q, queries.ld and queries.graph only.
+ * @throw kvsift::invalid_argument m < 0, parameters or sizes out of range, group * max_rows
+ *        above max_route_scores, null or host pointers, a stream of another device
+ * @throw kvsift::dimension_mismatch queries.ld or routes.ld below routes.dim
+ * @throw kvsift::cuda_error a launch failed
+ * @note O(rows_g * dim) per group of queries plus O(top * (rows_g + list_len)) per query;
+ *       asynchronous on `stream`, never allocates. Device-side errors (a graph id out of range, a
+ *       graph with more than max_rows rows, a block's queries over different graphs) set
+ *       `decode_status_bad_graph` in *status (when given) and leave those rows all invalid_id.
+ *       Thread safety: no state.
+ */
+template <class T>
+void route_seeds(const route_set_ref<T>& routes, const decode_queries& queries, std::int64_t m,
+                 const route_params& p, id_t* seeds, std::uint32_t* status, cudaStream_t stream);
+
+}  // namespace kvsift::cuda
+
+#include <kvsift/cuda/detail/route_seeds.inl>
