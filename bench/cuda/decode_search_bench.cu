@@ -56,6 +56,7 @@
 #include <kvsift/cuda/decode_step.cuh>
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/cuda/merge.cuh>
+#include <kvsift/cuda/route_seeds.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
 #include <kvsift/index/gqa_sampling.hpp>
 #include <kvsift/index/roargraph_builder.hpp>
@@ -81,6 +82,12 @@ struct options {
   std::size_t step_expand = 0, step_L = 256, step_hops = 0;  // the step's setting, when given
   double build_expand = kvsift::roargraph_params{}.connectivity_expand_fraction;
   std::size_t warps = 0;  // top-k warps per search (decode_search_params::warps_per_search)
+  // Routed seeds (route_seeds.cuh): routing rows per graph (0: none), routes taken per query,
+  // and the searches run from them as L:expand_limit:max_hops[:expand_width] (the width by
+  // default --step-expand's, else 8).
+  std::size_t route = 0;
+  std::string route_top = "4,8";
+  std::string route_settings = "128:96:0,160:80:0,160:120:0,200:100:0,200:150:0";
 };
 
 }  // namespace
@@ -89,7 +96,8 @@ int main(int argc, char** argv) {
   options o;
   kvsift::cuda_bench::parse_options(
       argc, argv,
-      {kvsift::cuda_bench::size_option("--n", o.n), kvsift::cuda_bench::size_option("--d", o.d),
+      {kvsift::cuda_bench::size_option("--n", o.n),
+       kvsift::cuda_bench::size_option("--d", o.d),
        kvsift::cuda_bench::size_option("--requests", o.requests),
        kvsift::cuda_bench::size_option("--kv-heads", o.kv_heads),
        kvsift::cuda_bench::size_option("--group", o.group),
@@ -104,7 +112,10 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--step-L", o.step_L),
        kvsift::cuda_bench::size_option("--step-hops", o.step_hops),
        kvsift::cuda_bench::double_option("--build-expand", o.build_expand),
-       kvsift::cuda_bench::size_option("--warps", o.warps)});
+       kvsift::cuda_bench::size_option("--warps", o.warps),
+       kvsift::cuda_bench::size_option("--route", o.route),
+       kvsift::cuda_bench::string_option("--route-top", o.route_top),
+       kvsift::cuda_bench::string_option("--route-settings", o.route_settings)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
@@ -120,11 +131,16 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> eval(o.distinct);  // [member][per_set][d] per key set
   std::vector<std::vector<id_t>> adj(o.distinct);
   std::vector<std::vector<id_t>> entries(o.distinct);
+  std::vector<std::vector<float>> route_vectors(o.distinct);
+  std::vector<std::vector<id_t>> route_lists(o.distinct);
+  const std::size_t route_list = 100;
   std::size_t width = 0;
   double build_s = 0;
   for (std::size_t s = 0; s < o.distinct; ++s) {
-    auto set =
-        kvsift::cuda_bench::build_gqa_key_set(n, per_set, d, o.group, 100 + s, o.build_expand);
+    auto set = kvsift::cuda_bench::build_gqa_key_set(n, per_set, d, o.group, 100 + s,
+                                                     o.build_expand, o.route, route_list);
+    route_vectors[s] = std::move(set.route_vectors);
+    route_lists[s] = std::move(set.route_lists);
     build_s += set.build_seconds;
     width = set.width;
     keys16[s] = std::move(set.keys16);
@@ -243,6 +259,21 @@ int main(int argc, char** argv) {
       "of keys once at the copy bandwidth %.3f ms\n",
       K, exact_ms, key_bytes / 1e9, floor_ms);
 
+  // Share of the exact top-K of every query among the first counts[i] ids of row i of `ids`
+  // (all `ld` of them without counts).
+  auto recall_of = [&](const std::vector<id_t>& ids, std::size_t ld,
+                       const std::vector<std::uint32_t>* counts) {
+    std::size_t hit = 0;
+    for (std::size_t i = 0; i < Q; ++i) {
+      const std::size_t c = counts != nullptr ? std::min<std::size_t>((*counts)[i], ld) : ld;
+      std::vector<id_t> got(ids.begin() + i * ld, ids.begin() + i * ld + c);
+      std::sort(got.begin(), got.end());
+      for (int j = 0; j < K; ++j)
+        hit += std::binary_search(got.begin(), got.end(), exact[i * K + j]);
+    }
+    return double(hit) / double(Q * K);
+  };
+
   // 5. decode_search sweep.
   kc::graph_set_ref set{dadj.p,     doff.p,           dent.p,         int(G),
                         int(width), int(max_entries), std::int64_t(n)};
@@ -278,13 +309,9 @@ int main(int argc, char** argv) {
     KVSIFT_CUDA_CHECK(cudaMemcpy(ids.data(), oids.p, ids.size() * 4, cudaMemcpyDeviceToHost));
     KVSIFT_CUDA_CHECK(cudaMemcpy(counts.data(), ocounts.p, Q * 4, cudaMemcpyDeviceToHost));
     KVSIFT_CUDA_CHECK(cudaMemcpy(scored.data(), oscored.p, Q * 4, cudaMemcpyDeviceToHost));
-    std::size_t hit = 0;
+    const double recall = recall_of(ids, std::size_t(cap), &counts);
     double sc = 0, found = 0;
     for (std::size_t i = 0; i < Q; ++i) {
-      std::vector<id_t> got(ids.begin() + i * cap, ids.begin() + i * cap + counts[i]);
-      std::sort(got.begin(), got.end());
-      for (int j = 0; j < K; ++j)
-        hit += std::binary_search(got.begin(), got.end(), exact[i * K + j]);
       sc += scored[i];
       found += counts[i];
     }
@@ -293,8 +320,8 @@ int main(int argc, char** argv) {
     std::printf(
         "%-28s %6d %10.4f %12.0f %10.3f %10.3f %10.1f   (%.0f results/query; scored p50 "
         "%u p90 %u p99 %u max %u)\n",
-        label, L, double(hit) / double(Q * K), sc / double(Q), paged_ms, dense_ms,
-        exact_ms / paged_ms, found / double(Q), sorted_scored[Q / 2], sorted_scored[Q * 9 / 10],
+        label, L, recall, sc / double(Q), paged_ms, dense_ms, exact_ms / paged_ms,
+        found / double(Q), sorted_scored[Q / 2], sorted_scored[Q * 9 / 10],
         sorted_scored[Q * 99 / 100], sorted_scored[Q - 1]);
     if (p.mode == kc::decode_search_mode::dipr) {
       std::size_t at_cap = 0;
@@ -302,8 +329,7 @@ int main(int argc, char** argv) {
       std::printf("%-28s %6s %zu of %zu searches returned max_results = %d ids\n", "", "", at_cap,
                   Q, cap);
     }
-    if (p.mode == kc::decode_search_mode::topk && double(hit) >= 0.95 * double(Q * K) &&
-        paged_ms < chosen_ms) {
+    if (p.mode == kc::decode_search_mode::topk && recall >= 0.95 && paged_ms < chosen_ms) {
       chosen = p;
       chosen_ms = paged_ms;
     }
@@ -375,6 +401,96 @@ int main(int argc, char** argv) {
                         expand);
           run(p, label, 100);
         }
+      }
+    }
+  }
+  // Routed seeds: route_seeds (every query against its graph's routing rows, a GQA group per
+  // block) then the search from those seeds with an expand limit, timed together; the routing
+  // alone is timed too. Graph g's routing rows are key set g % distinct's.
+  if (o.route != 0 && o.dipr_only == 0) {
+    const std::size_t R = route_vectors[0].size() / d;
+    std::vector<kvsift::half> rv(G * R * d);
+    std::vector<id_t> rl(G * R * route_list);
+    std::vector<std::int64_t> roff(G + 1);
+    for (std::size_t g = 0; g < G; ++g) {
+      const std::size_t s = g % o.distinct;
+      for (std::size_t i = 0; i < R * d; ++i) rv[g * R * d + i] = kvsift::half(route_vectors[s][i]);
+      std::copy(route_lists[s].begin(), route_lists[s].end(), rl.begin() + g * R * route_list);
+      roff[g] = std::int64_t(g * R);
+    }
+    roff[G] = std::int64_t(G * R);
+    dev<__half> drv(rv.size());
+    dev<id_t> drl(rl.size());
+    dev<std::int64_t> droff(G + 1);
+    KVSIFT_CUDA_CHECK(cudaMemcpy(drv.p, rv.data(), rv.size() * 2, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(drl.p, rl.data(), rl.size() * 4, cudaMemcpyHostToDevice));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(droff.p, roff.data(), (G + 1) * 8, cudaMemcpyHostToDevice));
+    const kc::route_set_ref<__half> routes{drv.p,           std::int64_t(d), int(d), drl.p,
+                                           int(route_list), droff.p,         int(G), int(R)};
+    std::printf(
+        "\nrouted seeds: %zu routing rows per graph (unit-norm training queries, f16), "
+        "lists of their exact top-%zu\n",
+        R, route_list);
+    for (const std::string& top_item : kvsift::cuda_bench::split_list(o.route_top)) {
+      kc::route_params rp;
+      rp.top = std::stoi(top_item);
+      rp.group = int(o.group);
+      const int sld = kc::route_seeds_ld(int(route_list), rp);
+      dev<id_t> dseeds(Q * std::size_t(sld));
+      auto route = [&](cudaStream_t s) {
+        kc::route_seeds(routes, qs, std::int64_t(Q), rp, dseeds.p, ostatus.p, s);
+      };
+      const float route_ms = kvsift::cuda_bench::median_ms(route, stream, 2, 10);
+      // Seed recall: the share of the exact top-100 among the seeds.
+      route(stream);
+      KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<id_t> seeds(Q * std::size_t(sld));
+      KVSIFT_CUDA_CHECK(
+          cudaMemcpy(seeds.data(), dseeds.p, seeds.size() * 4, cudaMemcpyDeviceToHost));
+      std::printf("route top %d: %.3f ms, exact top-100 among the seeds %.4f\n", rp.top, route_ms,
+                  recall_of(seeds, std::size_t(sld), nullptr));
+      kc::decode_queries rqs = qs;
+      rqs.seeds = dseeds.p;
+      rqs.seeds_ld = sld;
+      for (const std::string& item : kvsift::cuda_bench::split_list(o.route_settings)) {
+        int L = 0, E = 0, hops = 0, w = o.step_expand != 0 ? int(o.step_expand) : 8;
+        if (std::sscanf(item.c_str(), "%d:%d:%d:%d", &L, &E, &hops, &w) < 3) {
+          std::fprintf(stderr, "--route-settings: expected L:E:hops[:width], got %s\n",
+                       item.c_str());
+          return 2;
+        }
+        kc::decode_search_params p;
+        p.k = K;
+        p.L = L;
+        p.expand_limit = E;
+        p.max_hops = hops;
+        p.expand_width = w;
+        p.warps_per_search = int(o.warps);
+        const std::size_t wb = kc::decode_search_workspace_size(set, std::int64_t(Q), p);
+        dev<char> ws(wb);
+        auto search = [&](cudaStream_t s) {
+          kc::decode_search(set, kv, rqs, std::int64_t(Q), p, out, ws.p, wb, s);
+        };
+        auto both = [&](cudaStream_t s) {
+          route(s);
+          search(s);
+        };
+        const float search_ms = kvsift::cuda_bench::median_ms(search, stream, 2, 10);
+        const float both_ms = kvsift::cuda_bench::median_ms(both, stream, 2, 10);
+        KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<id_t> ids(Q * std::size_t(K));
+        std::vector<std::uint32_t> counts(Q), scored(Q);
+        KVSIFT_CUDA_CHECK(cudaMemcpy(ids.data(), oids.p, ids.size() * 4, cudaMemcpyDeviceToHost));
+        KVSIFT_CUDA_CHECK(cudaMemcpy(counts.data(), ocounts.p, Q * 4, cudaMemcpyDeviceToHost));
+        KVSIFT_CUDA_CHECK(cudaMemcpy(scored.data(), oscored.p, Q * 4, cudaMemcpyDeviceToHost));
+        const double recall = recall_of(ids, std::size_t(K), &counts);
+        double sc = 0;
+        for (const std::uint32_t x : scored) sc += x;
+        std::printf(
+            "routed top %d expand %d L %d E %d hops %d: recall@100 %.4f, scored/query %.0f, "
+            "route + search %.3f ms (search %.3f, route %.3f)\n",
+            rp.top, p.expand_width, L, E, hops, recall, sc / double(Q), both_ms, search_ms,
+            route_ms);
       }
     }
   }

@@ -16,6 +16,7 @@
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/index/gqa_sampling.hpp>
 #include <kvsift/index/roargraph_builder.hpp>
+#include <kvsift/index/route_set.hpp>
 #include <kvsift/testing/ood_generator.hpp>
 #pragma nv_diagnostic pop
 
@@ -43,6 +44,10 @@ struct gqa_key_set {
   std::vector<kvsift::id_t> adjacency, entries;
   std::size_t width = 0;     ///< the index's row width (max degree)
   double build_seconds = 0;  ///< the build alone (sampling + kNN + steps 2-4)
+  /// Routing set (kvsift::make_route_set), when asked for: `route_rows` training queries evenly
+  /// spaced over the build's sample, unit-norm, and their exact top-`route_list` keys.
+  std::vector<float> route_vectors;       ///< [route_rows][d]
+  std::vector<kvsift::id_t> route_lists;  ///< [route_rows][route_list]
 };
 
 /// Key set `seed`: make_head(n, n + extra, d, h, seed) for the group's heads h; keys rounded to
@@ -51,7 +56,8 @@ struct gqa_key_set {
 /// expand fraction `expand` (roargraph_params::connectivity_expand_fraction).
 inline gqa_key_set build_gqa_key_set(
     std::size_t n, std::size_t extra, std::size_t d, std::size_t group, std::uint64_t seed,
-    double expand = kvsift::roargraph_params{}.connectivity_expand_fraction) {
+    double expand = kvsift::roargraph_params{}.connectivity_expand_fraction,
+    std::size_t route_rows = 0, std::size_t route_list = 100) {
   std::vector<kvsift::testing::ood_data> heads;
   for (std::size_t h = 0; h < group; ++h) heads.push_back(make_head(n, n + extra, d, h, seed));
   gqa_key_set out;
@@ -78,6 +84,13 @@ inline gqa_key_set build_gqa_key_set(
   out.width = index.max_degree();
   out.adjacency.assign(index.adjacency().begin(), index.adjacency().end());
   out.entries.assign(index.entry_points().begin(), index.entry_points().end());
+  if (route_rows > 0) {
+    const auto rs =
+        kvsift::make_route_set(train.view(), kvsift::matrix_view<const float>(kf.data(), n, d),
+                               route_rows, route_list, kvsift::cuda::knn_engine{});
+    out.route_vectors = rs.vectors;
+    out.route_lists = rs.lists;
+  }
   return out;
 }
 
