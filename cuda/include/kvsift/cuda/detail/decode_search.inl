@@ -1423,8 +1423,8 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
           // the union, whatever the order of the visits), while no fresh seed of a chunk fails
           // the filter; a chunk with one goes one seed after the other (a failing seed is
           // walked through, and what that gathers depends on the order). Routed seeds are
-          // hundreds per query (route_seeds.cuh): one by one, warp 0 took longer to gather them
-          // than the block took to score them.
+          // hundreds per query (route_seeds.cuh); one by one, each cost warp 0 a visited-set
+          // test, a mark and two warp barriers while the rest of the block waited.
           while (e < seeds_n) {
             const int chunk = min(32, seeds_n - e);
             std::uint32_t s = lane < chunk ? ds_seed_id(set, qs, g, qi, e + lane, n) : invalid_id;
