@@ -70,6 +70,18 @@ TEST_CASE("beam_search pads, handles NaN and extra entries", "[search][beam]") {
   const std::vector<id_t> extra = {5, 1999};
   CHECK_NOTHROW(kvsift::beam_search(f.graph, f.eval.row_span(0), {10, 50}, ws, ni, ns,
                                     kvsift::no_filter{}, extra));
+  // invalid_id among the extra entries is padding (a short previous answer, a routed seed
+  // list): skipped, the same search as without it.
+  std::vector<id_t> pi(10), pj(10);
+  std::vector<float> ps(10), pt(10);
+  const auto with_pad =
+      kvsift::beam_search(f.graph, f.eval.row_span(1), {10, 20}, ws, pi, ps, kvsift::no_filter{},
+                          std::vector<id_t>{kvsift::invalid_id, 5, kvsift::invalid_id});
+  const auto without = kvsift::beam_search(f.graph, f.eval.row_span(1), {10, 20}, ws, pj, pt,
+                                           kvsift::no_filter{}, std::vector<id_t>{5});
+  CHECK(pi == pj);
+  CHECK(ps == pt);
+  CHECK(with_pad.distance_computations == without.distance_computations);
 }
 
 TEST_CASE("beam_search rejects bad input", "[search][beam]") {

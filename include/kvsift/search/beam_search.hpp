@@ -21,7 +21,8 @@ namespace kvsift {
 /// Finds the (approximately) k best keys for `query`. Writes up to k results best-first into
 /// out_ids / out_scores (raw metric scores); the rest is padded with invalid_id and the
 /// metric's worst score. With a predicate only passing ids are returned (ACORN 2-hop walk).
-/// `extra_entries` seed the search next to the graph's entry point.
+/// `extra_entries` seed the search next to the graph's entry point; invalid_id among them is
+/// skipped (the padding of a previous answer or of `route_seeds`' lists).
 /// Complexity: O(hops * D * d) (O(hops * D^2 * d) filtered worst case), D = the max degree or
 /// params.degree_cap if smaller.
 /// Thread safety: safe concurrently on one index with one workspace per thread.
@@ -29,8 +30,8 @@ namespace kvsift {
 /// metric's worst (checked once at the entry, O(d); its scores would rank arbitrary keys).
 /// params.max_hops > 0 stops the walk after that many expansions.
 /// @throw invalid_argument if k == 0, L < k, expand_limit > L, or the outputs are shorter than k;
-///        dimension_mismatch for a wrong query length; out_of_range for bad entry ids or a
-///        predicate referring to ids beyond the index.
+///        dimension_mismatch for a wrong query length; out_of_range for bad entry ids (ids >= the
+///        index's size other than invalid_id) or a predicate referring to ids beyond the index.
 template <Graph G, Predicate P = no_filter>
 search_stats beam_search(const G& g, std::span<const float> query, const beam_search_params& params,
                          search_workspace& ws, std::span<id_t> out_ids, std::span<float> out_scores,

@@ -40,7 +40,7 @@ namespace kvsift {
 /// seed_score if one was given, else the metric's worst (checked once at the entry, O(d)).
 /// @throw invalid_argument for beta < 0 or non-finite, l0 == 0, max_candidates < l0, an
 ///        infinite seed_score; dimension_mismatch for a wrong query length; out_of_range for
-///        bad entry ids or predicate ids.
+///        bad entry ids (invalid_id among extra_entries is padding, skipped) or predicate ids.
 template <Graph G, Predicate P = no_filter>
 void dipr_search(const G& g, std::span<const float> query, const dipr_params& params,
                  search_workspace& ws, dipr_result& out, const P& pred = {},

@@ -43,7 +43,8 @@ namespace kvsift {
 /// @throw invalid_argument if there is no query, k == 0, L < k, expand_limit > L, H * k
 ///        overflows, or an output is shorter than H * k (ids, scores) or H (counts), all before
 ///        the walk touches the workspace; dimension_mismatch if the queries' width is not the
-///        graph's dimension; out_of_range for bad entry ids or a predicate beyond the index.
+///        graph's dimension; out_of_range for bad entry ids (invalid_id among extra_entries is
+///        padding, skipped) or a predicate beyond the index.
 template <Graph G, Predicate P = no_filter>
 search_stats gqa_beam_search(const G& g, matrix_view<const float> queries,
                              const beam_search_params& params, search_workspace& ws,

@@ -129,7 +129,9 @@ void seed(const G& g, std::span<const id_t> extra, const P& pred, std::size_t fa
   } else if (g.entry_point() != invalid_id) {
     one(g.entry_point());
   }
-  for (id_t e : extra) one(e);
+  for (id_t e : extra) {
+    if (e != invalid_id) one(e);
+  }
   for (std::size_t id = 0; id < std::min(prefix, g.size()); ++id) one(static_cast<id_t>(id));
   if constexpr (!std::is_same_v<P, no_filter>) {
     if (seeded == 0) {

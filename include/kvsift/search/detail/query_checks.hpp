@@ -28,10 +28,12 @@ inline void validate_query(std::span<const float> query, std::size_t dim, const 
   return ok;
 }
 
-/// @throw out_of_range if an extra entry id is >= n.
+/// @throw out_of_range if an extra entry id is >= n and not invalid_id (padding, skipped).
 inline void validate_entries(std::span<const id_t> entries, std::size_t n, const char* who) {
   for (id_t e : entries) {
-    require<out_of_range>(e < n, who, ": expected entry ids < ", n, ", got ", e);
+    // invalid_id is padding (a short previous answer, a routed seed list), skipped by `seed`.
+    require<out_of_range>(e < n || e == invalid_id, who, ": expected entry ids < ", n,
+                          " (or invalid_id, skipped), got ", e);
   }
 }
 
