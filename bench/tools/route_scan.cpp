@@ -9,8 +9,14 @@
 // Prints recall@100 against the exact top-100 and vectors scored per query (the R routing
 // vectors are a dense pass on top, printed apart). One build thread per core, one search thread.
 //
-//   kvsift-route_scan DIR LAYER STRIDE ROWS_LIST TOP_LIST
+// With CLUSTERS_LIST and PROBE_LIST, each routing set of R rows is also clustered
+// (cluster_routes) into C clusters for every C <= R of the list, and routed with each probe P:
+// only the rows of the query's best P clusters compete. Those lines end with the routing
+// vectors read per query (C centroids + the probed clusters' rows, averaged; a flat set reads R).
+//
+//   kvsift-route_scan DIR LAYER STRIDE ROWS_LIST TOP_LIST [CLUSTERS_LIST PROBE_LIST]
 //   e.g. kvsift-route_scan /data/gemma32k 11 10 256,1024,2048 4,8
+//        kvsift-route_scan /data/gemma32k 11 10 2048,8192 4 64,128 2,4,8
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,14 +38,20 @@
 
 int main(int argc, char** argv) {
   using namespace kvsift;
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s DIR LAYER STRIDE ROWS_LIST TOP_LIST\n", argv[0]);
+  if (argc != 6 && argc != 8) {
+    std::fprintf(stderr,
+                 "usage: %s DIR LAYER STRIDE ROWS_LIST TOP_LIST [CLUSTERS_LIST PROBE_LIST]\n",
+                 argv[0]);
     return 2;
   }
   const std::string dir = argv[1], layer = argv[2];
   const std::size_t stride = std::stoul(argv[3]);
   const auto rows_list = kvsift_tools::parse_list(argv[4]);
   const auto top_list = kvsift_tools::parse_list(argv[5]);
+  const auto clusters_list =
+      argc == 8 ? kvsift_tools::parse_list(argv[6]) : std::vector<std::size_t>{};
+  const auto probe_list =
+      argc == 8 ? kvsift_tools::parse_list(argv[7]) : std::vector<std::size_t>{};
   constexpr std::size_t neval = 1000, k = 100;
   const auto K = read_fbin(file_path(dir + "/L" + layer + "_k0.fbin"));
   const auto all = kvsift_tools::read_query_heads(dir, layer);
@@ -77,13 +89,35 @@ int main(int argc, char** argv) {
   search_workspace ws;
   std::vector<id_t> ids(k);
   std::vector<float> sc(k);
+  // Routing vectors a probed query reads: the centroids, then the rows of its best `probe`
+  // clusters (the order of route_seeds: higher score, then lower cluster; the same float sums).
+  auto routing_read = [&](const route_set& rs, std::span<const float> q, std::size_t probe) {
+    std::vector<std::pair<float, std::size_t>> cs(rs.clusters());
+    for (std::size_t c = 0; c < rs.clusters(); ++c) {
+      float s = 0.0f;
+      for (std::size_t i = 0; i < d; ++i) s += q[i] * rs.centroids[c * d + i];
+      cs[c] = {-s, c};
+    }
+    const std::size_t p = std::min(probe, cs.size());
+    std::partial_sort(cs.begin(), cs.begin() + static_cast<std::ptrdiff_t>(p), cs.end());
+    std::size_t read = rs.clusters();
+    for (std::size_t t = 0; t < p; ++t) {
+      read += rs.cluster_rows[cs[t].second + 1] - rs.cluster_rows[cs[t].second];
+    }
+    return read;
+  };
   auto run = [&](const char* name, std::size_t L, std::size_t limit, const route_set* rs,
-                 std::size_t top) {
-    double hit = 0, scored = 0;
+                 std::size_t top, std::size_t probe = 0) {
+    double hit = 0, scored = 0, read = 0;
     std::vector<id_t> seeds(rs != nullptr ? top * rs->list_len : 0);
     for (std::size_t e = 0; e < ne; ++e) {
       const std::span<const float> q(E.row(e), d);
-      if (rs != nullptr) route_seeds(*rs, q, top, seeds);
+      if (rs != nullptr) {
+        // Probed clusters can hold fewer than `top` rows: the padding (invalid_id) is skipped
+        // by beam_search.
+        route_seeds(*rs, q, top, seeds, probe);
+        if (probe > 0) read += static_cast<double>(routing_read(*rs, q, probe));
+      }
       const auto st = beam_search(g, q, beam_search_params{k, L, 0, limit}, ws, ids, sc,
                                   no_filter{}, std::span<const id_t>(seeds));
       for (std::size_t i = 0; i < st.count; ++i) {
@@ -91,8 +125,10 @@ int main(int argc, char** argv) {
       }
       scored += static_cast<double>(st.distance_computations);
     }
-    std::printf("%-14s L %4zu E %4zu recall@100 %.4f scored %7.0f (%.2f%%)\n", name, L, limit,
+    std::printf("%-14s L %4zu E %4zu recall@100 %.4f scored %7.0f (%.2f%%)", name, L, limit,
                 hit / double(ne * k), scored / double(ne), 100.0 * scored / double(ne) / double(n));
+    if (probe > 0) std::printf(" read %6.0f", read / double(ne));
+    std::printf("\n");
     std::fflush(stdout);
   };
   const std::pair<std::size_t, std::size_t> settings[] = {{100, 60},  {100, 80},  {128, 96},
@@ -106,6 +142,29 @@ int main(int argc, char** argv) {
       char name[32];
       std::snprintf(name, sizeof name, "R %zu top %zu", rs.rows(), top);
       for (const auto& [L, limit] : settings) run(name, L, limit, &rs, top);
+    }
+    for (const std::size_t C : clusters_list) {
+      if (C > rs.rows() || C == 0) continue;
+      route_set cr = rs;
+      const auto c0 = std::chrono::steady_clock::now();
+      cluster_routes(cr, C);
+      std::size_t smallest = cr.rows(), largest = 0;
+      for (std::size_t c = 0; c < cr.clusters(); ++c) {
+        smallest = std::min(smallest, cr.cluster_rows[c + 1] - cr.cluster_rows[c]);
+        largest = std::max(largest, cr.cluster_rows[c + 1] - cr.cluster_rows[c]);
+      }
+      std::printf("R %zu into %zu clusters (%zu asked), rows per cluster %zu-%zu, in %.1f s\n",
+                  cr.rows(), cr.clusters(), C, smallest, largest,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count());
+      for (const std::size_t P : probe_list) {
+        if (P == 0) continue;
+        for (const std::size_t top : top_list) {
+          char name[64];
+          std::snprintf(name, sizeof name, "R %zu C %zu P %zu top %zu", cr.rows(), cr.clusters(), P,
+                        top);
+          for (const auto& [L, limit] : settings) run(name, L, limit, &cr, top, P);
+        }
+      }
     }
   }
   return 0;

@@ -15,7 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
+#include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kvsift/core/checked_size.hpp"
@@ -29,15 +32,27 @@ namespace kvsift {
 
 /// Routing vectors and their lists. Plain data: copy it to the device as
 /// `cuda::route_set_ref` (one set per graph, concatenated, with per-graph offsets).
+///
+/// Clustered (`cluster_routes`): the rows are grouped by cluster, cluster c holding rows
+/// [cluster_rows[c], cluster_rows[c + 1]), and `centroids` holds one unit vector per cluster.
+/// A query then scores the centroids and only the rows of its best `probe` clusters: the
+/// routing pass reads about clusters + probe x rows / clusters vectors instead of rows, so
+/// more routing rows (better seeds) cost little more to route.
 struct route_set {
   std::size_t dim = 0;
   std::size_t list_len = 0;
-  std::vector<float> vectors;  ///< [rows][dim], unit norm (a zero query stays zero)
-  std::vector<id_t> lists;     ///< [rows][list_len] key ids best first, invalid_id padded
+  std::vector<float> vectors;    ///< [rows][dim], unit norm (a zero query stays zero)
+  std::vector<id_t> lists;       ///< [rows][list_len] key ids best first, invalid_id padded
+  std::vector<float> centroids;  ///< [clusters][dim]; empty: not clustered
+  std::vector<std::size_t> cluster_rows;  ///< [clusters + 1] row bounds; empty: not clustered
   [[nodiscard]] std::size_t rows() const noexcept { return dim == 0 ? 0 : vectors.size() / dim; }
+  [[nodiscard]] std::size_t clusters() const noexcept {
+    return cluster_rows.empty() ? 0 : cluster_rows.size() - 1;
+  }
 };
 
-/// Routing set of `rows` evenly spaced rows of `queries` (row i * floor(m / rows)), each scaled
+/// Routing set of `rows` evenly spaced rows of `queries` (row floor(i * m / rows), so the rows
+/// span all m queries, the latest included, whatever rows / m), each scaled
 /// to unit norm, with its best `list_len` keys by inner product from `engine` (exact for the
 /// library's engines; fewer keys than list_len leave invalid_id padding).
 /// Complexity: one engine.search of rows queries over the keys, O(rows * n * dim) for a flat
@@ -55,12 +70,16 @@ route_set make_route_set(matrix_view<const float> queries, matrix_view<const T> 
   detail::require(keys.rows() >= 1, "make_route_set: expected at least one key, got 0");
   require_dim(keys.cols(), queries.cols(), "make_route_set: query dimension vs key dimension");
   const std::size_t d = queries.cols();
-  const std::size_t step = queries.rows() / rows;
+  const std::size_t m = queries.rows();
+  (void)checked_mul(rows, m, "make_route_set: rows x queries");
+  // floor(i * m / rows): with a step of floor(m / rows) instead, rows > m / 2 took the first
+  // rows queries only, never the latest (nearest the decode), which lost recall on real keys.
+  auto source = [&](std::size_t i) { return i * m / rows; };
   // Not every engine checks its inputs (the flat CPU engine ranks NaN last): a NaN would
   // route every query to the same list.
   require_finite(keys, "make_route_set: keys");
   for (std::size_t i = 0; i < rows; ++i) {
-    require_finite(queries.row_range(i * step, 1), "make_route_set: queries");
+    require_finite(queries.row_range(source(i), 1), "make_route_set: queries");
   }
   route_set rs;
   rs.dim = d;
@@ -68,7 +87,7 @@ route_set make_route_set(matrix_view<const float> queries, matrix_view<const T> 
   rs.vectors.resize(checked_mul(rows, d, "make_route_set: rows x dim"));
   rs.lists.assign(checked_mul(rows, list_len, "make_route_set: rows x list_len"), invalid_id);
   for (std::size_t i = 0; i < rows; ++i) {
-    const float* src = queries.row(i * step);
+    const float* src = queries.row(source(i));
     double norm = 0;
     for (std::size_t c = 0; c < d; ++c) norm += static_cast<double>(src[c]) * src[c];
     const double inv = norm > 0 ? 1.0 / std::sqrt(norm) : 0.0;
@@ -86,36 +105,177 @@ route_set make_route_set(matrix_view<const float> queries, matrix_view<const T> 
   return rs;
 }
 
+/// Groups the routing rows of `rs` into at most `clusters` clusters by spherical k-means:
+/// centroids start at rows i * floor(rows / clusters); `iterations` rounds each assign every row
+/// to its centroid of highest inner product (ties to the lower cluster) and set each centroid to
+/// its members' mean at unit norm (a cluster left empty keeps its centroid). A last assignment
+/// fixes the clusters; empty ones are dropped, the rows and their lists are reordered by cluster
+/// (within a cluster in their old order) and each centroid is its final members' mean at unit
+/// norm. Deterministic. A clustered set is clustered again from its rows' current order.
+/// Complexity: O((iterations + 1) * rows * clusters * dim). Thread safety: modifies `rs`.
+/// @throw invalid_argument clusters zero or above rs.rows(); a set whose arrays do not match
+///        its rows (vectors not rows x dim, lists not rows x list_len). Nothing changes then.
+inline void cluster_routes(route_set& rs, std::size_t clusters, std::size_t iterations = 10) {
+  const std::size_t n = rs.rows(), d = rs.dim;
+  detail::require(clusters >= 1 && clusters <= n, "cluster_routes: expected 1 <= clusters <= ", n,
+                  " (the routing rows), got ", clusters);
+  detail::require(rs.vectors.size() == n * d && rs.lists.size() == n * rs.list_len,
+                  "cluster_routes: expected vectors of rows x dim = ", n * d,
+                  " and lists of rows x list_len = ", n * rs.list_len, " entries, got ",
+                  rs.vectors.size(), " and ", rs.lists.size());
+  std::vector<float> cent(clusters * d);
+  const std::size_t step = n / clusters;
+  for (std::size_t c = 0; c < clusters; ++c) {
+    std::copy_n(rs.vectors.begin() + static_cast<std::ptrdiff_t>(c * step * d), d,
+                cent.begin() + static_cast<std::ptrdiff_t>(c * d));
+  }
+  std::vector<std::size_t> of(n);
+  std::vector<double> sum(clusters * d);
+  std::vector<std::size_t> count(clusters);
+  auto assign = [&] {
+    for (std::size_t r = 0; r < n; ++r) {
+      const float* v = rs.vectors.data() + r * d;
+      float best = -std::numeric_limits<float>::infinity();
+      std::size_t at = 0;
+      for (std::size_t c = 0; c < clusters; ++c) {
+        float s = 0.0f;
+        for (std::size_t i = 0; i < d; ++i) s += v[i] * cent[c * d + i];
+        if (s > best) {
+          best = s;
+          at = c;
+        }
+      }
+      of[r] = at;
+    }
+  };
+  // Sets the centroid of every non-empty cluster to its members' mean at unit norm.
+  auto update = [&] {
+    std::fill(sum.begin(), sum.end(), 0.0);
+    std::fill(count.begin(), count.end(), std::size_t{0});
+    for (std::size_t r = 0; r < n; ++r) {
+      ++count[of[r]];
+      for (std::size_t i = 0; i < d; ++i) sum[of[r] * d + i] += rs.vectors[r * d + i];
+    }
+    for (std::size_t c = 0; c < clusters; ++c) {
+      if (count[c] == 0) continue;
+      double norm = 0;
+      for (std::size_t i = 0; i < d; ++i) norm += sum[c * d + i] * sum[c * d + i];
+      const double inv = norm > 0 ? 1.0 / std::sqrt(norm) : 0.0;
+      for (std::size_t i = 0; i < d; ++i)
+        cent[c * d + i] = static_cast<float>(sum[c * d + i] * inv);
+    }
+  };
+  for (std::size_t it = 0; it < iterations; ++it) {
+    assign();
+    update();
+  }
+  assign();
+  update();
+  // Reorder: rows by cluster (stable), empty clusters dropped.
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return of[a] < of[b]; });
+  std::vector<float> vectors(n * d), centroids;
+  std::vector<id_t> lists(n * rs.list_len);
+  std::vector<std::size_t> bounds{0};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t r = order[i];
+    std::copy_n(rs.vectors.begin() + static_cast<std::ptrdiff_t>(r * d), d,
+                vectors.begin() + static_cast<std::ptrdiff_t>(i * d));
+    std::copy_n(rs.lists.begin() + static_cast<std::ptrdiff_t>(r * rs.list_len), rs.list_len,
+                lists.begin() + static_cast<std::ptrdiff_t>(i * rs.list_len));
+  }
+  for (std::size_t c = 0; c < clusters; ++c) {
+    if (count[c] == 0) continue;
+    centroids.insert(centroids.end(), cent.begin() + static_cast<std::ptrdiff_t>(c * d),
+                     cent.begin() + static_cast<std::ptrdiff_t>((c + 1) * d));
+    bounds.push_back(bounds.back() + count[c]);
+  }
+  rs.vectors = std::move(vectors);
+  rs.lists = std::move(lists);
+  rs.centroids = std::move(centroids);
+  rs.cluster_rows = std::move(bounds);
+}
+
+namespace detail {
+
+/// Offers (score s, index i) to `best`, sorted by higher score then lower index, kept to `top`
+/// entries. O(top).
+inline void offer_route(std::vector<std::pair<float, std::size_t>>& best, std::size_t top, float s,
+                        std::size_t i) {
+  const auto at = std::find_if(best.begin(), best.end(), [&](const auto& b) {
+    return s > b.first || (s == b.first && i < b.second);
+  });
+  if (best.size() < top || at != best.end()) {
+    best.insert(at, {s, i});
+    if (best.size() > top) best.pop_back();
+  }
+}
+
+inline float route_score(std::span<const float> q, const float* v) {
+  float s = 0.0f;
+  for (std::size_t c = 0; c < q.size(); ++c) s += q[c] * v[c];
+  return s;
+}
+
+}  // namespace detail
+
 /// Writes the lists of the `top` routing vectors with the highest inner product with `query`
 /// (ties to the lower row), best first, into out[0, top * list_len); missing routes (fewer
-/// rows than top) and a query holding NaN or Inf give invalid_id. The routes of
-/// `cuda::route_seeds` over one graph's set (up to the scores' summation order, which can swap
-/// near-ties).
-/// Complexity: O(rows * dim + rows * log(top)). Thread safety: const on `rs`, safe concurrently.
-/// @throw invalid_argument top zero, out shorter than top * list_len;
-///        dimension_mismatch query length is not rs.dim
+/// rows, or rows in the probed clusters, than top) and a query holding NaN or Inf give
+/// invalid_id (which `beam_search` skips among its extra entries). With `probe` > 0 and a
+/// clustered set, only the rows of the `probe` clusters whose centroids score highest (ties to
+/// the lower cluster) compete. The routes of `cuda::route_seeds` over one graph's set (up to
+/// the scores' summation order, which can swap near-ties).
+/// Complexity: O(rows * (dim + top)), or with probe O(clusters * (dim + probe) + probed rows
+/// * (dim + top)). Thread safety: const on `rs`, safe concurrently.
+/// @throw invalid_argument top zero, out shorter than top * list_len, probe > 0 on a set that
+///        is not clustered or whose centroids and bounds do not match its rows (O(clusters)
+///        checked per call); dimension_mismatch query length is not rs.dim
 inline void route_seeds(const route_set& rs, std::span<const float> query, std::size_t top,
-                        std::span<id_t> out) {
+                        std::span<id_t> out, std::size_t probe = 0) {
   detail::require(top >= 1, "route_seeds: expected top >= 1, got 0");
   require_dim(rs.dim, query.size(), "route_seeds: query length");
   const std::size_t need = checked_mul(top, rs.list_len, "route_seeds: top x list_len");
   detail::require(out.size() >= need,
                   "route_seeds: expected an output of at least top x list_len = ", need,
                   " ids, got ", out.size());
+  detail::require(probe == 0 || rs.clusters() > 0, "route_seeds: probe ", probe,
+                  " needs a clustered set (cluster_routes)");
+  if (probe > 0) {
+    // A hand-made or loaded set: bounds that do not tile the rows would read past them.
+    const std::size_t c = rs.clusters();
+    detail::require(rs.centroids.size() == c * rs.dim && rs.cluster_rows.front() == 0 &&
+                        rs.cluster_rows.back() == rs.rows() &&
+                        std::is_sorted(rs.cluster_rows.begin(), rs.cluster_rows.end()),
+                    "route_seeds: expected ", c, " centroids of ", rs.dim,
+                    " floats and cluster bounds ascending from 0 to ", rs.rows(), ", got ",
+                    rs.centroids.size(), " floats and bounds from ", rs.cluster_rows.front(),
+                    " to ", rs.cluster_rows.back());
+  }
   std::fill_n(out.begin(), need, invalid_id);
   if (!std::all_of(query.begin(), query.end(), [](float x) { return std::isfinite(x); })) return;
   std::vector<std::pair<float, std::size_t>> best;  // (score, row), best first
   best.reserve(top + 1);
-  for (std::size_t r = 0; r < rs.rows(); ++r) {
-    const float* v = rs.vectors.data() + r * rs.dim;
-    float s = 0.0f;
-    for (std::size_t c = 0; c < rs.dim; ++c) s += query[c] * v[c];
-    const auto at =
-        std::find_if(best.begin(), best.end(), [&](const auto& b) { return s > b.first; });
-    if (best.size() < top || at != best.end()) {
-      best.insert(at, {s, r});
-      if (best.size() > top) best.pop_back();
+  auto offer_rows = [&](std::size_t begin, std::size_t end) {
+    for (std::size_t r = begin; r < end; ++r) {
+      detail::offer_route(best, top, detail::route_score(query, rs.vectors.data() + r * rs.dim), r);
     }
+  };
+  if (probe == 0) {
+    offer_rows(0, rs.rows());
+  } else {
+    std::vector<std::pair<float, std::size_t>> near;  // (score, cluster), best first
+    near.reserve(probe + 1);
+    for (std::size_t c = 0; c < rs.clusters(); ++c) {
+      detail::offer_route(near, probe, detail::route_score(query, rs.centroids.data() + c * rs.dim),
+                          c);
+    }
+    // Rows in ascending order, so that ties go to the lower row as in the flat scan.
+    std::sort(near.begin(), near.end(),
+              [](const auto& a, const auto& b) { return a.second < b.second; });
+    for (const auto& [s, c] : near) offer_rows(rs.cluster_rows[c], rs.cluster_rows[c + 1]);
   }
   for (std::size_t t = 0; t < best.size(); ++t) {
     const id_t* list = rs.lists.data() + best[t].second * rs.list_len;
