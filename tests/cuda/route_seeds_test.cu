@@ -1,11 +1,14 @@
-// route_seeds against a CPU model: every query's best routing rows by inner product (ties to
-// the lower row), their lists concatenated. Integer data makes every score exact in f32 whatever
-// the summation order, and integer vectors have many tied scores, which exercises the tie rule.
+// route_seeds against the library's CPU routing (kvsift::route_seeds over each graph's set): every
+// query's best routing rows by inner product (ties to the lower row), their lists concatenated;
+// with probe, among the rows of its best clusters only. Integer data makes every score exact in
+// f32 whatever the summation order, and integer vectors have many tied scores, which exercises
+// the tie rules.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +17,7 @@
 #pragma nv_diag_suppress 554
 #include <kvsift/cuda/route_seeds.cuh>
 #pragma nv_diagnostic pop
+#include <kvsift/index/route_set.hpp>
 
 #include "cuda_test.cuh"
 #include "test_util.cuh"
@@ -33,7 +37,50 @@ struct route_case {
   std::vector<id_t> lists;           // [total][list_len]
   std::vector<float> q;              // [m][d]
   std::vector<std::int32_t> graph;   // [m]
+  // Clusters (empty: none): graph g's are [cluster_offset[g], cluster_offset[g + 1]); cluster k
+  // holds the global rows [cluster_rows[k], cluster_rows[k + 1]).
+  std::vector<std::int64_t> cluster_offset;  // [G + 1]
+  std::vector<std::int64_t> cluster_rows;    // [clusters + 1]
+  std::vector<float> centroids;              // [clusters][ld], padding 1e30
+  int max_clusters = 0, max_cluster_rows = 0;
 };
+
+/// Cuts every graph's rows into clusters of random sizes (at most `most` per graph, at least
+/// one row each) with integer centroids.
+void add_clusters(route_case& c, int most) {
+  c.cluster_offset = {0};
+  c.cluster_rows = {0};
+  c.max_clusters = 0;
+  for (std::size_t g = 0; g < c.rows.size(); ++g) {
+    const int n = c.rows[g];
+    const int k = std::min(n, uniform_int(1, most));
+    // k - 1 distinct cut points in [1, n).
+    std::vector<int> cuts(std::size_t(n > 0 ? n - 1 : 0));
+    for (std::size_t i = 0; i < cuts.size(); ++i) cuts[i] = int(i) + 1;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      std::swap(cuts[i], cuts[std::size_t(uniform_int(int(i), int(cuts.size()) - 1))]);
+    }
+    cuts.resize(std::size_t(std::max(0, k - 1)));
+    std::sort(cuts.begin(), cuts.end());
+    for (const int x : cuts) c.cluster_rows.push_back(c.offset[g] + x);
+    c.cluster_rows.push_back(c.offset[g + 1]);
+    const int made = n > 0 ? k : 0;
+    c.cluster_offset.push_back(c.cluster_offset.back() + made);
+    c.max_clusters = std::max(c.max_clusters, made);
+  }
+  for (std::size_t k = 0; k + 1 < c.cluster_rows.size(); ++k) {
+    c.max_cluster_rows =
+        std::max(c.max_cluster_rows, int(c.cluster_rows[k + 1] - c.cluster_rows[k]));
+  }
+  if (c.cluster_offset.back() == 0) c.cluster_rows = {0};
+  const auto total = static_cast<std::size_t>(c.cluster_offset.back());
+  const std::vector<float> v = integer_matrix(total, std::size_t(c.d), 2);
+  c.centroids.assign(std::max<std::size_t>(1, total) * std::size_t(c.ld), 1e30f);
+  for (std::size_t r = 0; r < total; ++r) {
+    std::copy_n(v.begin() + std::ptrdiff_t(r * c.d), c.d,
+                c.centroids.begin() + std::ptrdiff_t(r * c.ld));
+  }
+}
 
 /// Queries come in runs of `group` over one graph (a GQA group), the last run possibly short.
 route_case make_case(const std::vector<int>& rows, int d, int ld, int list_len, int m, int group) {
@@ -64,29 +111,41 @@ route_case make_case(const std::vector<int>& rows, int d, int ld, int list_len, 
   return c;
 }
 
-/// The CPU model: seeds [m][top * list_len].
-std::vector<id_t> cpu_route(const route_case& c, int top) {
+/// Graph g's routing set as the CPU library holds it (with its clusters, when the case has them).
+kvsift::route_set set_of(const route_case& c, std::size_t g) {
+  kvsift::route_set rs;
+  rs.dim = std::size_t(c.d);
+  rs.list_len = std::size_t(c.list_len);
+  const auto r0 = std::size_t(c.offset[g]), n = std::size_t(c.rows[g]);
+  for (std::size_t r = r0; r < r0 + n; ++r) {
+    rs.vectors.insert(rs.vectors.end(), c.vectors.begin() + std::ptrdiff_t(r * c.ld),
+                      c.vectors.begin() + std::ptrdiff_t(r * c.ld + c.d));
+  }
+  rs.lists.assign(c.lists.begin() + std::ptrdiff_t(r0 * c.list_len),
+                  c.lists.begin() + std::ptrdiff_t((r0 + n) * c.list_len));
+  if (!c.cluster_offset.empty()) {
+    for (auto k = std::size_t(c.cluster_offset[g]); k < std::size_t(c.cluster_offset[g + 1]); ++k) {
+      rs.centroids.insert(rs.centroids.end(), c.centroids.begin() + std::ptrdiff_t(k * c.ld),
+                          c.centroids.begin() + std::ptrdiff_t(k * c.ld + c.d));
+      rs.cluster_rows.push_back(std::size_t(c.cluster_rows[k]) - r0);
+    }
+    rs.cluster_rows.push_back(n);
+  }
+  return rs;
+}
+
+/// The CPU model: kvsift::route_seeds per query; seeds [m][top * list_len].
+std::vector<id_t> cpu_route(const route_case& c, int top, int probe = 0) {
   const std::size_t m = c.graph.size(), sld = std::size_t(top) * c.list_len;
+  std::vector<kvsift::route_set> sets;
+  for (std::size_t g = 0; g < c.rows.size(); ++g) sets.push_back(set_of(c, g));
   std::vector<id_t> out(m * sld, kvsift::invalid_id);
   for (std::size_t i = 0; i < m; ++i) {
-    const float* q = c.q.data() + i * c.d;
-    if (!std::all_of(q, q + c.d, [](float x) { return std::isfinite(x); })) continue;
-    const int g = c.graph[i];
-    const std::int64_t r0 = c.offset[std::size_t(g)];
-    std::vector<std::pair<float, int>> s;
-    for (int r = 0; r < c.rows[std::size_t(g)]; ++r) {
-      float acc = 0;
-      for (int j = 0; j < c.d; ++j) acc += q[j] * c.vectors[std::size_t(r0 + r) * c.ld + j];
-      s.emplace_back(acc, r);
-    }
-    std::sort(s.begin(), s.end(), [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    });
-    for (int t = 0; t < top && t < int(s.size()); ++t) {
-      const id_t* list = c.lists.data() + std::size_t(r0 + s[std::size_t(t)].second) * c.list_len;
-      std::copy_n(list, c.list_len,
-                  out.begin() + std::ptrdiff_t(i * sld + std::size_t(t) * c.list_len));
-    }
+    const kvsift::route_set& rs = sets[std::size_t(c.graph[i])];
+    if (rs.rows() == 0 || (probe > 0 && rs.clusters() == 0)) continue;
+    kvsift::route_seeds(rs, std::span<const float>(c.q.data() + i * c.d, std::size_t(c.d)),
+                        std::size_t(top), std::span<id_t>(out.data() + i * sld, sld),
+                        std::size_t(probe));
   }
   return out;
 }
@@ -103,11 +162,18 @@ struct gpu_case {
 /// route_seeds on the GPU with vectors stored as T; the seeds and the status word.
 template <class T>
 std::pair<std::vector<id_t>, std::uint32_t> gpu_route(const route_case& c, int top, int group,
-                                                      int max_rows = 0) {
+                                                      int max_rows = 0, int probe = 0) {
   gpu_case dc(c);
-  std::vector<T> v(c.vectors.size());
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = from_float<T>(c.vectors[i]);
-  device_buffer<T> dv(v);
+  auto convert = [](const std::vector<float>& f) {
+    std::vector<T> v(f.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = from_float<T>(f[i]);
+    return v;
+  };
+  device_buffer<T> dv(convert(c.vectors));
+  const bool clustered = !c.cluster_offset.empty();
+  device_buffer<T> dcent(clustered ? convert(c.centroids) : std::vector<T>(1));
+  device_buffer<std::int64_t> dcoff(clustered ? c.cluster_offset : std::vector<std::int64_t>(1));
+  device_buffer<std::int64_t> dcrows(clustered ? c.cluster_rows : std::vector<std::int64_t>(1));
   const int most = *std::max_element(c.rows.begin(), c.rows.end());
   const kc::route_set_ref<T> rs{dv.get(),
                                 std::int64_t(c.ld),
@@ -116,11 +182,17 @@ std::pair<std::vector<id_t>, std::uint32_t> gpu_route(const route_case& c, int t
                                 c.list_len,
                                 dc.offset.get(),
                                 int(c.rows.size()),
-                                max_rows > 0 ? max_rows : std::max(1, most)};
+                                max_rows > 0 ? max_rows : std::max(1, most),
+                                clustered ? dcent.get() : nullptr,
+                                clustered ? dcoff.get() : nullptr,
+                                clustered ? dcrows.get() : nullptr,
+                                c.max_clusters,
+                                c.max_cluster_rows};
   const kc::decode_queries qs{dc.q.get(), std::int64_t(c.d), dc.graph.get()};
   kc::route_params p;
   p.top = top;
   p.group = group;
+  p.probe = probe;
   const std::size_t m = c.graph.size();
   device_buffer<id_t> seeds(m * std::size_t(kc::route_seeds_ld(c.list_len, p)));
   device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0u});
@@ -209,6 +281,102 @@ TEST_CASE("route_seeds_device_errors", "[cuda][route_seeds]") {
   }
 }
 
+TEST_CASE("route_seeds_probed_clusters_match_cpu", "[cuda][route_seeds]") {
+  // Random cluster cuts (one-row clusters, a graph of one cluster, graphs with fewer clusters than
+  // probe); probe 1, 2, 5 and at least every cluster (which must equal the flat routing); GQA
+  // groups whose queries probe different clusters (the rows of every probed cluster are scored
+  // for the whole group, each query ranks its own); f32 / f16 / bf16 and an odd dimension.
+  struct shape {
+    std::vector<int> rows;
+    int d, ld, list_len, m, group, top, most_clusters;
+  };
+  const shape shapes[] = {
+      {{300, 1, 3, 700}, 32, 32, 7, 203, 4, 4, 40}, {{50, 900}, 24, 24, 1, 77, 8, 16, 64},
+      {{64, 17, 200}, 13, 16, 33, 90, 3, 5, 9},     {{120, 500}, 16, 16, 5, 64, 4, 3, 16},
+      {{2048}, 128, 128, 100, 33, 4, 4, 64},
+  };
+  for (const shape& sh : shapes) {
+    route_case c = make_case(sh.rows, sh.d, sh.ld, sh.list_len, sh.m, sh.group);
+    add_clusters(c, sh.most_clusters);
+    // The last probe covers every cluster where max_route_probe allows it.
+    const int all = std::min(c.max_clusters, kc::max_route_probe);
+    for (const int probe : {1, 2, 5, all}) {
+      const std::vector<id_t> want = cpu_route(c, sh.top, probe);
+      INFO("d " << sh.d << ", group " << sh.group << ", top " << sh.top << ", probe " << probe
+                << ", max clusters " << c.max_clusters);
+      const auto [f32, s32] = gpu_route<float>(c, sh.top, sh.group, 0, probe);
+      CHECK(f32 == want);
+      CHECK(s32 == 0u);
+      const auto [f16, s16] = gpu_route<__half>(c, sh.top, sh.group, 0, probe);
+      CHECK(f16 == want);
+      const auto [b16, sb] = gpu_route<__nv_bfloat16>(c, sh.top, sh.group, 0, probe);
+      CHECK(b16 == want);
+      if (probe == c.max_clusters) CHECK(want == cpu_route(c, sh.top));
+      // Smaller score buffers (max_cluster_rows given) and max_rows-sized ones route alike.
+      route_case loose = c;
+      loose.max_cluster_rows = 0;
+      CHECK(gpu_route<float>(loose, sh.top, sh.group, 0, probe).first == want);
+    }
+    // Probing must matter: with one cluster probed some query's routes differ from the flat
+    // scan's (a kernel that ignored probe would pass the comparisons above only by luck).
+    if (c.max_clusters > 4) CHECK(cpu_route(c, sh.top, 1) != cpu_route(c, sh.top));
+  }
+}
+
+TEST_CASE("route_seeds_probed_device_errors", "[cuda][route_seeds]") {
+  // Graph 0: one cluster of 30 rows; graph 1: clusters [30, 45) and [45, 60). Probe 2, so every
+  // query of graph 1 probes both. Broken bounds (graph 1's end moved, a middle bound below its
+  // first row or past its end) and a graph with more clusters than max_clusters: the status bit
+  // and graph 1's rows all invalid_id, graph 0's routed as before.
+  route_case c = make_case({30, 30}, 16, 16, 4, 8, 4);
+  c.graph = {0, 0, 0, 0, 1, 1, 1, 1};
+  c.cluster_offset = {0, 1, 3};
+  c.cluster_rows = {0, 30, 45, 60};
+  c.max_clusters = 2;
+  c.max_cluster_rows = 30;
+  c.centroids = integer_matrix(3, 16, 2);
+  const std::vector<id_t> want = cpu_route(c, 2, 2);
+  {
+    const auto [got, status] = gpu_route<float>(c, 2, 4, 0, 2);
+    CHECK(got == want);
+    CHECK(status == 0u);
+  }
+  auto expect_graph1_failed = [&](const route_case& bad) {
+    const auto [got, status] = gpu_route<float>(bad, 2, 4, 0, 2);
+    CHECK(status == kc::decode_status_bad_graph);
+    for (std::size_t i = 0; i < 8; ++i) {
+      for (std::size_t j = 0; j < 8; ++j) {
+        CHECK(got[i * 8 + j] == (i >= 4 ? kvsift::invalid_id : want[i * 8 + j]));
+      }
+    }
+  };
+  for (const std::int64_t end : {59, 61}) {
+    route_case bad = c;
+    bad.cluster_rows[3] = end;
+    INFO("graph 1's last bound " << end);
+    expect_graph1_failed(bad);
+  }
+  for (const std::int64_t middle : {29, 61}) {
+    route_case bad = c;
+    bad.cluster_rows[2] = middle;
+    INFO("graph 1's middle bound " << middle);
+    expect_graph1_failed(bad);
+  }
+  route_case many = c;
+  many.max_clusters = 1;
+  expect_graph1_failed(many);
+  // max_cluster_rows 15: graph 0's one cluster of 30 rows fails, graph 1's clusters of 15 pass.
+  route_case long_cluster = c;
+  long_cluster.max_cluster_rows = 15;
+  const auto [got, status] = gpu_route<float>(long_cluster, 2, 4, 0, 2);
+  CHECK(status == kc::decode_status_bad_graph);
+  for (std::size_t i = 0; i < 8; ++i) {
+    for (std::size_t j = 0; j < 8; ++j) {
+      CHECK(got[i * 8 + j] == (i < 4 ? kvsift::invalid_id : want[i * 8 + j]));
+    }
+  }
+}
+
 TEST_CASE("route_seeds_rejects_bad_input", "[cuda][route_seeds]") {
   const route_case c = make_case({30, 30}, 16, 16, 4, 8, 4);
   gpu_case dc(c);
@@ -275,4 +443,56 @@ TEST_CASE("route_seeds_rejects_bad_input", "[cuda][route_seeds]") {
     CHECK_THROWS_WITH(kc::route_seeds(good, qs, 8, p, seeds.get(), nullptr, s),
                       Catch::Contains("the stream belongs to device"));
   });
+  // Probing: range, a set without clusters, null cluster arrays.
+  kc::route_params pr = p;
+  pr.probe = 17;
+  CHECK_THROWS_WITH(run(good, qs, 8, pr, seeds.get()),
+                    Catch::Contains("expected 0 <= probe <= 16, got 17"));
+  pr.probe = -1;
+  CHECK_THROWS_WITH(run(good, qs, 8, pr, seeds.get()), Catch::Contains("got -1"));
+  pr.probe = 2;
+  CHECK_THROWS_WITH(run(good, qs, 8, pr, seeds.get()),
+                    Catch::Contains("needs 1 <= max_clusters <= max_rows = 30, got 0"));
+  device_buffer<float> dcent(std::vector<float>(16 * 4, 1.0f));
+  device_buffer<std::int64_t> dcoff(std::vector<std::int64_t>{0, 2, 4});
+  device_buffer<std::int64_t> dcrows(std::vector<std::int64_t>{0, 10, 30, 40, 60});
+  auto clustered = [&](auto change) {
+    kc::route_set_ref<float> rs = good;
+    rs.centroids = dcent.get();
+    rs.cluster_offset = dcoff.get();
+    rs.cluster_rows = dcrows.get();
+    rs.max_clusters = 2;
+    change(rs);
+    return rs;
+  };
+  CHECK_NOTHROW(run(clustered([](auto&) {}), qs, 8, pr, seeds.get()));
+  CHECK_THROWS_WITH(run(clustered([](auto& r) { r.max_clusters = 31; }), qs, 8, pr, seeds.get()),
+                    Catch::Contains("got 31"));
+  CHECK_THROWS_WITH(
+      run(clustered([](auto& r) { r.max_cluster_rows = -1; }), qs, 8, pr, seeds.get()),
+      Catch::Contains("expected 0 <= max_cluster_rows <= max_rows = 30, got -1"));
+  CHECK_THROWS_WITH(
+      run(clustered([](auto& r) { r.max_cluster_rows = 31; }), qs, 8, pr, seeds.get()),
+      Catch::Contains("got 31"));
+  // With probe the limit is on the probed rows, not max_rows: 9000 rows in clusters of at most
+  // 100 pass the host checks (and these small graphs are routed).
+  CHECK_NOTHROW(run(clustered([](auto& r) {
+                      r.max_rows = 9000;
+                      r.max_cluster_rows = 100;
+                    }),
+                    qs, 8, pr, seeds.get()));
+  CHECK_THROWS_WITH(run(clustered([](auto& r) {
+                          r.max_rows = 9000;
+                          r.max_cluster_rows = 1100;
+                        }),
+                        qs, 8, pr, seeds.get()),
+                    Catch::Contains("group 4 x 8800 scores"));
+  CHECK_THROWS_WITH(run(clustered([](auto& r) { r.centroids = nullptr; }), qs, 8, pr, seeds.get()),
+                    Catch::Contains("centroids is null"));
+  CHECK_THROWS_WITH(
+      run(clustered([](auto& r) { r.cluster_rows = nullptr; }), qs, 8, pr, seeds.get()),
+      Catch::Contains("cluster rows is null"));
+  CHECK_THROWS_WITH(
+      run(clustered([](auto& r) { r.cluster_offset = nullptr; }), qs, 8, pr, seeds.get()),
+      Catch::Contains("cluster offsets is null"));
 }
