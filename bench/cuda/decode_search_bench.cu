@@ -84,9 +84,12 @@ struct options {
   std::size_t warps = 0;  // top-k warps per search (decode_search_params::warps_per_search)
   // Routed seeds (route_seeds.cuh): routing rows per graph (0: none), routes taken per query,
   // and the searches run from them as L:expand_limit:max_hops[:expand_width] (the width by
-  // default --step-expand's, else 8).
+  // default --step-expand's, else 8). Clusters of the routing rows (kvsift::cluster_routes; 0:
+  // flat, every row scored) and clusters probed per query.
   std::size_t route = 0;
   std::string route_top = "4,8";
+  std::string route_clusters = "0";
+  std::string route_probe = "4";
   std::string route_settings = "128:96:0,160:80:0,160:120:0,200:100:0,200:150:0";
 };
 
@@ -115,6 +118,8 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::size_option("--warps", o.warps),
        kvsift::cuda_bench::size_option("--route", o.route),
        kvsift::cuda_bench::string_option("--route-top", o.route_top),
+       kvsift::cuda_bench::string_option("--route-clusters", o.route_clusters),
+       kvsift::cuda_bench::string_option("--route-probe", o.route_probe),
        kvsift::cuda_bench::string_option("--route-settings", o.route_settings)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   kvsift::cuda_bench::bench_setup setup;
@@ -131,16 +136,14 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> eval(o.distinct);  // [member][per_set][d] per key set
   std::vector<std::vector<id_t>> adj(o.distinct);
   std::vector<std::vector<id_t>> entries(o.distinct);
-  std::vector<std::vector<float>> route_vectors(o.distinct);
-  std::vector<std::vector<id_t>> route_lists(o.distinct);
+  std::vector<kvsift::route_set> routes(o.distinct);
   const std::size_t route_list = 100;
   std::size_t width = 0;
   double build_s = 0;
   for (std::size_t s = 0; s < o.distinct; ++s) {
     auto set = kvsift::cuda_bench::build_gqa_key_set(n, per_set, d, o.group, 100 + s,
                                                      o.build_expand, o.route, route_list);
-    route_vectors[s] = std::move(set.route_vectors);
-    route_lists[s] = std::move(set.route_lists);
+    routes[s] = std::move(set.routes);
     build_s += set.build_seconds;
     width = set.width;
     keys16[s] = std::move(set.keys16);
@@ -284,6 +287,20 @@ int main(int argc, char** argv) {
   dev<std::uint32_t> ocounts(Q), oscored(Q), ostatus(1);
   KVSIFT_CUDA_CHECK(cudaMemset(ostatus.p, 0, 4));
   kc::decode_search_outputs out{oids.p, oscores.p, ocounts.p, nullptr, oscored.p, ostatus.p};
+  // The last search's ids ([Q][ld]), result counts and keys scored, after the stream drains.
+  struct results {
+    std::vector<id_t> ids;
+    std::vector<std::uint32_t> counts, scored;
+  };
+  auto download = [&](std::size_t ld) {
+    KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    results r{std::vector<id_t>(Q * ld), std::vector<std::uint32_t>(Q),
+              std::vector<std::uint32_t>(Q)};
+    KVSIFT_CUDA_CHECK(cudaMemcpy(r.ids.data(), oids.p, r.ids.size() * 4, cudaMemcpyDeviceToHost));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(r.counts.data(), ocounts.p, Q * 4, cudaMemcpyDeviceToHost));
+    KVSIFT_CUDA_CHECK(cudaMemcpy(r.scored.data(), oscored.p, Q * 4, cudaMemcpyDeviceToHost));
+    return r;
+  };
   std::printf("\n%-28s %6s %10s %12s %10s %10s %10s\n", "search", "L", "recall@100", "scored/query",
               "paged ms", "dense ms", "x exact");
   // The fastest top-k setting (paged keys) that reaches recall@100 0.95: the decode step uses it.
@@ -303,12 +320,7 @@ int main(int argc, char** argv) {
     };
     const float dense_ms = kvsift::cuda_bench::median_ms(dense, stream, 2, 10);
     const float paged_ms = kvsift::cuda_bench::median_ms(paged, stream, 2, 10);
-    KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<id_t> ids(Q * std::size_t(cap));
-    std::vector<std::uint32_t> counts(Q), scored(Q);
-    KVSIFT_CUDA_CHECK(cudaMemcpy(ids.data(), oids.p, ids.size() * 4, cudaMemcpyDeviceToHost));
-    KVSIFT_CUDA_CHECK(cudaMemcpy(counts.data(), ocounts.p, Q * 4, cudaMemcpyDeviceToHost));
-    KVSIFT_CUDA_CHECK(cudaMemcpy(scored.data(), oscored.p, Q * 4, cudaMemcpyDeviceToHost));
+    const auto [ids, counts, scored] = download(std::size_t(cap));
     const double recall = recall_of(ids, std::size_t(cap), &counts);
     double sc = 0, found = 0;
     for (std::size_t i = 0; i < Q; ++i) {
@@ -405,92 +417,131 @@ int main(int argc, char** argv) {
     }
   }
   // Routed seeds: route_seeds (every query against its graph's routing rows, a GQA group per
-  // block) then the search from those seeds with an expand limit, timed together; the routing
-  // alone is timed too. Graph g's routing rows are key set g % distinct's.
+  // block, or with clusters its probed clusters' rows) then the search from those seeds with an
+  // expand limit, timed together; the routing alone is timed too. Graph g's routing rows are key
+  // set g % distinct's.
   if (o.route != 0 && o.dipr_only == 0) {
-    const std::size_t R = route_vectors[0].size() / d;
-    std::vector<kvsift::half> rv(G * R * d);
-    std::vector<id_t> rl(G * R * route_list);
-    std::vector<std::int64_t> roff(G + 1);
-    for (std::size_t g = 0; g < G; ++g) {
-      const std::size_t s = g % o.distinct;
-      for (std::size_t i = 0; i < R * d; ++i) rv[g * R * d + i] = kvsift::half(route_vectors[s][i]);
-      std::copy(route_lists[s].begin(), route_lists[s].end(), rl.begin() + g * R * route_list);
-      roff[g] = std::int64_t(g * R);
-    }
-    roff[G] = std::int64_t(G * R);
-    dev<__half> drv(rv.size());
-    dev<id_t> drl(rl.size());
-    dev<std::int64_t> droff(G + 1);
-    KVSIFT_CUDA_CHECK(cudaMemcpy(drv.p, rv.data(), rv.size() * 2, cudaMemcpyHostToDevice));
-    KVSIFT_CUDA_CHECK(cudaMemcpy(drl.p, rl.data(), rl.size() * 4, cudaMemcpyHostToDevice));
-    KVSIFT_CUDA_CHECK(cudaMemcpy(droff.p, roff.data(), (G + 1) * 8, cudaMemcpyHostToDevice));
-    const kc::route_set_ref<__half> routes{drv.p,           std::int64_t(d), int(d), drl.p,
-                                           int(route_list), droff.p,         int(G), int(R)};
-    std::printf(
-        "\nrouted seeds: %zu routing rows per graph (unit-norm training queries, f16), "
-        "lists of their exact top-%zu\n",
-        R, route_list);
-    for (const std::string& top_item : kvsift::cuda_bench::split_list(o.route_top)) {
-      kc::route_params rp;
-      rp.top = std::stoi(top_item);
-      rp.group = int(o.group);
-      const int sld = kc::route_seeds_ld(int(route_list), rp);
-      dev<id_t> dseeds(Q * std::size_t(sld));
-      auto route = [&](cudaStream_t s) {
-        kc::route_seeds(routes, qs, std::int64_t(Q), rp, dseeds.p, ostatus.p, s);
-      };
-      const float route_ms = kvsift::cuda_bench::median_ms(route, stream, 2, 10);
-      // Seed recall: the share of the exact top-100 among the seeds.
-      route(stream);
-      KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-      std::vector<id_t> seeds(Q * std::size_t(sld));
-      KVSIFT_CUDA_CHECK(
-          cudaMemcpy(seeds.data(), dseeds.p, seeds.size() * 4, cudaMemcpyDeviceToHost));
-      std::printf("route top %d: %.3f ms, exact top-100 among the seeds %.4f\n", rp.top, route_ms,
-                  recall_of(seeds, std::size_t(sld), nullptr));
-      kc::decode_queries rqs = qs;
-      rqs.seeds = dseeds.p;
-      rqs.seeds_ld = sld;
-      for (const std::string& item : kvsift::cuda_bench::split_list(o.route_settings)) {
-        int L = 0, E = 0, hops = 0, w = o.step_expand != 0 ? int(o.step_expand) : 8;
-        if (std::sscanf(item.c_str(), "%d:%d:%d:%d", &L, &E, &hops, &w) < 3) {
-          std::fprintf(stderr, "--route-settings: expected L:E:hops[:width], got %s\n",
-                       item.c_str());
-          return 2;
+    for (const std::string& clusters_item : kvsift::cuda_bench::split_list(o.route_clusters)) {
+      const std::size_t C = std::stoul(clusters_item);
+      std::vector<kvsift::route_set> sets = routes;
+      if (C != 0) {
+        for (auto& rs : sets) kvsift::cluster_routes(rs, C);
+      }
+      const std::size_t R = sets[0].rows();
+      std::vector<kvsift::half> rv(G * R * d), rc;
+      std::vector<id_t> rl(G * R * route_list);
+      std::vector<std::int64_t> roff(G + 1), coff{0}, crows{0};
+      int max_clusters = 0, max_cluster_rows = 0;
+      for (std::size_t g = 0; g < G; ++g) {
+        const kvsift::route_set& rs = sets[g % o.distinct];
+        for (std::size_t i = 0; i < R * d; ++i) rv[g * R * d + i] = kvsift::half(rs.vectors[i]);
+        std::copy(rs.lists.begin(), rs.lists.end(),
+                  rl.begin() + std::ptrdiff_t(g * R * route_list));
+        roff[g] = std::int64_t(g * R);
+        for (const float x : rs.centroids) rc.push_back(kvsift::half(x));
+        for (std::size_t c = 1; c < rs.cluster_rows.size(); ++c) {
+          crows.push_back(roff[g] + std::int64_t(rs.cluster_rows[c]));
         }
-        kc::decode_search_params p;
-        p.k = K;
-        p.L = L;
-        p.expand_limit = E;
-        p.max_hops = hops;
-        p.expand_width = w;
-        p.warps_per_search = int(o.warps);
-        const std::size_t wb = kc::decode_search_workspace_size(set, std::int64_t(Q), p);
-        dev<char> ws(wb);
-        auto search = [&](cudaStream_t s) {
-          kc::decode_search(set, kv, rqs, std::int64_t(Q), p, out, ws.p, wb, s);
-        };
-        auto both = [&](cudaStream_t s) {
-          route(s);
-          search(s);
-        };
-        const float search_ms = kvsift::cuda_bench::median_ms(search, stream, 2, 10);
-        const float both_ms = kvsift::cuda_bench::median_ms(both, stream, 2, 10);
-        KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        std::vector<id_t> ids(Q * std::size_t(K));
-        std::vector<std::uint32_t> counts(Q), scored(Q);
-        KVSIFT_CUDA_CHECK(cudaMemcpy(ids.data(), oids.p, ids.size() * 4, cudaMemcpyDeviceToHost));
-        KVSIFT_CUDA_CHECK(cudaMemcpy(counts.data(), ocounts.p, Q * 4, cudaMemcpyDeviceToHost));
-        KVSIFT_CUDA_CHECK(cudaMemcpy(scored.data(), oscored.p, Q * 4, cudaMemcpyDeviceToHost));
-        const double recall = recall_of(ids, std::size_t(K), &counts);
-        double sc = 0;
-        for (const std::uint32_t x : scored) sc += x;
-        std::printf(
-            "routed top %d expand %d L %d E %d hops %d: recall@100 %.4f, scored/query %.0f, "
-            "route + search %.3f ms (search %.3f, route %.3f)\n",
-            rp.top, p.expand_width, L, E, hops, recall, sc / double(Q), both_ms, search_ms,
-            route_ms);
+        coff.push_back(coff.back() + std::int64_t(rs.clusters()));
+        max_clusters = std::max(max_clusters, int(rs.clusters()));
+        for (std::size_t c = 0; c < rs.clusters(); ++c) {
+          max_cluster_rows =
+              std::max(max_cluster_rows, int(rs.cluster_rows[c + 1] - rs.cluster_rows[c]));
+        }
+      }
+      roff[G] = std::int64_t(G * R);
+      dev<__half> drv(rv.size()), drc(std::max<std::size_t>(1, rc.size()));
+      dev<id_t> drl(rl.size());
+      dev<std::int64_t> droff(G + 1), dcoff(coff.size()), dcrows(crows.size());
+      KVSIFT_CUDA_CHECK(cudaMemcpy(drv.p, rv.data(), rv.size() * 2, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(drc.p, rc.data(), rc.size() * 2, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(drl.p, rl.data(), rl.size() * 4, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(droff.p, roff.data(), (G + 1) * 8, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(dcoff.p, coff.data(), coff.size() * 8, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(
+          cudaMemcpy(dcrows.p, crows.data(), crows.size() * 8, cudaMemcpyHostToDevice));
+      const kc::route_set_ref<__half> ref{drv.p,
+                                          std::int64_t(d),
+                                          int(d),
+                                          drl.p,
+                                          int(route_list),
+                                          droff.p,
+                                          int(G),
+                                          int(R),
+                                          C != 0 ? drc.p : nullptr,
+                                          C != 0 ? dcoff.p : nullptr,
+                                          C != 0 ? dcrows.p : nullptr,
+                                          max_clusters,
+                                          max_cluster_rows};
+      std::printf(
+          "\nrouted seeds: %zu routing rows per graph (unit-norm training queries, f16), lists of "
+          "their exact top-%zu; %s\n",
+          R, route_list, C == 0 ? "every row scored" : "clustered");
+      if (C != 0) {
+        std::printf("clusters: %d at most per graph (%zu asked), of at most %d rows; probe %s\n",
+                    max_clusters, C, max_cluster_rows, o.route_probe.c_str());
+      }
+      const std::vector<std::string> probes =
+          C == 0 ? std::vector<std::string>{"0"} : kvsift::cuda_bench::split_list(o.route_probe);
+      for (const std::string& probe_item : probes) {
+        for (const std::string& top_item : kvsift::cuda_bench::split_list(o.route_top)) {
+          kc::route_params rp;
+          rp.top = std::stoi(top_item);
+          rp.group = int(o.group);
+          rp.probe = std::stoi(probe_item);
+          const int sld = kc::route_seeds_ld(int(route_list), rp);
+          dev<id_t> dseeds(Q * std::size_t(sld));
+          auto route = [&](cudaStream_t s) {
+            kc::route_seeds(ref, qs, std::int64_t(Q), rp, dseeds.p, ostatus.p, s);
+          };
+          const float route_ms = kvsift::cuda_bench::median_ms(route, stream, 2, 10);
+          // Seed recall: the share of the exact top-100 among the seeds.
+          route(stream);
+          KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+          std::vector<id_t> seeds(Q * std::size_t(sld));
+          KVSIFT_CUDA_CHECK(
+              cudaMemcpy(seeds.data(), dseeds.p, seeds.size() * 4, cudaMemcpyDeviceToHost));
+          std::printf("route top %d probe %d: %.3f ms, exact top-100 among the seeds %.4f\n",
+                      rp.top, rp.probe, route_ms, recall_of(seeds, std::size_t(sld), nullptr));
+          kc::decode_queries rqs = qs;
+          rqs.seeds = dseeds.p;
+          rqs.seeds_ld = sld;
+          for (const std::string& item : kvsift::cuda_bench::split_list(o.route_settings)) {
+            int L = 0, E = 0, hops = 0, w = o.step_expand != 0 ? int(o.step_expand) : 8;
+            if (std::sscanf(item.c_str(), "%d:%d:%d:%d", &L, &E, &hops, &w) < 3) {
+              std::fprintf(stderr, "--route-settings: expected L:E:hops[:width], got %s\n",
+                           item.c_str());
+              return 2;
+            }
+            kc::decode_search_params p;
+            p.k = K;
+            p.L = L;
+            p.expand_limit = E;
+            p.max_hops = hops;
+            p.expand_width = w;
+            p.warps_per_search = int(o.warps);
+            const std::size_t wb = kc::decode_search_workspace_size(set, std::int64_t(Q), p);
+            dev<char> ws(wb);
+            auto search = [&](cudaStream_t s) {
+              kc::decode_search(set, kv, rqs, std::int64_t(Q), p, out, ws.p, wb, s);
+            };
+            auto both = [&](cudaStream_t s) {
+              route(s);
+              search(s);
+            };
+            const float search_ms = kvsift::cuda_bench::median_ms(search, stream, 2, 10);
+            const float both_ms = kvsift::cuda_bench::median_ms(both, stream, 2, 10);
+            const auto [ids, counts, scored] = download(std::size_t(K));
+            const double recall = recall_of(ids, std::size_t(K), &counts);
+            double sc = 0;
+            for (const std::uint32_t x : scored) sc += x;
+            std::printf(
+                "routed top %d probe %d expand %d L %d E %d hops %d: recall@100 %.4f, "
+                "scored/query %.0f, route + search %.3f ms (search %.3f, route %.3f)\n",
+                rp.top, rp.probe, p.expand_width, L, E, hops, recall, sc / double(Q), both_ms,
+                search_ms, route_ms);
+          }
+        }
       }
     }
   }

@@ -46,8 +46,7 @@ struct gqa_key_set {
   double build_seconds = 0;  ///< the build alone (sampling + kNN + steps 2-4)
   /// Routing set (kvsift::make_route_set), when asked for: `route_rows` training queries evenly
   /// spaced over the build's sample, unit-norm, and their exact top-`route_list` keys.
-  std::vector<float> route_vectors;       ///< [route_rows][d]
-  std::vector<kvsift::id_t> route_lists;  ///< [route_rows][route_list]
+  kvsift::route_set routes;
 };
 
 /// Key set `seed`: make_head(n, n + extra, d, h, seed) for the group's heads h; keys rounded to
@@ -85,11 +84,9 @@ inline gqa_key_set build_gqa_key_set(
   out.adjacency.assign(index.adjacency().begin(), index.adjacency().end());
   out.entries.assign(index.entry_points().begin(), index.entry_points().end());
   if (route_rows > 0) {
-    const auto rs =
+    out.routes =
         kvsift::make_route_set(train.view(), kvsift::matrix_view<const float>(kf.data(), n, d),
                                route_rows, route_list, kvsift::cuda::knn_engine{});
-    out.route_vectors = rs.vectors;
-    out.route_lists = rs.lists;
   }
   return out;
 }
