@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <iterator>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -135,6 +134,29 @@ const auto& ood_graph() {
   return g;
 }
 
+/// recall@10 and keys scored per query on the OOD fixture's evaluation queries, each searched at
+/// pool 20 with expand limit `limit` from the extra entries `seeds_of(query)` returns (empty:
+/// the cold search).
+template <class SeedsOf>
+std::pair<double, double> ood_search(std::size_t limit, SeedsOf seeds_of) {
+  const auto& f = kvsift_test::ood();
+  search_workspace ws;
+  std::vector<id_t> ids(10);
+  std::vector<float> sc(10);
+  double hit = 0, scored = 0;
+  for (std::size_t e = 0; e < f.eval.rows(); ++e) {
+    const std::span<const float> q(f.eval.row(e), f.eval.cols());
+    const std::span<const id_t> extra = seeds_of(q);
+    const auto st = beam_search(ood_graph(), q, beam_search_params{10, 20, 0, limit}, ws, ids, sc,
+                                no_filter{}, extra);
+    for (std::size_t i = 0; i < st.count; ++i) {
+      hit += std::count(f.truth[e].begin(), f.truth[e].end(), ids[i]);
+    }
+    scored += double(st.distance_computations);
+  }
+  return {hit / double(f.eval.rows() * 10), scored / double(f.eval.rows())};
+}
+
 }  // namespace
 
 TEST_CASE("make_route_set takes evenly spaced queries at unit norm with their exact lists",
@@ -222,34 +244,20 @@ TEST_CASE("routed seeds let an expand-limited search score fewer keys at equal r
   // pool-20 search's recall@10 while scoring at least a quarter fewer keys. Routing by the worst
   // routes instead (or no seeds with the same limit) must not manage both.
   const auto& f = kvsift_test::ood();
-  const auto& g = ood_graph();
   const route_set rs = make_route_set(f.train, f.keys, 500, 10, cpu_knn_engine{});
-  search_workspace ws;
-  std::vector<id_t> ids(10), seeds(40);
-  std::vector<float> sc(10);
+  std::vector<id_t> seeds(40);
   auto measure = [&](bool routed, bool worst, std::size_t limit) {
-    double hit = 0, scored = 0;
-    for (std::size_t e = 0; e < f.eval.rows(); ++e) {
-      const std::span<const float> q(f.eval.row(e), f.eval.cols());
-      std::span<const id_t> extra;
-      if (routed) {
-        if (worst) {
-          std::vector<float> neg(q.begin(), q.end());
-          for (auto& x : neg) x = -x;
-          route_seeds(rs, neg, 4, seeds);
-        } else {
-          route_seeds(rs, q, 4, seeds);
-        }
-        extra = seeds;
+    return ood_search(limit, [&](std::span<const float> q) -> std::span<const id_t> {
+      if (!routed) return {};
+      if (worst) {
+        std::vector<float> neg(q.begin(), q.end());
+        for (auto& x : neg) x = -x;
+        route_seeds(rs, neg, 4, seeds);
+      } else {
+        route_seeds(rs, q, 4, seeds);
       }
-      const auto st =
-          beam_search(g, q, beam_search_params{10, 20, 0, limit}, ws, ids, sc, no_filter{}, extra);
-      for (std::size_t i = 0; i < st.count; ++i) {
-        hit += std::count(f.truth[e].begin(), f.truth[e].end(), ids[i]);
-      }
-      scored += double(st.distance_computations);
-    }
-    return std::pair{hit / double(f.eval.rows() * 10), scored / double(f.eval.rows())};
+      return seeds;
+    });
   };
   const auto [cold_recall, cold_scored] = measure(false, false, 0);
   const auto [recall, scored] = measure(true, false, 12);
@@ -543,7 +551,6 @@ TEST_CASE("clustered routes find the flat routes' seeds reading a fraction of th
   // not. The search from the probed seeds passes the flat routes' test above (cold recall with
   // a quarter fewer keys scored; measured 0.934 / 211 keys against 0.729 / 359).
   const auto& f = kvsift_test::ood();
-  const auto& g = ood_graph();
   const route_set flat = make_route_set(f.train, f.keys, 2000, 10, cpu_knn_engine{});
   const route_set small = make_route_set(f.train, f.keys, 500, 10, cpu_knn_engine{});
   route_set rs = flat;
@@ -598,28 +605,14 @@ TEST_CASE("clustered routes find the flat routes' seeds reading a fraction of th
   CHECK(p1.seed_recall < all.seed_recall - 0.02);
   CHECK(p1.agree < p4.agree);
 
-  search_workspace ws;
-  std::vector<id_t> ids(10), extra;
-  std::vector<float> sc(10);
+  // Probed clusters may hold fewer than 4 rows: the padding (invalid_id) is skipped by the
+  // search.
   auto search = [&](std::size_t probe, std::size_t limit) {
-    double hit = 0, scored = 0;
-    for (std::size_t e = 0; e < f.eval.rows(); ++e) {
-      const std::span<const float> q(f.eval.row(e), d);
-      extra.clear();
-      if (probe > 0) {
-        route_seeds(rs, q, 4, seeds, probe);
-        // Probed clusters may hold fewer than 4 rows: padding is no entry point.
-        std::copy_if(seeds.begin(), seeds.end(), std::back_inserter(extra),
-                     [](id_t x) { return x != invalid_id; });
-      }
-      const auto st =
-          beam_search(g, q, beam_search_params{10, 20, 0, limit}, ws, ids, sc, no_filter{}, extra);
-      for (std::size_t i = 0; i < st.count; ++i) {
-        hit += std::count(f.truth[e].begin(), f.truth[e].end(), ids[i]);
-      }
-      scored += double(st.distance_computations);
-    }
-    return std::pair{hit / double(f.eval.rows() * 10), scored / double(f.eval.rows())};
+    return ood_search(limit, [&](std::span<const float> q) -> std::span<const id_t> {
+      if (probe == 0) return {};
+      route_seeds(rs, q, 4, seeds, probe);
+      return seeds;
+    });
   };
   const auto [cold_recall, cold_scored] = search(0, 0);
   const auto [recall, scored] = search(4, 12);
