@@ -19,5 +19,7 @@ void bind_planner(pybind11::module_& m);
 void bind_memory(pybind11::module_& m);
 /// make_ood (the synthetic workload of the C++ tests and benchmarks).
 void bind_testing(pybind11::module_& m);
+/// RouteSet and make_route_set (seeds for cold decode searches).
+void bind_routing(pybind11::module_& m);
 
 }  // namespace kvsift_python

@@ -211,6 +211,23 @@ inline std::vector<id_t> ids_of(const py::handle& h, const char* what) {
   return out;
 }
 
+/// Search entry points: ids_of, but INVALID_ID entries are padding and skipped (a short previous
+/// answer, a RouteSet's lists), as the C++ searches skip them.
+inline std::vector<id_t> entry_ids_of(const py::handle& h, const char* what) {
+  const tensor t = int_vector_of(h, what, "token ids");
+  std::vector<id_t> out;
+  out.reserve(static_cast<std::size_t>(t.shape[0]));
+  for (std::int64_t i = 0; i < t.shape[0]; ++i) {
+    const std::int64_t v = int_at(t, i);
+    if (v == static_cast<std::int64_t>(kvsift::invalid_id)) continue;
+    require<kvsift::out_of_range>(
+        v >= 0 && v < static_cast<std::int64_t>(kvsift::invalid_id), what, ": expected ids in [0, ",
+        kvsift::invalid_id, ") or INVALID_ID (padding, skipped), got ", v, " at position ", i);
+    out.push_back(static_cast<id_t>(v));
+  }
+  return out;
+}
+
 /// Id lists of a (H, m) integer array, one row per query head (what a batched search returns):
 /// INVALID_ID entries are padding and skipped, other values must be valid ids. `what` names the
 /// argument in errors. -> flat ids and row starts (H + 1). O(H m).

@@ -334,7 +334,8 @@ void bind_indexes(py::module_& m) {
            "each node's first degree_cap neighbours (the builder puts the most useful first): "
            "fewer vectors scored per hop, at some recall; 0 = all. expand_limit > 0 (<= L) "
            "expands only the pool's best expand_limit entries: with entries near the answer "
-           "(the previous decode step's results) far fewer hops; 0 = L.")
+           "(the previous decode step's results, RouteSet.seeds) far fewer hops; 0 = L. "
+           "INVALID_ID among entries is padding, skipped.")
       .def("dipr", &graph_dipr, py::arg("query"), py::arg("beta"), py::kw_only(),
            py::arg("l0") = 64, py::arg("max_candidates") = 0, py::arg("seed_score") = py::none(),
            py::arg("filter") = py::none(), py::arg("entries") = py::none(),

@@ -69,4 +69,5 @@ PYBIND11_MODULE(KVSIFT_PYTHON_MODULE, m) {
   kvsift_python::bind_planner(m);
   kvsift_python::bind_memory(m);
   kvsift_python::bind_testing(m);
+  kvsift_python::bind_routing(m);
 }

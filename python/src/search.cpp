@@ -32,7 +32,7 @@ dipr_output run_dipr(const Index& self, const py::handle& query_h, float beta, s
   p.entry_prefix = bounded_count(entry_prefix, "dipr: entry_prefix");
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
-      entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
+      entries.is_none() ? std::vector<id_t>{} : entry_ids_of(entries, "entries");
   kvsift::dipr_result r;
   {
     py::gil_scoped_release release;
@@ -98,7 +98,7 @@ search_result graph_search(const py_graph& self, const py::handle& queries, std:
                            bool walk_through, std::size_t entry_prefix) {
   const filter_t f = filter_of(filter, self.size());
   const std::vector<id_t> extra =
-      entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
+      entries.is_none() ? std::vector<id_t>{} : entry_ids_of(entries, "entries");
   const kvsift::beam_search_params p{
       .k = k,
       .L = bounded_count(L, "search: L"),
@@ -294,7 +294,7 @@ dipr_heads_output dipr_heads(const py::list& indexes, const py::handle& queries,
   base.entry_prefix = bounded_count(entry_prefix, "dipr_heads: entry_prefix");
   const filter_t f = filter_of(filter, idx.front()->size());
   const std::vector<id_t> extra =
-      entries.is_none() ? std::vector<id_t>{} : ids_of(entries, "entries");
+      entries.is_none() ? std::vector<id_t>{} : entry_ids_of(entries, "entries");
   std::vector<kvsift::dipr_result> res(heads);
   {
     py::gil_scoped_release release;

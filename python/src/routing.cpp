@@ -1,0 +1,135 @@
+// Routing sets of the Python module: make_route_set and RouteSet (cluster, seeds), seeds for cold
+// decode searches from the build's training queries (include/kvsift/index/route_set.hpp).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "bindings.hpp"
+#include "common.hpp"
+#include "kvsift/core/checked_size.hpp"
+#include "kvsift/index/knn.hpp"
+#include "kvsift/index/route_set.hpp"
+
+namespace kvsift_python {
+namespace {
+
+kvsift::route_set make_routes(const py::handle& queries_h, const py::handle& keys_h,
+                              std::size_t rows, std::size_t list_len) {
+  const tensor tq = tensor_of(queries_h, "queries");
+  const tensor tk = tensor_of(keys_h, "keys");
+  const auto q = f32_matrix_of(tq, "queries");
+  const auto k = f32_matrix_of(tk, "keys");
+  py::gil_scoped_release release;
+  return kvsift::make_route_set(q, k, rows, list_len, kvsift::cpu_knn_engine{});
+}
+
+/// Seeds of (d,) or (m, d) float32 queries: (top * list_len,) or (m, top * list_len) uint32.
+py::array_t<std::uint32_t> route_seeds(const kvsift::route_set& rs, const py::handle& queries_h,
+                                       std::size_t top, std::size_t probe) {
+  const tensor tq = tensor_of(queries_h, "queries");
+  const bool one = tq.ndim() == 1;
+  require<kvsift::dimension_mismatch>(
+      one || tq.ndim() == 2, "queries: expected (d,) or (m, d), got ", tq.ndim(), " dimension(s)");
+  // Validated on the first query before the output is sized (the same checks run per query).
+  const std::size_t ld = kvsift::checked_mul(top, rs.list_len, "route_seeds: top x list_len");
+  std::vector<float> none(rs.dim, 0.0f);
+  std::vector<kvsift::id_t> probe_out(ld);
+  if (one) {
+    const std::span<const float> q = vector_of(tq, "queries");
+    py::array_t<std::uint32_t> out(static_cast<py::ssize_t>(ld));
+    kvsift::route_seeds(rs, q, top, std::span<kvsift::id_t>(out.mutable_data(), ld), probe);
+    return out;
+  }
+  const auto qs = f32_matrix_of(tq, "queries");
+  kvsift::require_dim(rs.dim, qs.cols(), "route_seeds: query dimension");
+  kvsift::route_seeds(rs, none, top, probe_out, probe);  // parameter errors before the output
+  const std::size_t m = qs.rows();
+  (void)kvsift::checked_mul(m, ld, "route_seeds: queries x top x list_len");
+  py::array_t<std::uint32_t> out({static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(ld)});
+  std::uint32_t* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (std::size_t i = 0; i < m; ++i) {
+      kvsift::route_seeds(rs, std::span<const float>(qs.row(i), qs.cols()), top,
+                          std::span<kvsift::id_t>(dst + i * ld, ld), probe);
+    }
+  }
+  return out;
+}
+
+template <class T>
+py::array_t<T> matrix_copy(const std::vector<T>& v, std::size_t rows, std::size_t cols) {
+  py::array_t<T> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
+}  // namespace
+
+void bind_routing(py::module_& m) {
+  py::class_<kvsift::route_set>(
+      m, "RouteSet",
+      "Routing rows (unit-norm training queries) with their exact best keys: seeds for cold "
+      "decode searches (kvsift::route_set). Make it with make_route_set; cluster() it so that a "
+      "query scores the centroids and the rows of its best `probe` clusters only.")
+      .def_property_readonly("dim", [](const kvsift::route_set& r) { return r.dim; })
+      .def_property_readonly("list_len", [](const kvsift::route_set& r) { return r.list_len; })
+      .def_property_readonly("rows", &kvsift::route_set::rows)
+      .def_property_readonly("clusters", &kvsift::route_set::clusters, "0 until cluster() ran.")
+      .def_property_readonly(
+          "vectors",
+          [](const kvsift::route_set& r) { return matrix_copy(r.vectors, r.rows(), r.dim); },
+          "(rows, dim) float32 copy, unit norm, grouped by cluster once clustered.")
+      .def_property_readonly(
+          "lists",
+          [](const kvsift::route_set& r) { return matrix_copy(r.lists, r.rows(), r.list_len); },
+          "(rows, list_len) uint32 copy: each row's best keys, best first, INVALID_ID padded.")
+      .def_property_readonly(
+          "centroids",
+          [](const kvsift::route_set& r) { return matrix_copy(r.centroids, r.clusters(), r.dim); },
+          "(clusters, dim) float32 copy, unit norm.")
+      .def_property_readonly(
+          "cluster_rows",
+          [](const kvsift::route_set& r) {
+            py::array_t<std::int64_t> out(static_cast<py::ssize_t>(r.cluster_rows.size()));
+            std::copy(r.cluster_rows.begin(), r.cluster_rows.end(), out.mutable_data());
+            return out;
+          },
+          "(clusters + 1,) int64 row bounds: cluster c holds rows [cluster_rows[c], "
+          "cluster_rows[c + 1]).")
+      .def(
+          "cluster",
+          [](kvsift::route_set& r, std::size_t clusters, std::size_t iterations) {
+            py::gil_scoped_release release;
+            kvsift::cluster_routes(r, clusters, iterations);
+          },
+          py::arg("clusters"), py::kw_only(), py::arg("iterations") = 10,
+          "Groups the rows into at most `clusters` clusters (spherical k-means, deterministic; "
+          "empty clusters dropped) and reorders them by cluster, in place. "
+          "O((iterations + 1) rows clusters dim).")
+      .def("seeds", &route_seeds, py::arg("queries"), py::kw_only(), py::arg("top") = 4,
+           py::arg("probe") = 0,
+           "Seeds of (d,) or (m, d) float32 queries: the lists of each query's `top` best rows "
+           "(inner product, ties to the lower row), concatenated: (top * list_len,) or (m, top * "
+           "list_len) uint32, INVALID_ID padded (searches skip the padding). probe > 0 (a "
+           "clustered set): only the rows of the best `probe` clusters compete. Pass them as "
+           "`entries` of a search with an expand_limit, or as kvsift.cuda.decode_search's "
+           "seeds. A query holding NaN or Inf gets no seeds.")
+      .def("__repr__", [](const kvsift::route_set& r) {
+        return "RouteSet(rows=" + std::to_string(r.rows()) + ", dim=" + std::to_string(r.dim) +
+               ", list_len=" + std::to_string(r.list_len) +
+               ", clusters=" + std::to_string(r.clusters()) + ")";
+      });
+
+  m.def("make_route_set", &make_routes, py::arg("queries"), py::arg("keys"), py::arg("rows"),
+        py::kw_only(), py::arg("list_len") = 100,
+        "RouteSet of `rows` evenly spaced rows of the (m, d) float32 training queries (unit norm), "
+        "each with its exact best `list_len` keys among the (n, d) float32 keys by inner "
+        "product (a flat CPU kNN: O(rows n d)). Raises for rows outside [1, m], list_len 0, no "
+        "keys, dimensions that differ, NaN or Inf.");
+}
+
+}  // namespace kvsift_python
