@@ -466,7 +466,7 @@ TEST_CASE(
     for (std::size_t c = 0; c < clusters; ++c) cs.push_back({-score(q, &rs.centroids[c * d]), c});
     std::sort(cs.begin(), cs.end());
     std::vector<id_t> flat(9 * list);
-    route_seeds(rs, qs, 9, flat);
+    CHECK(route_seeds(rs, qs, 9, flat) == rows);
     for (const std::size_t probe : {1, 2, 3, 5, 6, 9}) {
       const std::size_t taken = std::min(probe, clusters);
       if (taken < clusters && cs[taken - 1].first == cs[taken].first) ++cluster_ties;
@@ -487,7 +487,8 @@ TEST_CASE(
             want[t * list + j] = rs.lists[rsc[t].second * list + j];
           }
         }
-        route_seeds(rs, qs, top, got, probe);
+        // The reads it reports: every centroid, then the probed clusters' rows.
+        CHECK(route_seeds(rs, qs, top, got, probe) == clusters + rsc.size());
         CHECK(got == want);
         if (probe >= clusters) {
           CHECK(std::equal(got.begin(), got.begin() + std::ptrdiff_t(top * list), flat.begin()));
@@ -502,7 +503,7 @@ TEST_CASE(
   std::vector<float> bad(queries.begin(), queries.begin() + std::ptrdiff_t(d));
   bad[1] = std::numeric_limits<float>::quiet_NaN();
   std::vector<id_t> out(4 * list, 7);
-  route_seeds(rs, bad, 4, out, 2);
+  CHECK(route_seeds(rs, bad, 4, out, 2) == 0);
   CHECK(std::all_of(out.begin(), out.end(), [](id_t x) { return x == invalid_id; }));
   // Probing needs clusters.
   route_set plain = rs;
@@ -619,4 +620,179 @@ TEST_CASE("clustered routes find the flat routes' seeds reading a fraction of th
   INFO("cold " << cold_recall << " / " << cold_scored << ", probe 4 " << recall << " / " << scored);
   CHECK(recall >= cold_recall);
   CHECK(scored <= 0.75 * cold_scored);
+}
+
+TEST_CASE("route_seeds refuses a set whose arrays disagree, probed or not", "[index][route]") {
+  constexpr std::size_t d = 4, list = 3;
+  route_set good = tagged_set(integers(12, d, 61), d, list);
+  good.cluster_rows = {0, 5, 12};
+  good.centroids = integers(2, d, 62);
+  const auto q = integers(1, d, 63);
+  std::vector<id_t> out(2 * list);
+  for (const std::size_t probe : {0, 1}) {
+    INFO("probe " << probe);
+    CHECK(route_seeds(good, q, 2, out, probe) > 0);
+    CHECK(detail::check_route_seeds(good, d, 2, out.size(), probe) == 2 * list);
+    auto refused = [&](auto mend, const char* message) {
+      route_set bad = good;
+      mend(bad);
+      INFO(message);
+      std::fill(out.begin(), out.end(), id_t{7});
+      CHECK_THROWS_WITH(route_seeds(bad, q, 2, out, probe), Contains(message));
+      CHECK(std::all_of(out.begin(), out.end(), [](id_t x) { return x == 7; }));
+      CHECK_THROWS_WITH(detail::check_route_seeds(bad, d, 2, out.size(), probe), Contains(message));
+    };
+    // Lists shorter than rows x list_len: the best row's list would be read past their end.
+    refused([](route_set& r) { r.lists.resize(r.lists.size() - 1); },
+            "expected lists of rows x list_len = 12 x 3 ids, got 35");
+    refused([](route_set& r) { r.vectors.push_back(1.0f); },
+            "expected vectors of a whole number of rows of dim = 4 floats, got 49");
+    refused(
+        [](route_set& r) {
+          r.list_len = 0;
+          r.lists.clear();
+        },
+        "expected list_len >= 1 for 12 rows, got 0");
+    refused(
+        [](route_set& r) {
+          r.cluster_rows = {0, 5, 11};
+        },
+        "expected 2 centroids of 4 floats and cluster bounds ascending from 0 to 12, got 8 "
+        "floats and bounds from 0 to 11");
+    refused([](route_set& r) { r.cluster_rows = {0, 13, 12}; }, "cluster bounds ascending");
+    refused([](route_set& r) { r.centroids.pop_back(); }, "got 7 floats");
+    refused([](route_set& r) { r.cluster_rows.clear(); },
+            "expected no centroids without cluster bounds, got 8 floats");
+  }
+  CHECK_THROWS_WITH(detail::check_route_seeds(good, d, 3, out.size(), 0),
+                    Contains("at least top x list_len = 9 ids, got 6"));
+  CHECK_THROWS_AS(detail::check_route_seeds(good, d + 1, 2, out.size(), 0), dimension_mismatch);
+}
+
+namespace {
+
+/// Graph g's set read back from a stack (lists cut to `list_len`): the inverse of stacking.
+route_set unstacked(const route_set_stack& st, std::size_t g, std::size_t list_len) {
+  route_set rs;
+  const auto r0 = std::size_t(st.offset[g]), r1 = std::size_t(st.offset[g + 1]);
+  rs.dim = r1 > r0 ? st.dim : 0;
+  rs.list_len = list_len;
+  rs.vectors.assign(st.vectors.begin() + std::ptrdiff_t(r0 * st.dim),
+                    st.vectors.begin() + std::ptrdiff_t(r1 * st.dim));
+  for (std::size_t r = r0; r < r1; ++r) {
+    const auto row = st.lists.begin() + std::ptrdiff_t(r * st.list_len);
+    rs.lists.insert(rs.lists.end(), row, row + std::ptrdiff_t(list_len));
+    // Past the set's own list_len: padding only.
+    CHECK(std::all_of(row + std::ptrdiff_t(list_len), row + std::ptrdiff_t(st.list_len),
+                      [](id_t x) { return x == invalid_id; }));
+  }
+  if (st.clustered() && st.cluster_offset[g + 1] > st.cluster_offset[g]) {
+    const auto c0 = std::size_t(st.cluster_offset[g]), c1 = std::size_t(st.cluster_offset[g + 1]);
+    rs.centroids.assign(st.centroids.begin() + std::ptrdiff_t(c0 * st.dim),
+                        st.centroids.begin() + std::ptrdiff_t(c1 * st.dim));
+    for (std::size_t c = c0; c <= c1; ++c) rs.cluster_rows.push_back(st.cluster_rows[c] - r0);
+  }
+  return rs;
+}
+
+/// Checks `st` against the sets it stacked: each graph's rows, lists, centroids and bounds
+/// read back equal its set, and the maxima are those of the sets.
+void check_stack(const route_set_stack& st, const std::vector<const route_set*>& sets) {
+  REQUIRE(st.graphs() == sets.size());
+  CHECK(st.offset.front() == 0);
+  std::size_t max_rows = 0, max_clusters = 0, max_cluster_rows = 0, list_len = 0;
+  for (std::size_t g = 0; g < sets.size(); ++g) {
+    INFO("graph " << g);
+    const route_set& rs = *sets[g];
+    route_set want = rs;
+    if (rs.rows() == 0) want = route_set{0, rs.list_len, {}, {}, {}, {}};
+    CHECK(same_set(unstacked(st, g, rs.list_len), want));
+    max_rows = std::max(max_rows, rs.rows());
+    max_clusters = std::max(max_clusters, rs.clusters());
+    for (std::size_t c = 0; c < rs.clusters(); ++c) {
+      max_cluster_rows = std::max(max_cluster_rows, rs.cluster_rows[c + 1] - rs.cluster_rows[c]);
+    }
+    list_len = std::max(list_len, rs.list_len);
+  }
+  CHECK(st.list_len == list_len);
+  CHECK(st.vectors.size() == std::size_t(st.offset.back()) * st.dim);
+  CHECK(st.lists.size() == std::size_t(st.offset.back()) * st.list_len);
+  CHECK(st.max_rows == max_rows);
+  CHECK(st.max_clusters == max_clusters);
+  CHECK(st.max_cluster_rows == max_cluster_rows);
+  if (st.clustered()) {
+    CHECK(st.cluster_rows.size() == std::size_t(st.cluster_offset.back()) + 1);
+    CHECK(st.cluster_rows.back() == st.offset.back());
+    CHECK(std::is_sorted(st.cluster_rows.begin(), st.cluster_rows.end()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stack_route_sets lays the sets out for the device, padding shorter lists",
+          "[index][route]") {
+  constexpr std::size_t d = 16;
+  const route_set a = tagged_set(quarters(30, d, 71), d, 4);
+  const route_set b = tagged_set(quarters(7, d, 72), d, 2);  // shorter lists: padded
+  const route_set none{d, 4, {}, {}, {}, {}};                // a graph with no routes
+  SECTION("flat") {
+    const std::vector<const route_set*> sets{&a, &none, &b, &a};  // a named twice
+    const route_set_stack st = stack_route_sets(sets);
+    CHECK(!st.clustered());
+    CHECK(st.offset == std::vector<std::int64_t>{0, 30, 30, 37, 67});
+    CHECK(st.cluster_offset.empty());
+    CHECK(st.centroids.empty());
+    check_stack(st, sets);
+  }
+  SECTION("clustered") {
+    route_set ca = a, cb = b;
+    cluster_routes(ca, 5);
+    cluster_routes(cb, 3);
+    REQUIRE(ca.clusters() >= 2);
+    const std::vector<const route_set*> sets{&ca, &cb, &none, &ca};
+    const route_set_stack st = stack_route_sets(sets);
+    CHECK(st.clustered());
+    CHECK(st.cluster_offset ==
+          std::vector<std::int64_t>{0, std::int64_t(ca.clusters()),
+                                    std::int64_t(ca.clusters() + cb.clusters()),
+                                    std::int64_t(ca.clusters() + cb.clusters()),
+                                    std::int64_t(2 * ca.clusters() + cb.clusters())});
+    check_stack(st, sets);
+    // The span overload stacks every set in order.
+    const std::vector<route_set> owned{ca, cb};
+    check_stack(stack_route_sets(std::span<const route_set>(owned)), {&owned[0], &owned[1]});
+  }
+  SECTION("a set with no rows first takes no part in the dim or the layout") {
+    const route_set odd{3, 1, {}, {}, {}, {}};
+    const std::vector<const route_set*> sets{&odd, &a};
+    check_stack(stack_route_sets(sets), sets);
+  }
+}
+
+TEST_CASE("stack_route_sets refuses bad sets before allocating", "[index][route]") {
+  constexpr std::size_t d = 16;
+  const route_set a = tagged_set(quarters(30, d, 81), d, 4);
+  route_set ca = a;
+  cluster_routes(ca, 4);
+  const route_set other = tagged_set(quarters(5, 8, 82), 8, 4);
+  route_set broken = a;
+  broken.lists.pop_back();
+  using sets = std::vector<const route_set*>;
+  CHECK_THROWS_WITH(stack_route_sets(sets{}), Contains("expected at least one routing set"));
+  CHECK_THROWS_WITH(stack_route_sets(sets{&a, nullptr}), Contains("set 1 is null"));
+  CHECK_THROWS_AS(stack_route_sets(sets{&a, &other}), dimension_mismatch);
+  CHECK_THROWS_WITH(stack_route_sets(sets{&a, &ca}),
+                    Contains("expected every set with rows flat as set 0, set 1 is clustered"));
+  CHECK_THROWS_WITH(stack_route_sets(sets{&ca, &a}),
+                    Contains("expected every set with rows clustered as set 0, set 1 is flat"));
+  CHECK_THROWS_WITH(stack_route_sets(sets{&a, &broken}), Contains("expected lists of rows"));
+  // Sizes that overflow are refused by the checked products, not allocated: a set's own lists,
+  // and the stack's, padded to the longest list_len (that of a set with no rows).
+  const route_set long_lists{1, std::numeric_limits<std::size_t>::max() / 2, {1, 2, 3, 4}, {}, {},
+                             {}};
+  CHECK_THROWS_WITH(stack_route_sets(sets{&long_lists}), Contains("overflows"));
+  const route_set four{1, 1, {1, 2, 3, 4}, {0, 1, 2, 3}, {}, {}};
+  const route_set empty_long{1, std::numeric_limits<std::size_t>::max() / 2, {}, {}, {}, {}};
+  CHECK_THROWS_WITH(stack_route_sets(sets{&four, &empty_long}),
+                    Contains("stack_route_sets: rows x list_len"));
 }

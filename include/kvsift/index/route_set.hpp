@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -221,6 +222,55 @@ inline float route_score(std::span<const float> q, const float* v) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Checks that the arrays of `rs` agree with each other: vectors a whole number of rows of dim
+/// floats, lists rows x list_len ids (list_len >= 1 when there are rows), and, when clustered,
+/// clusters x dim centroid floats and row bounds ascending from 0 to rows. O(clusters).
+/// @throw invalid_argument naming `who`, the expected and the actual sizes
+inline void check_route_set(const route_set& rs, const char* who) {
+  require(rs.dim > 0 ? rs.vectors.size() % rs.dim == 0 : rs.vectors.empty(), who,
+          ": expected vectors of a whole number of rows of dim = ", rs.dim, " floats, got ",
+          rs.vectors.size());
+  const std::size_t n = rs.rows();
+  require(n == 0 || rs.list_len >= 1, who, ": expected list_len >= 1 for ", n, " rows, got 0");
+  require(rs.lists.size() == checked_mul(n, rs.list_len, "route_set: rows x list_len"), who,
+          ": expected lists of rows x list_len = ", n, " x ", rs.list_len, " ids, got ",
+          rs.lists.size());
+  if (rs.cluster_rows.empty()) {
+    require(rs.centroids.empty(), who, ": expected no centroids without cluster bounds, got ",
+            rs.centroids.size(), " floats");
+    return;
+  }
+  const std::size_t c = rs.clusters();
+  // A hand-made or loaded set: bounds that do not tile the rows would read past them.
+  require(rs.centroids.size() == checked_mul(c, rs.dim, "route_set: clusters x dim") &&
+              rs.cluster_rows.front() == 0 && rs.cluster_rows.back() == n &&
+              std::is_sorted(rs.cluster_rows.begin(), rs.cluster_rows.end()),
+          who, ": expected ", c, " centroids of ", rs.dim,
+          " floats and cluster bounds ascending from 0 to ", n, ", got ", rs.centroids.size(),
+          " floats and bounds from ", rs.cluster_rows.front(), " to ", rs.cluster_rows.back());
+}
+
+/// The argument checks of `route_seeds` (the set's arrays included) without routing: what a
+/// caller sizing its output first (a binding) calls. Returns top x list_len, the ids written
+/// per query. O(clusters).
+/// @throw invalid_argument / dimension_mismatch as `route_seeds`
+inline std::size_t check_route_seeds(const route_set& rs, std::size_t query_len, std::size_t top,
+                                     std::size_t out_size, std::size_t probe) {
+  require(top >= 1, "route_seeds: expected top >= 1, got 0");
+  check_route_set(rs, "route_seeds");
+  require_dim(rs.dim, query_len, "route_seeds: query length");
+  const std::size_t need = checked_mul(top, rs.list_len, "route_seeds: top x list_len");
+  require(out_size >= need, "route_seeds: expected an output of at least top x list_len = ", need,
+          " ids, got ", out_size);
+  require(probe == 0 || rs.clusters() > 0, "route_seeds: probe ", probe,
+          " needs a clustered set (cluster_routes)");
+  return need;
+}
+
+}  // namespace detail
+
 /// Writes the lists of the `top` routing vectors with the highest inner product with `query`
 /// (ties to the lower row), best first, into out[0, top * list_len); missing routes (fewer
 /// rows, or rows in the probed clusters, than top) and a query holding NaN or Inf give
@@ -228,40 +278,29 @@ inline float route_score(std::span<const float> q, const float* v) {
 /// clustered set, only the rows of the `probe` clusters whose centroids score highest (ties to
 /// the lower cluster) compete. The routes of `cuda::route_seeds` over one graph's set (up to
 /// the scores' summation order, which can swap near-ties).
+/// Returns the routing vectors scored (the routing pass's reads): rows, or with probe the
+/// centroids plus the probed clusters' rows; 0 for a query holding NaN or Inf.
 /// Complexity: O(rows * (dim + top)), or with probe O(clusters * (dim + probe) + probed rows
-/// * (dim + top)). Thread safety: const on `rs`, safe concurrently.
-/// @throw invalid_argument top zero, out shorter than top * list_len, probe > 0 on a set that
-///        is not clustered or whose centroids and bounds do not match its rows (O(clusters)
-///        checked per call); dimension_mismatch query length is not rs.dim
-inline void route_seeds(const route_set& rs, std::span<const float> query, std::size_t top,
-                        std::span<id_t> out, std::size_t probe = 0) {
-  detail::require(top >= 1, "route_seeds: expected top >= 1, got 0");
-  require_dim(rs.dim, query.size(), "route_seeds: query length");
-  const std::size_t need = checked_mul(top, rs.list_len, "route_seeds: top x list_len");
-  detail::require(out.size() >= need,
-                  "route_seeds: expected an output of at least top x list_len = ", need,
-                  " ids, got ", out.size());
-  detail::require(probe == 0 || rs.clusters() > 0, "route_seeds: probe ", probe,
-                  " needs a clustered set (cluster_routes)");
-  if (probe > 0) {
-    // A hand-made or loaded set: bounds that do not tile the rows would read past them.
-    const std::size_t c = rs.clusters();
-    detail::require(rs.centroids.size() == c * rs.dim && rs.cluster_rows.front() == 0 &&
-                        rs.cluster_rows.back() == rs.rows() &&
-                        std::is_sorted(rs.cluster_rows.begin(), rs.cluster_rows.end()),
-                    "route_seeds: expected ", c, " centroids of ", rs.dim,
-                    " floats and cluster bounds ascending from 0 to ", rs.rows(), ", got ",
-                    rs.centroids.size(), " floats and bounds from ", rs.cluster_rows.front(),
-                    " to ", rs.cluster_rows.back());
-  }
+/// * (dim + top)); the set's arrays are checked per call, O(clusters). Thread safety: const on
+/// `rs`, safe concurrently.
+/// @throw invalid_argument top zero, out shorter than top * list_len, arrays of `rs` that do
+///        not agree (`detail::check_route_set`), probe > 0 on a set that is not clustered;
+///        dimension_mismatch query length is not rs.dim
+inline std::size_t route_seeds(const route_set& rs, std::span<const float> query, std::size_t top,
+                               std::span<id_t> out, std::size_t probe = 0) {
+  const std::size_t need = detail::check_route_seeds(rs, query.size(), top, out.size(), probe);
   std::fill_n(out.begin(), need, invalid_id);
-  if (!std::all_of(query.begin(), query.end(), [](float x) { return std::isfinite(x); })) return;
+  if (!std::all_of(query.begin(), query.end(), [](float x) { return std::isfinite(x); })) return 0;
+  // Small per-call lists (top + 1 and probe + 1 entries): their allocation is noise next to the
+  // rows x dim scoring.
   std::vector<std::pair<float, std::size_t>> best;  // (score, row), best first
   best.reserve(top + 1);
+  std::size_t scored = 0;
   auto offer_rows = [&](std::size_t begin, std::size_t end) {
     for (std::size_t r = begin; r < end; ++r) {
       detail::offer_route(best, top, detail::route_score(query, rs.vectors.data() + r * rs.dim), r);
     }
+    scored += end - begin;
   };
   if (probe == 0) {
     offer_rows(0, rs.rows());
@@ -272,6 +311,7 @@ inline void route_seeds(const route_set& rs, std::span<const float> query, std::
       detail::offer_route(near, probe, detail::route_score(query, rs.centroids.data() + c * rs.dim),
                           c);
     }
+    scored += rs.clusters();
     // Rows in ascending order, so that ties go to the lower row as in the flat scan.
     std::sort(near.begin(), near.end(),
               [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -281,6 +321,111 @@ inline void route_seeds(const route_set& rs, std::span<const float> query, std::
     const id_t* list = rs.lists.data() + best[t].second * rs.list_len;
     std::copy_n(list, rs.list_len, out.begin() + static_cast<std::ptrdiff_t>(t * rs.list_len));
   }
+  return scored;
+}
+
+/// The routing sets of many graphs (set g for graph g) in the layout `cuda::route_set_ref` reads:
+/// graph g owns rows [offset[g], offset[g + 1]) of `vectors` and `lists`; when the sets are
+/// clustered, graph g's clusters are centroid rows [cluster_offset[g], cluster_offset[g + 1])
+/// and cluster c holds the (global) rows [cluster_rows[c], cluster_rows[c + 1]). Upload the
+/// arrays (vectors and centroids in the element type to route in) and copy the maxima into the
+/// handle's fields of the same names.
+struct route_set_stack {
+  std::size_t dim = 0;
+  std::size_t list_len = 0;                  ///< the longest set's; shorter lists invalid_id padded
+  std::vector<float> vectors;                ///< [offset.back()][dim]
+  std::vector<id_t> lists;                   ///< [offset.back()][list_len]
+  std::vector<std::int64_t> offset;          ///< [graphs + 1], from 0
+  std::vector<float> centroids;              ///< [cluster_offset.back()][dim]; empty: flat
+  std::vector<std::int64_t> cluster_offset;  ///< [graphs + 1]; empty: flat
+  std::vector<std::int64_t> cluster_rows;    ///< [cluster_offset.back() + 1]; empty: flat
+  std::size_t max_rows = 0;                  ///< most rows of one graph
+  std::size_t max_clusters = 0;              ///< most clusters of one graph (0: flat)
+  std::size_t max_cluster_rows = 0;          ///< most rows of one cluster (0: flat)
+  [[nodiscard]] std::size_t graphs() const noexcept {
+    return offset.empty() ? 0 : offset.size() - 1;
+  }
+  [[nodiscard]] bool clustered() const noexcept { return !cluster_offset.empty(); }
+};
+
+/// Stacks `sets` (pointers, one per graph; a set may be named more than once, e.g. graphs that
+/// share keys) into a `route_set_stack`. Sets may differ in list_len (the shorter lists are
+/// padded with invalid_id, which the searches skip) and in rows (a set of no rows routes
+/// nothing); they must share dim (a set of no rows may have any) and be either all clustered or
+/// all flat.
+/// Complexity: O(total rows * (dim + list_len) + total clusters * dim). Thread safety: reads
+/// the sets, which must not change meanwhile.
+/// @throw invalid_argument no sets, a null pointer, a set whose arrays do not agree
+///        (`detail::check_route_set`), clustered and flat sets (with rows) mixed, sizes that
+///        overflow; dimension_mismatch sets (with rows) of different dims. Checked before
+///        anything is allocated.
+inline route_set_stack stack_route_sets(std::span<const route_set* const> sets) {
+  detail::require(!sets.empty(), "stack_route_sets: expected at least one routing set, got none");
+  std::size_t dim = 0, list_len = 0, rows = 0, clusters = 0;
+  std::size_t first = sets.size();  // the first set with rows: its dim and layout rule
+  for (std::size_t g = 0; g < sets.size(); ++g) {
+    detail::require(sets[g] != nullptr, "stack_route_sets: set ", g, " is null");
+    const route_set& rs = *sets[g];
+    detail::check_route_set(rs, "stack_route_sets");
+    if (rs.rows() > 0) {
+      if (first == sets.size()) {
+        first = g;
+        dim = rs.dim;
+      }
+      require_dim(dim, rs.dim, "stack_route_sets: dimension of a set vs the first set with rows");
+      const bool c0 = sets[first]->clusters() > 0, c = rs.clusters() > 0;
+      detail::require(c == c0, "stack_route_sets: expected every set with rows ",
+                      c0 ? "clustered" : "flat", " as set ", first, ", set ", g, " is ",
+                      c ? "clustered" : "flat");
+    }
+    list_len = std::max(list_len, rs.list_len);
+    rows = checked_add(rows, rs.rows(), "stack_route_sets: total rows");
+    clusters = checked_add(clusters, rs.clusters(), "stack_route_sets: total clusters");
+  }
+  route_set_stack st;
+  st.dim = dim;
+  st.list_len = list_len;
+  const bool clustered = clusters > 0;
+  st.vectors.reserve(checked_mul(rows, dim, "stack_route_sets: rows x dim"));
+  st.lists.assign(checked_mul(rows, list_len, "stack_route_sets: rows x list_len"), invalid_id);
+  st.offset.reserve(sets.size() + 1);
+  st.offset.push_back(0);
+  if (clustered) {
+    st.centroids.reserve(checked_mul(clusters, dim, "stack_route_sets: clusters x dim"));
+    st.cluster_offset.reserve(sets.size() + 1);
+    st.cluster_offset.push_back(0);
+    st.cluster_rows.reserve(clusters + 1);
+    st.cluster_rows.push_back(0);
+  }
+  for (const route_set* p : sets) {
+    const route_set& rs = *p;
+    const auto base = static_cast<std::size_t>(st.offset.back());
+    if (rs.rows() > 0) st.vectors.insert(st.vectors.end(), rs.vectors.begin(), rs.vectors.end());
+    for (std::size_t r = 0; r < rs.rows(); ++r) {
+      std::copy_n(rs.lists.begin() + static_cast<std::ptrdiff_t>(r * rs.list_len), rs.list_len,
+                  st.lists.begin() + static_cast<std::ptrdiff_t>((base + r) * list_len));
+    }
+    st.offset.push_back(static_cast<std::int64_t>(base + rs.rows()));
+    st.max_rows = std::max(st.max_rows, rs.rows());
+    if (!clustered) continue;
+    st.centroids.insert(st.centroids.end(), rs.centroids.begin(), rs.centroids.end());
+    for (std::size_t c = 0; c < rs.clusters(); ++c) {
+      st.cluster_rows.push_back(static_cast<std::int64_t>(base + rs.cluster_rows[c + 1]));
+      st.max_cluster_rows =
+          std::max(st.max_cluster_rows, rs.cluster_rows[c + 1] - rs.cluster_rows[c]);
+    }
+    st.cluster_offset.push_back(st.cluster_offset.back() +
+                                static_cast<std::int64_t>(rs.clusters()));
+    st.max_clusters = std::max(st.max_clusters, rs.clusters());
+  }
+  return st;
+}
+
+/// `stack_route_sets` of every set in `sets`, in order.
+inline route_set_stack stack_route_sets(std::span<const route_set> sets) {
+  std::vector<const route_set*> p(sets.size());
+  for (std::size_t g = 0; g < sets.size(); ++g) p[g] = &sets[g];
+  return stack_route_sets(std::span<const route_set* const>(p));
 }
 
 }  // namespace kvsift
