@@ -89,23 +89,6 @@ int main(int argc, char** argv) {
   search_workspace ws;
   std::vector<id_t> ids(k);
   std::vector<float> sc(k);
-  // Routing vectors a probed query reads: the centroids, then the rows of its best `probe`
-  // clusters (the order of route_seeds: higher score, then lower cluster; the same float sums).
-  auto routing_read = [&](const route_set& rs, std::span<const float> q, std::size_t probe) {
-    std::vector<std::pair<float, std::size_t>> cs(rs.clusters());
-    for (std::size_t c = 0; c < rs.clusters(); ++c) {
-      float s = 0.0f;
-      for (std::size_t i = 0; i < d; ++i) s += q[i] * rs.centroids[c * d + i];
-      cs[c] = {-s, c};
-    }
-    const std::size_t p = std::min(probe, cs.size());
-    std::partial_sort(cs.begin(), cs.begin() + static_cast<std::ptrdiff_t>(p), cs.end());
-    std::size_t read = rs.clusters();
-    for (std::size_t t = 0; t < p; ++t) {
-      read += rs.cluster_rows[cs[t].second + 1] - rs.cluster_rows[cs[t].second];
-    }
-    return read;
-  };
   auto run = [&](const char* name, std::size_t L, std::size_t limit, const route_set* rs,
                  std::size_t top, std::size_t probe = 0) {
     double hit = 0, scored = 0, read = 0;
@@ -115,8 +98,9 @@ int main(int argc, char** argv) {
       if (rs != nullptr) {
         // Probed clusters can hold fewer than `top` rows: the padding (invalid_id) is skipped
         // by beam_search.
-        route_seeds(*rs, q, top, seeds, probe);
-        if (probe > 0) read += static_cast<double>(routing_read(*rs, q, probe));
+        // The routing vectors read: every row, or the centroids and the probed clusters' rows.
+        const std::size_t r = route_seeds(*rs, q, top, seeds, probe);
+        if (probe > 0) read += static_cast<double>(r);
       }
       const auto st = beam_search(g, q, beam_search_params{k, L, 0, limit}, ws, ids, sc,
                                   no_filter{}, std::span<const id_t>(seeds));
