@@ -423,54 +423,48 @@ int main(int argc, char** argv) {
   if (o.route != 0 && o.dipr_only == 0) {
     for (const std::string& clusters_item : kvsift::cuda_bench::split_list(o.route_clusters)) {
       const std::size_t C = std::stoul(clusters_item);
-      std::vector<kvsift::route_set> sets = routes;
+      // Clustering changes the sets, so the flat sweep routes the built ones as they are.
+      std::vector<kvsift::route_set> clustered;
       if (C != 0) {
-        for (auto& rs : sets) kvsift::cluster_routes(rs, C);
+        clustered = routes;
+        for (auto& rs : clustered) kvsift::cluster_routes(rs, C);
       }
-      const std::size_t R = sets[0].rows();
-      std::vector<kvsift::half> rv(G * R * d), rc;
-      std::vector<id_t> rl(G * R * route_list);
-      std::vector<std::int64_t> roff(G + 1), coff{0}, crows{0};
-      int max_clusters = 0, max_cluster_rows = 0;
-      for (std::size_t g = 0; g < G; ++g) {
-        const kvsift::route_set& rs = sets[g % o.distinct];
-        for (std::size_t i = 0; i < R * d; ++i) rv[g * R * d + i] = kvsift::half(rs.vectors[i]);
-        std::copy(rs.lists.begin(), rs.lists.end(),
-                  rl.begin() + std::ptrdiff_t(g * R * route_list));
-        roff[g] = std::int64_t(g * R);
-        for (const float x : rs.centroids) rc.push_back(kvsift::half(x));
-        for (std::size_t c = 1; c < rs.cluster_rows.size(); ++c) {
-          crows.push_back(roff[g] + std::int64_t(rs.cluster_rows[c]));
-        }
-        coff.push_back(coff.back() + std::int64_t(rs.clusters()));
-        max_clusters = std::max(max_clusters, int(rs.clusters()));
-        for (std::size_t c = 0; c < rs.clusters(); ++c) {
-          max_cluster_rows =
-              std::max(max_cluster_rows, int(rs.cluster_rows[c + 1] - rs.cluster_rows[c]));
-        }
-      }
-      roff[G] = std::int64_t(G * R);
-      dev<__half> drv(rv.size()), drc(std::max<std::size_t>(1, rc.size()));
-      dev<id_t> drl(rl.size());
-      dev<std::int64_t> droff(G + 1), dcoff(coff.size()), dcrows(crows.size());
+      const std::vector<kvsift::route_set>& sets = C != 0 ? clustered : routes;
+      std::vector<const kvsift::route_set*> of_graph(G);
+      for (std::size_t g = 0; g < G; ++g) of_graph[g] = &sets[g % o.distinct];
+      const kvsift::route_set_stack st = kvsift::stack_route_sets(of_graph);
+      const std::size_t R = st.max_rows;
+      auto to_half = [](const std::vector<float>& f) {
+        std::vector<kvsift::half> h(std::max<std::size_t>(f.size(), 1));
+        for (std::size_t i = 0; i < f.size(); ++i) h[i] = kvsift::half(f[i]);
+        return h;
+      };
+      const std::vector<kvsift::half> rv = to_half(st.vectors), rc = to_half(st.centroids);
+      dev<__half> drv(rv.size()), drc(rc.size());
+      dev<id_t> drl(st.lists.size());
+      dev<std::int64_t> droff(G + 1), dcoff(std::max<std::size_t>(1, st.cluster_offset.size())),
+          dcrows(std::max<std::size_t>(1, st.cluster_rows.size()));
       KVSIFT_CUDA_CHECK(cudaMemcpy(drv.p, rv.data(), rv.size() * 2, cudaMemcpyHostToDevice));
       KVSIFT_CUDA_CHECK(cudaMemcpy(drc.p, rc.data(), rc.size() * 2, cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(drl.p, rl.data(), rl.size() * 4, cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(droff.p, roff.data(), (G + 1) * 8, cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(dcoff.p, coff.data(), coff.size() * 8, cudaMemcpyHostToDevice));
       KVSIFT_CUDA_CHECK(
-          cudaMemcpy(dcrows.p, crows.data(), crows.size() * 8, cudaMemcpyHostToDevice));
+          cudaMemcpy(drl.p, st.lists.data(), st.lists.size() * 4, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(droff.p, st.offset.data(), (G + 1) * 8, cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(dcoff.p, st.cluster_offset.data(), st.cluster_offset.size() * 8,
+                                   cudaMemcpyHostToDevice));
+      KVSIFT_CUDA_CHECK(cudaMemcpy(dcrows.p, st.cluster_rows.data(), st.cluster_rows.size() * 8,
+                                   cudaMemcpyHostToDevice));
+      const int max_clusters = int(st.max_clusters), max_cluster_rows = int(st.max_cluster_rows);
       const kc::route_set_ref<__half> ref{drv.p,
                                           std::int64_t(d),
                                           int(d),
                                           drl.p,
-                                          int(route_list),
+                                          int(st.list_len),
                                           droff.p,
                                           int(G),
                                           int(R),
-                                          C != 0 ? drc.p : nullptr,
-                                          C != 0 ? dcoff.p : nullptr,
-                                          C != 0 ? dcrows.p : nullptr,
+                                          st.clustered() ? drc.p : nullptr,
+                                          st.clustered() ? dcoff.p : nullptr,
+                                          st.clustered() ? dcrows.p : nullptr,
                                           max_clusters,
                                           max_cluster_rows};
       std::printf(

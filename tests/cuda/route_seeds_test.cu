@@ -323,6 +323,113 @@ TEST_CASE("route_seeds_probed_clusters_match_cpu", "[cuda][route_seeds]") {
   }
 }
 
+/// route_seeds on the GPU over a kvsift::stack_route_sets layout (vectors as T), the handle
+/// filled from the stack's fields alone; the seeds and the status word.
+template <class T>
+std::pair<std::vector<id_t>, std::uint32_t> gpu_route_stack(const kvsift::route_set_stack& st,
+                                                            const route_case& c, int top, int group,
+                                                            int probe) {
+  auto convert = [](const std::vector<float>& f) {
+    std::vector<T> v(std::max<std::size_t>(f.size(), 1));
+    for (std::size_t i = 0; i < f.size(); ++i) v[i] = from_float<T>(f[i]);
+    return v;
+  };
+  device_buffer<T> dv(convert(st.vectors)), dcent(convert(st.centroids));
+  device_buffer<id_t> dl(st.lists);
+  device_buffer<std::int64_t> doff(st.offset);
+  device_buffer<std::int64_t> dcoff(st.clustered() ? st.cluster_offset
+                                                   : std::vector<std::int64_t>(1));
+  device_buffer<std::int64_t> dcrows(st.clustered() ? st.cluster_rows
+                                                    : std::vector<std::int64_t>(1));
+  device_buffer<float> dq(c.q);
+  device_buffer<std::int32_t> dg(c.graph);
+  const kc::route_set_ref<T> rs{dv.get(),
+                                std::int64_t(st.dim),
+                                int(st.dim),
+                                dl.get(),
+                                int(st.list_len),
+                                doff.get(),
+                                int(st.graphs()),
+                                int(st.max_rows),
+                                st.clustered() ? dcent.get() : nullptr,
+                                st.clustered() ? dcoff.get() : nullptr,
+                                st.clustered() ? dcrows.get() : nullptr,
+                                int(st.max_clusters),
+                                int(st.max_cluster_rows)};
+  const kc::decode_queries qs{dq.get(), std::int64_t(st.dim), dg.get()};
+  kc::route_params p;
+  p.top = top;
+  p.group = group;
+  p.probe = probe;
+  const std::size_t m = c.graph.size();
+  device_buffer<id_t> seeds(m * std::size_t(kc::route_seeds_ld(int(st.list_len), p)));
+  device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0u});
+  kc::route_seeds(rs, qs, std::int64_t(m), p, seeds.get(), status.get(), nullptr);
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  return {seeds.download(), status.download()[0]};
+}
+
+TEST_CASE("route_seeds_from_stack_route_sets_matches_cpu", "[cuda][route_seeds]") {
+  // The library's host-side stacking is the layout the kernel reads: per-graph CPU sets (some
+  // with shorter lists, one with no rows, one named twice) stacked by kvsift::stack_route_sets
+  // and routed on the GPU equal kvsift::route_seeds over each set, the shorter lists padded.
+  route_case c = make_case({300, 41, 700, 64}, 32, 32, 9, 160, 4);
+  add_clusters(c, 24);
+  // Every other group of four queries over graph 0 goes to graph 5 (graph 0's set named again),
+  // over graph 1 to graph 4 (a set of no rows: no routes).
+  for (std::size_t i = 0; i < c.graph.size(); i += 4) {
+    for (std::size_t j = i; j < std::min(c.graph.size(), i + 4) && (i / 4) % 2 == 1; ++j) {
+      if (c.graph[j] <= 1) c.graph[j] = c.graph[j] == 0 ? 5 : 4;
+    }
+  }
+  const kvsift::route_set none{32, 9, {}, {}, {}, {}};
+  for (const bool clustered : {false, true}) {
+    std::vector<kvsift::route_set> own;
+    for (std::size_t g = 0; g < c.rows.size(); ++g) {
+      own.push_back(set_of(c, g));
+      if (!clustered) {
+        own.back().centroids.clear();
+        own.back().cluster_rows.clear();
+      }
+    }
+    // Graph 2's lists cut to 4 ids: the stack pads them to 9.
+    kvsift::route_set& cut = own[2];
+    std::vector<id_t> shorter;
+    for (std::size_t r = 0; r < cut.rows(); ++r) {
+      shorter.insert(shorter.end(), cut.lists.begin() + std::ptrdiff_t(r * 9),
+                     cut.lists.begin() + std::ptrdiff_t(r * 9 + 4));
+    }
+    cut.lists = shorter;
+    cut.list_len = 4;
+    const std::vector<const kvsift::route_set*> sets{&own[0], &own[1], &own[2],
+                                                     &own[3], &none,   &own[0]};
+    const kvsift::route_set_stack st = kvsift::stack_route_sets(sets);
+    REQUIRE(st.list_len == 9);
+    for (const int probe : clustered ? std::vector<int>{1, 2} : std::vector<int>{0}) {
+      const int top = 5, sld = top * 9;
+      std::vector<id_t> want(c.graph.size() * std::size_t(sld), kvsift::invalid_id);
+      for (std::size_t i = 0; i < c.graph.size(); ++i) {
+        const kvsift::route_set& rs = *sets[std::size_t(c.graph[i])];
+        if (rs.rows() == 0) continue;
+        std::vector<id_t> one(top * rs.list_len);
+        kvsift::route_seeds(rs, std::span<const float>(c.q.data() + i * 32, 32), top, one,
+                            std::size_t(probe));
+        for (int t = 0; t < top; ++t) {
+          std::copy_n(one.begin() + std::ptrdiff_t(t * rs.list_len), rs.list_len,
+                      want.begin() + std::ptrdiff_t(i * sld + std::size_t(t) * 9));
+        }
+      }
+      INFO((clustered ? "clustered" : "flat") << ", probe " << probe);
+      const auto [f32, s32] = gpu_route_stack<float>(st, c, top, 4, probe);
+      CHECK(s32 == 0u);
+      CHECK(f32 == want);
+      const auto [f16, s16] = gpu_route_stack<__half>(st, c, top, 4, probe);
+      CHECK(s16 == 0u);
+      CHECK(f16 == want);
+    }
+  }
+}
+
 TEST_CASE("route_seeds_probed_device_errors", "[cuda][route_seeds]") {
   // Graph 0: one cluster of 30 rows; graph 1: clusters [30, 45) and [45, 60). Probe 2, so every
   // query of graph 1 probes both. Broken bounds (graph 1's end moved, a middle bound below its
