@@ -196,36 +196,31 @@ inline tensor int_vector_of(const py::handle& h, const char* what, const char* o
   return t;
 }
 
-inline std::vector<id_t> ids_of(const py::handle& h, const char* what) {
+/// Ids of a 1-D integer array, each in [0, INVALID_ID). With `padding`, INVALID_ID entries are
+/// padding and skipped (search entry points: a short previous answer, a RouteSet's lists, as the
+/// C++ searches skip them); without, they are refused with the rest. `what` names the argument
+/// in errors. O(n).
+inline std::vector<id_t> ids_of(const py::handle& h, const char* what, bool padding = false) {
   const tensor t = int_vector_of(h, what, "token ids");
   // Ids are small (one per retrieved token), so converting them is cheap; it also catches
   // negative values, which would wrap around in a cast to id_t.
-  std::vector<id_t> out(static_cast<std::size_t>(t.shape[0]));
-  for (std::int64_t i = 0; i < t.shape[0]; ++i) {
-    const std::int64_t v = int_at(t, i);
-    require<kvsift::out_of_range>(v >= 0 && v < static_cast<std::int64_t>(kvsift::invalid_id), what,
-                                  ": expected ids in [0, ", kvsift::invalid_id, "), got ", v,
-                                  " at position ", i);
-    out[static_cast<std::size_t>(i)] = static_cast<id_t>(v);
-  }
-  return out;
-}
-
-/// Search entry points: ids_of, but INVALID_ID entries are padding and skipped (a short previous
-/// answer, a RouteSet's lists), as the C++ searches skip them.
-inline std::vector<id_t> entry_ids_of(const py::handle& h, const char* what) {
-  const tensor t = int_vector_of(h, what, "token ids");
   std::vector<id_t> out;
   out.reserve(static_cast<std::size_t>(t.shape[0]));
   for (std::int64_t i = 0; i < t.shape[0]; ++i) {
     const std::int64_t v = int_at(t, i);
-    if (v == static_cast<std::int64_t>(kvsift::invalid_id)) continue;
-    require<kvsift::out_of_range>(
-        v >= 0 && v < static_cast<std::int64_t>(kvsift::invalid_id), what, ": expected ids in [0, ",
-        kvsift::invalid_id, ") or INVALID_ID (padding, skipped), got ", v, " at position ", i);
+    if (padding && v == static_cast<std::int64_t>(kvsift::invalid_id)) continue;
+    require<kvsift::out_of_range>(v >= 0 && v < static_cast<std::int64_t>(kvsift::invalid_id), what,
+                                  ": expected ids in [0, ", kvsift::invalid_id, ")",
+                                  padding ? " or INVALID_ID (padding, skipped)" : "", ", got ", v,
+                                  " at position ", i);
     out.push_back(static_cast<id_t>(v));
   }
   return out;
+}
+
+/// Search entry points: ids_of with INVALID_ID padding skipped.
+inline std::vector<id_t> entry_ids_of(const py::handle& h, const char* what) {
+  return ids_of(h, what, /*padding=*/true);
 }
 
 /// Id lists of a (H, m) integer array, one row per query head (what a batched search returns):
