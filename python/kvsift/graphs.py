@@ -1,6 +1,7 @@
 """Host-side helpers for kvsift.cuda's decode step: RoarGraph indexes stacked into the
-fixed-width arrays the GPU decode search reads. Pure NumPy, importable without the CUDA
-extension (kvsift.cuda re-exports both names)."""
+fixed-width arrays the GPU decode search reads, and routing sets stacked for its routing pass.
+NumPy and the CPU extension only, importable without the CUDA extension (kvsift.cuda
+re-exports these names)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
-__all__ = ["GraphSet", "graph_set"]
+__all__ = ["GraphSet", "graph_set", "RouteStack", "route_stack"]
 
 
 class GraphSet(NamedTuple):
@@ -71,3 +72,51 @@ def graph_set(indexes: Iterable[Any], *, width: int = 0, capacity: int = 0) -> G
         entries[g, : len(e)] = e.view(np.int32)
     key_counts = np.asarray(sizes, dtype=np.int32) if cap else None
     return GraphSet(adjacency, row_offset, entries, max(max(rows), 1), key_counts)
+
+
+class RouteStack(NamedTuple):
+    """RouteSets stacked for ``kvsift.cuda.route_seeds`` (kvsift::route_set_stack): graph g's
+    routing rows are ``offset[g] : offset[g + 1]`` of ``vectors`` and ``lists``; when the sets
+    are clustered, its clusters are centroid rows ``cluster_offset[g] : cluster_offset[g + 1]``
+    and cluster c holds the rows ``cluster_rows[c] : cluster_rows[c + 1]``."""
+
+    vectors: Any  #: float32 [total rows, dim], unit norm (route in float16 with ``.map``)
+    lists: Any  #: int32 [total rows, list_len]: key ids of graph g, -1 (INVALID_ID) pads
+    offset: Any  #: int64 [graphs + 1]
+    centroids: Any  #: float32 [total clusters, dim], or None: not clustered
+    cluster_offset: Any  #: int64 [graphs + 1], or None
+    cluster_rows: Any  #: int64 [total clusters + 1] (global rows), or None
+    max_rows: int  #: most rows of one graph
+    max_clusters: int  #: most clusters of one graph (0: not clustered)
+    max_cluster_rows: int  #: most rows of one cluster (0: not clustered)
+
+    def map(self, f) -> "RouteStack":
+        """The same stack with ``f`` applied to every array (e.g. ``lambda a:
+        torch.from_numpy(a).cuda()``); the vectors and centroids may change dtype (float16,
+        bfloat16), the integer arrays must keep theirs."""
+        g = (lambda a: None if a is None else f(a))
+        return RouteStack(f(self.vectors), f(self.lists), f(self.offset), g(self.centroids),
+                          g(self.cluster_offset), g(self.cluster_rows), self.max_rows,
+                          self.max_clusters, self.max_cluster_rows)
+
+
+def route_stack(sets: Iterable[Any]) -> RouteStack:
+    """Stacks RouteSet objects (one per graph, in the GraphSet's order; one set may appear more
+    than once) into a RouteStack of NumPy arrays for ``kvsift.cuda.route_seeds``: the layout of
+    kvsift::stack_route_sets. Sets may differ in ``list_len`` (shorter lists are INVALID_ID
+    padded, which the searches skip) and in rows (a set of no rows routes nothing); those with
+    rows share ``dim`` and are all clustered or all not. O(total rows * (dim + list_len));
+    copies.
+
+    Raises ValueError for no sets, a set whose arrays disagree, clustered and flat sets mixed,
+    sets of different dims; TypeError for objects that are not RouteSets.
+    """
+    from . import _kvsift
+
+    items = list(sets)
+    for s in items:
+        if not isinstance(s, _kvsift.RouteSet):
+            raise TypeError(f"route_stack: expected RouteSet objects, got {type(s).__name__}")
+    fields = list(_kvsift._stack_route_sets(items))
+    fields[1] = fields[1].view(np.int32)  # as GraphSet's ids: torch has few uint32 operations
+    return RouteStack(*fields)

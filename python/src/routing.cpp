@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "bindings.hpp"
 #include "common.hpp"
@@ -15,6 +18,13 @@
 
 namespace kvsift_python {
 namespace {
+
+template <class T>
+py::array_t<T> matrix_copy(const std::vector<T>& v, std::size_t rows, std::size_t cols) {
+  py::array_t<T> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
 
 kvsift::route_set make_routes(const py::handle& queries_h, const py::handle& keys_h,
                               std::size_t rows, std::size_t list_len) {
@@ -33,38 +43,58 @@ py::array_t<std::uint32_t> route_seeds(const kvsift::route_set& rs, const py::ha
   const bool one = tq.ndim() == 1;
   require<kvsift::dimension_mismatch>(
       one || tq.ndim() == 2, "queries: expected (d,) or (m, d), got ", tq.ndim(), " dimension(s)");
-  // Validated on the first query before the output is sized (the same checks run per query).
-  const std::size_t ld = kvsift::checked_mul(top, rs.list_len, "route_seeds: top x list_len");
-  std::vector<float> none(rs.dim, 0.0f);
-  std::vector<kvsift::id_t> probe_out(ld);
-  if (one) {
-    const std::span<const float> q = vector_of(tq, "queries");
-    py::array_t<std::uint32_t> out(static_cast<py::ssize_t>(ld));
-    kvsift::route_seeds(rs, q, top, std::span<kvsift::id_t>(out.mutable_data(), ld), probe);
-    return out;
-  }
-  const auto qs = f32_matrix_of(tq, "queries");
-  kvsift::require_dim(rs.dim, qs.cols(), "route_seeds: query dimension");
-  kvsift::route_seeds(rs, none, top, probe_out, probe);  // parameter errors before the output
-  const std::size_t m = qs.rows();
+  const auto qs = one ? kvsift::matrix_view<const float>() : f32_matrix_of(tq, "queries");
+  const std::span<const float> q1 = one ? vector_of(tq, "queries") : std::span<const float>();
+  const std::size_t m = one ? 1 : qs.rows();
+  // The library's own checks, before the output is sized (route_seeds repeats them per query).
+  const std::size_t ld = kvsift::detail::check_route_seeds(
+      rs, one ? q1.size() : qs.cols(), top, std::numeric_limits<std::size_t>::max(), probe);
   (void)kvsift::checked_mul(m, ld, "route_seeds: queries x top x list_len");
-  py::array_t<std::uint32_t> out({static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(ld)});
+  py::array_t<std::uint32_t> out =
+      one ? py::array_t<std::uint32_t>(static_cast<py::ssize_t>(ld))
+          : py::array_t<std::uint32_t>({static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(ld)});
   std::uint32_t* dst = out.mutable_data();
-  {
-    py::gil_scoped_release release;
-    for (std::size_t i = 0; i < m; ++i) {
-      kvsift::route_seeds(rs, std::span<const float>(qs.row(i), qs.cols()), top,
-                          std::span<kvsift::id_t>(dst + i * ld, ld), probe);
-    }
+  py::gil_scoped_release release;
+  for (std::size_t i = 0; i < m; ++i) {
+    const std::span<const float> q = one ? q1 : std::span<const float>(qs.row(i), qs.cols());
+    kvsift::route_seeds(rs, q, top, std::span<kvsift::id_t>(dst + i * ld, ld), probe);
   }
   return out;
 }
 
-template <class T>
-py::array_t<T> matrix_copy(const std::vector<T>& v, std::size_t rows, std::size_t cols) {
-  py::array_t<T> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
-  std::copy(v.begin(), v.end(), out.mutable_data());
-  return out;
+/// kvsift::stack_route_sets of RouteSet objects, as a tuple of NumPy arrays and the maxima
+/// (kvsift.route_stack wraps it in a RouteStack).
+py::tuple stack_sets(const py::sequence& sets_h) {
+  std::vector<const kvsift::route_set*> sets;
+  sets.reserve(py::len(sets_h));
+  for (const py::handle h : sets_h) {
+    require<kvsift::invalid_argument>(py::isinstance<kvsift::route_set>(h),
+                                      "route_stack: expected RouteSet objects, got ",
+                                      std::string(py::str(py::type::of(h).attr("__name__"))));
+    sets.push_back(&h.cast<const kvsift::route_set&>());
+  }
+  kvsift::route_set_stack st;
+  {
+    py::gil_scoped_release release;
+    st = kvsift::stack_route_sets(sets);
+  }
+  const std::size_t rows = static_cast<std::size_t>(st.offset.back());
+  auto vec64 = [](const std::vector<std::int64_t>& v) {
+    py::array_t<std::int64_t> out(static_cast<py::ssize_t>(v.size()));
+    std::copy(v.begin(), v.end(), out.mutable_data());
+    return out;
+  };
+  py::object none = py::none();
+  return py::make_tuple(
+      matrix_copy(st.vectors, rows, st.dim), matrix_copy(st.lists, rows, st.list_len),
+      vec64(st.offset),
+      st.clustered()
+          ? py::object(matrix_copy(st.centroids,
+                                   st.centroids.size() / std::max<std::size_t>(st.dim, 1), st.dim))
+          : none,
+      st.clustered() ? py::object(vec64(st.cluster_offset)) : none,
+      st.clustered() ? py::object(vec64(st.cluster_rows)) : none, st.max_rows, st.max_clusters,
+      st.max_cluster_rows);
 }
 
 }  // namespace
@@ -123,6 +153,11 @@ void bind_routing(py::module_& m) {
                ", list_len=" + std::to_string(r.list_len) +
                ", clusters=" + std::to_string(r.clusters()) + ")";
       });
+
+  m.def("_stack_route_sets", &stack_sets, py::arg("sets"),
+        "Low level: kvsift::stack_route_sets as (vectors, lists, offset, centroids, "
+        "cluster_offset, cluster_rows, max_rows, max_clusters, max_cluster_rows). Use "
+        "kvsift.route_stack.");
 
   m.def("make_route_set", &make_routes, py::arg("queries"), py::arg("keys"), py::arg("rows"),
         py::kw_only(), py::arg("list_len") = 100,

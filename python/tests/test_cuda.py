@@ -225,7 +225,8 @@ def test_bad_input_is_refused_with_the_fix_named():
 
 @pytest.mark.parametrize("block,result", [("cuda-merge", "v"), ("cuda-knn", "scores"),
                                           ("cuda-decode-step", "o"), ("cuda-decode-search", "ids"),
-                                          ("cuda-batch-insert", "result")])
+                                          ("cuda-batch-insert", "result"),
+                                          ("cuda-route-seeds", "result")])
 def test_readme_cuda_blocks_run_as_written(block, result):
     """python/README.md's `<!-- pytest: cuda-... -->` blocks, run as written."""
     from pathlib import Path
@@ -1269,3 +1270,127 @@ def test_decode_step_bench_against_sdpa_runs_and_reports(tmp_path):
     for x in res["rounds"]:
         assert x["step_us"] > 0 and x["sdpa_us"] > 0
         assert x["speedup"] == pytest.approx(x["sdpa_us"] / x["step_us"])
+
+
+def routing_case(graphs=3, dim=16, seed=8):
+    """Per-graph RouteSets of different rows and list lengths over integer keys, from training
+    queries of +-1/4 entries (unit norm at dim 16, so the routing vectors are exact in f32, f16
+    and bf16 and every score against an integer query is exact: the GPU ranks as the CPU)."""
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(-4, 5, size=(graphs, 300, dim)).astype(np.float32)
+    sets = []
+    for h in range(graphs):
+        train = np.where(rng.random((200, dim)) < 0.5, -0.25, 0.25).astype(np.float32)
+        sets.append(kvsift.make_route_set(train, keys[h], 50 + 20 * h, list_len=6 - h))
+    q = rng.integers(-4, 5, size=(graphs * 8, dim)).astype(np.float32)
+    return keys, sets, q
+
+
+def to_device(st, dtype=torch.float32):
+    """A RouteStack's arrays on the GPU, the vectors and centroids as `dtype`."""
+    return st.map(lambda a: torch.from_numpy(a).cuda().to(dtype) if a.dtype == np.float32
+                  else torch.from_numpy(a).cuda())
+
+
+def cpu_routes(sets, q, per_graph, top, probe=0):
+    """RouteSet.seeds per query (graph i // per_graph), each route's list padded with -1 to the
+    longest list_len: the layout kvsift.cuda.route_seeds writes."""
+    width = max(s.list_len for s in sets)
+    out = np.full((q.shape[0], top, width), -1, dtype=np.int64)
+    for i in range(q.shape[0]):
+        s = sets[i // per_graph]
+        got = s.seeds(q[i], top=top, probe=probe).astype(np.int64).reshape(top, s.list_len)
+        out[i, :, : s.list_len] = np.where(got == kvsift.INVALID_ID, -1, got)
+    return out.reshape(q.shape[0], top * width)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_route_seeds_equal_the_cpu_routes(dtype):
+    """kvsift.cuda.route_seeds over a route_stack equals RouteSet.seeds query by query: graphs
+    of different rows and list lengths (the shorter lists padded with -1), GQA groups of 4, a
+    query of NaN (no seeds), the graph of each query given or in GQA order."""
+    _, sets, q = routing_case()
+    q[5, 3] = np.nan
+    st = to_device(kvsift.cuda.route_stack(sets), dtype)
+    qd = torch.from_numpy(q).cuda()
+    for top in (1, 4):
+        want = cpu_routes(sets, q, 8, top)
+        status = torch.zeros(1, dtype=torch.int32, device="cuda")
+        got = kc.route_seeds(st, qd, top=top, group=4, status=status)
+        assert got.dtype == torch.int32 and got.shape == (24, top * 6)
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
+        assert status.item() == 0
+        assert np.all(want[5] == -1) and np.any(want[4] != -1)
+    graph = torch.arange(24, dtype=torch.int32, device="cuda") // 8
+    np.testing.assert_array_equal(kc.route_seeds(st, qd, top=3, graph=graph).cpu().numpy(),
+                                  cpu_routes(sets, q, 8, 3))
+
+
+def test_route_seeds_probe_the_clusters_as_the_cpu():
+    """Clustered sets: the rows of each query's best `probe` clusters compete, as
+    RouteSet.seeds(probe=) (f32; the centroids are means, exact to float rounding only, and
+    the data has no near-ties at the cut); probing every cluster is the flat routing, probing
+    one is not."""
+    _, sets, q = routing_case(seed=9)
+    for s in sets:
+        s.cluster(6)
+    st = to_device(kvsift.cuda.route_stack(sets))
+    assert st.max_clusters == 6
+    qd = torch.from_numpy(q).cuda()
+    for probe in (1, 2, 6):
+        got = kc.route_seeds(st, qd, top=4, group=4, probe=probe).cpu().numpy()
+        np.testing.assert_array_equal(got, cpu_routes(sets, q, 8, 4, probe))
+    flat = cpu_routes(sets, q, 8, 4)
+    np.testing.assert_array_equal(cpu_routes(sets, q, 8, 4, 6), flat)
+    assert not np.array_equal(cpu_routes(sets, q, 8, 4, 1), flat)
+
+
+def test_routed_seeds_warm_start_decode_search_as_on_the_cpu():
+    """Route on the GPU, search from the routes with an expand limit: with expand_width 1 the
+    CPU's search entered at RouteSet.seeds (padding skipped), id for id."""
+    idx, graphs, keys, q, pool, table = search_case(dim=16, seed=6)
+    rng = np.random.default_rng(3)
+    sets = []
+    for h in range(len(idx)):
+        train = np.where(rng.random((120, 16)) < 0.5, -0.25, 0.25).astype(np.float32)
+        sets.append(kvsift.make_route_set(train, keys[h], 30, list_len=8))
+    group = q.shape[0] // len(idx)
+    qd = torch.from_numpy(q).cuda()
+    seeds = kc.route_seeds(to_device(kvsift.cuda.route_stack(sets)), qd, top=3, group=group)
+    r = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, seeds=seeds,
+                         expand_limit=8)
+    cold = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, expand_limit=8)
+    for i in range(q.shape[0]):
+        own = sets[i // group].seeds(q[i], top=3)
+        cpu = idx[i // group].search(q[i], 10, L=20, entries=own, expand_limit=8)
+        np.testing.assert_array_equal(r.ids[i].cpu().numpy(), cpu.ids.astype(np.int32))
+        assert r.scored[i].item() == int(cpu.distance_computations[0])
+    assert not torch.equal(r.scored, cold.scored)  # the routes changed the walks
+
+
+def test_route_seeds_report_and_refuse_bad_input():
+    _, sets, q = routing_case()
+    st = to_device(kvsift.cuda.route_stack(sets))
+    qd = torch.from_numpy(q).cuda()
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    graph = torch.full((24,), 7, dtype=torch.int32, device="cuda")  # no graph 7
+    got = kc.route_seeds(st, qd, top=2, graph=graph, status=status)
+    assert status.item() & 1 and bool(torch.all(got == -1))
+    with pytest.raises(ValueError, match="probe 2 needs a clustered RouteStack"):
+        kc.route_seeds(st, qd, probe=2)
+    with pytest.raises(ValueError, match="expected a RouteStack"):
+        kc.route_seeds(tuple(st)[:5], qd)
+    with pytest.raises(ValueError, match=r"q: expected \[queries, 16\]"):
+        kc.route_seeds(st, qd[:, :8].contiguous())
+    with pytest.raises(ValueError, match="q: expected float32"):
+        kc.route_seeds(st, qd.half())
+    with pytest.raises(ValueError, match="top"):
+        kc.route_seeds(st, qd, top=0)
+    with pytest.raises(ValueError, match="group"):
+        kc.route_seeds(st, qd, group=9)
+    with pytest.raises(ValueError, match="not a multiple of the graphs"):
+        kc.route_seeds(st, qd[:23])
+    with pytest.raises(ValueError, match="expected a tensor in CUDA device memory"):
+        kc.route_seeds(kvsift.cuda.route_stack(sets), qd)
+    with pytest.raises(ValueError, match="lists: expected int32 or uint32"):
+        kc.route_seeds(st._replace(lists=st.lists.float()), qd)

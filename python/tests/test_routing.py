@@ -152,3 +152,47 @@ def test_bad_input_is_refused(ood, routes):
     with pytest.raises(ks.InvalidArgument, match="got 0"):
         copy.cluster(0)
     assert copy.clusters == 0  # unchanged by the refused calls
+
+
+def test_route_stack_lays_sets_out_for_the_gpu(ood, routes):
+    """kvsift.cuda.route_stack (kvsift::stack_route_sets): graph g's rows, lists and clusters
+    read back from the stack are its RouteSet's; shorter lists are padded. Importable and
+    checked without the CUDA extension."""
+    from kvsift.graphs import route_stack
+
+    keys, train, _, _ = ood
+    short = ks.make_route_set(train, keys, 37, list_len=4)
+    st = route_stack([routes, short, routes])
+    assert st.vectors.dtype == np.float32 and st.lists.dtype == np.int32
+    np.testing.assert_array_equal(st.offset, [0, 400, 437, 837])
+    assert (st.max_rows, st.max_clusters, st.max_cluster_rows) == (400, 0, 0)
+    assert st.centroids is None and st.cluster_offset is None and st.cluster_rows is None
+    for g, rs in enumerate([routes, short, routes]):
+        rows = slice(st.offset[g], st.offset[g + 1])
+        np.testing.assert_array_equal(st.vectors[rows], rs.vectors)
+        np.testing.assert_array_equal(st.lists[rows, :rs.list_len].view(np.uint32), rs.lists)
+        assert np.all(st.lists[rows, rs.list_len:] == -1)
+
+    a = ks.make_route_set(train, keys, 400, list_len=10)
+    a.cluster(20)
+    b = ks.make_route_set(train, keys, 60, list_len=10)
+    b.cluster(5)
+    st = route_stack([a, b])
+    np.testing.assert_array_equal(st.cluster_offset, [0, a.clusters, a.clusters + b.clusters])
+    np.testing.assert_array_equal(st.cluster_rows,
+                                  np.concatenate([a.cluster_rows, 400 + b.cluster_rows[1:]]))
+    np.testing.assert_array_equal(st.centroids, np.concatenate([a.centroids, b.centroids]))
+    assert st.max_clusters == max(a.clusters, b.clusters)
+    assert st.max_cluster_rows == max(np.diff(a.cluster_rows).max(), np.diff(b.cluster_rows).max())
+    half = st.map(lambda x: x.astype(np.float16) if x.dtype == np.float32 else x)
+    assert half.vectors.dtype == np.float16 and half.cluster_rows.dtype == np.int64
+
+    with pytest.raises(ks.InvalidArgument, match="expected at least one routing set"):
+        route_stack([])
+    with pytest.raises(TypeError, match="expected RouteSet objects, got int"):
+        route_stack([routes, 3])
+    with pytest.raises(ks.InvalidArgument,
+                       match="expected every set with rows clustered as set 0, set 1 is flat"):
+        route_stack([a, routes])
+    with pytest.raises(ks.DimensionMismatch):
+        route_stack([routes, ks.make_route_set(train[:, :16], keys[:, :16], 5)])

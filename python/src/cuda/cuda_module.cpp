@@ -912,6 +912,91 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("sizes") = py::none(), py::arg("entry_prefix") = 0,
       "Low level: the batched GPU graph search into padded rows. Use kvsift.cuda.decode_search.");
 
+  m.def(
+      "route_seeds",
+      [](py::handle vectors, py::handle lists, py::handle offset, py::object centroids,
+         py::object cluster_offset, py::object cluster_rows, std::int64_t max_rows,
+         std::int64_t max_clusters, std::int64_t max_cluster_rows, py::handle q, py::handle graph,
+         py::handle seeds, int top, int group, int probe, std::intptr_t stream, py::object status) {
+        const intake in{stream};
+        const tensor tv = in(vectors, "vectors");
+        ops::route_sets r;
+        r.type = value_type(tv, "vectors");
+        require<kvsift::dimension_mismatch>(tv.ndim() == 2, "vectors: expected [rows, dim], got ",
+                                            tv.ndim(), " axes");
+        const std::int64_t rows = tv.shape[0], dim = tv.shape[1];
+        r.vectors = tv.data;
+        r.dim = as_int(dim, "dim");
+        const tensor tl = in(lists, "lists");
+        require<kvsift::dimension_mismatch>(tl.ndim() == 2, "lists: expected [rows, list_len], ",
+                                            "got ", tl.ndim(), " axes");
+        require_u32(tl, {rows, tl.shape[1]}, "lists");
+        r.lists = ptr<std::uint32_t>(tl);
+        r.list_len = as_int(tl.shape[1], "list_len");
+        const tensor to = in(offset, "offset");
+        require_kind(to, 'i', 8, "offset", "int64");
+        require<kvsift::dimension_mismatch>(to.ndim() == 1 && to.shape[0] >= 2,
+                                            "offset: expected (graphs + 1,) with graphs >= 1, got ",
+                                            to.ndim(), " axes of ", to.ndim() ? to.shape[0] : 0);
+        r.offset = ptr<std::int64_t>(to);
+        r.num_graphs = as_int(to.shape[0] - 1, "graphs");
+        r.max_rows = as_int(max_rows, "max_rows");
+        const int clustered = int(!centroids.is_none()) + int(!cluster_offset.is_none()) +
+                              int(!cluster_rows.is_none());
+        require(clustered == 0 || clustered == 3,
+                "route_seeds: expected centroids, cluster_offset and cluster_rows all given (a "
+                "clustered RouteStack) or none, got ",
+                clustered, " of them");
+        if (clustered == 3) {
+          const tensor tc = in(centroids, "centroids");
+          require(value_type(tc, "centroids") == r.type, "centroids: expected the vectors' dtype ",
+                  tv.dl_dtype, ", got ", tc.dl_dtype);
+          require<kvsift::dimension_mismatch>(tc.ndim() == 2 && tc.shape[1] == dim,
+                                              "centroids: expected [clusters, ", dim, "]");
+          const tensor tco = in(cluster_offset, "cluster_offset");
+          require_kind(tco, 'i', 8, "cluster_offset", "int64");
+          require_shape(tco, {to.shape[0]}, "cluster_offset");
+          const tensor tcr = in(cluster_rows, "cluster_rows");
+          require_kind(tcr, 'i', 8, "cluster_rows", "int64");
+          require_shape(tcr, {tc.shape[0] + 1}, "cluster_rows");
+          r.centroids = tc.data;
+          r.cluster_offset = ptr<std::int64_t>(tco);
+          r.cluster_rows = ptr<std::int64_t>(tcr);
+          r.max_clusters = as_int(max_clusters, "max_clusters");
+          r.max_cluster_rows = as_int(max_cluster_rows, "max_cluster_rows");
+        }
+        const tensor tq = in(q, "q");
+        require_kind(tq, 'f', 4, "q", "float32");
+        require<kvsift::dimension_mismatch>(tq.ndim() == 2 && tq.shape[1] == dim,
+                                            "q: expected [queries, ", dim, "] (the vectors' dim)");
+        const std::int64_t m = tq.shape[0];
+        const tensor tg = in(graph, "graph");
+        require_kind(tg, 'i', 4, "graph", "int32");
+        require_shape(tg, {m}, "graph");
+        const int ld = ops::route_seeds_ld(r.list_len, top, group, probe);
+        const tensor ts = in(seeds, "seeds");
+        require_u32(ts, {m, ld}, "seeds");
+        std::uint32_t* st =
+            status.is_none() ? nullptr : reinterpret_cast<std::uint32_t*>(status_ptr(status, in));
+        py::gil_scoped_release release;
+        ops::route_seeds(r, ptr<float>(tq), ptr<std::int32_t>(tg), m, top, group, probe,
+                         ptr<std::uint32_t>(ts), st, stream);
+      },
+      py::arg("vectors"), py::arg("lists"), py::arg("offset"), py::arg("centroids"),
+      py::arg("cluster_offset"), py::arg("cluster_rows"), py::arg("max_rows"),
+      py::arg("max_clusters"), py::arg("max_cluster_rows"), py::arg("q"), py::arg("graph"),
+      py::arg("seeds"), py::arg("top"), py::arg("group"), py::arg("probe"), py::arg("stream"),
+      py::arg("status") = py::none(),
+      "Low level: kvsift::cuda::route_seeds into seeds [queries, top * list_len]. Use "
+      "kvsift.cuda.route_seeds.");
+  m.def(
+      "route_seeds_ld",
+      [](int list_len, int top, int group, int probe) {
+        return ops::route_seeds_ld(list_len, top, group, probe);
+      },
+      py::arg("list_len"), py::arg("top"), py::arg("group"), py::arg("probe"),
+      "Seeds per query of route_seeds (top * list_len); raises for parameters out of range.");
+
   bind_batch_insert(m);
 
   m.def(

@@ -23,6 +23,7 @@
 #include <kvsift/cuda/merge.cuh>
 #include <kvsift/cuda/offloaded_attention.cuh>
 #include <kvsift/cuda/page_gather.cuh>
+#include <kvsift/cuda/route_seeds.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
 #include <kvsift/index/build_pipeline.hpp>
 #include <kvsift/index/graph_io.hpp>
@@ -301,6 +302,48 @@ void decode_search(const decode_graphs& g, const graph_keys& keys, const decode_
   with_keys(keys, [&](const auto& ref) {
     kc::decode_search(graph_ref(g), ref, search_queries(q, keys.dim), m, search_params(p),
                       search_outputs(out), workspace, workspace_bytes, as_stream(stream));
+  });
+}
+
+namespace {
+
+kc::route_params route_knobs(int top, int group, int probe) {
+  kc::route_params p;
+  p.top = top;
+  p.group = group;
+  p.probe = probe;
+  return p;
+}
+
+}  // namespace
+
+int route_seeds_ld(int list_len, int top, int group, int probe) {
+  int ld = 0;
+  translating_errors([&] { ld = kc::route_seeds_ld(list_len, route_knobs(top, group, probe)); });
+  return ld;
+}
+
+void route_seeds(const route_sets& r, const float* q, const std::int32_t* graph, std::int64_t m,
+                 int top, int group, int probe, std::uint32_t* seeds, std::uint32_t* status,
+                 std::intptr_t stream) {
+  with_type(r.type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const kc::route_set_ref<T> ref{static_cast<const T*>(r.vectors),
+                                   r.dim,
+                                   r.dim,
+                                   reinterpret_cast<const kvsift::id_t*>(r.lists),
+                                   r.list_len,
+                                   r.offset,
+                                   r.num_graphs,
+                                   r.max_rows,
+                                   static_cast<const T*>(r.centroids),
+                                   r.cluster_offset,
+                                   r.cluster_rows,
+                                   r.max_clusters,
+                                   r.max_cluster_rows};
+    const kc::decode_queries qs{q, r.dim, graph};
+    kc::route_seeds(ref, qs, m, route_knobs(top, group, probe),
+                    reinterpret_cast<kvsift::id_t*>(seeds), status, as_stream(stream));
   });
 }
 

@@ -137,6 +137,32 @@ void decode_results_to_csr(const std::uint32_t* ids, const std::uint32_t* counts
                            int capacity, std::int64_t* indptr, std::int32_t* indices,
                            std::intptr_t stream);
 
+/// The routing sets of a kvsift::cuda::route_set_ref (device pointers; ids as uint32 bits), as
+/// kvsift::stack_route_sets lays them out: rows of `dim` elements, contiguous.
+struct route_sets {
+  dtype type = dtype::f32;        ///< of vectors and centroids
+  const void* vectors = nullptr;  ///< [offset[num_graphs]][dim]
+  int dim = 0;
+  const std::uint32_t* lists = nullptr;  ///< [offset[num_graphs]][list_len]
+  int list_len = 0;
+  const std::int64_t* offset = nullptr;  ///< [num_graphs + 1]
+  int num_graphs = 0;
+  int max_rows = 0;
+  const void* centroids = nullptr;               ///< [clusters][dim], or null: not clustered
+  const std::int64_t* cluster_offset = nullptr;  ///< [num_graphs + 1], or null
+  const std::int64_t* cluster_rows = nullptr;    ///< [clusters + 1], or null
+  int max_clusters = 0;
+  int max_cluster_rows = 0;
+};
+
+/// kvsift::cuda::route_seeds_ld: seeds per query (top x list_len).
+int route_seeds_ld(int list_len, int top, int group, int probe);
+
+/// kvsift::cuda::route_seeds: q [m][dim] float32, graph [m]; seeds [m][route_seeds_ld].
+void route_seeds(const route_sets& r, const float* q, const std::int32_t* graph, std::int64_t m,
+                 int top, int group, int probe, std::uint32_t* seeds, std::uint32_t* status,
+                 std::intptr_t stream);
+
 /// kvsift::cuda::decode_step_params as plain fields. `scale` NaN = 1 / sqrt(dim).
 struct decode_step_knobs {
   decode_search_knobs search;
