@@ -37,8 +37,10 @@ kvsift::route_set make_routes(const py::handle& queries_h, const py::handle& key
 }
 
 /// Seeds of (d,) or (m, d) float32 queries: (top * list_len,) or (m, top * list_len) uint32.
-py::array_t<std::uint32_t> route_seeds(const kvsift::route_set& rs, const py::handle& queries_h,
-                                       std::size_t top, std::size_t probe) {
+/// With `reads`, also the routing vectors each query scored: (seeds, reads) with reads an int
+/// (1-D query) or (m,) uint32.
+py::object route_seeds(const kvsift::route_set& rs, const py::handle& queries_h, std::size_t top,
+                       std::size_t probe, bool reads) {
   const tensor tq = tensor_of(queries_h, "queries");
   const bool one = tq.ndim() == 1;
   require<kvsift::dimension_mismatch>(
@@ -53,13 +55,20 @@ py::array_t<std::uint32_t> route_seeds(const kvsift::route_set& rs, const py::ha
   py::array_t<std::uint32_t> out =
       one ? py::array_t<std::uint32_t>(static_cast<py::ssize_t>(ld))
           : py::array_t<std::uint32_t>({static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(ld)});
+  py::array_t<std::uint32_t> read(static_cast<py::ssize_t>(m));
   std::uint32_t* dst = out.mutable_data();
-  py::gil_scoped_release release;
-  for (std::size_t i = 0; i < m; ++i) {
-    const std::span<const float> q = one ? q1 : std::span<const float>(qs.row(i), qs.cols());
-    kvsift::route_seeds(rs, q, top, std::span<kvsift::id_t>(dst + i * ld, ld), probe);
+  std::uint32_t* r = read.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::span<const float> q = one ? q1 : std::span<const float>(qs.row(i), qs.cols());
+      // At most rows + clusters: fits, as both are counts of a set held in memory.
+      r[i] = static_cast<std::uint32_t>(
+          kvsift::route_seeds(rs, q, top, std::span<kvsift::id_t>(dst + i * ld, ld), probe));
+    }
   }
-  return out;
+  if (!reads) return std::move(out);
+  return one ? py::make_tuple(out, r[0]) : py::make_tuple(out, read);
 }
 
 /// kvsift::stack_route_sets of RouteSet objects, as a tuple of NumPy arrays and the maxima
@@ -141,13 +150,15 @@ void bind_routing(py::module_& m) {
           "empty clusters dropped) and reorders them by cluster, in place. "
           "O((iterations + 1) rows clusters dim).")
       .def("seeds", &route_seeds, py::arg("queries"), py::kw_only(), py::arg("top") = 4,
-           py::arg("probe") = 0,
+           py::arg("probe") = 0, py::arg("reads") = false,
            "Seeds of (d,) or (m, d) float32 queries: the lists of each query's `top` best rows "
            "(inner product, ties to the lower row), concatenated: (top * list_len,) or (m, top * "
            "list_len) uint32, INVALID_ID padded (searches skip the padding). probe > 0 (a "
            "clustered set): only the rows of the best `probe` clusters compete. Pass them as "
            "`entries` of a search with an expand_limit, or as kvsift.cuda.decode_search's "
-           "seeds. A query holding NaN or Inf gets no seeds.")
+           "seeds. A query holding NaN or Inf gets no seeds. reads=True also returns the routing "
+           "vectors each query scored (rows, or centroids + probed rows; 0 for NaN): (seeds, "
+           "reads), reads an int or (m,) uint32.")
       .def("__repr__", [](const kvsift::route_set& r) {
         return "RouteSet(rows=" + std::to_string(r.rows()) + ", dim=" + std::to_string(r.dim) +
                ", list_len=" + std::to_string(r.list_len) +

@@ -78,6 +78,16 @@ def test_clustered_probe_all_equals_flat_and_fewer_probes_change_some(ood, route
     np.testing.assert_array_equal(clustered.seeds(test, top=4, probe=c), flat)
     one = clustered.seeds(test, top=4, probe=1)
     assert not np.array_equal(one, flat)
+    # reads=True: the routing vectors each query scored, every row flat, else the centroids and
+    # the rows of its best `probe` clusters.
+    seeds, reads = routes.seeds(test, top=4, reads=True)
+    np.testing.assert_array_equal(seeds, flat)
+    assert reads.dtype == np.uint32 and np.all(reads == 400)
+    sizes = np.diff(bounds)
+    best = np.argsort(-(test @ clustered.centroids.T), axis=1)[:, :2]
+    _, reads = clustered.seeds(test, top=4, probe=2, reads=True)
+    np.testing.assert_array_equal(reads, c + sizes[best].sum(axis=1))
+    assert clustered.seeds(test[0], top=4, probe=2, reads=True)[1] == reads[0]
     # Probing the best clusters keeps most queries' best route (the flat scan's first list),
     # more with every cluster probed (measured 0.51 / 0.76 / 0.86 / 0.95 at probe 1 / 2 / 3 / 5;
     # rows assigned to clusters at random would keep about probe / 20 of them).
