@@ -45,7 +45,9 @@ def plot_frontiers(path, title, panels):
              # the GQA-group variants (pyeval.py): their method's colour, dashed
              "roargraph-gqa": "C0o--", "faiss-ivf-gqa": "C2^--",
              # warm starts in decode order (pyeval.py): dotted
-             "roargraph-warm": "C5d:", "roargraph-gqa-warm": "C5d-."}
+             "roargraph-warm": "C5d:", "roargraph-gqa-warm": "C5d-.",
+             # cold starts at routed seeds (pyeval.py)
+             "roargraph-routed": "C6v:", "roargraph-gqa-routed": "C6v-."}
     cols = min(len(panels), 2)
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)

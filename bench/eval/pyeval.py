@@ -30,6 +30,14 @@ position starts cold), sweeping L <= 4k and E = --warm-fractions x L; only the e
 positions are scored, the latency is the chain's mean per query. The targets report them apart
 (the <= 5% lines and a third "decode order" count, against the same cold peers).
 
+Routed cold starts (unless --no-route). A query with no previous step can start from routed
+seeds: kvsift.make_route_set keeps --route-rows of the build's training queries with their exact
+top-100 keys, clustered (--route-clusters); each query takes the lists of its best --route-top
+rows among its --route-probe best clusters' (RouteSet.seeds) as entries, with an expand limit
+E = --route-fractions x L. roargraph-routed walks per head, roargraph-gqa-routed is the shared
+walk from the union of the group's routes. The routing vectors a query scores (centroids and
+probed rows, per head) count as rows read, as IVF's centroids do; `scored` counts keys only.
+
 Attention quality. For a held-out query at position p attending causally [0, p]: the static
 window (first --sink + last --recent tokens) alone, window + exact top-k of the middle, and
 window + exact DIPR of the middle (every middle token within beta logits of the best score),
@@ -73,7 +81,8 @@ QUICK = {"L": "10,32,100,200", "nprobe": "1,4,16", "beta": "2,4", "attn_k": "16,
 METHODS = ("flat", "roargraph", "hnswlib", "faiss-hnsw", "faiss-ivf")
 # Table order of the indexes, with the group variants (group_rows) after their method.
 INDEXES = ("flat", "roargraph", "roargraph-gqa", "roargraph-warm", "roargraph-gqa-warm",
-           "hnswlib", "faiss-hnsw", "faiss-ivf", "faiss-ivf-gqa")
+           "roargraph-routed", "roargraph-gqa-routed", "hnswlib", "faiss-hnsw", "faiss-ivf",
+           "faiss-ivf-gqa")
 
 
 def fail(msg):
@@ -231,7 +240,10 @@ class FaissHnsw:
         self.index.hnsw.efSearch = ef
         f.cvar.hnsw_stats.reset()
         _, ids = self.index.search(q, k)
-        return ids, f.cvar.hnsw_stats.ndis / len(q)
+        # Some faiss builds (faiss-cpu 1.8.0 from PyPI) never update the counter: no count
+        # (None, as hnswlib) rather than a wrong 0.
+        ndis = f.cvar.hnsw_stats.ndis
+        return ids, ndis / len(q) if ndis > 0 else None
 
 
 class FaissIvf:
@@ -338,6 +350,8 @@ def retrieval(ks, ld, sp, args, methods, log):
         if m.name == "roargraph":
             if args.warm:
                 rows += warm_rows(m, ld, sp, heads, truth, args)
+            if args.route:
+                rows += routed_rows(m, keys, train, heads, evalq, truth, sp.n_train, args, log)
             rows += dipr_rows(m.g, oracle, evalq, ld.scale, sp.n_train, args)
     return builds, rows, int(train.shape[0])
 
@@ -411,6 +425,61 @@ def warm_rows(m, ld, sp, heads, truth, args):
                     out += [topk_row(name, "L", L, E, h, k, recall(ids[:, i], truth[h], k),
                                      read / P, scored / P, sp.n_train, us)
                             for i, h in enumerate(heads)]
+    return out
+
+
+def routed_rows(m, keys, train, heads, evalq, truth, n, args, log):
+    """RoarGraph cold but routed (see the module's docstring): per head ("roargraph-routed")
+    and, with more than one head, the group's shared walk from the union of its heads' routes
+    ("roargraph-gqa-routed"). `scanned` = key rows read + the routing vectors the query scored;
+    `scored` = keys scored (each head scores every row its group reads)."""
+    t = time.perf_counter()
+    rows = min(args.route_rows, train.shape[0])
+    routes = m.ks.make_route_set(train, keys, rows, list_len=100)
+    if args.route_clusters:
+        routes.cluster(min(args.route_clusters, rows))
+    probe = min(args.route_probe, routes.clusters) if routes.clusters else 0
+    log(f"  routing set: {rows} rows, {routes.clusters} clusters, probe {probe}, made in "
+        f"{time.perf_counter() - t:.1f} s")
+    seeds, reads = {}, {}
+    for h in heads:
+        seeds[h], r = routes.seeds(evalq[h], top=args.route_top, probe=probe, reads=True)
+        reads[h] = float(np.mean(r))
+    H, P, out = len(heads), len(evalq[heads[0]]), []
+    qs = np.ascontiguousarray(np.stack([evalq[h] for h in heads], axis=1))  # (P, H, d)
+    for k in args.k:
+        for L in m.params(k, args):
+            for f in args.route_fractions:
+                E = 0 if f >= 1 else max(1, round(f * L))
+                for h in heads:
+                    ids, dc = [], 0.0
+                    t = time.perf_counter()
+                    for i, q in enumerate(evalq[h]):
+                        r = m.g.search(q, k, L=L, threads=1, entries=seeds[h][i],
+                                       expand_limit=E, degree_cap=args.degree_cap)
+                        ids.append(np.asarray(r.ids).reshape(-1))
+                        dc += float(np.mean(r.distance_computations))
+                    us = (time.perf_counter() - t) / P * 1e6
+                    out.append(topk_row("roargraph-routed", "L", L, E, h, k,
+                                        recall(np.stack(ids), truth[h], k),
+                                        dc / P + reads[h], dc / P, n, us))
+                if not (args.gqa and H > 1):
+                    continue
+                ids = np.empty((P, H, k), np.int64)
+                group = 0.0
+                t = time.perf_counter()
+                for p in range(P):
+                    entries = np.stack([seeds[h][p] for h in heads])
+                    r = m.ks.search_heads([m.g], qs[p], k, L=L, threads=1, shared_walk=True,
+                                          expand_limit=E, entries=entries,
+                                          degree_cap=args.degree_cap)
+                    ids[p] = r.ids
+                    group += float(r.distance_computations[0])  # the group's rows, every head
+                us = (time.perf_counter() - t) / (P * H) * 1e6
+                read = group / (P * H) + float(np.mean([reads[h] for h in heads]))
+                out += [topk_row("roargraph-gqa-routed", "L", L, E, h, k,
+                                 recall(ids[:, i], truth[h], k), read, group / P, n, us)
+                        for i, h in enumerate(heads)]
     return out
 
 
@@ -549,14 +618,20 @@ def cheapest(rows, index, query, target):
 
 # The <= 5% target's two counts: (index, its name for `scanned`), with their report lines.
 FIVE_PERCENT = (("roargraph", "scanned"), ("roargraph-gqa", "rows read"),
-                ("roargraph-warm", "scanned"), ("roargraph-gqa-warm", "rows read"))
+                ("roargraph-warm", "scanned"), ("roargraph-gqa-warm", "rows read"),
+                ("roargraph-routed", "scanned"), ("roargraph-gqa-routed", "rows read"))
 FIVE_PERCENT_TEXT = {"roargraph": "RoarGraph recall@100 >= 0.95 at <= 5% scanned",
                      "roargraph-gqa": "RoarGraph shared walk recall@100 >= 0.95 at <= 5% of the "
                                       "key rows read",
                      "roargraph-warm": "RoarGraph in decode order, warm-started, recall@100 >= "
                                        "0.95 at <= 5% scanned",
                      "roargraph-gqa-warm": "RoarGraph shared walk in decode order, warm-started, "
-                                           "recall@100 >= 0.95 at <= 5% of the key rows read"}
+                                           "recall@100 >= 0.95 at <= 5% of the key rows read",
+                     "roargraph-routed": "RoarGraph cold, routed seeds, recall@100 >= 0.95 at "
+                                         "<= 5% scanned (routing vectors included)",
+                     "roargraph-gqa-routed": "RoarGraph shared walk, cold, routed seeds, "
+                                             "recall@100 >= 0.95 at <= 5% of the rows read "
+                                             "(routing vectors included)"}
 
 
 def targets(avg):
@@ -579,6 +654,10 @@ def targets(avg):
                ("faiss-ivf", "faiss-hnsw", "faiss-ivf-gqa")),
               (" (rows read, decode order, warm starts)",
                ("roargraph", "roargraph-gqa", "roargraph-warm", "roargraph-gqa-warm"),
+               ("faiss-ivf", "faiss-hnsw", "faiss-ivf-gqa")),
+              # Cold like the peers, but entered at routed seeds (their reads counted).
+              (" (rows read, cold, routed seeds)",
+               ("roargraph", "roargraph-gqa", "roargraph-routed", "roargraph-gqa-routed"),
                ("faiss-ivf", "faiss-hnsw", "faiss-ivf-gqa"))]
     for suffix, ours, theirs in counts:
         if suffix and not any(r["index"] in ours[1:] for r in avg):
@@ -801,6 +880,15 @@ def main(argv=None):
                          "fractions of L")
     ap.add_argument("--no-warm", dest="warm", action="store_false",
                     help="skip the decode-order warm-started RoarGraph rows")
+    ap.add_argument("--no-route", dest="route", action="store_false",
+                    help="skip the routed cold starts (roargraph-routed, roargraph-gqa-routed)")
+    ap.add_argument("--route-rows", type=int, default=8192,
+                    help="training queries kept as routing rows (at most the training queries)")
+    ap.add_argument("--route-clusters", type=int, default=128, help="0: flat routing set")
+    ap.add_argument("--route-probe", type=int, default=2)
+    ap.add_argument("--route-top", type=int, default=4)
+    ap.add_argument("--route-fractions", default="1,0.5,0.3,0.2",
+                    help="expand limits of the routed searches, fractions of L")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--from-json", help="re-render pyeval.md and the plots of an earlier run's "
                     "pyeval.json into --out (default: its directory); nothing is measured")
@@ -827,7 +915,12 @@ def main(argv=None):
     args.dipr_hops = ints(args.dipr_hops, "dipr-hops") if args.dipr_hops else []
     args.expand_fractions = floats(args.expand_fractions, "expand-fractions")
     args.warm_fractions = floats(args.warm_fractions, "warm-fractions")
-    for name in ("expand_fractions", "warm_fractions"):
+    args.route_fractions = floats(args.route_fractions, "route-fractions")
+    if args.route_rows < 1 or args.route_top < 1 or args.route_probe < 0 or args.route_clusters < 0:
+        fail(f"--route-rows / --route-top: expected >= 1, --route-probe / --route-clusters >= 0; "
+             f"got {args.route_rows} / {args.route_top}, {args.route_probe} / "
+             f"{args.route_clusters}")
+    for name in ("expand_fractions", "warm_fractions", "route_fractions"):
         if any(not 0 < f <= 1 for f in getattr(args, name)):
             fail(f"--{name.replace('_', '-')}: expected fractions in (0, 1], got "
                  f"{getattr(args, name)}")

@@ -204,6 +204,31 @@ def check_warm_rows(rows, H):
                 assert r["scored"] == pytest.approx(H * r["scanned"])
 
 
+def check_routed_rows(rows, H):
+    """roargraph-routed / roargraph-gqa-routed: cold searches entered at routed seeds. The
+    seeds are extra entry points near the answer, so with every pool entry expandable (E = 0)
+    a routed walk finds at least about what the cold walk finds, and more on average; the
+    routing vectors a query scores are counted as rows read on top of the keys."""
+    avg = pyeval.head_mean(rows)
+
+    def points(index):
+        return {(r["query"], r["param"], r["expand_limit"] or 0): r for r in avg
+                if r["index"] == index}
+
+    for routed, cold in (("roargraph-routed", "roargraph"),
+                         ("roargraph-gqa-routed", "roargraph-gqa")):
+        r, c = points(routed), points(cold)
+        assert r and {x["heads"] for x in r.values()} == {H}
+        common = sorted(p for p in set(r) & set(c) if p[2] == 0)
+        assert len(common) >= 4, (routed, common)
+        gains = [r[p]["recall"] - c[p]["recall"] for p in common]
+        assert min(gains) >= -0.005, (routed, list(zip(common, gains)))
+        assert np.mean(gains) >= 0.002, (routed, list(zip(common, gains)))
+        share = H if routed.endswith("-gqa-routed") else 1  # a group's rows serve H queries
+        for x in r.values():
+            assert x["scanned"] > x["scored"] / share  # + the routing vectors read
+
+
 @needs_kvsift
 def test_quick_run_on_the_committed_sample(tmp_path, capsys):
     res = pyeval.main(["--dump", str(SAMPLE), "--quick", "--out", str(tmp_path), "--threads", "1"])
@@ -229,6 +254,7 @@ def test_quick_run_on_the_committed_sample(tmp_path, capsys):
         assert lay["targets"]["roargraph recall@100>=0.95 scanned"] is not None
         check_shared_walk_rows(rows, len(m["query_heads_dumped"]))
         check_warm_rows(rows, len(m["query_heads_dumped"]))
+        check_routed_rows(rows, len(m["query_heads_dumped"]))
     for name in ("hnswlib", "faiss-hnsw", "faiss-ivf"):
         assert name in res["meta"]["methods"] or f"skipping {name}" in out
     if "plots skipped" not in out:
@@ -260,7 +286,8 @@ def test_default_output_is_outside_the_repository(capsys):
 
 
 def test_bad_arguments_fail_before_writing(tmp_path):
-    for argv in (["--methods", "flat,annoy"], ["--L", "0"], ["--beta", "-1"], ["--layers", "7"]):
+    for argv in (["--methods", "flat,annoy"], ["--L", "0"], ["--beta", "-1"], ["--layers", "7"],
+                 ["--route-rows", "0"], ["--route-probe", "-1"], ["--route-fractions", "0"]):
         with pytest.raises(SystemExit):
             pyeval.main(["--dump", str(SAMPLE), "--out", str(tmp_path / "o")] + argv)
         assert not (tmp_path / "o").exists()
