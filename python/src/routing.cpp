@@ -68,7 +68,9 @@ py::object route_seeds(const kvsift::route_set& rs, const py::handle& queries_h,
     }
   }
   if (!reads) return std::move(out);
-  return one ? py::make_tuple(out, r[0]) : py::make_tuple(out, read);
+  // Two statements, not ?: : newer pybind11 types each make_tuple by its arguments.
+  if (one) return py::make_tuple(out, r[0]);
+  return py::make_tuple(out, read);
 }
 
 /// kvsift::stack_route_sets of RouteSet objects, as a tuple of NumPy arrays and the maxima
