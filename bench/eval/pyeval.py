@@ -35,8 +35,10 @@ seeds: kvsift.make_route_set keeps --route-rows of the build's training queries 
 top-100 keys, clustered (--route-clusters); each query takes the lists of its best --route-top
 rows among its --route-probe best clusters' (RouteSet.seeds) as entries, with an expand limit
 E = --route-fractions x L. roargraph-routed walks per head, roargraph-gqa-routed is the shared
-walk from the union of the group's routes. The routing vectors a query scores (centroids and
-probed rows, per head) count as rows read, as IVF's centroids do; `scored` counts keys only.
+walk from the union of the group's routes. The routing vectors a query scores count as rows
+read, as IVF's centroids do (per head: its centroids and probed rows; in a group, routed in one
+pass as the GPU does: the centroids and the union of the heads' probed clusters, / H); `scored`
+counts keys only.
 
 Attention quality. For a held-out query at position p attending causally [0, p]: the static
 window (first --sink + last --recent tokens) alone, window + exact top-k of the middle, and
@@ -431,7 +433,8 @@ def warm_rows(m, ld, sp, heads, truth, args):
 def routed_rows(m, keys, train, heads, evalq, truth, n, args, log):
     """RoarGraph cold but routed (see the module's docstring): per head ("roargraph-routed")
     and, with more than one head, the group's shared walk from the union of its heads' routes
-    ("roargraph-gqa-routed"). `scanned` = key rows read + the routing vectors the query scored;
+    ("roargraph-gqa-routed"). `scanned` = key rows read + the routing vectors read (a group
+    routes together: the centroids once and the union of its heads' probed clusters, / H);
     `scored` = keys scored (each head scores every row its group reads)."""
     t = time.perf_counter()
     rows = min(args.route_rows, train.shape[0])
@@ -441,12 +444,26 @@ def routed_rows(m, keys, train, heads, evalq, truth, n, args, log):
     probe = min(args.route_probe, routes.clusters) if routes.clusters else 0
     log(f"  routing set: {rows} rows, {routes.clusters} clusters, probe {probe}, made in "
         f"{time.perf_counter() - t:.1f} s")
-    seeds, reads = {}, {}
+    seeds, reads, probed = {}, {}, {}
+    sizes = np.diff(routes.cluster_rows) if probe else None
     for h in heads:
         seeds[h], r = routes.seeds(evalq[h], top=args.route_top, probe=probe, reads=True)
         reads[h] = float(np.mean(r))
+        if probe:
+            # Each query's probed clusters (the centroids' ranking; checked against the
+            # library's reads), for what a group routed together reads: the GPU routes a GQA
+            # group in one block, reading the centroids once and the union of its clusters.
+            order = np.argsort(-(evalq[h] @ routes.centroids.T), axis=1, kind="stable")
+            probed[h] = order[:, :probe]
+            assert np.array_equal(routes.clusters + sizes[probed[h]].sum(axis=1), r), \
+                "pyeval: the probed clusters differ from route_seeds' (a tie at the cut)"
     H, P, out = len(heads), len(evalq[heads[0]]), []
     qs = np.ascontiguousarray(np.stack([evalq[h] for h in heads], axis=1))  # (P, H, d)
+    if probe:  # routing vectors the group reads at each position, per query
+        group_reads = np.mean([routes.clusters + sizes[np.unique(np.concatenate(
+            [probed[h][p] for h in heads]))].sum() for p in range(P)]) / H
+    else:
+        group_reads = float(routes.rows) / H
     for k in args.k:
         for L in m.params(k, args):
             for f in args.route_fractions:
@@ -476,7 +493,7 @@ def routed_rows(m, keys, train, heads, evalq, truth, n, args, log):
                     ids[p] = r.ids
                     group += float(r.distance_computations[0])  # the group's rows, every head
                 us = (time.perf_counter() - t) / (P * H) * 1e6
-                read = group / (P * H) + float(np.mean([reads[h] for h in heads]))
+                read = group / (P * H) + group_reads
                 out += [topk_row("roargraph-gqa-routed", "L", L, E, h, k,
                                  recall(ids[:, i], truth[h], k), read, group / P, n, us)
                         for i, h in enumerate(heads)]
@@ -887,7 +904,7 @@ def main(argv=None):
     ap.add_argument("--route-clusters", type=int, default=128, help="0: flat routing set")
     ap.add_argument("--route-probe", type=int, default=2)
     ap.add_argument("--route-top", type=int, default=4)
-    ap.add_argument("--route-fractions", default="1,0.5,0.3,0.2",
+    ap.add_argument("--route-fractions", default="1,0.6,0.45,0.3,0.2",
                     help="expand limits of the routed searches, fractions of L")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--from-json", help="re-render pyeval.md and the plots of an earlier run's "
