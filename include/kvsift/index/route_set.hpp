@@ -8,9 +8,10 @@
 // seeds (`beam_search`'s extra_entries, `cuda::decode_queries::seeds`), with an expand limit so
 // the walk stops once the seeds' neighbourhood is settled: a warm start for a query with no
 // previous step. How much it saves depends on how clustered the queries are
-// (docs/decode_search.md, "Routed seeds"): at recall@100 0.95, 3.6x fewer keys scored on the
-// synthetic decode benchmark (whose queries share topics with the training queries),
-// 1.17-1.29x on real Gemma-3 keys.
+// (docs/decode_search.md, "Routed seeds" and "Clustered routing"): at recall@100 0.95, 3.6x
+// fewer keys scored on the synthetic decode benchmark (whose queries share topics with the
+// training queries), 1.34-1.35x on real Gemma-3 keys with a clustered set of every training
+// query. `stack_route_sets` lays many sets out for `cuda::route_seeds`.
 
 #include <algorithm>
 #include <cmath>
@@ -219,10 +220,6 @@ inline float route_score(std::span<const float> q, const float* v) {
   for (std::size_t c = 0; c < q.size(); ++c) s += q[c] * v[c];
   return s;
 }
-
-}  // namespace detail
-
-namespace detail {
 
 /// Checks that the arrays of `rs` agree with each other: vectors a whole number of rows of dim
 /// floats, lists rows x list_len ids (list_len >= 1 when there are rows), and, when clustered,

@@ -43,6 +43,9 @@ inline constexpr int max_route_scores = 32768;
  * [cluster_rows[c], cluster_rows[c + 1]) (global rows, so graph g's first cluster starts at
  * offset[g] and its last ends at offset[g + 1]). With `route_params::probe` > 0 a query scores
  * its graph's centroids and only the rows of its best `probe` clusters.
+ *
+ * `kvsift::stack_route_sets` (<kvsift/index/route_set.hpp>) lays host sets out in these arrays
+ * and computes max_rows, max_clusters and max_cluster_rows; upload its arrays as they are.
  */
 template <class T>
 struct route_set_ref {
