@@ -304,8 +304,15 @@ def _paged_keys(keys, pages, who):
     return (None, None) if pages is None else pages
 
 
-def _arange_groups(like, m, groups):
-    """int32 [m]: query i -> graph i // (m // groups), in `like`'s framework (GQA order)."""
+def _graph_of(like, m, groups, graph):
+    """`graph` as given, or, when None, the GQA order: int32 [m], query i -> graph
+    i // (m // groups), in `like`'s framework. Raises ValueError when m is not a multiple of
+    the graphs (a graph id per query is then needed)."""
+    if graph is not None:
+        return graph
+    if groups < 1 or m % groups != 0:
+        raise ValueError(f"graph: queries ({m}) are not a multiple of the graphs "
+                         f"({groups}); pass graph= (int32 [queries])")
     if _is_torch(like):
         import torch
 
@@ -381,11 +388,7 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
                                                   int(adjacency.shape[1]), int(entries.shape[1]),
                                                   int(max_keys), m, *knobs, int(entry_prefix))
     with _on_stream(q, st, stream is not None):
-        if graph is None:
-            if m % num_graphs != 0:
-                raise ValueError(f"graph: queries ({m}) are not a multiple of the graphs "
-                                 f"({num_graphs}); pass graph= (int32 [queries])")
-            graph = _arange_groups(q, m, num_graphs)
+        graph = _graph_of(q, m, num_graphs, graph)
         ids = _empty(q, (m, capacity), "int32")
         scores = _empty(q, (m, capacity), "float32")
         counts = _empty(q, (m,), "int32")
@@ -441,11 +444,7 @@ def route_seeds(routes, q, *, top=4, group=1, probe=0, graph=None, stream=None, 
     num_graphs = int(offset.shape[0]) - 1
     ld = _ext.route_seeds_ld(int(lists.shape[1]), int(top), int(group), int(probe))
     with _on_stream(q, st, stream is not None):
-        if graph is None:
-            if num_graphs < 1 or m % num_graphs != 0:
-                raise ValueError(f"graph: queries ({m}) are not a multiple of the graphs "
-                                 f"({num_graphs}); pass graph= (int32 [queries])")
-            graph = _arange_groups(q, m, num_graphs)
+        graph = _graph_of(q, m, num_graphs, graph)
         seeds = _empty(q, (m, ld), "int32")
         _ext.route_seeds(*_dl(vectors, lists, offset, centroids, cluster_offset, cluster_rows),
                          int(max_rows), int(max_clusters), int(max_cluster_rows),
