@@ -26,6 +26,14 @@ py::array_t<T> matrix_copy(const std::vector<T>& v, std::size_t rows, std::size_
   return out;
 }
 
+/// v as a 1-D int64 array (row bounds and offsets).
+template <class T>
+py::array_t<std::int64_t> int64_copy(const std::vector<T>& v) {
+  py::array_t<std::int64_t> out(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
 kvsift::route_set make_routes(const py::handle& queries_h, const py::handle& keys_h,
                               std::size_t rows, std::size_t list_len) {
   const tensor tq = tensor_of(queries_h, "queries");
@@ -90,21 +98,16 @@ py::tuple stack_sets(const py::sequence& sets_h) {
     st = kvsift::stack_route_sets(sets);
   }
   const std::size_t rows = static_cast<std::size_t>(st.offset.back());
-  auto vec64 = [](const std::vector<std::int64_t>& v) {
-    py::array_t<std::int64_t> out(static_cast<py::ssize_t>(v.size()));
-    std::copy(v.begin(), v.end(), out.mutable_data());
-    return out;
-  };
   py::object none = py::none();
   return py::make_tuple(
       matrix_copy(st.vectors, rows, st.dim), matrix_copy(st.lists, rows, st.list_len),
-      vec64(st.offset),
+      int64_copy(st.offset),
       st.clustered()
           ? py::object(matrix_copy(st.centroids,
                                    st.centroids.size() / std::max<std::size_t>(st.dim, 1), st.dim))
           : none,
-      st.clustered() ? py::object(vec64(st.cluster_offset)) : none,
-      st.clustered() ? py::object(vec64(st.cluster_rows)) : none, st.max_rows, st.max_clusters,
+      st.clustered() ? py::object(int64_copy(st.cluster_offset)) : none,
+      st.clustered() ? py::object(int64_copy(st.cluster_rows)) : none, st.max_rows, st.max_clusters,
       st.max_cluster_rows);
 }
 
@@ -133,12 +136,7 @@ void bind_routing(py::module_& m) {
           [](const kvsift::route_set& r) { return matrix_copy(r.centroids, r.clusters(), r.dim); },
           "(clusters, dim) float32 copy, unit norm.")
       .def_property_readonly(
-          "cluster_rows",
-          [](const kvsift::route_set& r) {
-            py::array_t<std::int64_t> out(static_cast<py::ssize_t>(r.cluster_rows.size()));
-            std::copy(r.cluster_rows.begin(), r.cluster_rows.end(), out.mutable_data());
-            return out;
-          },
+          "cluster_rows", [](const kvsift::route_set& r) { return int64_copy(r.cluster_rows); },
           "(clusters + 1,) int64 row bounds: cluster c holds rows [cluster_rows[c], "
           "cluster_rows[c + 1]).")
       .def(
