@@ -159,19 +159,40 @@ struct gpu_case {
       : q(c.q), graph(c.graph), lists(c.lists), offset(c.offset) {}
 };
 
+/// f as T (at least one element: a device buffer is never empty).
+template <class T>
+std::vector<T> converted(const std::vector<float>& f) {
+  std::vector<T> v(std::max<std::size_t>(f.size(), 1));
+  for (std::size_t i = 0; i < f.size(); ++i) v[i] = from_float<T>(f[i]);
+  return v;
+}
+
+/// Launches route_seeds for the m queries of `qs` with list_len ids a list and waits; the seeds
+/// and the status word.
+template <class T>
+std::pair<std::vector<id_t>, std::uint32_t> launch_route(const kc::route_set_ref<T>& rs,
+                                                         const kc::decode_queries& qs,
+                                                         std::size_t m, int top, int group,
+                                                         int probe) {
+  kc::route_params p;
+  p.top = top;
+  p.group = group;
+  p.probe = probe;
+  device_buffer<id_t> seeds(m * std::size_t(kc::route_seeds_ld(rs.list_len, p)));
+  device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0u});
+  kc::route_seeds(rs, qs, std::int64_t(m), p, seeds.get(), status.get(), nullptr);
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  return {seeds.download(), status.download()[0]};
+}
+
 /// route_seeds on the GPU with vectors stored as T; the seeds and the status word.
 template <class T>
 std::pair<std::vector<id_t>, std::uint32_t> gpu_route(const route_case& c, int top, int group,
                                                       int max_rows = 0, int probe = 0) {
   gpu_case dc(c);
-  auto convert = [](const std::vector<float>& f) {
-    std::vector<T> v(f.size());
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = from_float<T>(f[i]);
-    return v;
-  };
-  device_buffer<T> dv(convert(c.vectors));
+  device_buffer<T> dv(converted<T>(c.vectors));
   const bool clustered = !c.cluster_offset.empty();
-  device_buffer<T> dcent(clustered ? convert(c.centroids) : std::vector<T>(1));
+  device_buffer<T> dcent(converted<T>(clustered ? c.centroids : std::vector<float>{}));
   device_buffer<std::int64_t> dcoff(clustered ? c.cluster_offset : std::vector<std::int64_t>(1));
   device_buffer<std::int64_t> dcrows(clustered ? c.cluster_rows : std::vector<std::int64_t>(1));
   const int most = *std::max_element(c.rows.begin(), c.rows.end());
@@ -189,16 +210,7 @@ std::pair<std::vector<id_t>, std::uint32_t> gpu_route(const route_case& c, int t
                                 c.max_clusters,
                                 c.max_cluster_rows};
   const kc::decode_queries qs{dc.q.get(), std::int64_t(c.d), dc.graph.get()};
-  kc::route_params p;
-  p.top = top;
-  p.group = group;
-  p.probe = probe;
-  const std::size_t m = c.graph.size();
-  device_buffer<id_t> seeds(m * std::size_t(kc::route_seeds_ld(c.list_len, p)));
-  device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0u});
-  kc::route_seeds(rs, qs, std::int64_t(m), p, seeds.get(), status.get(), nullptr);
-  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
-  return {seeds.download(), status.download()[0]};
+  return launch_route(rs, qs, c.graph.size(), top, group, probe);
 }
 
 }  // namespace
@@ -329,12 +341,7 @@ template <class T>
 std::pair<std::vector<id_t>, std::uint32_t> gpu_route_stack(const kvsift::route_set_stack& st,
                                                             const route_case& c, int top, int group,
                                                             int probe) {
-  auto convert = [](const std::vector<float>& f) {
-    std::vector<T> v(std::max<std::size_t>(f.size(), 1));
-    for (std::size_t i = 0; i < f.size(); ++i) v[i] = from_float<T>(f[i]);
-    return v;
-  };
-  device_buffer<T> dv(convert(st.vectors)), dcent(convert(st.centroids));
+  device_buffer<T> dv(converted<T>(st.vectors)), dcent(converted<T>(st.centroids));
   device_buffer<id_t> dl(st.lists);
   device_buffer<std::int64_t> doff(st.offset);
   device_buffer<std::int64_t> dcoff(st.clustered() ? st.cluster_offset
@@ -357,16 +364,7 @@ std::pair<std::vector<id_t>, std::uint32_t> gpu_route_stack(const kvsift::route_
                                 int(st.max_clusters),
                                 int(st.max_cluster_rows)};
   const kc::decode_queries qs{dq.get(), std::int64_t(st.dim), dg.get()};
-  kc::route_params p;
-  p.top = top;
-  p.group = group;
-  p.probe = probe;
-  const std::size_t m = c.graph.size();
-  device_buffer<id_t> seeds(m * std::size_t(kc::route_seeds_ld(int(st.list_len), p)));
-  device_buffer<std::uint32_t> status(std::vector<std::uint32_t>{0u});
-  kc::route_seeds(rs, qs, std::int64_t(m), p, seeds.get(), status.get(), nullptr);
-  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
-  return {seeds.download(), status.download()[0]};
+  return launch_route(rs, qs, c.graph.size(), top, group, probe);
 }
 
 TEST_CASE("route_seeds_from_stack_route_sets_matches_cpu", "[cuda][route_seeds]") {
