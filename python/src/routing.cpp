@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +21,24 @@
 
 namespace kvsift_python {
 namespace {
+
+/// A RouteSet of the module. cluster() reorders the set with the GIL released, and seeds() and
+/// route_stack read it with the GIL released, so the GIL does not order them: a lock does.
+/// Deadlock-free because no thread waits for the GIL while it holds the lock (the lock is taken
+/// and dropped inside the GIL-released scopes, or taken while holding the GIL and dropped
+/// before giving it up), so whoever holds the lock can always finish.
+struct py_route_set {
+  kvsift::route_set rs;
+  mutable std::shared_mutex mutex;
+};
+
+/// f(set) under a shared lock; the caller holds the GIL throughout (the set's dim, list_len and
+/// row count never change, so reading those needs no lock).
+template <class F>
+auto read_locked(const py_route_set& s, F&& f) {
+  std::shared_lock lock(s.mutex);
+  return f(s.rs);
+}
 
 template <class T>
 py::array_t<T> matrix_copy(const std::vector<T>& v, std::size_t rows, std::size_t cols) {
@@ -34,20 +55,22 @@ py::array_t<std::int64_t> int64_copy(const std::vector<T>& v) {
   return out;
 }
 
-kvsift::route_set make_routes(const py::handle& queries_h, const py::handle& keys_h,
-                              std::size_t rows, std::size_t list_len) {
+std::unique_ptr<py_route_set> make_routes(const py::handle& queries_h, const py::handle& keys_h,
+                                          std::size_t rows, std::size_t list_len) {
   const tensor tq = tensor_of(queries_h, "queries");
   const tensor tk = tensor_of(keys_h, "keys");
   const auto q = f32_matrix_of(tq, "queries");
   const auto k = f32_matrix_of(tk, "keys");
+  auto out = std::make_unique<py_route_set>();
   py::gil_scoped_release release;
-  return kvsift::make_route_set(q, k, rows, list_len, kvsift::cpu_knn_engine{});
+  out->rs = kvsift::make_route_set(q, k, rows, list_len, kvsift::cpu_knn_engine{});
+  return out;
 }
 
 /// Seeds of (d,) or (m, d) float32 queries: (top * list_len,) or (m, top * list_len) uint32.
 /// With `reads`, also the routing vectors each query scored: (seeds, reads) with reads an int
 /// (1-D query) or (m,) uint32.
-py::object route_seeds(const kvsift::route_set& rs, const py::handle& queries_h, std::size_t top,
+py::object route_seeds(const py_route_set& self, const py::handle& queries_h, std::size_t top,
                        std::size_t probe, bool reads) {
   const tensor tq = tensor_of(queries_h, "queries");
   const bool one = tq.ndim() == 1;
@@ -56,45 +79,62 @@ py::object route_seeds(const kvsift::route_set& rs, const py::handle& queries_h,
   const auto qs = one ? kvsift::matrix_view<const float>() : f32_matrix_of(tq, "queries");
   const std::span<const float> q1 = one ? vector_of(tq, "queries") : std::span<const float>();
   const std::size_t m = one ? 1 : qs.rows();
-  // The library's own checks, before the output is sized (route_seeds repeats them per query).
-  const std::size_t ld = kvsift::detail::check_route_seeds(
-      rs, one ? q1.size() : qs.cols(), top, std::numeric_limits<std::size_t>::max(), probe);
-  (void)kvsift::checked_mul(m, ld, "route_seeds: queries x top x list_len");
-  py::array_t<std::uint32_t> out =
-      one ? py::array_t<std::uint32_t>(static_cast<py::ssize_t>(ld))
-          : py::array_t<std::uint32_t>({static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(ld)});
-  py::array_t<std::uint32_t> read(static_cast<py::ssize_t>(m));
-  std::uint32_t* dst = out.mutable_data();
-  std::uint32_t* r = read.mutable_data();
+  // Checked, sized and filled under one shared lock without the GIL, so that a cluster() in
+  // another thread cannot change the clusters between the check and the routing; the results
+  // are copied into NumPy arrays after the lock is dropped (an array needs the GIL).
+  std::size_t ld = 0;
+  std::vector<kvsift::id_t> seeds;
+  std::vector<std::uint32_t> read(m);
   {
     py::gil_scoped_release release;
+    std::shared_lock lock(self.mutex);  // after `release`, so dropped before the GIL is retaken
+    const kvsift::route_set& rs = self.rs;
+    // The library's own checks, before the output is sized (route_seeds repeats them per query).
+    ld = kvsift::detail::check_route_seeds(rs, one ? q1.size() : qs.cols(), top,
+                                           std::numeric_limits<std::size_t>::max(), probe);
+    seeds.resize(kvsift::checked_mul(m, ld, "route_seeds: queries x top x list_len"));
     for (std::size_t i = 0; i < m; ++i) {
       const std::span<const float> q = one ? q1 : std::span<const float>(qs.row(i), qs.cols());
       // At most rows + clusters: fits, as both are counts of a set held in memory.
-      r[i] = static_cast<std::uint32_t>(
-          kvsift::route_seeds(rs, q, top, std::span<kvsift::id_t>(dst + i * ld, ld), probe));
+      read[i] = static_cast<std::uint32_t>(kvsift::route_seeds(
+          rs, q, top, std::span<kvsift::id_t>(seeds.data() + i * ld, ld), probe));
     }
   }
-  if (!reads) return std::move(out);
+  py::array_t<std::uint32_t> out =
+      one ? py::array_t<std::uint32_t>(static_cast<py::ssize_t>(ld))
+          : py::array_t<std::uint32_t>({static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(ld)});
+  std::copy(seeds.begin(), seeds.end(), out.mutable_data());
+  if (!reads) return out;
   // Two statements, not ?: : newer pybind11 types each make_tuple by its arguments.
-  if (one) return py::make_tuple(out, r[0]);
-  return py::make_tuple(out, read);
+  if (one) return py::make_tuple(out, read[0]);
+  py::array_t<std::uint32_t> read_arr(static_cast<py::ssize_t>(m));
+  std::copy(read.begin(), read.end(), read_arr.mutable_data());
+  return py::make_tuple(out, read_arr);
 }
 
 /// kvsift::stack_route_sets of RouteSet objects, as a tuple of NumPy arrays and the maxima
 /// (kvsift.route_stack wraps it in a RouteStack).
 py::tuple stack_sets(const py::sequence& sets_h) {
+  std::vector<const py_route_set*> holders;
   std::vector<const kvsift::route_set*> sets;
+  holders.reserve(py::len(sets_h));
   sets.reserve(py::len(sets_h));
   for (const py::handle h : sets_h) {
-    require<kvsift::invalid_argument>(py::isinstance<kvsift::route_set>(h),
+    require<kvsift::invalid_argument>(py::isinstance<py_route_set>(h),
                                       "route_stack: expected RouteSet objects, got ",
                                       std::string(py::str(py::type::of(h).attr("__name__"))));
-    sets.push_back(&h.cast<const kvsift::route_set&>());
+    holders.push_back(&h.cast<const py_route_set&>());
+    sets.push_back(&holders.back()->rs);
   }
+  // Each distinct set locked once (a set may appear more than once), without the GIL.
+  std::sort(holders.begin(), holders.end());
+  holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
   kvsift::route_set_stack st;
   {
     py::gil_scoped_release release;
+    std::vector<std::shared_lock<std::shared_mutex>> locks;
+    locks.reserve(holders.size());
+    for (const py_route_set* h : holders) locks.emplace_back(h->mutex);
     st = kvsift::stack_route_sets(sets);
   }
   const std::size_t rows = static_cast<std::size_t>(st.offset.back());
@@ -114,36 +154,60 @@ py::tuple stack_sets(const py::sequence& sets_h) {
 }  // namespace
 
 void bind_routing(py::module_& m) {
-  py::class_<kvsift::route_set>(
+  py::class_<py_route_set>(
       m, "RouteSet",
       "Routing rows (unit-norm training queries) with their exact best keys: seeds for cold "
       "decode searches (kvsift::route_set). Make it with make_route_set; cluster() it so that a "
-      "query scores the centroids and the rows of its best `probe` clusters only.")
-      .def_property_readonly("dim", [](const kvsift::route_set& r) { return r.dim; })
-      .def_property_readonly("list_len", [](const kvsift::route_set& r) { return r.list_len; })
-      .def_property_readonly("rows", &kvsift::route_set::rows)
-      .def_property_readonly("clusters", &kvsift::route_set::clusters, "0 until cluster() ran.")
+      "query scores the centroids and the rows of its best `probe` clusters only. Safe to use "
+      "from several threads: cluster() waits for the seeds() and route_stack calls under way "
+      "and they for it.")
+      .def_property_readonly("dim", [](const py_route_set& s) { return s.rs.dim; })
+      .def_property_readonly("list_len", [](const py_route_set& s) { return s.rs.list_len; })
+      .def_property_readonly("rows", [](const py_route_set& s) { return s.rs.rows(); })
+      .def_property_readonly(
+          "clusters",
+          [](const py_route_set& s) {
+            return read_locked(s, [](const kvsift::route_set& r) { return r.clusters(); });
+          },
+          "0 until cluster() ran.")
       .def_property_readonly(
           "vectors",
-          [](const kvsift::route_set& r) { return matrix_copy(r.vectors, r.rows(), r.dim); },
+          [](const py_route_set& s) {
+            return read_locked(s, [](const kvsift::route_set& r) {
+              return matrix_copy(r.vectors, r.rows(), r.dim);
+            });
+          },
           "(rows, dim) float32 copy, unit norm, grouped by cluster once clustered.")
       .def_property_readonly(
           "lists",
-          [](const kvsift::route_set& r) { return matrix_copy(r.lists, r.rows(), r.list_len); },
+          [](const py_route_set& s) {
+            return read_locked(s, [](const kvsift::route_set& r) {
+              return matrix_copy(r.lists, r.rows(), r.list_len);
+            });
+          },
           "(rows, list_len) uint32 copy: each row's best keys, best first, INVALID_ID padded.")
       .def_property_readonly(
           "centroids",
-          [](const kvsift::route_set& r) { return matrix_copy(r.centroids, r.clusters(), r.dim); },
+          [](const py_route_set& s) {
+            return read_locked(s, [](const kvsift::route_set& r) {
+              return matrix_copy(r.centroids, r.clusters(), r.dim);
+            });
+          },
           "(clusters, dim) float32 copy, unit norm.")
       .def_property_readonly(
-          "cluster_rows", [](const kvsift::route_set& r) { return int64_copy(r.cluster_rows); },
+          "cluster_rows",
+          [](const py_route_set& s) {
+            return read_locked(
+                s, [](const kvsift::route_set& r) { return int64_copy(r.cluster_rows); });
+          },
           "(clusters + 1,) int64 row bounds: cluster c holds rows [cluster_rows[c], "
           "cluster_rows[c + 1]).")
       .def(
           "cluster",
-          [](kvsift::route_set& r, std::size_t clusters, std::size_t iterations) {
+          [](py_route_set& s, std::size_t clusters, std::size_t iterations) {
             py::gil_scoped_release release;
-            kvsift::cluster_routes(r, clusters, iterations);
+            std::unique_lock lock(s.mutex);  // after `release`: dropped before the GIL is retaken
+            kvsift::cluster_routes(s.rs, clusters, iterations);
           },
           py::arg("clusters"), py::kw_only(), py::arg("iterations") = 10,
           "Groups the rows into at most `clusters` clusters (spherical k-means, deterministic; "
@@ -159,10 +223,12 @@ void bind_routing(py::module_& m) {
            "seeds. A query holding NaN or Inf gets no seeds. reads=True also returns the routing "
            "vectors each query scored (rows, or centroids + probed rows; 0 for NaN): (seeds, "
            "reads), reads an int or (m,) uint32.")
-      .def("__repr__", [](const kvsift::route_set& r) {
-        return "RouteSet(rows=" + std::to_string(r.rows()) + ", dim=" + std::to_string(r.dim) +
-               ", list_len=" + std::to_string(r.list_len) +
-               ", clusters=" + std::to_string(r.clusters()) + ")";
+      .def("__repr__", [](const py_route_set& s) {
+        return read_locked(s, [](const kvsift::route_set& r) {
+          return "RouteSet(rows=" + std::to_string(r.rows()) + ", dim=" + std::to_string(r.dim) +
+                 ", list_len=" + std::to_string(r.list_len) +
+                 ", clusters=" + std::to_string(r.clusters()) + ")";
+        });
       });
 
   m.def("_stack_route_sets", &stack_sets, py::arg("sets"),

@@ -206,3 +206,51 @@ def test_route_stack_lays_sets_out_for_the_gpu(ood, routes):
         route_stack([a, routes])
     with pytest.raises(ks.DimensionMismatch):
         route_stack([routes, ks.make_route_set(train[:, :16], keys[:, :16], 5)])
+
+
+def test_cluster_in_one_thread_while_others_read_the_set(ood):
+    """cluster() reorders the set with the GIL released while seeds() and route_stack read it
+    with the GIL released: every read sees the set before or after a reorder, never between.
+    Flat seeds (probe 0) do not depend on the row order, and a stacked row's list must stay the
+    list of the row's vector."""
+    import threading
+    import time
+
+    from kvsift.graphs import route_stack
+
+    keys, train, test, _ = ood
+    rs = ks.make_route_set(train, keys, 400, list_len=10)
+    expected = rs.seeds(test, top=2)
+    vectors, lists = rs.vectors, rs.lists  # row i's list is lists[i], whatever the order
+    stop = time.monotonic() + 2.0
+    errors = []
+
+    def writer():
+        c = 0
+        try:
+            while time.monotonic() < stop:
+                rs.cluster(2 + c % 30, iterations=0)
+                c += 1
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    def reader(stack):
+        try:
+            while time.monotonic() < stop:
+                if stack:
+                    st = route_stack([rs] * 8)
+                    row = np.argmax(st.vectors @ vectors.T, axis=1)  # unit rows: self is best
+                    np.testing.assert_array_equal(st.lists.view(np.uint32), lists[row])
+                else:
+                    np.testing.assert_array_equal(rs.seeds(test, top=2), expected)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer)]
+    threads += [threading.Thread(target=reader, args=(s,)) for s in (False, True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert 1 <= rs.clusters <= 31
