@@ -32,8 +32,9 @@ struct py_route_set {
   mutable std::shared_mutex mutex;
 };
 
-/// f(set) under a shared lock; the caller holds the GIL throughout (the set's dim, list_len and
-/// row count never change, so reading those needs no lock).
+/// f(set) under a shared lock; the caller holds the GIL throughout (dim and list_len are never
+/// written after make_route_set, so reading those needs no lock; the row count is the size of
+/// `vectors`, which cluster() replaces, so it does).
 template <class F>
 auto read_locked(const py_route_set& s, F&& f) {
   std::shared_lock lock(s.mutex);
@@ -163,7 +164,11 @@ void bind_routing(py::module_& m) {
       "and they for it.")
       .def_property_readonly("dim", [](const py_route_set& s) { return s.rs.dim; })
       .def_property_readonly("list_len", [](const py_route_set& s) { return s.rs.list_len; })
-      .def_property_readonly("rows", [](const py_route_set& s) { return s.rs.rows(); })
+      .def_property_readonly("rows",
+                             [](const py_route_set& s) {
+                               return read_locked(
+                                   s, [](const kvsift::route_set& r) { return r.rows(); });
+                             })
       .def_property_readonly(
           "clusters",
           [](const py_route_set& s) {
