@@ -120,6 +120,8 @@ struct query_batch {
   std::vector<std::uint32_t> first, last;  // empty = no filter
   std::vector<id_t> seeds;                 // m x seeds_ld own entry points (empty = none)
   int seeds_ld = 0;
+  std::vector<id_t> extra_seeds;  // m x extra_ld, visited after `seeds` (empty = none)
+  int extra_ld = 0;
 };
 
 struct gpu_result {
@@ -158,7 +160,7 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
   device_buffer<float> dq(qb.q), dseed(qb.seed);
   device_buffer<std::int32_t> dg(qb.graph);
   device_buffer<std::uint32_t> dfirst(qb.first), dlast(qb.last);
-  device_buffer<id_t> dseeds(qb.seeds);
+  device_buffer<id_t> dseeds(qb.seeds), dextra(qb.extra_seeds);
   kc::decode_queries qs;
   qs.q = dq.get();
   qs.ld = static_cast<std::int64_t>(s.d);
@@ -168,6 +170,8 @@ gpu_result run_gpu(const graph_set& s, const query_batch& qb, const kc::decode_s
   qs.filter_last = qb.last.empty() ? nullptr : dlast.get();
   qs.seeds = qb.seeds.empty() ? nullptr : dseeds.get();
   qs.seeds_ld = qb.seeds_ld;
+  qs.extra_seeds = qb.extra_seeds.empty() ? nullptr : dextra.get();
+  qs.extra_seeds_ld = qb.extra_ld;
 
   gpu_result r;
   r.capacity = kc::decode_search_capacity(p);
@@ -326,6 +330,10 @@ int compare(const graph_set& s, const query_batch& qb, const kc::decode_search_p
     std::vector<id_t> extra;  // the query's seeds without the padding
     for (int j = 0; j < qb.seeds_ld; ++j) {
       const id_t e = qb.seeds[i * std::size_t(qb.seeds_ld) + std::size_t(j)];
+      if (e != kvsift::invalid_id) extra.push_back(e);
+    }
+    for (int j = 0; j < qb.extra_ld; ++j) {  // the second array follows the first
+      const id_t e = qb.extra_seeds[i * std::size_t(qb.extra_ld) + std::size_t(j)];
       if (e != kvsift::invalid_id) extra.push_back(e);
     }
     auto run = [&](const auto& pred) {
@@ -570,6 +578,44 @@ TEST_CASE("decode_search_seeds_and_expand_limit_match_cpu", "[cuda][decode_searc
   const gpu_result with = run_gpu<float>(s, plain, small, kDense);
   const gpu_result without = run_gpu<float>(s, bare, small, kDense);
   CHECK(with.scored != without.scored);
+}
+
+TEST_CASE("decode_search_extra_seeds_follow_the_seeds", "[cuda][decode_search]") {
+  // Two seed arrays (decode_step passes its carry and the routed lists) are one list, the
+  // second after the first: each query's 60 seeds split 25 + 35 give the CPU's walk from the 60
+  // id for id, and the single-array search's results bit for bit; with the second array alone
+  // too. Warp and block kernels, filtered and not, with an expand limit (where seeds matter).
+  const graph_set s = make_set({50, 1200, 4000}, 32, 24, 2);
+  for (const bool filtered : {false, true}) {
+    query_batch whole = make_queries(s, 600, false, filtered);
+    add_seeds(s, whole, 60);
+    query_batch split = whole, second_only = whole;
+    split.seeds_ld = 25;
+    split.extra_ld = 35;
+    split.seeds.clear();
+    second_only.seeds.clear();
+    second_only.seeds_ld = 0;
+    second_only.extra_ld = 60;
+    second_only.extra_seeds = whole.seeds;
+    for (std::size_t i = 0; i < whole.graph.size(); ++i) {
+      const auto row = whole.seeds.begin() + static_cast<std::ptrdiff_t>(i * 60);
+      split.seeds.insert(split.seeds.end(), row, row + 25);
+      split.extra_seeds.insert(split.extra_seeds.end(), row + 25, row + 60);
+    }
+    for (const int warps : {1, 4, 8}) {
+      auto p = topk(20, 40, kc::graph_metric::inner_product);
+      p.expand_limit = 4;
+      p.warps_per_search = warps;
+      INFO("filtered " << filtered << ", warps " << warps);
+      CHECK((compare<kvsift::inner_product, float>(s, split, p, kDense) == 0));
+      CHECK((compare<kvsift::inner_product, __half>(s, second_only, p, kPaged) == 0));
+      const gpu_result a = run_gpu<float>(s, whole, p, kDense);
+      const gpu_result b = run_gpu<float>(s, split, p, kDense);
+      CHECK(a.ids == b.ids);
+      CHECK(a.scores == b.scores);
+      CHECK(a.scored == b.scored);
+    }
+  }
 }
 
 TEST_CASE("decode_search_many_seeds_match_cpu", "[cuda][decode_search]") {
@@ -1340,23 +1386,30 @@ TEST_CASE("decode_search_rejects_bad_input", "[cuda][decode_search]") {
   bad = p;
   bad.max_hops = -1;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "expected max_hops >= 0 (0 = no cap), got -1"));
-  {
+  // The two seed arrays take the same checks, each under its own name.
+  auto check_seed_array = [&](const id_t* kc::decode_queries::*array, int kc::decode_queries::*ld,
+                              const std::string& name, const std::string& none) {
+    INFO(name);
     device_buffer<id_t> seeds(std::size_t(4));
     auto qx = qs;
-    qx.seeds = seeds.get();
-    CHECK(contains(msg(set, k, qx, 1, p, out, wb), "seeds with seeds_ld >= 1, or neither"));
-    qx.seeds_ld = 4;
+    qx.*array = seeds.get();
+    CHECK(contains(msg(set, k, qx, 1, p, out, wb),
+                   (name + " with " + name + "_ld >= 1, or neither").c_str()));
+    qx.*ld = 4;
     CHECK(msg(set, k, qx, 1, p, out, wb) == "(no exception)");
-    qx.seeds_ld = kc::max_decode_search_seeds + 1;
-    CHECK(contains(msg(set, k, qx, 1, p, out, wb), "seeds_ld <= 65536, got 65537"));
-    qx.seeds = nullptr;
-    qx.seeds_ld = 3;
-    CHECK(contains(msg(set, k, qx, 1, p, out, wb), "no seeds and seeds_ld = 3"));
+    qx.*ld = kc::max_decode_search_seeds + 1;
+    CHECK(contains(msg(set, k, qx, 1, p, out, wb), (name + "_ld <= 65536, got 65537").c_str()));
+    qx.*array = nullptr;
+    qx.*ld = 3;
+    CHECK(contains(msg(set, k, qx, 1, p, out, wb), (none + " and " + name + "_ld = 3").c_str()));
     id_t host_seed = 0;
-    qx.seeds = &host_seed;
-    qx.seeds_ld = 1;
+    qx.*array = &host_seed;
+    qx.*ld = 1;
     CHECK(contains(msg(set, k, qx, 1, p, out, wb), "optional input or output"));
-  }
+  };
+  check_seed_array(&kc::decode_queries::seeds, &kc::decode_queries::seeds_ld, "seeds", "no seeds");
+  check_seed_array(&kc::decode_queries::extra_seeds, &kc::decode_queries::extra_seeds_ld,
+                   "extra_seeds", "no extra seeds");
   bad = dipr(1.0f, 8, 0);
   bad.expand_width = 9;
   CHECK(contains(msg(set, k, qs, 1, bad, out, wb), "1 <= expand_width <= 8 for DIPR, got 9"));

@@ -179,6 +179,12 @@ struct decode_queries {
   /// seeds before it writes that row, and no other row's.
   const id_t* seeds = nullptr;
   int seeds_ld = 0;  ///< 1..max_decode_search_seeds with seeds, 0 without
+  /// Optional [m][extra_seeds_ld]: a second row of entry points per query, visited after
+  /// `seeds` by the same rules, so that two sources seed one search without a copy into one
+  /// array: e.g. the previous step's ids in `seeds` and `route_seeds`' lists here (what
+  /// `decode_step` with routes passes). Must not overlap the output `ids`.
+  const id_t* extra_seeds = nullptr;
+  int extra_seeds_ld = 0;  ///< 1..max_decode_search_seeds with extra_seeds, 0 without
 };
 
 /// Status bits ORed into `decode_search_outputs::status` (device, caller zeroes it).

@@ -829,7 +829,8 @@ __device__ inline int ds_seed_ids(const ds_graph_walk& w, std::uint32_t b0, int 
 }
 
 /// Seed e of query qi over graph g of n keys: the graph's entry points first, then the query's
-/// seeds, then the ids [0, entry_prefix) below n (invalid_id, skipped, for those at or above).
+/// seeds and extra seeds, then the ids [0, entry_prefix) below n (invalid_id, skipped, for those at
+/// or above).
 __device__ __forceinline__ std::uint32_t ds_seed_id(const graph_set_ref& set,
                                                     const decode_queries& qs, int g, int qi, int e,
                                                     std::int64_t n) {
@@ -837,6 +838,10 @@ __device__ __forceinline__ std::uint32_t ds_seed_id(const graph_set_ref& set,
   e -= set.max_entries;
   if (e < qs.seeds_ld) return qs.seeds[static_cast<std::size_t>(qi) * qs.seeds_ld + e];
   e -= qs.seeds_ld;
+  if (e < qs.extra_seeds_ld) {
+    return qs.extra_seeds[static_cast<std::size_t>(qi) * qs.extra_seeds_ld + e];
+  }
+  e -= qs.extra_seeds_ld;
   return e < n ? static_cast<std::uint32_t>(e) : invalid_id;
 }
 
@@ -1118,10 +1123,11 @@ __global__ void __launch_bounds__(ds_warps_per_block * 32)
     };
 
     if (run) {
-      // Seeds: the graph's entry points, the query's own seeds, ids [0, prefix), in order, each
-      // visited or walked through.
+      // Seeds: the graph's entry points, the query's own and extra seeds, ids [0, prefix), in
+      // order, each visited or walked through.
       int seeded_n = 0;
-      for (int e = 0; e < set.max_entries + qs.seeds_ld + c.prefix && !capped; ++e) {
+      for (int e = 0; e < set.max_entries + qs.seeds_ld + qs.extra_seeds_ld + c.prefix && !capped;
+           ++e) {
         const std::uint32_t s = ds_seed_id(set, qs, g, qi, e, n);
         const int nv = ds_seed<Filtered>(gw, s, inc, 0, lane, status);
         seeded_n += nv;
@@ -1409,11 +1415,11 @@ __global__ void __launch_bounds__(NT, ds_block_sm_threads / NT)
     };
 
     if (run) {
-      // Seeds: the entry points, the query's own seeds, ids [0, prefix), in order, each visited or
-      // walked through.
+      // Seeds: the entry points, the query's own and extra seeds, ids [0, prefix), in order, each
+      // visited or walked through.
       int seeded_n = 0;
       int e = 0;  // warp 0's cursor
-      const int seeds_n = set.max_entries + qs.seeds_ld + c.prefix;
+      const int seeds_n = set.max_entries + qs.seeds_ld + qs.extra_seeds_ld + c.prefix;
       // A seed adds one candidate, or up to `cols` when it fails the filter (walked through).
       const int per_seed = Filtered ? cols : 1;
       for (;;) {
@@ -1704,6 +1710,13 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
           qs.seeds == nullptr ? "no seeds" : "seeds", " and seeds_ld = ", qs.seeds_ld);
   require(qs.seeds_ld >= 0 && qs.seeds_ld <= max_decode_search_seeds, who,
           ": expected 0 <= seeds_ld <= ", max_decode_search_seeds, ", got ", qs.seeds_ld);
+  require((qs.extra_seeds == nullptr) == (qs.extra_seeds_ld == 0), who,
+          ": expected extra_seeds with extra_seeds_ld >= 1, or neither; got ",
+          qs.extra_seeds == nullptr ? "no extra seeds" : "extra seeds",
+          " and extra_seeds_ld = ", qs.extra_seeds_ld);
+  require(qs.extra_seeds_ld >= 0 && qs.extra_seeds_ld <= max_decode_search_seeds, who,
+          ": expected 0 <= extra_seeds_ld <= ", max_decode_search_seeds, ", got ",
+          qs.extra_seeds_ld);
   const std::size_t need = static_cast<std::size_t>(c.slots) *
                            static_cast<std::size_t>(c.slot_words) * sizeof(std::uint32_t);
   require(workspace_bytes >= need, who, ": workspace of ", workspace_bytes,
@@ -1721,11 +1734,11 @@ void decode_search_launch(const graph_set_ref& set, const Src& src, int dim, boo
   require_device_pointer(workspace, device, who, "workspace");
   for (const void* o :
        {static_cast<const void*>(qs.seed_score), static_cast<const void*>(qs.seeds),
-        static_cast<const void*>(qs.filter_first), static_cast<const void*>(qs.filter_last),
-        static_cast<const void*>(out.ids), static_cast<const void*>(out.scores),
-        static_cast<const void*>(out.counts), static_cast<const void*>(out.best_scores),
-        static_cast<const void*>(out.scored), static_cast<const void*>(out.status),
-        static_cast<const void*>(out.capped)}) {
+        static_cast<const void*>(qs.extra_seeds), static_cast<const void*>(qs.filter_first),
+        static_cast<const void*>(qs.filter_last), static_cast<const void*>(out.ids),
+        static_cast<const void*>(out.scores), static_cast<const void*>(out.counts),
+        static_cast<const void*>(out.best_scores), static_cast<const void*>(out.scored),
+        static_cast<const void*>(out.status), static_cast<const void*>(out.capped)}) {
     if (o != nullptr) require_device_pointer(o, device, who, "an optional input or output");
   }
   c.d = dim;
