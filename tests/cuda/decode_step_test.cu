@@ -39,6 +39,15 @@ struct step_result {
   std::vector<std::uint32_t> step_capped;
 };
 
+/// The routing of a routed step (decode_step with routes) in run_step: graph g's routing rows are
+/// its query heads' vectors scaled to unit norm (so each head's best row is its own), row r's
+/// list the exact top-k of head g * group + r's retrieval range (`empty_lists`: all invalid_id).
+struct route_spec {
+  int top = 1;
+  int group = 1;  ///< route_params::group
+  bool empty_lists = false;
+};
+
 /// Graphs of the given sizes over random f32 keys; each graph a ring (i -> i + 1) plus random
 /// edges, so every token is reachable; entry inside the retrieval range.
 /// `carry` (optional): the step's carry in (seeds), then out; `carry_exact` makes the carry
@@ -50,10 +59,12 @@ struct step_result {
 /// to an array of the caller's (else, with dense_when_capped, to its workspace).
 /// `spare_attended`: the spare rows' tokens are ordinary random tokens that the step must attend
 /// (`decode_step_params::unindexed` = spare), and full attention covers them too.
+/// `routing`: the step runs with routes (route_spec).
 step_result run_step(const std::vector<int>& sizes, int group, int d,
                      const kc::decode_step_params& p, const std::vector<id_t>* carry = nullptr,
                      bool carry_exact = false, int spare = 0, int nan_head = -1,
-                     bool capped_out = false, bool spare_attended = false) {
+                     bool capped_out = false, bool spare_attended = false,
+                     const route_spec* routing = nullptr) {
   const int G = static_cast<int>(sizes.size());
   const int H = G * group;
   const int width = 12, page = 16;
@@ -130,17 +141,53 @@ step_result run_step(const std::vector<int>& sizes, int group, int d,
   kc::graph_set_ref set{dadj.get(), doff.get(), dent.get(), G, width, 1, max_n};
   if (spare > 0) set.sizes = dsizes.get();
   kc::paged_kv_ref<float> kv{dk.get(), dv.get(), pages, page, d, dt.get(), G, max_pages};
-  const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p);
-  device_buffer<char> ws(wb);
   device_buffer<std::uint32_t> dstep_capped(std::vector<std::uint32_t>(H, 7u));
-  kc::decode_step(set, kv, dq.get(), H, d, o.get(), lse.get(), ws.get(), wb, nullptr, p,
-                  status.get(), carry_in.empty() ? nullptr : dcarry.get(),
-                  capped_out ? dstep_capped.get() : nullptr);
-  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  // Routing rows: graph g's are its heads' unit-norm queries, each listing that head's exact
+  // top-k (padded to k).
+  const int list_len = p.search.k;
+  std::vector<float> rvec(q);
+  std::vector<id_t> rlists(static_cast<std::size_t>(H) * list_len, kvsift::invalid_id);
+  std::vector<std::int64_t> roff;
+  for (int g = 0; g <= G; ++g) roff.push_back(std::int64_t{g} * group);
+  for (int h = 0; h < H; ++h) {
+    double norm = 0;
+    for (int j = 0; j < d; ++j) norm += double(q[h * d + j]) * q[h * d + j];
+    for (int j = 0; j < d; ++j)
+      rvec[h * d + j] = static_cast<float>(q[h * d + j] / std::sqrt(norm));
+    if (routing != nullptr && !routing->empty_lists) {
+      std::copy(exact_middle[h].begin(), exact_middle[h].end(), rlists.begin() + h * list_len);
+    }
+  }
+  device_buffer<float> drvec(rvec);
+  device_buffer<id_t> drlists(rlists);
+  device_buffer<std::int64_t> droff(roff);
+  kc::decode_step_routes<float> routes;
+  routes.set = {drvec.get(), d, d, drlists.get(), list_len, droff.get(), G, group};
+  if (routing != nullptr) {
+    routes.params.top = routing->top;
+    routes.params.group = routing->group;
+  }
+  id_t* dcarry_or_null = carry_in.empty() ? nullptr : dcarry.get();
+  std::uint32_t* capped_or_null = capped_out ? dstep_capped.get() : nullptr;
+  if (routing == nullptr) {
+    const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p);
+    device_buffer<char> ws(wb);
+    kc::decode_step(set, kv, dq.get(), H, d, o.get(), lse.get(), ws.get(), wb, nullptr, p,
+                    status.get(), dcarry_or_null, capped_or_null);
+    KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    const std::size_t wb = kc::decode_step_workspace_size(set, H, d, p, routes);
+    CHECK(wb > kc::decode_step_workspace_size(set, H, d, p));  // room for the routed seeds
+    device_buffer<char> ws(wb);
+    kc::decode_step(set, routes, kv, dq.get(), H, d, o.get(), lse.get(), ws.get(), wb, nullptr, p,
+                    status.get(), dcarry_or_null, capped_or_null);
+    KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 
   step_result r;
-  if (carry_in.empty() && !spare_attended) {  // (with a carry the step's seeds are its input,
-                                              // unindexed tokens are not composed: not here)
+  if (carry_in.empty() && !spare_attended &&
+      routing == nullptr) {  // (with a carry the step's seeds are its input,
+                             // unindexed tokens are not composed: not here)
     std::vector<std::int32_t> graph_of(static_cast<std::size_t>(H));
     std::vector<std::uint32_t> lo(static_cast<std::size_t>(H)), hi(static_cast<std::size_t>(H));
     for (int h = 0; h < H; ++h) {
@@ -240,6 +287,57 @@ int head_mismatches(const step_result& r, std::size_t h, int d) {
   for (std::size_t i = h * d; i < (h + 1) * d; ++i)
     bad += !(std::fabs(r.o[i] - r.want_o[i]) <= 2e-5);
   return bad;
+}
+
+/// Query heads whose carry after the step (its retrieved ids, padding skipped) is not, as a set,
+/// their exact top-k of the retrieval range.
+int heads_off_exact(const step_result& r, int heads, int cap) {
+  int off = 0;
+  for (int h = 0; h < heads; ++h) {
+    std::vector<id_t> got;
+    for (int j = 0; j < cap; ++j) {
+      if (r.carry[h * cap + j] != kvsift::invalid_id) got.push_back(r.carry[h * cap + j]);
+    }
+    std::vector<id_t> want = r.exact_middle[h];
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    off += got == want ? 0 : 1;
+  }
+  return off;
+}
+
+/// One graph of 40 tokens (a ring, entry 5) over keys of 0.5 (V = K), d 64, in pages of 16 in
+/// order: enough for the argument checks that must refuse a call before its first launch.
+struct ring_fixture {
+  static constexpr int n = 40, d = 64, width = 4, page = 16, pages = (n + page - 1) / page;
+  device_buffer<id_t> adj{ring_adjacency()}, ent{std::vector<id_t>{5}};
+  device_buffer<std::int64_t> off{std::vector<std::int64_t>{0, n}};
+  device_buffer<float> keys{std::vector<float>(static_cast<std::size_t>(pages) * page * d, 0.5f)};
+  device_buffer<std::int32_t> table{pages_in_order()};
+  kc::graph_set_ref set{adj.get(), off.get(), ent.get(), 1, width, 1, n};
+  kc::paged_kv_ref<float> kv{keys.get(), keys.get(), pages, page, d, table.get(), 1, pages};
+
+  static std::vector<id_t> ring_adjacency() {
+    std::vector<id_t> a(static_cast<std::size_t>(n) * width, kvsift::invalid_id);
+    for (int i = 0; i < n; ++i) fill_ring_row(a.data() + i * width, i, n, width);
+    return a;
+  }
+  static std::vector<std::int32_t> pages_in_order() {
+    std::vector<std::int32_t> t(pages);
+    for (int i = 0; i < pages; ++i) t[i] = i;
+    return t;
+  }
+};
+
+/// Top-10 of a pool of 20, 4 sinks and a window of 32: a search that misses some of the exact
+/// top-10 unless its seeds hold them (the carry and routing tests).
+kc::decode_step_params small_topk_step() {
+  kc::decode_step_params p;
+  p.sink = 4;
+  p.window = 32;
+  p.search.k = 10;
+  p.search.L = 20;
+  return p;
 }
 
 /// Top-k step parameters whose pool (1000) holds every middle token of the test graphs (at most
@@ -427,18 +525,11 @@ TEST_CASE("decode_step_dipr_seeded_from_the_window_equals_its_composition", "[cu
 TEST_CASE("decode_step_seeded_checks_its_arguments_before_any_launch", "[cuda][decode_step]") {
   // The window's scores launch before the search: a host query pointer must be refused with
   // the search's message, not read by a kernel.
-  const int n = 40, d = 64, width = 4, page = 16, pages = (n + page - 1) / page;
-  std::vector<id_t> adj(static_cast<std::size_t>(n) * width, kvsift::invalid_id);
-  for (int i = 0; i < n; ++i) fill_ring_row(adj.data() + i * width, i, n, width);
-  device_buffer<id_t> dadj(adj), dent(std::vector<id_t>{5});
-  device_buffer<std::int64_t> doff(std::vector<std::int64_t>{0, n});
-  device_buffer<float> dk(std::vector<float>(static_cast<std::size_t>(pages) * page * d, 0.5f));
+  const ring_fixture f;
+  const int d = ring_fixture::d;
+  const kc::graph_set_ref& set = f.set;
+  const kc::paged_kv_ref<float>& kv = f.kv;
   device_buffer<float> o(d), lse(1);
-  std::vector<std::int32_t> table(pages);
-  for (int i = 0; i < pages; ++i) table[i] = i;
-  device_buffer<std::int32_t> dt(table);
-  const kc::graph_set_ref set{dadj.get(), doff.get(), dent.get(), 1, width, 1, n};
-  const kc::paged_kv_ref<float> kv{dk.get(), dk.get(), pages, page, d, dt.get(), 1, pages};
   kc::decode_step_params p;
   p.sink = 1;
   p.window = 8;
@@ -459,11 +550,7 @@ TEST_CASE("decode_step_carry_warm_starts_the_search", "[cuda][decode_step]") {
   // The carry is read as the search's seeds and overwritten with its results. An empty carry
   // (all invalid_id) is the cold step, bit for bit; a carry holding each head's exact top-k
   // with expand_limit 1 returns exactly those (the cold search at that limit does not).
-  kc::decode_step_params p;
-  p.sink = 4;
-  p.window = 32;
-  p.search.k = 10;
-  p.search.L = 20;
+  kc::decode_step_params p = small_topk_step();
   const std::vector<int> sizes{1500, 40, 2500};
   const int group = 2, H = 6, cap = 10;
   rng().seed(21);
@@ -492,22 +579,100 @@ TEST_CASE("decode_step_carry_warm_starts_the_search", "[cuda][decode_step]") {
     rng().seed(22);
     const step_result r = run_step(sizes, group, 64, p, seeded ? nullptr : &empty, seeded);
     CHECK(r.status == 0u);
-    for (int h = 0; h < H; ++h) {
-      std::vector<id_t> got;
-      for (int j = 0; j < cap; ++j) {
-        if (r.carry[h * cap + j] != kvsift::invalid_id) got.push_back(r.carry[h * cap + j]);
-      }
-      std::vector<id_t> want = r.exact_middle[h];
-      std::sort(got.begin(), got.end());
-      std::sort(want.begin(), want.end());
-      if (seeded) {
-        CHECK(got == want);
-      } else {
-        cold_missed += got == want ? 0 : 1;
-      }
+    const int off = heads_off_exact(r, H, cap);
+    if (seeded) {
+      CHECK(off == 0);
+    } else {
+      cold_missed += off;
     }
   }
   CHECK(cold_missed > 0);  // without the seeds the limited search misses: the check bites
+}
+
+TEST_CASE("decode_step_routes_seed_the_search", "[cuda][decode_step]") {
+  // decode_step with routes: every head's best routing row is its own (unit-norm query), whose
+  // list is its exact top-k; with expand_limit 1 the step then retrieves exactly those (the
+  // cold step at that limit does not: decode_step_carry_warm_starts_the_search). The routed
+  // lists follow the carry (here empty, so that it returns the retrieved ids). Routing group 1
+  // and 2 (the GQA group), top 1 and 3. Routes whose lists are all invalid_id add no seed: the
+  // cold step, bit for bit.
+  kc::decode_step_params p = small_topk_step();
+  p.search.expand_limit = 1;
+  const std::vector<int> sizes{1500, 40, 2500};
+  const int group = 2, H = 6, cap = 10;
+  const std::vector<id_t> empty(std::size_t(H) * cap, kvsift::invalid_id);
+  for (const auto& [top, rgroup] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{3, 2}}) {
+    INFO("top " << top << ", routing group " << rgroup);
+    const route_spec spec{top, rgroup, false};
+    rng().seed(22);
+    const step_result r = run_step(sizes, group, 64, p, &empty, false, 0, -1, false, false, &spec);
+    CHECK(r.status == 0u);
+    CHECK(heads_off_exact(r, H, cap) == 0);
+  }
+  rng().seed(22);
+  const step_result cold = run_step(sizes, group, 64, p, &empty);
+  const route_spec none{1, 2, true};
+  rng().seed(22);
+  const step_result r = run_step(sizes, group, 64, p, &empty, false, 0, -1, false, false, &none);
+  CHECK(r.status == 0u);
+  CHECK(r.o == cold.o);
+  CHECK(r.lse == cold.lse);
+  CHECK(r.carry == cold.carry);
+}
+
+TEST_CASE("decode_step_with_routes_rejects_bad_routes_before_any_launch", "[cuda][decode_step]") {
+  // The routes are checked with the step's other arguments, before the first launch: a set over
+  // another number of graphs, routing vectors of another dimension, a routing group that does
+  // not divide the GQA group, top out of range, a too-small workspace, host routing vectors.
+  const ring_fixture f;
+  const int d = ring_fixture::d;
+  const kc::graph_set_ref& set = f.set;
+  const kc::paged_kv_ref<float>& kv = f.kv;
+  device_buffer<float> dq(std::vector<float>(static_cast<std::size_t>(4) * d, 1.0f));
+  device_buffer<float> o(static_cast<std::size_t>(4) * d), lse(4);
+  device_buffer<float> rvec(std::vector<float>(static_cast<std::size_t>(3) * d, 0.1f));
+  device_buffer<id_t> rlists(std::vector<id_t>(static_cast<std::size_t>(3) * 10, 7));
+  device_buffer<std::int64_t> roff(std::vector<std::int64_t>{0, 3});
+  kc::decode_step_routes<float> good;
+  good.set = {rvec.get(), d, d, rlists.get(), 10, roff.get(), 1, 3};
+  good.params.group = 2;
+  kc::decode_step_params p;
+  p.sink = 1;
+  p.window = 8;
+  const std::size_t wb = kc::decode_step_workspace_size(set, 4, d, p, good);
+  device_buffer<char> ws(wb);
+  auto step = [&](const kc::decode_step_routes<float>& r, std::size_t bytes) {
+    return message_of([&] {
+      kc::decode_step(set, r, kv, dq.get(), 4, d, o.get(), lse.get(), ws.get(), bytes, nullptr, p);
+    });
+  };
+  CHECK(step(good, wb) == "(no exception)");
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());
+  kc::decode_step_routes<float> bad = good;
+  bad.set.num_graphs = 2;
+  CHECK(contains(step(bad, wb), "expected a routing set per graph (1), got 2"));
+  bad = good;
+  bad.set.dim = 32;
+  bad.set.ld = 32;
+  CHECK(contains(step(bad, wb), "routing vectors of head_dim = 64 elements, got 32"));
+  bad = good;
+  bad.params.group = 3;
+  CHECK(contains(step(bad, wb), "routing group dividing the GQA group (4), got 3"));
+  bad = good;
+  bad.params.top = kc::max_route_top + 1;
+  CHECK(contains(step(bad, wb), "1 <= top <= 16, got 17"));
+  CHECK(contains(step(good, wb - 4), "too small"));
+  const std::vector<float> host_vectors(static_cast<std::size_t>(3) * d, 0.1f);
+  bad = good;
+  bad.set.vectors = host_vectors.data();
+  CHECK(contains(step(bad, wb), "routing vectors"));
+  // Workspace sizes: the routed seeds make it larger, and bad routing parameters are refused.
+  CHECK(wb > kc::decode_step_workspace_size(set, 4, d, p));
+  bad = good;
+  bad.params.top = 0;
+  CHECK(contains(message_of([&] { kc::decode_step_workspace_size(set, 4, d, p, bad); }),
+                 "1 <= top <= 16, got 0"));
+  KVSIFT_CUDA_CHECK(cudaDeviceSynchronize());  // nothing was launched that could fault
 }
 
 TEST_CASE("decode_step_equals_its_composition_from_public_calls", "[cuda][decode_step]") {

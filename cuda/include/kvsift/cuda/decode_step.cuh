@@ -14,6 +14,10 @@
 // docs/decode_search.md). With a retrieval that finds every middle token it equals full
 // attention (tests/cuda/decode_step_test.cu checks this against a double-precision reference).
 //
+// With routes (`decode_step_routes`), one route_seeds launch before the search seeds every query
+// head with the key lists of its graph's best routing vectors (after the `carry`): a cold step
+// then starts next to its answer (docs/decode_search.md, "Routing inside the decode step").
+//
 // With `dense_when_capped`, DIPR heads whose search hit its cap (nearly flat attention: more
 // keys within beta of the best than max_results) attend every token instead: the window pass
 // leaves their retrieved ids out, a second pass attends their whole middle range, and a merge
@@ -28,6 +32,7 @@
 #include <kvsift/cuda/decode_search.cuh>
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/paged_kv_ref.cuh>
+#include <kvsift/cuda/route_seeds.cuh>
 #include <kvsift/cuda/sparse_attention.cuh>
 
 namespace kvsift::cuda {
@@ -82,6 +87,23 @@ struct decode_step_params {
 inline constexpr int decode_step_dense_chunk = 4096;
 
 /**
+ * @brief The routing sets `decode_step` routes its queries through before it searches (one set
+ *        per graph, `kvsift::stack_route_sets` uploaded; route_seeds.cuh).
+ *
+ * Each query head scores its graph's routing vectors (or, with `params.probe`, the rows of its
+ * best clusters) and the lists of the best `params.top` seed its search, after the graph's entry
+ * points and the `carry`: a cold query starts next to its answer, and with
+ * `decode_step_params::search.expand_limit` below L the walk stops after fewer steps
+ * (docs/decode_search.md). `params.group` query heads are routed by one block: it must divide
+ * the GQA group (num_qo_heads / num_graphs), the heads of a block sharing a graph.
+ */
+template <class R>
+struct decode_step_routes {
+  route_set_ref<R> set;
+  route_params params;
+};
+
+/**
  * @brief Bytes of workspace `decode_step` needs: the search's results and workspace, the
  *        attention's split states; for DIPR with `dense_when_capped`, also each head's capped
  *        flag, its window-pass state and the full-attention pass's split states.
@@ -92,6 +114,18 @@ inline constexpr int decode_step_dense_chunk = 4096;
  */
 inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_qo_heads,
                                               int head_dim, const decode_step_params& p = {});
+
+/**
+ * @brief Bytes of workspace `decode_step` with routes needs: the above plus the routed seeds,
+ *        num_qo_heads x route_seeds_ld(routes.set.list_len, routes.params) ids.
+ * @throw kvsift::invalid_argument as above, and top or list_len out of range or their product
+ *        above max_decode_search_seeds (route_seeds_ld)
+ * @note O(1), host only.
+ */
+template <class R>
+std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_qo_heads, int head_dim,
+                                       const decode_step_params& p,
+                                       const decode_step_routes<R>& routes);
 
 /**
  * @brief Retrieval attention of one decode query per query head.
@@ -131,6 +165,31 @@ template <class T>
 void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                  int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p = {},
+                 std::uint32_t* status = nullptr, id_t* carry = nullptr,
+                 std::uint32_t* capped = nullptr);
+
+/**
+ * @brief `decode_step` with routed seeds: one route_seeds launch (each query head against its
+ *        graph's routing set) before the search, whose seeds are then the carry (when given)
+ *        followed by the routed lists. Everything else as above.
+ *
+ * @param routes  the graphs' routing sets (routes.set.num_graphs == set.num_graphs,
+ *                routes.set.dim == head_dim) and the routing parameters
+ * @param workspace of `decode_step_workspace_size(set, num_qo_heads, head_dim, p, routes)` bytes
+ * @throw kvsift::invalid_argument as above, what route_seeds throws for these sets and
+ *        parameters, routes.params.group not dividing the GQA group, a set over another number
+ *        of graphs
+ * @throw kvsift::dimension_mismatch routes.set.dim != head_dim
+ * @note Every argument (the search's, the attention's, the routing's) is checked before the
+ *       first launch. One launch more than `decode_step`, O(rows_g * head_dim) per group of
+ *       routed heads (route_seeds); with the routed seeds and an expand limit the search
+ *       scores fewer keys. Asynchronous; never allocates; thread safety as above.
+ */
+template <class T, class R>
+void decode_step(const graph_set_ref& set, const decode_step_routes<R>& routes,
+                 const paged_kv_ref<T>& kv, const float* q, int num_qo_heads, int head_dim,
+                 float* out_o, float* out_lse, void* workspace, std::size_t workspace_bytes,
+                 cudaStream_t stream, const decode_step_params& p = {},
                  std::uint32_t* status = nullptr, id_t* carry = nullptr,
                  std::uint32_t* capped = nullptr);
 

@@ -100,6 +100,8 @@ struct dstep_layout {
   std::size_t capped = 0, main_o = 0, main_lse = 0, dense_o = 0, dense_lse = 0;
   bool seeded = false;  ///< DIPR with seed_from_window: `seed` holds a score per head
   std::size_t seed = 0;
+  int route_ld = 0;  ///< with routes: routed seeds per head (route_seeds_ld), at `routed`
+  std::size_t routed = 0;
 };
 
 /// decode_step's last merge with the full-attention pass: head h's window-pass state, then,
@@ -139,8 +141,9 @@ struct capped_merge_source {
   }
 };
 
+/// `route_ld`: routed seeds per head (0: no routing).
 inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim,
-                               const decode_step_params& p) {
+                               const decode_step_params& p, int route_ld = 0) {
   using kvsift::detail::require;
   require(p.sink >= 0 && p.window >= 0, "decode_step: expected sink >= 0 and window >= 0, got ",
           p.sink, " and ", p.window);
@@ -179,6 +182,11 @@ inline dstep_layout dstep_plan(const graph_set_ref& set, int heads, int head_dim
           "decode_step: seed_from_window needs the inner-product metric (the window's best q.k), "
           "got l2");
   if (l.seeded) l.seed = take(H * 4);
+  l.route_ld = route_ld;
+  if (route_ld > 0) {
+    l.routed = take(kvsift::checked_mul(H, static_cast<std::size_t>(route_ld) * sizeof(id_t),
+                                        "decode_step: heads x routed seeds"));
+  }
   l.dense = p.search.mode == decode_search_mode::dipr && p.dense_when_capped;
   if (l.dense) {
     // Splits of decode_step_dense_chunk tokens over the longest graph: the pass does not know
@@ -207,22 +215,48 @@ inline std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_
   return detail::dstep_plan(set, num_qo_heads, head_dim, p).total;
 }
 
+template <class R>
+std::size_t decode_step_workspace_size(const graph_set_ref& set, int num_qo_heads, int head_dim,
+                                       const decode_step_params& p,
+                                       const decode_step_routes<R>& routes) {
+  return detail::dstep_plan(set, num_qo_heads, head_dim, p,
+                            route_seeds_ld(routes.set.list_len, routes.params))
+      .total;
+}
+
 namespace detail {
 
 /// decode_step; with `enqueue` false it runs every check of the step and of the search and
-/// attention it chains, and launches nothing (the sharded step's first pass).
-template <class T>
+/// attention it chains, and launches nothing (the sharded step's first pass). `routes`: the
+/// routing sets (decode_step with routes), or null.
+template <class T, class R = T>
 void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const float* q,
                      int num_qo_heads, int head_dim, float* out_o, float* out_lse, void* workspace,
                      std::size_t workspace_bytes, cudaStream_t stream, const decode_step_params& p,
-                     std::uint32_t* status, id_t* carry, std::uint32_t* capped_out, bool enqueue) {
+                     std::uint32_t* status, id_t* carry, std::uint32_t* capped_out, bool enqueue,
+                     const decode_step_routes<R>* routes = nullptr) {
   using kvsift::detail::require;
-  const dstep_layout l = dstep_plan(set, num_qo_heads, head_dim, p);
-  if (enqueue && l.seeded) {
-    // The window's scores launch before the search checks its arguments (q, the K pages, the
-    // head dimension): a dry pass, which launches nothing, checks every argument first.
+  const int route_ld = routes != nullptr ? route_seeds_ld(routes->set.list_len, routes->params) : 0;
+  const dstep_layout l = dstep_plan(set, num_qo_heads, head_dim, p, route_ld);
+  if (routes != nullptr) {
+    const int gqa = num_qo_heads / set.num_graphs;
+    require(routes->set.num_graphs == set.num_graphs,
+            "decode_step: expected a routing set per graph (", set.num_graphs, "), got ",
+            routes->set.num_graphs);
+    kvsift::detail::require<dimension_mismatch>(
+        routes->set.dim == head_dim,
+        "decode_step: expected routing vectors of head_dim = ", head_dim, " elements, got ",
+        routes->set.dim);
+    require(routes->params.group >= 1 && gqa % routes->params.group == 0,
+            "decode_step: expected a routing group dividing the GQA group (", gqa, "), got ",
+            routes->params.group);
+  }
+  if (enqueue && (l.seeded || routes != nullptr)) {
+    // The window's scores and the routing launch before the search checks its arguments (q, the
+    // K pages, the head dimension): a dry pass, which launches nothing, checks every argument
+    // first.
     run_decode_step(set, kv, q, num_qo_heads, head_dim, out_o, out_lse, workspace, workspace_bytes,
-                    stream, p, status, carry, capped_out, false);
+                    stream, p, status, carry, capped_out, false, routes);
   }
   require(kv.num_kv_heads == set.num_graphs, "decode_step: expected one graph per KV head (",
           kv.num_kv_heads, "), got ", set.num_graphs, " graphs");
@@ -271,6 +305,13 @@ void run_decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const 
   qs.graph = graph;
   qs.filter_first = first;
   qs.filter_last = last;
+  if (routes != nullptr) {
+    // Reads q and the heads' graphs (prepared above, same stream); writes every head's row.
+    auto* routed = static_cast<id_t*>(at(l.routed));
+    run_route_seeds(routes->set, qs, num_qo_heads, routes->params, routed, status, stream, enqueue);
+    qs.extra_seeds = routed;
+    qs.extra_seeds_ld = l.route_ld;
+  }
   if (l.seeded) {
     auto* seed = static_cast<float*>(at(l.seed));
     if (enqueue) {
@@ -352,6 +393,16 @@ void decode_step(const graph_set_ref& set, const paged_kv_ref<T>& kv, const floa
                  std::uint32_t* status, id_t* carry, std::uint32_t* capped) {
   detail::run_decode_step(set, kv, q, num_qo_heads, head_dim, out_o, out_lse, workspace,
                           workspace_bytes, stream, p, status, carry, capped, true);
+}
+
+template <class T, class R>
+void decode_step(const graph_set_ref& set, const decode_step_routes<R>& routes,
+                 const paged_kv_ref<T>& kv, const float* q, int num_qo_heads, int head_dim,
+                 float* out_o, float* out_lse, void* workspace, std::size_t workspace_bytes,
+                 cudaStream_t stream, const decode_step_params& p, std::uint32_t* status,
+                 id_t* carry, std::uint32_t* capped) {
+  detail::run_decode_step(set, kv, q, num_qo_heads, head_dim, out_o, out_lse, workspace,
+                          workspace_bytes, stream, p, status, carry, capped, true, &routes);
 }
 
 }  // namespace kvsift::cuda

@@ -389,9 +389,14 @@ inline int route_seeds_ld(int list_len, const route_params& p) {
   return static_cast<int>(ld);
 }
 
+namespace detail {
+
+/// route_seeds; with `enqueue` false it runs every check and launches nothing (decode_step's
+/// dry pass, which checks all of a step's arguments before its first launch).
 template <class T>
-void route_seeds(const route_set_ref<T>& routes, const decode_queries& queries, std::int64_t m,
-                 const route_params& p, id_t* seeds, std::uint32_t* status, cudaStream_t stream) {
+void run_route_seeds(const route_set_ref<T>& routes, const decode_queries& queries, std::int64_t m,
+                     const route_params& p, id_t* seeds, std::uint32_t* status, cudaStream_t stream,
+                     bool enqueue) {
   using kvsift::detail::require;
   constexpr const char* who = "route_seeds";
   static_assert(detail::is_supported_element_v<T>,
@@ -460,6 +465,7 @@ void route_seeds(const route_set_ref<T>& routes, const decode_queries& queries, 
           p.group, " and max_rows ", routes.max_rows, " need ", smem,
           " bytes of shared memory, the device has ", smem_max);
   constexpr auto kernel = detail::route_seeds_kernel<T>;
+  if (!enqueue) return;
   KVSIFT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem)));
   const bool vec = detail::is_aligned16(routes.vectors) &&
@@ -471,6 +477,14 @@ void route_seeds(const route_set_ref<T>& routes, const decode_queries& queries, 
       routes, queries, static_cast<int>(m), p.top, p.group, p.probe, static_cast<int>(sc_ld), d_pad,
       vec, seeds, status);
   KVSIFT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
+template <class T>
+void route_seeds(const route_set_ref<T>& routes, const decode_queries& queries, std::int64_t m,
+                 const route_params& p, id_t* seeds, std::uint32_t* status, cudaStream_t stream) {
+  detail::run_route_seeds(routes, queries, m, p, seeds, status, stream, true);
 }
 
 }  // namespace kvsift::cuda
