@@ -33,6 +33,12 @@
 // decode step uses this top-100 setting instead of the sweep's fastest at recall 0.95 (which
 // noise can flip between settings a few microseconds apart), and the sweep is skipped: only
 // this setting's search is measured before the step.
+// --step-route C:P:top:L:E[:hops[:width]],... (with --route R): after the step, the decode step
+// with routes (decode_step_routes: the routing sets clustered into C clusters, 0 = flat, P
+// probed, the lists of the best `top` as seeds; the search with L, expand_limit E, max_hops,
+// expand_width, default 0 and 8, no walk-through), alternated with the step without routes
+// (walk_through = false) in the same run, and both steps' recall@100 from their carries; one
+// row per comma-separated setting.
 
 #include <algorithm>
 #include <chrono>
@@ -72,6 +78,74 @@ using kvsift::cuda_bench::dev;
 using kvsift::cuda_bench::make_head;
 using kvsift::cuda_bench::seconds_since;
 
+/// Key set g % distinct's routing set for each of G graphs, clustered into C clusters (0: flat),
+/// stacked (kvsift::stack_route_sets) and uploaded as f16: `ref` is the device handle.
+struct device_routes {
+  kvsift::route_set_stack stack;
+  std::vector<kvsift::half> vectors, centroids;
+  dev<__half> dvectors, dcentroids;
+  dev<id_t> dlists;
+  dev<std::int64_t> doffset, dcluster_offset, dcluster_rows;
+  kc::route_set_ref<__half> ref;
+
+  device_routes(const std::vector<kvsift::route_set>& routes, std::size_t C, std::size_t G,
+                std::size_t d)
+      : stack(stacked(routes, C, G)),
+        vectors(to_half(stack.vectors)),
+        centroids(to_half(stack.centroids)),
+        dvectors(vectors.size()),
+        dcentroids(centroids.size()),
+        dlists(stack.lists.size()),
+        doffset(G + 1),
+        dcluster_offset(std::max<std::size_t>(1, stack.cluster_offset.size())),
+        dcluster_rows(std::max<std::size_t>(1, stack.cluster_rows.size())) {
+    auto up = [](auto* to, const auto& from) {
+      KVSIFT_CUDA_CHECK(
+          cudaMemcpy(to, from.data(), from.size() * sizeof(from[0]), cudaMemcpyHostToDevice));
+    };
+    up(dvectors.p, vectors);
+    up(dcentroids.p, centroids);
+    up(dlists.p, stack.lists);
+    up(doffset.p, stack.offset);
+    up(dcluster_offset.p, stack.cluster_offset);
+    up(dcluster_rows.p, stack.cluster_rows);
+    const bool c = stack.clustered();
+    ref = {dvectors.p,
+           std::int64_t(d),
+           int(d),
+           dlists.p,
+           int(stack.list_len),
+           doffset.p,
+           int(G),
+           int(stack.max_rows),
+           c ? dcentroids.p : nullptr,
+           c ? dcluster_offset.p : nullptr,
+           c ? dcluster_rows.p : nullptr,
+           int(stack.max_clusters),
+           int(stack.max_cluster_rows)};
+  }
+
+ private:
+  static kvsift::route_set_stack stacked(const std::vector<kvsift::route_set>& routes,
+                                         std::size_t C, std::size_t G) {
+    // Clustering changes the sets, so a flat routing (C = 0) takes the built ones as they are.
+    std::vector<kvsift::route_set> clustered;
+    if (C != 0) {
+      clustered = routes;
+      for (auto& rs : clustered) kvsift::cluster_routes(rs, C);
+    }
+    const std::vector<kvsift::route_set>& sets = C != 0 ? clustered : routes;
+    std::vector<const kvsift::route_set*> of_graph(G);
+    for (std::size_t g = 0; g < G; ++g) of_graph[g] = &sets[g % sets.size()];
+    return kvsift::stack_route_sets(of_graph);
+  }
+  static std::vector<kvsift::half> to_half(const std::vector<float>& f) {
+    std::vector<kvsift::half> h(std::max<std::size_t>(f.size(), 1));
+    for (std::size_t i = 0; i < f.size(); ++i) h[i] = kvsift::half(f[i]);
+    return h;
+  }
+};
+
 struct options {
   std::size_t n = 131072, d = 128, requests = 32, kv_heads = 8, group = 4, distinct = 2, page = 16;
   std::size_t quick = 0;      // 1: only the wide top-k walks, no DIPR (iterating on the kernel)
@@ -91,6 +165,7 @@ struct options {
   std::string route_clusters = "0";
   std::string route_probe = "4";
   std::string route_settings = "128:96:0,160:80:0,160:120:0,200:100:0,200:150:0";
+  std::string step_route;  // C:P:top:L:E[:hops[:width]],...; empty: no routed step
 };
 
 }  // namespace
@@ -120,7 +195,8 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::string_option("--route-top", o.route_top),
        kvsift::cuda_bench::string_option("--route-clusters", o.route_clusters),
        kvsift::cuda_bench::string_option("--route-probe", o.route_probe),
-       kvsift::cuda_bench::string_option("--route-settings", o.route_settings)});
+       kvsift::cuda_bench::string_option("--route-settings", o.route_settings),
+       kvsift::cuda_bench::string_option("--step-route", o.step_route)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
@@ -423,50 +499,11 @@ int main(int argc, char** argv) {
   if (o.route != 0 && o.dipr_only == 0) {
     for (const std::string& clusters_item : kvsift::cuda_bench::split_list(o.route_clusters)) {
       const std::size_t C = std::stoul(clusters_item);
-      // Clustering changes the sets, so the flat sweep routes the built ones as they are.
-      std::vector<kvsift::route_set> clustered;
-      if (C != 0) {
-        clustered = routes;
-        for (auto& rs : clustered) kvsift::cluster_routes(rs, C);
-      }
-      const std::vector<kvsift::route_set>& sets = C != 0 ? clustered : routes;
-      std::vector<const kvsift::route_set*> of_graph(G);
-      for (std::size_t g = 0; g < G; ++g) of_graph[g] = &sets[g % o.distinct];
-      const kvsift::route_set_stack st = kvsift::stack_route_sets(of_graph);
+      const device_routes dr(routes, C, G, d);
+      const kvsift::route_set_stack& st = dr.stack;
       const std::size_t R = st.max_rows;
-      auto to_half = [](const std::vector<float>& f) {
-        std::vector<kvsift::half> h(std::max<std::size_t>(f.size(), 1));
-        for (std::size_t i = 0; i < f.size(); ++i) h[i] = kvsift::half(f[i]);
-        return h;
-      };
-      const std::vector<kvsift::half> rv = to_half(st.vectors), rc = to_half(st.centroids);
-      dev<__half> drv(rv.size()), drc(rc.size());
-      dev<id_t> drl(st.lists.size());
-      dev<std::int64_t> droff(G + 1), dcoff(std::max<std::size_t>(1, st.cluster_offset.size())),
-          dcrows(std::max<std::size_t>(1, st.cluster_rows.size()));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(drv.p, rv.data(), rv.size() * 2, cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(drc.p, rc.data(), rc.size() * 2, cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(
-          cudaMemcpy(drl.p, st.lists.data(), st.lists.size() * 4, cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(droff.p, st.offset.data(), (G + 1) * 8, cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(dcoff.p, st.cluster_offset.data(), st.cluster_offset.size() * 8,
-                                   cudaMemcpyHostToDevice));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(dcrows.p, st.cluster_rows.data(), st.cluster_rows.size() * 8,
-                                   cudaMemcpyHostToDevice));
       const int max_clusters = int(st.max_clusters), max_cluster_rows = int(st.max_cluster_rows);
-      const kc::route_set_ref<__half> ref{drv.p,
-                                          std::int64_t(d),
-                                          int(d),
-                                          drl.p,
-                                          int(st.list_len),
-                                          droff.p,
-                                          int(G),
-                                          int(R),
-                                          st.clustered() ? drc.p : nullptr,
-                                          st.clustered() ? dcoff.p : nullptr,
-                                          st.clustered() ? dcrows.p : nullptr,
-                                          max_clusters,
-                                          max_cluster_rows};
+      const kc::route_set_ref<__half>& ref = dr.ref;
       std::printf(
           "\nrouted seeds: %zu routing rows per graph (unit-norm training queries, f16), lists of "
           "their exact top-%zu; %s\n",
@@ -613,6 +650,91 @@ int main(int argc, char** argv) {
         "attention %.2fx; relative output error %.2e (V = K)\n",
         step2_ms, step_ms / step2_ms, full_ms / step2_ms, step_error());
 
+    // The step with routes, for each --step-route setting: one routing launch, the search from
+    // the routed seeds with an expand limit, the attention. Timed alternated with the step
+    // without routes (sp2) in this run; the retrieved ids of both (for recall) from one more
+    // step with a carry of invalid ids, which seeds nothing (the same search). Recall as the
+    // filtered search's below: of the exact top-100 ids outside the window.
+    const std::uint32_t mid_lo = std::uint32_t(sp.sink);
+    const std::uint32_t mid_hi =
+        std::uint32_t(std::max<std::size_t>(n - std::size_t(sp.window), mid_lo));
+    auto middle_recall_of = [&](const std::vector<id_t>& ids, std::size_t ld) {
+      std::size_t hit = 0, want = 0;
+      for (std::size_t i = 0; i < Q; ++i) {
+        std::vector<id_t> mine(ids.begin() + i * ld, ids.begin() + (i + 1) * ld);
+        std::sort(mine.begin(), mine.end());
+        for (int j = 0; j < K; ++j) {
+          const id_t e = exact[i * K + j];
+          if (e < mid_lo || e >= mid_hi) continue;
+          ++want;
+          hit += std::binary_search(mine.begin(), mine.end(), e) ? 1 : 0;
+        }
+      }
+      return want == 0 ? 1.0 : double(hit) / double(want);
+    };
+    const std::vector<std::string> step_routes = o.step_route.empty() || o.route == 0
+                                                     ? std::vector<std::string>{}
+                                                     : kvsift::cuda_bench::split_list(o.step_route);
+    for (const std::string& item : step_routes) {
+      std::size_t C = 0;
+      int P = 0, top = 4, L = 128, E = 24, hops = 0, w = 8;
+      if (std::sscanf(item.c_str(), "%zu:%d:%d:%d:%d:%d:%d", &C, &P, &top, &L, &E, &hops, &w) < 5) {
+        std::fprintf(stderr, "--step-route: expected C:P:top:L:E[:hops[:width]], got %s\n",
+                     item.c_str());
+        return 2;
+      }
+      const device_routes dr(routes, C, G, d);
+      kc::decode_step_routes<__half> rt{dr.ref, {}};
+      rt.params.top = top;
+      rt.params.group = int(o.group);
+      rt.params.probe = P;
+      kc::decode_step_params rp = sp2;
+      rp.search.L = L;
+      rp.search.expand_limit = E;
+      rp.search.max_hops = hops;
+      rp.search.expand_width = w;
+      const std::size_t rwb = kc::decode_step_workspace_size(set, int(Q), int(d), rp, rt);
+      dev<char> rws(rwb);
+      const std::size_t cap = std::size_t(kc::decode_search_capacity(rp.search));
+      dev<id_t> carry(Q * cap);
+      auto routed = [&](cudaStream_t s) {
+        kc::decode_step(set, rt, kv, dq.p, int(Q), int(d), o1.p, l1.p, rws.p, rwb, s, rp,
+                        ostatus.p);
+      };
+      float plain_ms[2], routed_ms[2];
+      for (int round = 0; round < 2; ++round) {
+        plain_ms[round] = kvsift::cuda_bench::median_ms(step2, stream, 2, 10);
+        routed_ms[round] = kvsift::cuda_bench::median_ms(routed, stream, 2, 10);
+      }
+      auto retrieved = [&] {
+        KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<id_t> ids(Q * cap);
+        KVSIFT_CUDA_CHECK(cudaMemcpy(ids.data(), carry.p, ids.size() * 4, cudaMemcpyDeviceToHost));
+        return ids;
+      };
+      KVSIFT_CUDA_CHECK(cudaMemsetAsync(carry.p, 0xFF, Q * cap * sizeof(id_t), stream));
+      kc::decode_step(set, kv, dq.p, int(Q), int(d), o1.p, l1.p, ws.p, wb, stream, sp2, ostatus.p,
+                      carry.p);
+      const double plain_recall = middle_recall_of(retrieved(), cap);
+      KVSIFT_CUDA_CHECK(cudaMemsetAsync(carry.p, 0xFF, Q * cap * sizeof(id_t), stream));
+      kc::decode_step(set, rt, kv, dq.p, int(Q), int(d), o1.p, l1.p, rws.p, rwb, stream, rp,
+                      ostatus.p, carry.p);
+      const double routed_recall = middle_recall_of(retrieved(), cap);
+      std::uint32_t bad = 0;
+      KVSIFT_CUDA_CHECK(cudaMemcpy(&bad, ostatus.p, 4, cudaMemcpyDeviceToHost));
+      std::printf(
+          "decode step with routes (%zu routing rows per graph, %d clusters probe %d, top %d; L %d "
+          "expand_limit %d max_hops %d expand_width %d): %.3f / %.3f ms against %.3f / %.3f ms "
+          "for the step without routes (walk_through = false), alternated: %.2fx / %.2fx; "
+          "speedup over full attention %.2fx; recall@100 of the exact top-100 outside the "
+          "window %.4f against %.4f without routes; relative output error %.2e (V = K); status "
+          "%u\n",
+          std::size_t(dr.stack.max_rows), int(dr.stack.max_clusters), P, top, L, E, hops, w,
+          routed_ms[0], routed_ms[1], plain_ms[0], plain_ms[1], plain_ms[0] / routed_ms[0],
+          plain_ms[1] / routed_ms[1], full_ms / std::min(routed_ms[0], routed_ms[1]), routed_recall,
+          plain_recall, step_error(), bad);
+    }
+
     // The step's filter, for its searches run alone below: the tokens between the sinks and
     // the window, [lo, hi), in every query.
     const std::uint32_t lo = std::uint32_t(sp.sink);
@@ -737,22 +859,9 @@ int main(int argc, char** argv) {
     auto middle_recall = [&] {
       search(stream);
       KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-      std::vector<id_t> got(Q * cap);
-      std::vector<std::uint32_t> cnt(Q);
+      std::vector<id_t> got(Q * cap);  // (rows padded with invalid_id past their counts)
       KVSIFT_CUDA_CHECK(cudaMemcpy(got.data(), sids.p, Q * cap * 4, cudaMemcpyDeviceToHost));
-      KVSIFT_CUDA_CHECK(cudaMemcpy(cnt.data(), scounts.p, Q * 4, cudaMemcpyDeviceToHost));
-      std::size_t hit = 0, want = 0;
-      for (std::size_t i = 0; i < Q; ++i) {
-        std::vector<id_t> mine(got.begin() + i * cap, got.begin() + i * cap + cnt[i]);
-        std::sort(mine.begin(), mine.end());
-        for (int j = 0; j < K; ++j) {
-          const id_t e = exact[i * K + j];
-          if (e < lo || e >= hi) continue;
-          ++want;
-          hit += std::binary_search(mine.begin(), mine.end(), e) ? 1 : 0;
-        }
-      }
-      return want == 0 ? 1.0 : double(hit) / double(want);
+      return middle_recall_of(got, std::size_t(cap));
     };
     sw.walk_through = false;
     const double recall_nw = middle_recall();
