@@ -1368,6 +1368,65 @@ def test_routed_seeds_warm_start_decode_search_as_on_the_cpu():
     assert not torch.equal(r.scored, cold.scored)  # the routes changed the walks
 
 
+def test_decode_step_routes_seed_its_search_as_route_seeds_then_decode_search():
+    """decode_step(routes=...) routes every query head and searches from the routes after the
+    carry: with a carry of -1 (no seeds; it comes back holding the retrieved ids) the ids equal
+    decode_search's from route_seeds' seeds over the step's range, and differ from the cold
+    step's at the same expand limit; flat and clustered stacks, f32 and f16 routing vectors,
+    the routing group given or the default. Routes with a carry of ids keep both seed sets."""
+    idx, graphs, keys, q, pool, table = search_case(dim=64, seed=6)  # (attention: d 64+)
+    heads, n = q.shape[0], keys.shape[1]
+    group = heads // len(idx)
+    rng = np.random.default_rng(4)
+    sets = []
+    for h in range(len(idx)):
+        train = np.repeat(q[h * group : (h + 1) * group], 10, 0)
+        train = train + rng.integers(-2, 3, size=train.shape).astype(np.float32)
+        train /= np.linalg.norm(train, axis=1, keepdims=True)
+        sets.append(kvsift.make_route_set(train, keys[h], 40, list_len=10))
+    qd = torch.from_numpy(q).cuda()
+    args = dict(k=10, L=20, sink=4, window=64, walk_through=False, expand_limit=2)
+    first = torch.full((heads,), 4, dtype=torch.int32, device="cuda")
+    last = torch.full((heads,), n - 64, dtype=torch.int32, device="cuda")
+    cold = torch.full((heads, 10), -1, dtype=torch.int32, device="cuda")
+    kc.decode_step(graphs, qd, pool, pool, table, carry=cold, **args)
+    for clustered, dtype, route_group, probe in ((False, torch.float32, None, 0),
+                                                 (False, torch.float16, 2, 0),
+                                                 (True, torch.float32, 4, 2)):
+        if clustered:
+            for s in sets:
+                s.cluster(4)
+        st = to_device(kvsift.cuda.route_stack(sets), dtype)
+        carry = torch.full((heads, 10), -1, dtype=torch.int32, device="cuda")
+        status = torch.zeros(1, dtype=torch.int32, device="cuda")
+        o, lse = kc.decode_step(graphs, qd, pool, pool, table, carry=carry, routes=st,
+                                route_top=3, route_group=route_group, route_probe=probe,
+                                status=status, **args)
+        assert status.item() == 0 and bool(torch.isfinite(lse).all())
+        seeds = kc.route_seeds(st, qd, top=3, group=4, probe=probe)
+        r = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, seeds=seeds,
+                             expand_limit=2, walk_through=False, id_range=(first, last))
+        assert torch.equal(torch.sort(carry, 1).values, torch.sort(r.ids, 1).values)
+        assert not torch.equal(torch.sort(carry, 1).values, torch.sort(cold, 1).values)
+    # A carry of ids and routes: the carry's seeds come first, the routes' after.
+    both = cold.clone()
+    kc.decode_step(graphs, qd, pool, pool, table, carry=both, routes=st, route_top=3,
+                   route_probe=2, **args)
+    joined = torch.cat([cold, seeds], 1)
+    r = kc.decode_search(graphs, qd, pages=(pool, table), k=10, L=20, seeds=joined,
+                         expand_limit=2, walk_through=False, id_range=(first, last))
+    assert torch.equal(torch.sort(both, 1).values, torch.sort(r.ids, 1).values)
+    # Bad routes are refused before anything runs.
+    with pytest.raises(ValueError, match="expected a RouteStack"):
+        kc.decode_step(graphs, qd, pool, pool, table, routes=tuple(st)[:5], **args)
+    with pytest.raises(ValueError, match="routing group dividing the GQA group"):
+        kc.decode_step(graphs, qd, pool, pool, table, routes=st, route_group=3, **args)
+    with pytest.raises(ValueError, match="top"):
+        kc.decode_step(graphs, qd, pool, pool, table, routes=st, route_top=0, **args)
+    with pytest.raises(ValueError, match="expected a tensor in CUDA device memory"):
+        kc.decode_step(graphs, qd, pool, pool, table, routes=kvsift.cuda.route_stack(sets), **args)
+
+
 def test_route_seeds_report_and_refuse_bad_input():
     _, sets, q = routing_case()
     st = to_device(kvsift.cuda.route_stack(sets))

@@ -448,6 +448,71 @@ py::array_t<T> to_numpy(const std::vector<T>& v, std::vector<py::ssize_t> shape)
   return a;
 }
 
+/// A RouteStack's arrays (device) as ops::route_sets, checked against each other: the vectors
+/// [rows, dim] (float32/16, bfloat16), lists [rows, list_len] 32-bit ids, offset int64
+/// [graphs + 1], and the three cluster arrays all given (clustered) or none.
+ops::route_sets route_intake(const intake& in, const py::handle& vectors, const py::handle& lists,
+                             const py::handle& offset, const py::object& centroids,
+                             const py::object& cluster_offset, const py::object& cluster_rows,
+                             std::int64_t max_rows, std::int64_t max_clusters,
+                             std::int64_t max_cluster_rows) {
+  const tensor tv = in(vectors, "vectors");
+  ops::route_sets r;
+  r.type = value_type(tv, "vectors");
+  require<kvsift::dimension_mismatch>(tv.ndim() == 2, "vectors: expected [rows, dim], got ",
+                                      tv.ndim(), " axes");
+  const std::int64_t rows = tv.shape[0], dim = tv.shape[1];
+  r.vectors = tv.data;
+  r.dim = as_int(dim, "dim");
+  const tensor tl = in(lists, "lists");
+  require<kvsift::dimension_mismatch>(tl.ndim() == 2, "lists: expected [rows, list_len], ", "got ",
+                                      tl.ndim(), " axes");
+  require_u32(tl, {rows, tl.shape[1]}, "lists");
+  r.lists = ptr<std::uint32_t>(tl);
+  r.list_len = as_int(tl.shape[1], "list_len");
+  const tensor to = in(offset, "offset");
+  require_kind(to, 'i', 8, "offset", "int64");
+  require<kvsift::dimension_mismatch>(to.ndim() == 1 && to.shape[0] >= 2,
+                                      "offset: expected (graphs + 1,) with graphs >= 1, got ",
+                                      to.ndim(), " axes of ", to.ndim() ? to.shape[0] : 0);
+  r.offset = ptr<std::int64_t>(to);
+  r.num_graphs = as_int(to.shape[0] - 1, "graphs");
+  r.max_rows = as_int(max_rows, "max_rows");
+  const int clustered =
+      int(!centroids.is_none()) + int(!cluster_offset.is_none()) + int(!cluster_rows.is_none());
+  require(clustered == 0 || clustered == 3,
+          "routes: expected centroids, cluster_offset and cluster_rows all given (a "
+          "clustered RouteStack) or none, got ",
+          clustered, " of them");
+  if (clustered == 3) {
+    const tensor tc = in(centroids, "centroids");
+    require(value_type(tc, "centroids") == r.type, "centroids: expected the vectors' dtype ",
+            tv.dl_dtype, ", got ", tc.dl_dtype);
+    require<kvsift::dimension_mismatch>(tc.ndim() == 2 && tc.shape[1] == dim,
+                                        "centroids: expected [clusters, ", dim, "]");
+    const tensor tco = in(cluster_offset, "cluster_offset");
+    require_kind(tco, 'i', 8, "cluster_offset", "int64");
+    require_shape(tco, {to.shape[0]}, "cluster_offset");
+    const tensor tcr = in(cluster_rows, "cluster_rows");
+    require_kind(tcr, 'i', 8, "cluster_rows", "int64");
+    require_shape(tcr, {tc.shape[0] + 1}, "cluster_rows");
+    r.centroids = tc.data;
+    r.cluster_offset = ptr<std::int64_t>(tco);
+    r.cluster_rows = ptr<std::int64_t>(tcr);
+    r.max_clusters = as_int(max_clusters, "max_clusters");
+    r.max_cluster_rows = as_int(max_cluster_rows, "max_cluster_rows");
+  }
+  return r;
+}
+
+/// route_intake over a RouteStack passed whole (its nine fields, in order).
+ops::route_sets route_intake(const intake& in, const py::tuple& stack) {
+  require(stack.size() == 9, "routes: expected a RouteStack of 9 fields, got ", stack.size());
+  return route_intake(in, stack[0], stack[1], stack[2], stack[3], stack[4], stack[5],
+                      stack[6].cast<std::int64_t>(), stack[7].cast<std::int64_t>(),
+                      stack[8].cast<std::int64_t>());
+}
+
 void bind_batch_insert(py::module_& m) {
   m.def(
       "make_insert_lists",
@@ -738,13 +803,21 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          std::int64_t max_keys, std::int64_t qo_heads, std::int64_t dim, const std::string& mode,
          int k, int L, int expand_width, bool walk_through, int degree_cap, float beta, int l0,
          int max_results, int expand_limit, int max_hops, int sink, int window,
-         bool dense_when_capped, bool seed_from_window, int entry_prefix, int unindexed) {
+         bool dense_when_capped, bool seed_from_window, int entry_prefix, int unindexed,
+         int route_list_len, int route_top, int route_group, int route_probe) {
+        // With routes (route_list_len > 0) the size reads only the lists' length and the
+        // routing parameters.
+        ops::route_sets sets;
+        sets.list_len = route_list_len;
+        ops::step_routing routing{route_list_len > 0 ? &sets : nullptr, route_top, route_group,
+                                  route_probe};
         return ops::decode_step_workspace_size(
             graph_sizes(graphs, rows, width, max_entries, max_keys), as_int(qo_heads, "qo_heads"),
             as_int(dim, "dim"),
             step_knobs(mode, k, L, expand_width, walk_through, degree_cap, beta, l0, max_results,
                        expand_limit, max_hops, sink, window, dense_when_capped, seed_from_window,
-                       std::numeric_limits<float>::quiet_NaN(), entry_prefix, unindexed));
+                       std::numeric_limits<float>::quiet_NaN(), entry_prefix, unindexed),
+            routing);
       },
       py::arg("graphs"), py::arg("rows"), py::arg("width"), py::arg("max_entries"),
       py::arg("max_keys"), py::arg("qo_heads"), py::arg("dim"), py::arg("mode"), py::arg("k"),
@@ -752,6 +825,8 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("beta"), py::arg("l0"), py::arg("max_results"), py::arg("expand_limit"),
       py::arg("max_hops"), py::arg("sink"), py::arg("window"), py::arg("dense_when_capped"),
       py::arg("seed_from_window") = false, py::arg("entry_prefix") = 0, py::arg("unindexed") = 0,
+      py::arg("route_list_len") = 0, py::arg("route_top") = 4, py::arg("route_group") = 1,
+      py::arg("route_probe") = 0,
       "Bytes of device workspace decode_step needs for a graph set of `graphs` graphs over an "
       "adjacency of `rows` x `width`; raises for bad parameters (max_keys outside [1, rows] "
       "included).");
@@ -764,7 +839,8 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          int expand_width, bool walk_through, int degree_cap, float beta, int l0, int max_results,
          int expand_limit, int max_hops, int sink, int window, bool dense_when_capped, float scale,
          std::intptr_t stream, py::object status, py::object carry, py::object sizes,
-         bool seed_from_window, py::object capped, int entry_prefix, int unindexed) {
+         bool seed_from_window, py::object capped, int entry_prefix, int unindexed,
+         py::object routes, int route_top, int route_group, int route_probe) {
         const intake in{stream};
         ops::decode_graphs g = graphs_of(in(adjacency, "adjacency"), in(row_offset, "row_offset"),
                                          in(entries, "entries"), max_keys);
@@ -796,12 +872,18 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
           require_u32(tf, {qo_heads}, "capped");
           capped_flags = ptr<std::uint32_t>(tf);
         }
+        ops::route_sets sets;
+        ops::step_routing routing{nullptr, route_top, route_group, route_probe};
+        if (!routes.is_none()) {
+          sets = route_intake(in, py::tuple(routes));
+          routing.sets = &sets;
+        }
         py::gil_scoped_release release;
         ops::decode_step(kt, g, ptr(tk), ptr(tv), tk.shape[0], as_int(tk.shape[1], "page_size"),
                          ptr<std::int32_t>(tp), as_int(tp.shape[1], "max_pages_per_head"),
                          ptr<float>(tq), as_int(qo_heads, "qo_heads"), as_int(dim, "dim"),
                          ptr<float>(to), ptr<float>(tl), ptr(tw), bytes_of(tw), p, st, stream,
-                         carry_ids, capped_flags);
+                         carry_ids, capped_flags, routing);
       },
       py::arg("adjacency"), py::arg("row_offset"), py::arg("entries"), py::arg("max_keys"),
       py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("page_table"), py::arg("o"),
@@ -812,6 +894,8 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
       py::arg("stream"), py::arg("status") = py::none(), py::arg("carry") = py::none(),
       py::arg("sizes") = py::none(), py::arg("seed_from_window") = false,
       py::arg("capped") = py::none(), py::arg("entry_prefix") = 0, py::arg("unindexed") = 0,
+      py::arg("routes") = py::none(), py::arg("route_top") = 4, py::arg("route_group") = 1,
+      py::arg("route_probe") = 0,
       "Low level: one retrieval-attention decode step into (o, lse). Use kvsift.cuda.decode_step.");
 
   m.def(
@@ -919,52 +1003,10 @@ PYBIND11_MODULE(_kvsift_cuda, m) {
          std::int64_t max_clusters, std::int64_t max_cluster_rows, py::handle q, py::handle graph,
          py::handle seeds, int top, int group, int probe, std::intptr_t stream, py::object status) {
         const intake in{stream};
-        const tensor tv = in(vectors, "vectors");
-        ops::route_sets r;
-        r.type = value_type(tv, "vectors");
-        require<kvsift::dimension_mismatch>(tv.ndim() == 2, "vectors: expected [rows, dim], got ",
-                                            tv.ndim(), " axes");
-        const std::int64_t rows = tv.shape[0], dim = tv.shape[1];
-        r.vectors = tv.data;
-        r.dim = as_int(dim, "dim");
-        const tensor tl = in(lists, "lists");
-        require<kvsift::dimension_mismatch>(tl.ndim() == 2, "lists: expected [rows, list_len], ",
-                                            "got ", tl.ndim(), " axes");
-        require_u32(tl, {rows, tl.shape[1]}, "lists");
-        r.lists = ptr<std::uint32_t>(tl);
-        r.list_len = as_int(tl.shape[1], "list_len");
-        const tensor to = in(offset, "offset");
-        require_kind(to, 'i', 8, "offset", "int64");
-        require<kvsift::dimension_mismatch>(to.ndim() == 1 && to.shape[0] >= 2,
-                                            "offset: expected (graphs + 1,) with graphs >= 1, got ",
-                                            to.ndim(), " axes of ", to.ndim() ? to.shape[0] : 0);
-        r.offset = ptr<std::int64_t>(to);
-        r.num_graphs = as_int(to.shape[0] - 1, "graphs");
-        r.max_rows = as_int(max_rows, "max_rows");
-        const int clustered = int(!centroids.is_none()) + int(!cluster_offset.is_none()) +
-                              int(!cluster_rows.is_none());
-        require(clustered == 0 || clustered == 3,
-                "route_seeds: expected centroids, cluster_offset and cluster_rows all given (a "
-                "clustered RouteStack) or none, got ",
-                clustered, " of them");
-        if (clustered == 3) {
-          const tensor tc = in(centroids, "centroids");
-          require(value_type(tc, "centroids") == r.type, "centroids: expected the vectors' dtype ",
-                  tv.dl_dtype, ", got ", tc.dl_dtype);
-          require<kvsift::dimension_mismatch>(tc.ndim() == 2 && tc.shape[1] == dim,
-                                              "centroids: expected [clusters, ", dim, "]");
-          const tensor tco = in(cluster_offset, "cluster_offset");
-          require_kind(tco, 'i', 8, "cluster_offset", "int64");
-          require_shape(tco, {to.shape[0]}, "cluster_offset");
-          const tensor tcr = in(cluster_rows, "cluster_rows");
-          require_kind(tcr, 'i', 8, "cluster_rows", "int64");
-          require_shape(tcr, {tc.shape[0] + 1}, "cluster_rows");
-          r.centroids = tc.data;
-          r.cluster_offset = ptr<std::int64_t>(tco);
-          r.cluster_rows = ptr<std::int64_t>(tcr);
-          r.max_clusters = as_int(max_clusters, "max_clusters");
-          r.max_cluster_rows = as_int(max_cluster_rows, "max_cluster_rows");
-        }
+        const ops::route_sets r =
+            route_intake(in, vectors, lists, offset, centroids, cluster_offset, cluster_rows,
+                         max_rows, max_clusters, max_cluster_rows);
+        const std::int64_t dim = r.dim;
         const tensor tq = in(q, "q");
         require_kind(tq, 'f', 4, "q", "float32");
         require<kvsift::dimension_mismatch>(tq.ndim() == 2 && tq.shape[1] == dim,

@@ -206,11 +206,49 @@ kc::decode_step_params step_params(const decode_step_knobs& k) {
 
 }  // namespace
 
+namespace {
+
+kc::route_params route_knobs(int top, int group, int probe) {
+  kc::route_params p;
+  p.top = top;
+  p.group = group;
+  p.probe = probe;
+  return p;
+}
+
+template <class T>
+kc::route_set_ref<T> route_ref(const route_sets& r) {
+  return {static_cast<const T*>(r.vectors),
+          r.dim,
+          r.dim,
+          reinterpret_cast<const kvsift::id_t*>(r.lists),
+          r.list_len,
+          r.offset,
+          r.num_graphs,
+          r.max_rows,
+          static_cast<const T*>(r.centroids),
+          r.cluster_offset,
+          r.cluster_rows,
+          r.max_clusters,
+          r.max_cluster_rows};
+}
+
+}  // namespace
+
 std::size_t decode_step_workspace_size(const decode_graphs& g, int qo_heads, int dim,
-                                       const decode_step_knobs& p) {
+                                       const decode_step_knobs& p, const step_routing& r) {
   std::size_t bytes = 0;
-  translating_errors(
-      [&] { bytes = kc::decode_step_workspace_size(graph_ref(g), qo_heads, dim, step_params(p)); });
+  translating_errors([&] {
+    if (r.sets == nullptr) {
+      bytes = kc::decode_step_workspace_size(graph_ref(g), qo_heads, dim, step_params(p));
+    } else {
+      // The size reads the list length and the routing parameters only.
+      kc::decode_step_routes<float> routes;
+      routes.set.list_len = r.sets->list_len;
+      routes.params = route_knobs(r.top, r.group, r.probe);
+      bytes = kc::decode_step_workspace_size(graph_ref(g), qo_heads, dim, step_params(p), routes);
+    }
+  });
   return bytes;
 }
 
@@ -219,14 +257,24 @@ void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const vo
                  int max_pages_per_head, const float* q, int qo_heads, int dim, float* out_o,
                  float* out_lse, void* workspace, std::size_t workspace_bytes,
                  const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream,
-                 std::uint32_t* carry, std::uint32_t* capped) {
+                 std::uint32_t* carry, std::uint32_t* capped, const step_routing& routes) {
   with_type(kv, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const auto ref = paged_ref<T>(k_pages, v_pages, num_pages, page_size, dim, page_table,
                                   g.num_graphs, max_pages_per_head);
-    kc::decode_step(graph_ref(g), ref, q, qo_heads, dim, out_o, out_lse, workspace, workspace_bytes,
-                    as_stream(stream), step_params(p), status,
-                    reinterpret_cast<kvsift::id_t*>(carry), capped);
+    auto* ids = reinterpret_cast<kvsift::id_t*>(carry);
+    if (routes.sets == nullptr) {
+      kc::decode_step(graph_ref(g), ref, q, qo_heads, dim, out_o, out_lse, workspace,
+                      workspace_bytes, as_stream(stream), step_params(p), status, ids, capped);
+      return;
+    }
+    with_type(routes.sets->type, [&](auto* rtag) {
+      using R = std::remove_pointer_t<decltype(rtag)>;
+      const kc::decode_step_routes<R> rt{route_ref<R>(*routes.sets),
+                                         route_knobs(routes.top, routes.group, routes.probe)};
+      kc::decode_step(graph_ref(g), rt, ref, q, qo_heads, dim, out_o, out_lse, workspace,
+                      workspace_bytes, as_stream(stream), step_params(p), status, ids, capped);
+    });
   });
 }
 
@@ -305,18 +353,6 @@ void decode_search(const decode_graphs& g, const graph_keys& keys, const decode_
   });
 }
 
-namespace {
-
-kc::route_params route_knobs(int top, int group, int probe) {
-  kc::route_params p;
-  p.top = top;
-  p.group = group;
-  p.probe = probe;
-  return p;
-}
-
-}  // namespace
-
 int route_seeds_ld(int list_len, int top, int group, int probe) {
   int ld = 0;
   translating_errors([&] { ld = kc::route_seeds_ld(list_len, route_knobs(top, group, probe)); });
@@ -328,19 +364,7 @@ void route_seeds(const route_sets& r, const float* q, const std::int32_t* graph,
                  std::intptr_t stream) {
   with_type(r.type, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const kc::route_set_ref<T> ref{static_cast<const T*>(r.vectors),
-                                   r.dim,
-                                   r.dim,
-                                   reinterpret_cast<const kvsift::id_t*>(r.lists),
-                                   r.list_len,
-                                   r.offset,
-                                   r.num_graphs,
-                                   r.max_rows,
-                                   static_cast<const T*>(r.centroids),
-                                   r.cluster_offset,
-                                   r.cluster_rows,
-                                   r.max_clusters,
-                                   r.max_cluster_rows};
+    const kc::route_set_ref<T> ref = route_ref<T>(r);
     const kc::decode_queries qs{q, r.dim, graph};
     kc::route_seeds(ref, qs, m, route_knobs(top, group, probe),
                     reinterpret_cast<kvsift::id_t*>(seeds), status, as_stream(stream));

@@ -174,9 +174,18 @@ struct decode_step_knobs {
   bool seed_from_window = false;   ///< DIPR: seeded with each head's best window score
 };
 
-/// kvsift::cuda::decode_step_workspace_size.
+/// The routing of decode_step with routes (kvsift::cuda::decode_step_routes); `sets` null: none.
+/// The workspace size reads only sets->list_len.
+struct step_routing {
+  const route_sets* sets = nullptr;
+  int top = 4;
+  int group = 1;
+  int probe = 0;
+};
+
+/// kvsift::cuda::decode_step_workspace_size (with routes when r.sets is given).
 std::size_t decode_step_workspace_size(const decode_graphs& g, int qo_heads, int dim,
-                                       const decode_step_knobs& p);
+                                       const decode_step_knobs& p, const step_routing& r = {});
 
 /// kvsift::cuda::decode_step over head-wise paged K/V whose page-table row g is graph g's KV
 /// head: search, sparse attention over the retrieved and the window tokens, merge.
@@ -185,7 +194,8 @@ void decode_step(dtype kv, const decode_graphs& g, const void* k_pages, const vo
                  int max_pages_per_head, const float* q, int qo_heads, int dim, float* out_o,
                  float* out_lse, void* workspace, std::size_t workspace_bytes,
                  const decode_step_knobs& p, std::uint32_t* status, std::intptr_t stream,
-                 std::uint32_t* carry = nullptr, std::uint32_t* capped = nullptr);
+                 std::uint32_t* carry = nullptr, std::uint32_t* capped = nullptr,
+                 const step_routing& routes = {});
 
 /// One graph's list arrays from kvsift::cuda::make_insert_lists (host vectors).
 struct insert_lists {
