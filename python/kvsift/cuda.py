@@ -403,6 +403,19 @@ def decode_search(graphs, q, keys=None, *, pages=None, graph=None, mode="topk", 
     return DecodeSearchResult(ids, scores, counts, scored, best, capped)
 
 
+def _route_fields(routes, probe, who):
+    """A RouteStack's nine fields, checked: ``who`` names the probe argument in the message."""
+    fields = tuple(routes)
+    if len(fields) != 9:
+        raise ValueError("routes: expected a RouteStack (vectors, lists, offset, centroids, "
+                         "cluster_offset, cluster_rows, max_rows, max_clusters, "
+                         f"max_cluster_rows), got {len(fields)} fields")
+    if probe and fields[3] is None:
+        raise ValueError(f"{who} {probe} needs a clustered RouteStack (cluster the RouteSets "
+                         "with RouteSet.cluster before route_stack)")
+    return fields
+
+
 def route_seeds(routes, q, *, top=4, group=1, probe=0, graph=None, stream=None, status=None):
     """Seeds for cold decode searches on the GPU: every query scores its graph's routing rows
     (inner product) and the lists of the best ``top`` become its seeds, concatenated, the GPU
@@ -429,16 +442,8 @@ def route_seeds(routes, q, *, top=4, group=1, probe=0, graph=None, stream=None, 
     Raises ValueError for bad parameters or shapes (naming the expected values), TypeError
     for a tensor that cannot be used in place.
     """
-    fields = tuple(routes)
-    if len(fields) != 9:
-        raise ValueError("routes: expected a RouteStack (vectors, lists, offset, centroids, "
-                         "cluster_offset, cluster_rows, max_rows, max_clusters, "
-                         f"max_cluster_rows), got {len(fields)} fields")
     (vectors, lists, offset, centroids, cluster_offset, cluster_rows, max_rows, max_clusters,
-     max_cluster_rows) = fields
-    if probe and centroids is None:
-        raise ValueError(f"route_seeds: probe {probe} needs a clustered RouteStack (cluster the "
-                         "RouteSets with RouteSet.cluster before route_stack)")
+     max_cluster_rows) = _route_fields(routes, probe, "route_seeds: probe")
     st = _stream(q, stream)
     m = int(q.shape[0])
     num_graphs = int(offset.shape[0]) - 1
@@ -557,15 +562,7 @@ def decode_step(graphs, q, k_pages, v_pages, page_table, *, mode="topk", k=100, 
     adjacency, row_offset, entries, max_keys, sizes = _graph_fields(graphs)
     route_fields, route_list_len = None, 0
     if routes is not None:
-        route_fields = tuple(routes)
-        if len(route_fields) != 9:
-            raise ValueError("routes: expected a RouteStack (vectors, lists, offset, centroids, "
-                             "cluster_offset, cluster_rows, max_rows, max_clusters, "
-                             f"max_cluster_rows), got {len(route_fields)} fields")
-        if route_probe and route_fields[3] is None:
-            raise ValueError(f"decode_step: route_probe {route_probe} needs a clustered "
-                             "RouteStack (cluster the RouteSets with RouteSet.cluster before "
-                             "route_stack)")
+        route_fields = _route_fields(routes, route_probe, "decode_step: route_probe")
         route_list_len = int(route_fields[1].shape[1])
         route_fields = tuple(_dl(*route_fields[:6])) + route_fields[6:]
         if route_group is None:

@@ -204,10 +204,6 @@ kc::decode_step_params step_params(const decode_step_knobs& k) {
   return p;
 }
 
-}  // namespace
-
-namespace {
-
 kc::route_params route_knobs(int top, int group, int probe) {
   kc::route_params p;
   p.top = top;
