@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -79,6 +80,12 @@ struct shard {
   cudaStream_t stream = nullptr;
   kc::graph_set_ref set{};
   kc::paged_kv_ref<float> kv{};
+  // Routing sets (add_routes): `rows` random vectors per graph, each with a list of random
+  // tokens of its graph.
+  device_buffer<float> rvec;
+  device_buffer<id_t> rlists;
+  device_buffer<std::int64_t> roff;
+  std::optional<kc::decode_step_routes<float>> routes;
 
   shard(const layer& l, int g0, int g1, int dev, const kc::decode_step_params& p) : device(dev) {
     const kvsift::cuda::detail::device_guard on(device);
@@ -154,8 +161,35 @@ struct shard {
   }
 
   [[nodiscard]] kc::decode_step_shard<float> step_args() const {
-    return {device,    set,      kv,       q.get(), heads,        o.get(),
-            lse.get(), ws.get(), ws_bytes, stream,  status.get(), carry.get()};
+    return {device,   set,      kv,     q.get(),      heads,       o.get(), lse.get(),
+            ws.get(), ws_bytes, stream, status.get(), carry.get(), routes};
+  }
+
+  /// Gives the shard routing sets of `rows` rows per graph, lists of `list_len` tokens, and
+  /// the workspace decode_step with them needs.
+  void add_routes(const layer& l, int rows, int list_len, const kc::route_params& rp,
+                  const kc::decode_step_params& p) {
+    const kvsift::cuda::detail::device_guard on(device);
+    const int G = set.num_graphs, d = l.d;
+    std::vector<float> vecs(static_cast<std::size_t>(G) * rows * d);
+    for (auto& x : vecs) x = uniform(-1.0f, 1.0f);
+    std::vector<id_t> lists;
+    std::vector<std::int64_t> offsets{0};
+    const std::vector<std::int64_t> graph_off = off.download();
+    for (int g = 0; g < G; ++g) {
+      offsets.push_back(offsets.back() + rows);
+      const int n = static_cast<int>(graph_off[static_cast<std::size_t>(g) + 1] -
+                                     graph_off[static_cast<std::size_t>(g)]);
+      for (int i = 0; i < rows * list_len; ++i)
+        lists.push_back(static_cast<id_t>(uniform_int(0, n - 1)));
+    }
+    rvec = device_buffer<float>(vecs);
+    rlists = device_buffer<id_t>(lists);
+    roff = device_buffer<std::int64_t>(offsets);
+    routes = kc::decode_step_routes<float>{
+        {rvec.get(), d, d, rlists.get(), list_len, roff.get(), G, rows}, rp};
+    ws_bytes = kc::decode_step_workspace_size(set, heads, d, p, *routes);
+    ws = device_buffer<char>(ws_bytes);
   }
 
   [[nodiscard]] kc::decode_queries queries() const {
@@ -300,6 +334,59 @@ TEST_CASE("decode_step_sharded_equals_decode_step_per_shard", "[cuda][sharded]")
   }
 }
 
+TEST_CASE("decode_step_sharded_routes_each_shard_as_decode_step_with_routes", "[cuda][sharded]") {
+  // Shards 0 and 2 route their queries (the best 2 of 8 random routing rows per graph, lists of
+  // 6 random tokens; routing group 1 and 2), shard 1 does not: each shard's outputs equal
+  // decode_step's with the same routes (or none) on device 0, bit for bit, and a routed shard's
+  // retrieval differs from the same shard's without routes (its routes reached the search:
+  // with expand_limit 2 a search barely moves from its seeds).
+  const int second = second_device();
+  kc::decode_step_params p;
+  p.sink = 4;
+  p.window = 32;
+  p.search.k = 16;
+  p.search.L = 32;
+  p.search.expand_limit = 2;
+  const layer l = make_layer({1500, 700, 2000, 1200, 900}, 4, 128, p.sink);
+  const std::vector<int> cuts{0, 2, 4, 5};
+  const shards_t s = cut(l, cuts, {0, second, second}, p);
+  const shards_t ref = cut(l, cuts, {0, 0, 0}, p);
+  const shards_t plain = cut(l, cuts, {0, 0, 0}, p);
+  for (const int i : {0, 2}) {
+    kc::route_params rp;
+    rp.top = 2;
+    rp.group = i == 0 ? 1 : 2;
+    for (const auto* side : {&s, &ref}) {
+      rng().seed(40 + static_cast<unsigned>(i));
+      (*side)[static_cast<std::size_t>(i)]->add_routes(l, 8, 6, rp, p);
+    }
+  }
+  for (int step = 0; step < 2; ++step) {  // the second from the first's carry and the routes
+    run_steps(s, l.d, p);
+    for (const shards_t* side : {&ref, &plain}) {
+      for (const auto& r : *side) {
+        if (r->routes) {
+          kc::decode_step(r->set, *r->routes, r->kv, r->q.get(), r->heads, l.d, r->o.get(),
+                          r->lse.get(), r->ws.get(), r->ws_bytes, nullptr, p, r->status.get(),
+                          r->carry.get());
+        } else {
+          kc::decode_step(r->set, r->kv, r->q.get(), r->heads, l.d, r->o.get(), r->lse.get(),
+                          r->ws.get(), r->ws_bytes, nullptr, p, r->status.get(), r->carry.get());
+        }
+      }
+    }
+    sync_all();
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      INFO("step " << step << ", shard " << i << " on device " << s[i]->device);
+      CHECK(same_bits(s[i]->o.download(), ref[i]->o.download()));
+      CHECK(same_bits(s[i]->lse.download(), ref[i]->lse.download()));
+      CHECK(same_bits(s[i]->carry.download(), ref[i]->carry.download()));
+      CHECK(s[i]->status.download()[0] == 0u);
+      CHECK(same_bits(s[i]->carry.download(), plain[i]->carry.download()) == !s[i]->routes);
+    }
+  }
+}
+
 TEST_CASE("decode_search_sharded_equals_decode_search_per_shard", "[cuda][sharded]") {
   const int second = second_device();
   kc::decode_step_params p;
@@ -402,6 +489,15 @@ TEST_CASE("decode_step_sharded_refuses_a_bad_shard_before_enqueuing_any", "[cuda
   refused(spoil([](auto& a) { a.workspace_bytes -= 1; }), "decode_step: workspace of ");
   refused(spoil([](auto& a) { a.num_qo_heads = 0; }), "a positive multiple of num_graphs");
   refused(spoil([](auto& a) { a.out_lse = nullptr; }), "out_lse");
+  {  // shard 1's routes: a routing group (2 and 3) that does not divide its GQA group of 2
+    kc::route_params rp;
+    rp.group = 2;
+    s[1]->add_routes(l, 4, 3, rp, p);
+    good[1] = s[1]->step_args();
+    refused(spoil([](auto& a) { a.routes->params.group = 3; }),
+            "decode_step: expected a routing group dividing the GQA group (2), got 3");
+    refused(spoil([](auto& a) { a.workspace_bytes -= 1; }), "decode_step: workspace of ");
+  }
   // The subclass survives the shard's context: a K/V head_dim that is not the queries'.
   {
     auto args = spoil([](auto& a) { a.kv.head_dim = 128; });

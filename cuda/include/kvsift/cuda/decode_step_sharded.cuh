@@ -15,7 +15,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <type_traits>
 
 #include <kvsift/core/ids.hpp>
 #include <kvsift/cuda/decode_search.cuh>
@@ -25,8 +27,9 @@
 namespace kvsift::cuda {
 
 /// One device's share of a layer's decode step: the arguments of `decode_step` for the KV heads
-/// that device holds, all of them memory and a stream of `device`.
-template <class T>
+/// that device holds, all of them memory and a stream of `device`. `R`: the element type of the
+/// routing vectors, when the shard routes its queries.
+template <class T, class R = T>
 struct decode_step_shard {
   int device = 0;             ///< the CUDA device every pointer and the stream belong to
   graph_set_ref set{};        ///< the shard's graphs, one per KV head it holds
@@ -40,6 +43,11 @@ struct decode_step_shard {
   cudaStream_t stream = nullptr;    ///< a stream of `device`, or its default stream
   std::uint32_t* status = nullptr;  ///< optional, as decode_step's
   id_t* carry = nullptr;            ///< optional warm start, as decode_step's
+  /// Optional: the routing sets of the shard's graphs (memory of `device`) and the routing
+  /// parameters, as decode_step's routes overload takes them; the workspace is then
+  /// decode_step_workspace_size(set, num_qo_heads, head_dim, p, *routes). Each shard routes
+  /// over its own sets, so shards may route or not independently.
+  std::optional<decode_step_routes<R>> routes{};
 };
 
 /**
@@ -47,12 +55,15 @@ struct decode_step_shard {
  *        `decode_step` called on device shards[i].device with shard i's arguments.
  *
  * @param shards   any number of shards, several per device allowed (each with its own
- *                 workspace and outputs); empty does nothing
+ *                 workspace and outputs); empty does nothing. Not deduced: name the element
+ *                 types, `decode_step_sharded<T>` (routing vectors of T too, or none) or
+ *                 `decode_step_sharded<T, R>`, and pass any range of shards a span takes.
  * @param head_dim the query / key dimension, the same for every shard
  * @param p        the step's parameters, the same for every shard
  * @throw kvsift::invalid_argument (or the subclass decode_step throws) a shard's device outside
  *        [0, device count), or what decode_step throws for a shard's arguments on its device
- *        (a pointer or stream of another device among them); the message starts with
+ *        (a pointer or stream of another device among them; with `routes`, what decode_step
+ *        with routes throws for them); the message starts with
  *        "decode_step_sharded: shard i (device d): ". Every shard is checked before any is
  *        enqueued.
  * @throw kvsift::cuda_error a device query or a launch failed
@@ -62,9 +73,9 @@ struct decode_step_shard {
  *       thread's current device is the same on return, on every path. Thread safety: no state;
  *       concurrent calls need separate workspaces and outputs.
  */
-template <class T>
-void decode_step_sharded(std::span<const decode_step_shard<T>> shards, int head_dim,
-                         const decode_step_params& p = {});
+template <class T, class R = T>
+void decode_step_sharded(std::type_identity_t<std::span<const decode_step_shard<T, R>>> shards,
+                         int head_dim, const decode_step_params& p = {});
 
 }  // namespace kvsift::cuda
 
