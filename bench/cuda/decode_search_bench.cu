@@ -38,12 +38,16 @@
 // probed, the lists of the best `top` as seeds; the search with L, expand_limit E, max_hops,
 // expand_width, default 0 and 8, no walk-through), alternated with the step without routes
 // (walk_through = false) in the same run, and both steps' recall@100 from their carries; one
-// row per comma-separated setting.
+// row per comma-separated setting. --step-route-shards S,... (each >= 2): each such step also
+// runs as decode_step_sharded over S shards of the graphs on device 0 (own streams and routing
+// sets), alternated with the one call, and its outputs are compared with the one call's.
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <span>
@@ -60,6 +64,7 @@
 #include <kvsift/core/vector_store.hpp>
 #include <kvsift/cuda/decode_search.cuh>
 #include <kvsift/cuda/decode_step.cuh>
+#include <kvsift/cuda/decode_step_sharded.cuh>
 #include <kvsift/cuda/knn.cuh>
 #include <kvsift/cuda/merge.cuh>
 #include <kvsift/cuda/route_seeds.cuh>
@@ -146,6 +151,106 @@ struct device_routes {
   }
 };
 
+/// The routed step as decode_step_sharded over `S` shards of the graphs on this device (each
+/// with its own stream, workspace and routing sets, stacked for its graphs), timed alternated
+/// with `single`, the one routed call over every graph, which writes (o, lse); the shards'
+/// outputs are compared with those. Graph g of a shard is graph g0 + g of the whole set, whose
+/// rows are n apart; its key set (and routing set) is (g0 + g) % distinct, so g0 must be a
+/// multiple of distinct.
+template <class Single>
+void sharded_routed_step(std::size_t S, const std::vector<kvsift::route_set>& routes, std::size_t C,
+                         const kc::route_params& route_p, const kc::decode_step_params& p,
+                         const kc::graph_set_ref& set, const kc::paged_kv_ref<__half>& kv,
+                         const float* q, std::size_t d, std::size_t group, cudaStream_t stream,
+                         Single&& single, const float* single_o, const float* single_lse) {
+  const std::size_t G = std::size_t(set.num_graphs), n = std::size_t(set.max_keys);
+  if (G % S != 0 || (G / S) % routes.size() != 0) {
+    std::printf(
+        "  (--step-route-shards %zu: the %zu graphs do not cut into shards of a multiple "
+        "of %zu graphs)\n",
+        S, G, routes.size());
+    return;
+  }
+  const std::size_t Gs = G / S, Hs = Gs * group, Q = G * group;
+  std::vector<std::int64_t> offsets(Gs + 1);
+  for (std::size_t g = 0; g <= Gs; ++g) offsets[g] = std::int64_t(g * n);
+  dev<std::int64_t> doff(Gs + 1);
+  KVSIFT_CUDA_CHECK(cudaMemcpy(doff.p, offsets.data(), (Gs + 1) * 8, cudaMemcpyHostToDevice));
+  std::vector<std::unique_ptr<device_routes>> dr;
+  std::vector<cudaStream_t> streams(S);
+  std::vector<cudaEvent_t> joins(S);
+  cudaEvent_t fork = nullptr;
+  KVSIFT_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  std::vector<kc::decode_step_shard<__half>> args;
+  dev<float> o(Q * d), lse(Q);
+  std::size_t ws_each = 0;
+  for (std::size_t i = 0; i < S; ++i) {
+    KVSIFT_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
+    KVSIFT_CUDA_CHECK(cudaEventCreateWithFlags(&joins[i], cudaEventDisableTiming));
+    dr.push_back(std::make_unique<device_routes>(routes, C, Gs, d));
+    kc::decode_step_shard<__half> a;
+    const std::size_t g0 = i * Gs;
+    a.set = {set.adjacency + g0 * n * std::size_t(set.width),
+             doff.p,
+             set.entries + g0 * std::size_t(set.max_entries),
+             int(Gs),
+             set.width,
+             set.max_entries,
+             set.max_keys};
+    a.kv = kv;
+    a.kv.page_table = kv.page_table + g0 * std::size_t(kv.max_pages_per_head);
+    a.kv.num_kv_heads = int(Gs);
+    a.q = q + g0 * group * d;
+    a.num_qo_heads = int(Hs);
+    a.out_o = o.p + g0 * group * d;
+    a.out_lse = lse.p + g0 * group;
+    a.stream = streams[i];
+    a.routes = kc::decode_step_routes<__half>{dr.back()->ref, route_p};
+    a.workspace_bytes = kc::decode_step_workspace_size(a.set, int(Hs), int(d), p, *a.routes);
+    ws_each = std::max(ws_each, (a.workspace_bytes + 255) / 256 * 256);
+    args.push_back(a);
+  }
+  dev<char> ws(S * ws_each);
+  for (std::size_t i = 0; i < S; ++i) args[i].workspace = ws.p + i * ws_each;
+  // The shards' streams fork from and join `s`, so that the events on `s` time the whole call.
+  auto sharded = [&](cudaStream_t s) {
+    KVSIFT_CUDA_CHECK(cudaEventRecord(fork, s));
+    for (cudaStream_t st : streams) KVSIFT_CUDA_CHECK(cudaStreamWaitEvent(st, fork));
+    kc::decode_step_sharded<__half>(args, int(d), p);
+    for (std::size_t i = 0; i < S; ++i) {
+      KVSIFT_CUDA_CHECK(cudaEventRecord(joins[i], streams[i]));
+      KVSIFT_CUDA_CHECK(cudaStreamWaitEvent(s, joins[i]));
+    }
+  };
+  float one_ms[2], shard_ms[2];
+  for (int round = 0; round < 2; ++round) {
+    one_ms[round] = kvsift::cuda_bench::median_ms(single, stream, 2, 10);
+    shard_ms[round] = kvsift::cuda_bench::median_ms(sharded, stream, 2, 10);
+  }
+  single(stream);
+  sharded(stream);
+  KVSIFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> a(Q * d), b(Q * d), la(Q), lb(Q);
+  KVSIFT_CUDA_CHECK(cudaMemcpy(a.data(), single_o, Q * d * 4, cudaMemcpyDeviceToHost));
+  KVSIFT_CUDA_CHECK(cudaMemcpy(b.data(), o.p, Q * d * 4, cudaMemcpyDeviceToHost));
+  KVSIFT_CUDA_CHECK(cudaMemcpy(la.data(), single_lse, Q * 4, cudaMemcpyDeviceToHost));
+  KVSIFT_CUDA_CHECK(cudaMemcpy(lb.data(), lse.p, Q * 4, cudaMemcpyDeviceToHost));
+  double diff = 0;
+  for (std::size_t i = 0; i < Q * d; ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+  for (std::size_t i = 0; i < Q; ++i) diff = std::max(diff, double(std::fabs(la[i] - lb[i])));
+  std::printf(
+      "  decode_step_sharded with routes, %zu shards of %zu graphs on device 0 (own streams and "
+      "routing sets): %.3f / %.3f ms against %.3f / %.3f ms for the one call, alternated: "
+      "%.2fx / %.2fx; largest |o or lse difference| from the one call %.2e\n",
+      S, Gs, shard_ms[0], shard_ms[1], one_ms[0], one_ms[1], one_ms[0] / shard_ms[0],
+      one_ms[1] / shard_ms[1], diff);
+  for (std::size_t i = 0; i < S; ++i) {
+    KVSIFT_CUDA_CHECK(cudaEventDestroy(joins[i]));
+    KVSIFT_CUDA_CHECK(cudaStreamDestroy(streams[i]));
+  }
+  KVSIFT_CUDA_CHECK(cudaEventDestroy(fork));
+}
+
 struct options {
   std::size_t n = 131072, d = 128, requests = 32, kv_heads = 8, group = 4, distinct = 2, page = 16;
   std::size_t quick = 0;      // 1: only the wide top-k walks, no DIPR (iterating on the kernel)
@@ -166,6 +271,10 @@ struct options {
   std::string route_probe = "4";
   std::string route_settings = "128:96:0,160:80:0,160:120:0,200:100:0,200:150:0";
   std::string step_route;  // C:P:top:L:E[:hops[:width]],...; empty: no routed step
+  // Shard counts (each >= 2): each routed step also runs as decode_step_sharded over that many
+  // shards of the graphs on device 0, each with its own stream and routing sets, against the
+  // one call.
+  std::string step_route_shards;
 };
 
 }  // namespace
@@ -196,7 +305,8 @@ int main(int argc, char** argv) {
        kvsift::cuda_bench::string_option("--route-clusters", o.route_clusters),
        kvsift::cuda_bench::string_option("--route-probe", o.route_probe),
        kvsift::cuda_bench::string_option("--route-settings", o.route_settings),
-       kvsift::cuda_bench::string_option("--step-route", o.step_route)});
+       kvsift::cuda_bench::string_option("--step-route", o.step_route),
+       kvsift::cuda_bench::string_option("--step-route-shards", o.step_route_shards)});
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   kvsift::cuda_bench::bench_setup setup;
   if (!kvsift::cuda_bench::start_bench(setup)) return 0;
@@ -655,9 +765,9 @@ int main(int argc, char** argv) {
     // without routes (sp2) in this run; the retrieved ids of both (for recall) from one more
     // step with a carry of invalid ids, which seeds nothing (the same search). Recall as the
     // filtered search's below: of the exact top-100 ids outside the window.
-    const std::uint32_t mid_lo = std::uint32_t(sp.sink);
-    const std::uint32_t mid_hi =
-        std::uint32_t(std::max<std::size_t>(n - std::size_t(sp.window), mid_lo));
+    // The step's filter: the tokens between the sinks and the window, [lo, hi), in every query.
+    const std::uint32_t lo = std::uint32_t(sp.sink);
+    const std::uint32_t hi = std::uint32_t(std::max<std::size_t>(n - std::size_t(sp.window), lo));
     auto middle_recall_of = [&](const std::vector<id_t>& ids, std::size_t ld) {
       std::size_t hit = 0, want = 0;
       for (std::size_t i = 0; i < Q; ++i) {
@@ -665,7 +775,7 @@ int main(int argc, char** argv) {
         std::sort(mine.begin(), mine.end());
         for (int j = 0; j < K; ++j) {
           const id_t e = exact[i * K + j];
-          if (e < mid_lo || e >= mid_hi) continue;
+          if (e < lo || e >= hi) continue;
           ++want;
           hit += std::binary_search(mine.begin(), mine.end(), e) ? 1 : 0;
         }
@@ -675,6 +785,9 @@ int main(int argc, char** argv) {
     const std::vector<std::string> step_routes = o.step_route.empty() || o.route == 0
                                                      ? std::vector<std::string>{}
                                                      : kvsift::cuda_bench::split_list(o.step_route);
+    const std::vector<std::string> route_shards =
+        o.step_route_shards.empty() ? std::vector<std::string>{}
+                                    : kvsift::cuda_bench::split_list(o.step_route_shards);
     for (const std::string& item : step_routes) {
       std::size_t C = 0;
       int P = 0, top = 4, L = 128, E = 24, hops = 0, w = 8;
@@ -733,12 +846,13 @@ int main(int argc, char** argv) {
           routed_ms[0], routed_ms[1], plain_ms[0], plain_ms[1], plain_ms[0] / routed_ms[0],
           plain_ms[1] / routed_ms[1], full_ms / std::min(routed_ms[0], routed_ms[1]), routed_recall,
           plain_recall, step_error(), bad);
+      for (const std::string& shards : route_shards) {
+        sharded_routed_step(std::max<std::size_t>(2, std::stoul(shards)), routes, C, rt.params, rp,
+                            set, kv, dq.p, d, o.group, stream, routed, o1.p, l1.p);
+      }
     }
 
-    // The step's filter, for its searches run alone below: the tokens between the sinks and
-    // the window, [lo, hi), in every query.
-    const std::uint32_t lo = std::uint32_t(sp.sink);
-    const std::uint32_t hi = std::uint32_t(std::max<std::size_t>(n - std::size_t(sp.window), lo));
+    // The step's filter [lo, hi) in every query, for its searches run alone below.
     std::vector<std::uint32_t> fl(Q, lo), fh(Q, hi);
     dev<std::uint32_t> dfl(Q), dfh(Q);
     KVSIFT_CUDA_CHECK(cudaMemcpy(dfl.p, fl.data(), Q * 4, cudaMemcpyHostToDevice));
